@@ -1,0 +1,86 @@
+/**
+ * The one typed binding to the C kernel library (kernels/k3.h).
+ *
+ * Every kernel takes raw pointers. Pointers are taken once per buffer (see NativeBuffer in
+ * memory.ts) because Deno.UnsafePointer.of costs ~0.5 us; sizes are i32 because a JS
+ * number passed as i64 takes a ~90 ns slow path.
+ *
+ * @module
+ */
+
+const P = "pointer" as const;
+const I = "i32" as const;
+const F = "f32" as const;
+const V = "void" as const;
+
+/** Symbol table of libk3; must match kernels/k3.h. */
+export const symbols = {
+  k3_isa: { parameters: [], result: P },
+  k3_alloc: { parameters: ["u64"], result: P },
+  k3_free: { parameters: [P], result: V },
+  k3_bf16_to_f32: { parameters: [P, P, I], result: V },
+  k3_f16_to_f32: { parameters: [P, P, I], result: V },
+  k3_matmul: { parameters: [P, I, P, P, I, I, I, I, I], result: V },
+  k3_matmul_mxfp4: { parameters: [P, P, P, P, I, I, I, I, I], result: V },
+  k3_rmsnorm: { parameters: [P, P, P, I, I, F], result: V },
+  k3_situ_glu: { parameters: [P, P, P, I, F, F], result: V },
+  k3_short_conv: { parameters: [P, P, P, P, I], result: V },
+  k3_l2norm: { parameters: [P, I, I, F], result: V },
+  k3_kda_decay: { parameters: [P, P, P, P, I, I, F], result: V },
+  k3_kda_step: { parameters: [P, P, P, P, P, P, P, I, I, I], result: V },
+  k3_mla_attend: { parameters: [P, P, P, P, P, P, I, I, I, I, I, F, I, I], result: V },
+  k3_router_topk: { parameters: [P, P, I, I, F, P, P], result: I },
+  k3_attnres: { parameters: [P, I, I, P, P, F, P], result: V },
+  k3_add: { parameters: [P, P, I], result: V },
+  k3_axpy: { parameters: [P, F, P, I], result: V },
+  k3_sigmoid_mul: { parameters: [P, P, I], result: V },
+  k3_sigmoid: { parameters: [P, P, I], result: V },
+  k3_argmax: { parameters: [P, I], result: I },
+} as const;
+
+/** The loaded kernel library's functions. */
+export type Kernels = Deno.DynamicLibrary<typeof symbols>["symbols"];
+
+/** Weight element type codes of k3_matmul. */
+export const WTYPE = { f32: 0, bf16: 1 } as const;
+
+/** Default location of the library built by `make -C kernels`. */
+export function defaultLibraryPath(): string {
+  const ext = Deno.build.os === "darwin" ? "dylib" : Deno.build.os === "windows" ? "dll" : "so";
+  return new URL(`../kernels/build/libk3.${ext}`, import.meta.url).pathname;
+}
+
+let loaded: { path: string; lib: Deno.DynamicLibrary<typeof symbols> } | undefined;
+
+/**
+ * Opens the kernel library once per isolate (main thread and each Worker open their own
+ * handle to the same shared object, so native pointers are valid in all of them).
+ * K3_LIB overrides the path.
+ */
+export function kernels(path?: string): Kernels {
+  const want = path ?? Deno.env.get("K3_LIB") ?? defaultLibraryPath();
+  if (loaded && loaded.path === want) return loaded.lib.symbols;
+  if (loaded) throw new Error(`kernel library already loaded from ${loaded.path}`);
+  let lib;
+  try {
+    lib = Deno.dlopen(want, symbols);
+  } catch (e) {
+    throw new Error(
+      `cannot load kernel library ${want}: ${(e as Error).message} (build it with: make -C kernels)`,
+    );
+  }
+  loaded = { path: want, lib };
+  return lib.symbols;
+}
+
+/** Opens a kernel library at an explicit path without making it the default (for tests
+ * that compare two builds, e.g. scalar against SIMD). */
+export function openKernels(path: string): Deno.DynamicLibrary<typeof symbols> {
+  return Deno.dlopen(path, symbols);
+}
+
+/** Name of the SIMD path the library was built with. */
+export function isaName(k: Kernels): string {
+  const p = k.k3_isa();
+  return p ? new Deno.UnsafePointerView(p).getCString() : "unknown";
+}

@@ -1,0 +1,101 @@
+/*
+ * k3 kernels: every numeric op of Kimi K3, C99, stateless.
+ *
+ * The caller (TypeScript, through Deno.dlopen) owns every buffer. Sizes are int32_t so
+ * that a JS number crosses the FFI on the fast path; allocation sizes are uint64_t
+ * (passed as bigint).
+ *
+ * Determinism contract: the scalar path in k3.c defines the accumulation order of every
+ * reduction. SIMD paths (AVX-512, AVX2, NEON) reproduce it bit for bit; the build uses
+ * -ffp-contract=off so no multiply-add is fused behind our back. Every op that takes a
+ * [r0, r1) row range or [h0, h1) head range gives, for each row or head, a result that
+ * does not depend on the range, so splitting work across threads never changes a bit.
+ */
+#ifndef K3_H
+#define K3_H
+#include <stdint.h>
+
+/* Weight element types for k3_matmul. */
+#define K3_F32 0
+#define K3_BF16 1
+
+/* Name of the compiled SIMD path: "scalar", "avx2", "avx512" or "neon". */
+const char *k3_isa(void);
+
+/* Aligned (4096 bytes, fit for O_DIRECT) uninitialised allocation; NULL on failure. */
+void *k3_alloc(uint64_t bytes);
+void k3_free(void *p);
+
+/* Widen n elements to f32. */
+void k3_bf16_to_f32(const uint16_t *src, float *dst, int32_t n);
+void k3_f16_to_f32(const uint16_t *src, float *dst, int32_t n);
+
+/* Dense matrix times several vectors. W is row-major [rows][cols] of type wtype.
+ * For t < ntok and r0 <= r < r1: y[t*rows + r] = dot(W[r, :], x[t*cols : (t+1)*cols]).
+ * The dot of one row is the same bits whatever ntok, r0, r1 are. */
+void k3_matmul(const void *w, int32_t wtype, const float *x, float *y,
+               int32_t ntok, int32_t rows, int32_t cols, int32_t r0, int32_t r1);
+
+/* The same for an MXFP4 matrix: packed [rows][cols/2] (low nibble = even element),
+ * scales [rows][cols/32] (value = E2M1[nibble] * 2^(scale-127); scale 255 = zero group).
+ * cols must be a multiple of 32. */
+void k3_matmul_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *x, float *y,
+                     int32_t ntok, int32_t rows, int32_t cols, int32_t r0, int32_t r1);
+
+/* RMSNorm of ngroups consecutive groups of n: y = w * x / sqrt(mean(x^2) + eps).
+ * w may be NULL (no gain). y may equal x. */
+void k3_rmsnorm(const float *x, const float *w, float *y, int32_t n, int32_t ngroups, float eps);
+
+/* SiTU-GLU: out[i] = b1*tanh(g/b1)*sigmoid(g) * b2*tanh(u/b2). out may equal g or u. */
+void k3_situ_glu(const float *g, const float *u, float *out, int32_t n, float b1, float b2);
+
+/* Causal depthwise conv (kernel 4) then SiLU, one token, all channels.
+ * w [channels][4]: tap 3 multiplies the current input, taps 0..2 the previous inputs
+ * oldest first. state [channels][3] holds the previous inputs oldest first and is shifted. */
+void k3_short_conv(float *state, const float *w, const float *x, float *y, int32_t channels);
+
+/* In place, per head of dim d: x = x / sqrt(sum(x^2) + eps). */
+void k3_l2norm(float *x, int32_t d, int32_t nheads, float eps);
+
+/* KDA decay: for head h, channel i: alpha = exp(lb * sigmoid(exp(a_log[h]) * (f + dt_bias))). */
+void k3_kda_decay(const float *f, const float *a_log, const float *dt_bias, float *alpha,
+                  int32_t nheads, int32_t d, float lb);
+
+/* One KDA delta-rule step for heads [h0, h1). S [nheads][d keys][d values] fp32.
+ * q, k [nheads][d] already L2-normalised; v [nheads][d]; beta [nheads] already sigmoided;
+ * alpha [nheads][d]. Per head: S = Diag(alpha) S; u = S^T k; S += k (beta (v - u))^T;
+ * o = S^T (q / sqrt(d)). */
+void k3_kda_step(float *S, const float *q, const float *k, const float *v, const float *beta,
+                 const float *alpha, float *o, int32_t d, int32_t h0, int32_t h1);
+
+/* Gated MLA (NoPE) attention of one query over positions 0..npos-1, heads [h0, h1).
+ * q [nheads][dn + dr]; knope [npos][nheads][dn]; krope [npos][dr] (shared by all heads);
+ * v [npos][nheads][dv]; out [nheads][dv]; scores: scratch of npos floats per head,
+ * laid out [nheads][npos]. score = (q_nope.k_nope + q_rope.k_rope) * scale; softmax;
+ * out = sum_s p_s v_s. */
+void k3_mla_attend(const float *q, const float *knope, const float *krope, const float *v,
+                   float *out, float *scores, int32_t npos, int32_t nheads, int32_t dn,
+                   int32_t dr, int32_t dv, float scale, int32_t h0, int32_t h1);
+
+/* Sigmoid router: s = sigmoid(logits); choose the k experts with the largest s + bias
+ * (ties to the lowest index), ids in descending order of selection score; weights =
+ * s_j / (sum of chosen s + 1e-20) * scale. Returns k. */
+int32_t k3_router_topk(const float *logits, const float *bias, int32_t nexperts, int32_t k,
+                       float scale, int32_t *ids, float *weights);
+
+/* Attention Residuals over nsrc sources stored back to back, src [nsrc][n]:
+ * score_i = dot(src_i / rms(src_i), norm_w * proj_w) (rms with eps, no gain);
+ * p = softmax(score); out = sum_i p_i src_i (i ascending). */
+void k3_attnres(const float *src, int32_t nsrc, int32_t n, const float *norm_w,
+                const float *proj_w, float eps, float *out);
+
+/* Elementwise helpers. */
+void k3_add(float *y, const float *x, int32_t n);                 /* y += x */
+void k3_axpy(float *y, float a, const float *x, int32_t n);       /* y += a*x */
+void k3_sigmoid_mul(float *y, const float *g, int32_t n);         /* y *= sigmoid(g) */
+void k3_sigmoid(const float *x, float *y, int32_t n);             /* y = sigmoid(x) */
+
+/* Index of the largest value, ties to the lowest index; NaN never wins. */
+int32_t k3_argmax(const float *x, int32_t n);
+
+#endif
