@@ -1,0 +1,98 @@
+/**
+ * UTF-8 helpers for the tokenizer: strict validation with the offset of the first bad
+ * byte, and "byte strings" (one char per byte, code units 0..255) used as cheap Map keys.
+ *
+ * @module
+ */
+
+import { EXIT, K3Error } from "./errors.ts";
+
+const strictDecoder = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+const encoder = new TextEncoder();
+
+/**
+ * Offset of the first byte that makes `bytes` invalid UTF-8, or -1 when it is valid.
+ * A truncated sequence at the end reports the offset of its lead byte; surrogates
+ * (ED A0..BF) and overlong forms are invalid, as in the WHATWG decoder.
+ */
+export function firstInvalidUtf8(bytes: Uint8Array): number {
+  const n = bytes.length;
+  let i = 0;
+  while (i < n) {
+    const b = bytes[i];
+    if (b < 0x80) {
+      i++;
+      continue;
+    }
+    let need: number;
+    let lo = 0x80, hi = 0xbf; // allowed range of the second byte
+    if (b >= 0xc2 && b <= 0xdf) need = 1;
+    else if (b >= 0xe0 && b <= 0xef) {
+      need = 2;
+      if (b === 0xe0) lo = 0xa0; // overlong
+      if (b === 0xed) hi = 0x9f; // surrogates
+    } else if (b >= 0xf0 && b <= 0xf4) {
+      need = 3;
+      if (b === 0xf0) lo = 0x90; // overlong
+      if (b === 0xf4) hi = 0x8f; // above U+10FFFF
+    } else return i;
+    if (i + 1 >= n) return i;
+    const b1 = bytes[i + 1];
+    if (b1 < lo || b1 > hi) return i + 1;
+    for (let k = 2; k <= need; k++) {
+      if (i + k >= n) return i;
+      const c = bytes[i + k];
+      if (c < 0x80 || c > 0xbf) return i + k;
+    }
+    i += need + 1;
+  }
+  return -1;
+}
+
+/**
+ * Decodes UTF-8 strictly; on bad input throws K3Error (exit 2) naming `what` and the
+ * offset of the first bad byte. A leading BOM is kept as U+FEFF: input is read verbatim.
+ */
+export function decodeUtf8Strict(bytes: Uint8Array, what: string): string {
+  try {
+    return strictDecoder.decode(bytes);
+  } catch {
+    const at = firstInvalidUtf8(bytes);
+    throw new K3Error(
+      `${what} is not valid UTF-8: bad byte 0x${
+        bytes[at].toString(16).padStart(2, "0")
+      } at offset ${at}`,
+      EXIT.usage,
+    );
+  }
+}
+
+/** True when every code unit of `s` is below 0x80. */
+export function isAscii(s: string): boolean {
+  for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) >= 0x80) return false;
+  return true;
+}
+
+/** The UTF-8 bytes of `s` as a byte string (one char per byte). */
+export function utf8ByteString(s: string): string {
+  if (isAscii(s)) return s; // ASCII is its own UTF-8, the common case
+  const bytes = encoder.encode(s);
+  return bytesToByteString(bytes);
+}
+
+/** Bytes to a byte string (one char per byte). */
+export function bytesToByteString(bytes: Uint8Array): string {
+  let out = "";
+  // fromCharCode.apply in chunks: fast, and bounded by the engine's argument limit.
+  for (let i = 0; i < bytes.length; i += 8192) {
+    out += String.fromCharCode.apply(null, bytes.subarray(i, i + 8192) as unknown as number[]);
+  }
+  return out;
+}
+
+/** A byte string back to bytes. */
+export function byteStringToBytes(s: string): Uint8Array {
+  const out = new Uint8Array(s.length);
+  for (let i = 0; i < s.length; i++) out[i] = s.charCodeAt(i);
+  return out;
+}
