@@ -1,0 +1,80 @@
+/**
+ * `k3 tokenize --tok DIR (--text TEXT | --file PATH) [--json]`: prints the ids of a text.
+ *
+ * The text is user data, so added tokens such as `<|open|>` are encoded as plain bytes.
+ *
+ * @module
+ */
+
+import { parseArgs } from "node:util";
+import { K3Error, usageError } from "../engine/errors.ts";
+import { Tokenizer } from "../engine/tokenizer.ts";
+import { decodeUtf8Strict } from "../engine/utf8.ts";
+
+/** Usage text of `k3 tokenize`. */
+export const USAGE = `Usage: k3 tokenize --tok DIR (--text TEXT | --file PATH) [--json]
+
+Prints the token ids of a text, comma-separated (or a JSON array with --json).
+  --tok DIR      directory holding tiktoken.model and tokenizer_config.json
+  --text TEXT    the text to encode
+  --file PATH    read the text from a file, verbatim (must be valid UTF-8)
+  --json         print a JSON array
+Special tokens in the text are not recognised: they are encoded as ordinary text.
+`;
+
+/** Where a command writes its output; stdout unless a test passes its own. */
+export interface Output {
+  write(text: string): void;
+}
+
+/** Standard output, written fully (writeSync may write only part of a buffer). */
+export const stdout: Output = {
+  write(text: string) {
+    const bytes = new TextEncoder().encode(text);
+    for (let off = 0; off < bytes.length;) off += Deno.stdout.writeSync(bytes.subarray(off));
+  },
+};
+
+/** Parses `args` strictly, turning node:util's errors into usage errors (exit 2). */
+export function parseStrict<T extends Record<string, { type: "string" | "boolean" }>>(
+  args: string[],
+  options: T,
+) {
+  try {
+    return parseArgs({ args, options, strict: true, allowPositionals: false }).values;
+  } catch (e) {
+    throw usageError((e as Error).message);
+  }
+}
+
+/** Runs `k3 tokenize`; returns the exit code, throws K3Error on failure. */
+export async function main(args: string[], out: Output = stdout): Promise<number> {
+  const opts = parseStrict(args, {
+    tok: { type: "string" },
+    text: { type: "string" },
+    file: { type: "string" },
+    json: { type: "boolean" },
+    help: { type: "boolean" },
+  });
+  if (opts.help) {
+    out.write(USAGE);
+    return 0;
+  }
+  if (opts.tok === undefined) throw usageError("tokenize: --tok DIR is required");
+  if ((opts.text === undefined) === (opts.file === undefined)) {
+    throw usageError("tokenize: give exactly one of --text and --file");
+  }
+  let text = opts.text;
+  if (opts.file !== undefined) {
+    let bytes: Uint8Array;
+    try {
+      bytes = await Deno.readFile(opts.file);
+    } catch (e) {
+      throw new K3Error(`cannot read ${opts.file}: ${(e as Error).message}`);
+    }
+    text = decodeUtf8Strict(bytes, opts.file);
+  }
+  const ids = Tokenizer.load(opts.tok).encode(text!, { allowSpecial: false });
+  out.write((opts.json ? JSON.stringify(ids) : ids.join(",")) + "\n");
+  return 0;
+}
