@@ -1,0 +1,275 @@
+/**
+ * The model configuration: the released nested config.json read into one plain type.
+ *
+ * The reader never guesses. Every field the forward pass depends on must be present with
+ * the right type; all missing or mistyped fields are listed by name in one error (exit 2).
+ *
+ * @module
+ */
+
+import { K3Error, EXIT } from "./errors.ts";
+
+/** Which attention a layer uses. */
+export type AttentionKind = "kda" | "mla";
+
+/** Everything the engine needs to know about the model's shape. */
+export interface K3Config {
+  hiddenSize: number;
+  numLayers: number;
+  vocabSize: number;
+  rmsNormEps: number;
+  /** Zero-based: layerKinds[L] is the attention of layer L. */
+  layerKinds: AttentionKind[];
+  kda: { numHeads: number; headDim: number; convKernel: number; gateLowerBound: number };
+  mla: {
+    numHeads: number;
+    qLoraRank: number;
+    kvLoraRank: number;
+    nopeDim: number;
+    ropeDim: number;
+    vDim: number;
+  };
+  moe: {
+    numExperts: number;
+    topK: number;
+    numShared: number;
+    /** routed_expert_hidden_size: the latent width routed experts run in. */
+    latent: number;
+    /** moe_intermediate_size: per-expert (and per-shared-expert) intermediate width. */
+    intermediate: number;
+    routedScaling: number;
+  };
+  /** Layers below this index use the dense MLP. */
+  firstKDense: number;
+  denseIntermediate: number;
+  attnResBlock: number;
+  situBeta: number;
+  situLinearBeta: number;
+  bosId: number;
+  eosId: number;
+  /** MXFP4 group size of the routed experts. */
+  quantGroup: number;
+}
+
+class FieldReader {
+  problems: string[] = [];
+  constructor(readonly obj: Record<string, unknown>, readonly prefix: string) {}
+
+  private raw(name: string): unknown {
+    if (!(name in this.obj)) {
+      this.problems.push(`${this.prefix}${name} (missing)`);
+      return undefined;
+    }
+    return this.obj[name];
+  }
+
+  int(name: string, min = 0): number {
+    const v = this.raw(name);
+    if (v === undefined) return 0;
+    if (typeof v !== "number" || !Number.isInteger(v) || v < min) {
+      this.problems.push(`${this.prefix}${name} (expected an integer >= ${min}, got ${JSON.stringify(v)})`);
+      return 0;
+    }
+    return v;
+  }
+
+  num(name: string): number {
+    const v = this.raw(name);
+    if (v === undefined) return 0;
+    if (typeof v !== "number" || !Number.isFinite(v)) {
+      this.problems.push(`${this.prefix}${name} (expected a number, got ${JSON.stringify(v)})`);
+      return 0;
+    }
+    return v;
+  }
+
+  bool(name: string): boolean {
+    const v = this.raw(name);
+    if (v === undefined) return false;
+    if (typeof v !== "boolean") {
+      this.problems.push(`${this.prefix}${name} (expected true or false, got ${JSON.stringify(v)})`);
+      return false;
+    }
+    return v;
+  }
+
+  str(name: string): string {
+    const v = this.raw(name);
+    if (v === undefined) return "";
+    if (typeof v !== "string") {
+      this.problems.push(`${this.prefix}${name} (expected a string, got ${JSON.stringify(v)})`);
+      return "";
+    }
+    return v;
+  }
+
+  intList(name: string): number[] {
+    const v = this.raw(name);
+    if (v === undefined) return [];
+    if (!Array.isArray(v) || !v.every((x) => typeof x === "number" && Number.isInteger(x))) {
+      this.problems.push(`${this.prefix}${name} (expected a list of integers)`);
+      return [];
+    }
+    return v as number[];
+  }
+
+  object(name: string): Record<string, unknown> {
+    const v = this.raw(name);
+    if (v === undefined) return {};
+    if (typeof v !== "object" || v === null || Array.isArray(v)) {
+      this.problems.push(`${this.prefix}${name} (expected an object)`);
+      return {};
+    }
+    return v as Record<string, unknown>;
+  }
+}
+
+function findGroupSize(v: unknown): number | undefined {
+  if (!isObject(v)) return undefined;
+  if (typeof v.group_size === "number") return v.group_size;
+  for (const child of Object.values(v)) {
+    const found = findGroupSize(child);
+    if (found !== undefined) return found;
+  }
+  return undefined;
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+/**
+ * Reads the released config.json object. Throws K3Error (exit 2) naming every missing or
+ * mistyped field, and every value the engine cannot run with confidence.
+ */
+export function parseConfig(json: unknown, source = "config.json"): K3Config {
+  if (!isObject(json)) throw new K3Error(`${source}: not a JSON object`, EXIT.usage);
+  const root = new FieldReader(json, "");
+  const text = new FieldReader(root.object("text_config"), "text_config.");
+  const lin = new FieldReader(text.object("linear_attn_config"), "text_config.linear_attn_config.");
+  // quantization_config sits in text_config in the raw release, at the root in some dumps.
+  const quantSrc = isObject(text.obj.quantization_config)
+    ? { reader: new FieldReader(text.obj.quantization_config, "text_config.quantization_config."), obj: text.obj.quantization_config }
+    : isObject(json.quantization_config)
+    ? { reader: new FieldReader(json.quantization_config, "quantization_config."), obj: json.quantization_config }
+    : undefined;
+
+  const numLayers = text.int("num_hidden_layers", 1);
+  const cfg: K3Config = {
+    hiddenSize: text.int("hidden_size", 1),
+    numLayers,
+    vocabSize: text.int("vocab_size", 1),
+    rmsNormEps: text.num("rms_norm_eps"),
+    layerKinds: [],
+    kda: {
+      numHeads: lin.int("num_heads", 1),
+      headDim: lin.int("head_dim", 1),
+      convKernel: lin.int("short_conv_kernel_size", 1),
+      gateLowerBound: lin.num("gate_lower_bound"),
+    },
+    mla: {
+      numHeads: text.int("num_attention_heads", 1),
+      qLoraRank: text.int("q_lora_rank", 1),
+      kvLoraRank: text.int("kv_lora_rank", 1),
+      nopeDim: text.int("qk_nope_head_dim", 1),
+      ropeDim: text.int("qk_rope_head_dim", 0),
+      vDim: text.int("v_head_dim", 1),
+    },
+    moe: {
+      numExperts: text.int("num_experts", 1),
+      topK: text.int("num_experts_per_token", 1),
+      numShared: text.int("num_shared_experts", 0),
+      latent: text.int("routed_expert_hidden_size", 1),
+      intermediate: text.int("moe_intermediate_size", 1),
+      routedScaling: text.num("routed_scaling_factor"),
+    },
+    firstKDense: text.int("first_k_dense_replace", 0),
+    denseIntermediate: text.int("intermediate_size", 1),
+    attnResBlock: text.int("attn_res_block_size", 1),
+    situBeta: text.num("activation_situ_beta"),
+    situLinearBeta: text.num("activation_situ_linear_beta"),
+    bosId: root.int("bos_token_id", 0),
+    eosId: root.int("eos_token_id", 0),
+    quantGroup: 0,
+  };
+  const fullAttn = lin.intList("full_attn_layers");
+  const kdaLayers = lin.intList("kda_layers");
+  const mlaGate = text.bool("mla_use_output_gate");
+  const renormalize = text.bool("moe_renormalize");
+  const latentNorm = text.bool("latent_moe_use_norm");
+  const routerAct = text.str("moe_router_activation_func");
+  const groups = text.int("num_expert_group", 1);
+  const topkGroup = text.int("topk_group", 1);
+  const problems = [...root.problems, ...text.problems, ...lin.problems];
+  if (!quantSrc) {
+    problems.push("text_config.quantization_config (missing)");
+  } else {
+    // compressed-tensors puts group_size in config_groups.<name>.weights; find it there.
+    const q = quantSrc.reader;
+    const fmt = quantSrc.obj.format;
+    cfg.quantGroup = findGroupSize(quantSrc.obj) ?? 0;
+    if (typeof fmt === "string" && !fmt.includes("mxfp4")) {
+      problems.push(`${q.prefix}format (expected an mxfp4 format, got ${JSON.stringify(fmt)})`);
+    }
+    if (cfg.quantGroup !== 32) {
+      problems.push(`${q.prefix}...group_size (expected 32, got ${cfg.quantGroup || "none"})`);
+    }
+  }
+  if (problems.length) {
+    throw new K3Error(`${source}: cannot read the model config: ${problems.join("; ")}`, EXIT.usage);
+  }
+
+  // Values that are present but that this engine cannot run as the released model does.
+  const bad: string[] = [];
+  const layerKinds: (AttentionKind | undefined)[] = new Array(numLayers).fill(undefined);
+  for (const [list, kind] of [[fullAttn, "mla"], [kdaLayers, "kda"]] as const) {
+    for (const oneBased of list) {
+      if (oneBased < 1 || oneBased > numLayers) {
+        bad.push(`${kind} layer ${oneBased} outside 1..${numLayers} (the lists are one-based)`);
+      } else if (layerKinds[oneBased - 1]) {
+        bad.push(`layer ${oneBased} listed twice`);
+      } else layerKinds[oneBased - 1] = kind;
+    }
+  }
+  const unlisted = layerKinds.flatMap((k, i) => (k ? [] : [i + 1]));
+  if (unlisted.length) bad.push(`layers ${unlisted.join(",")} are in neither full_attn_layers nor kda_layers`);
+  cfg.layerKinds = layerKinds.map((k) => k ?? "kda");
+  if (cfg.kda.convKernel !== 4) bad.push(`short_conv_kernel_size ${cfg.kda.convKernel} (only 4 is supported)`);
+  if (!mlaGate) bad.push("mla_use_output_gate false (the released model gates MLA)");
+  if (!renormalize || !latentNorm) bad.push("moe_renormalize and latent_moe_use_norm must be true");
+  if (routerAct !== "sigmoid") bad.push(`moe_router_activation_func ${JSON.stringify(routerAct)} (only sigmoid)`);
+  if (groups !== 1 || topkGroup !== 1) bad.push("grouped routing (num_expert_group/topk_group != 1) is not supported");
+  if (cfg.moe.topK > cfg.moe.numExperts) bad.push("num_experts_per_token exceeds num_experts");
+  for (const [name, v] of [["routed_expert_hidden_size", cfg.moe.latent], ["moe_intermediate_size", cfg.moe.intermediate]] as const) {
+    if (v % 32 !== 0) bad.push(`${name} ${v} is not a multiple of 32 (MXFP4 groups)`);
+  }
+  if (cfg.firstKDense > numLayers) bad.push("first_k_dense_replace exceeds num_hidden_layers");
+  if (!(cfg.rmsNormEps > 0)) bad.push("rms_norm_eps must be > 0");
+  if (bad.length) throw new K3Error(`${source}: unsupported model config: ${bad.join("; ")}`, EXIT.usage);
+  return cfg;
+}
+
+/** Reads and parses `<dir>/config.json` (unreadable or invalid: exit 2). */
+export async function loadConfig(dir: string): Promise<K3Config> {
+  const path = `${dir}/config.json`;
+  let text: string;
+  try {
+    text = await Deno.readTextFile(path);
+  } catch (e) {
+    throw new K3Error(`cannot read ${path}: ${(e as Error).message}`, EXIT.usage);
+  }
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch (e) {
+    throw new K3Error(`${path}: invalid JSON: ${(e as Error).message}`, EXIT.usage);
+  }
+  return parseConfig(json, path);
+}
+
+/** A short stable fingerprint of the shape-defining config (for trunks and saved state). */
+export async function configFingerprint(cfg: K3Config): Promise<string> {
+  const bytes = new TextEncoder().encode(JSON.stringify(cfg));
+  const digest = await crypto.subtle.digest("SHA-256", bytes);
+  return Array.from(new Uint8Array(digest).slice(0, 16), (b) => b.toString(16).padStart(2, "0")).join("");
+}

@@ -1,0 +1,415 @@
+/**
+ * Kimi K3's forward pass: one file for the architecture, reading like the math in
+ * ../shared/spec/K3-MODEL.md section 2.
+ *
+ * The pass runs T tokens at once (T = 1 when decoding, a chunk when prefilling): every
+ * projection is one matrix times T vectors, so each weight is read once per chunk, while
+ * the recurrences (KDA state, conv history, MLA cache) advance token by token. A row's dot
+ * product has the same bits whatever T is, so chunking never changes a token.
+ *
+ * Weights come from a `WeightSource` (all resident, or streamed and cached: see
+ * weights.ts and experts.ts); the sequence's recurrent state lives in `SequenceState`.
+ *
+ * @module
+ */
+
+import type { K3Config } from "./config.ts";
+import type { Kernels } from "./ffi.ts";
+import { Vec } from "./memory.ts";
+import type { BoundTensors, Expert, F32, Matrix } from "./weights.ts";
+
+/** Where the forward pass gets its weights. Implementations may read from disk. */
+export interface WeightSource {
+  /** Dense tensors of layer L (resolves when they are in memory). */
+  layer(L: number): Promise<BoundTensors> | BoundTensors;
+  /** Called when the pass is done with layer L, so a streamer can reuse its slot. */
+  doneWithLayer?(L: number): void;
+  /** Routed experts `ids` of layer L, one Expert per id in order. */
+  experts(L: number, ids: number[]): Promise<Expert[]> | Expert[];
+  /** Called when the pass is done with the experts of layer L. */
+  doneWithExperts?(L: number): void;
+  /** Writes the embedding row of `id` as f32 to `dst`. */
+  embed(id: number, dst: NonNullable<Deno.PointerValue>): Promise<void> | void;
+  /** Writes lm_head rows [r0, r1) of T tokens: y[t*vocab + r] (the head may be chunked). */
+  head(x: NonNullable<Deno.PointerValue>, y: NonNullable<Deno.PointerValue>, ntok: number): Promise<void> | void;
+  /** model.norm, output_attn_res_norm, output_attn_res_proj. */
+  finalNorm: F32;
+  outputResNorm: F32;
+  outputResProj: F32;
+}
+
+/** Per-sequence state carried between forward calls (incremental decoding). */
+export class SequenceState {
+  /** Number of tokens already processed. */
+  pos = 0;
+  /** KDA layers: conv histories of q, k, v ([C][3] each) and the recurrent state S. */
+  readonly kda = new Map<number, { convQ: Vec; convK: Vec; convV: Vec; S: Vec }>();
+  /** MLA layers: expanded cache, fp32 (k_nope and v per head, k_rope shared). */
+  readonly mla = new Map<number, { knope: Vec; krope: Vec; v: Vec }>();
+
+  constructor(k: Kernels, cfg: K3Config, readonly capacity: number) {
+    const { numHeads: H, headDim: d } = cfg.kda;
+    const m = cfg.mla;
+    cfg.layerKinds.forEach((kind, L) => {
+      if (kind === "kda") {
+        const C = H * d;
+        this.kda.set(L, { convQ: new Vec(k, C * 3), convK: new Vec(k, C * 3), convV: new Vec(k, C * 3), S: new Vec(k, H * d * d) });
+      } else {
+        this.mla.set(L, {
+          knope: new Vec(k, capacity * m.numHeads * m.nopeDim),
+          krope: new Vec(k, capacity * Math.max(m.ropeDim, 1)),
+          v: new Vec(k, capacity * m.numHeads * m.vDim),
+        });
+      }
+    });
+    this.reset();
+  }
+
+  /** Back to an empty sequence. */
+  reset(): void {
+    this.pos = 0;
+    for (const s of this.kda.values()) {
+      s.convQ.f.fill(0);
+      s.convK.f.fill(0);
+      s.convV.f.fill(0);
+      s.S.f.fill(0);
+    }
+  }
+
+  /** Bytes of state per position (MLA cache) and fixed (KDA). */
+  static bytes(cfg: K3Config, capacity: number): number {
+    const { numHeads: H, headDim: d } = cfg.kda;
+    const m = cfg.mla;
+    const nK = cfg.layerKinds.filter((x) => x === "kda").length;
+    const nM = cfg.numLayers - nK;
+    return 4 * (nK * (3 * 3 * H * d + H * d * d) + nM * capacity * (m.numHeads * (m.nopeDim + m.vDim) + m.ropeDim));
+  }
+
+  free(): void {
+    for (const s of this.kda.values()) [s.convQ, s.convK, s.convV, s.S].forEach((v) => v.buf.free());
+    for (const s of this.mla.values()) [s.knope, s.krope, s.v].forEach((v) => v.buf.free());
+  }
+}
+
+/** Matrix-times-T-vectors, the one place dense projections go through (threads plug in here). */
+export type MatmulFn = (m: Matrix, x: NonNullable<Deno.PointerValue>, y: NonNullable<Deno.PointerValue>, ntok: number) => void;
+
+/** Counters the run report reads. */
+export interface ForwardStats {
+  expertsUsed: number;
+}
+
+/** Scratch buffers, allocated once for up to `maxT` tokens per call. */
+class Scratch {
+  readonly src: Vec; // AttnRes sources: [maxT][nsrc][D]
+  readonly x: Vec; // [maxT][D] sub-layer input
+  readonly xn: Vec; // [maxT][D] normed input
+  readonly a: Vec; // [maxT][D] sub-layer output
+  readonly t1: Vec; // wide temporaries [maxT][wide]
+  readonly t2: Vec;
+  readonly t3: Vec;
+  readonly t4: Vec;
+  readonly t5: Vec;
+  readonly small: Vec; // [maxT][small]
+  readonly scores: Vec; // MLA scores [heads][capacity]
+  readonly ids: Int32Array;
+  readonly idsPtr: NonNullable<Deno.PointerValue>;
+  readonly wts: Float32Array;
+  readonly wtsPtr: NonNullable<Deno.PointerValue>;
+  readonly expertIn: Vec; // gathered latent inputs [maxT][latent]
+  readonly expertOut: Vec; // per token, per chosen slot: [maxT][topK][latent]
+  readonly logits: Vec; // [maxT][vocab]
+
+  constructor(k: Kernels, cfg: K3Config, readonly maxT: number, capacity: number) {
+    const D = cfg.hiddenSize;
+    const nsrc = Math.floor((cfg.numLayers - 1) / cfg.attnResBlock) + 2;
+    const m = cfg.mla;
+    const C = cfg.kda.numHeads * cfg.kda.headDim;
+    const wide = Math.max(
+      C, D, cfg.denseIntermediate, cfg.moe.numShared * cfg.moe.intermediate, cfg.moe.intermediate, cfg.moe.latent,
+      m.numHeads * (m.nopeDim + m.ropeDim), m.numHeads * (m.nopeDim + m.vDim), m.qLoraRank, m.kvLoraRank + m.ropeDim,
+      cfg.moe.numExperts,
+    );
+    this.src = new Vec(k, maxT * nsrc * D, "attnres sources");
+    this.x = new Vec(k, maxT * D);
+    this.xn = new Vec(k, maxT * D);
+    this.a = new Vec(k, maxT * D);
+    this.t1 = new Vec(k, maxT * wide);
+    this.t2 = new Vec(k, maxT * wide);
+    this.t3 = new Vec(k, maxT * wide);
+    this.t4 = new Vec(k, maxT * wide);
+    this.t5 = new Vec(k, maxT * wide);
+    this.small = new Vec(k, maxT * Math.max(cfg.kda.numHeads, cfg.kda.headDim, 1));
+    this.scores = new Vec(k, Math.max(m.numHeads, 1) * capacity);
+    this.ids = new Int32Array(cfg.moe.topK);
+    this.idsPtr = Deno.UnsafePointer.of(this.ids)!;
+    this.wts = new Float32Array(cfg.moe.topK);
+    this.wtsPtr = Deno.UnsafePointer.of(this.wts)!;
+    this.expertIn = new Vec(k, maxT * cfg.moe.latent);
+    this.expertOut = new Vec(k, maxT * cfg.moe.topK * cfg.moe.latent);
+    this.logits = new Vec(k, maxT * cfg.vocabSize, "logits");
+  }
+}
+
+/** The model: config, kernels, weights and scratch. */
+export class K3Model {
+  private readonly s: Scratch;
+  /** Sources per token in the AttnRes buffer: snapshots plus the running partial. */
+  private readonly nsrc: number;
+  private readonly matmul: MatmulFn;
+  readonly stats: ForwardStats = { expertsUsed: 0 };
+
+  constructor(
+    readonly k: Kernels,
+    readonly cfg: K3Config,
+    readonly weights: WeightSource,
+    readonly maxT: number,
+    readonly capacity: number,
+    matmul?: MatmulFn,
+  ) {
+    this.s = new Scratch(k, cfg, maxT, capacity);
+    this.nsrc = Math.floor((cfg.numLayers - 1) / cfg.attnResBlock) + 2;
+    this.matmul = matmul ??
+      ((m, x, y, ntok) => k.k3_matmul(m.ptr, m.wtype, x, y, ntok, m.rows, m.cols, 0, m.rows));
+  }
+
+  /** A fresh sequence state able to hold `capacity` positions. */
+  newState(): SequenceState {
+    return new SequenceState(this.k, this.cfg, this.capacity);
+  }
+
+  /**
+   * Runs tokens `ids` (at most maxT) at positions state.pos.., advancing the state.
+   * Returns logits of the last token, or of every token when `allLogits`, as a view
+   * [T][vocab] into scratch (valid until the next call).
+   */
+  async forward(state: SequenceState, ids: number[], allLogits = false): Promise<Float32Array> {
+    const { k, cfg, s } = this;
+    const T = ids.length;
+    const D = cfg.hiddenSize;
+    if (T < 1 || T > this.maxT) throw new Error(`forward: ${T} tokens, chunk limit ${this.maxT}`);
+    if (state.pos + T > state.capacity) throw new Error(`forward: position ${state.pos + T} beyond capacity ${state.capacity}`);
+
+    // Per token, the AttnRes sources are stored back to back: [snapshots..., partial].
+    // Before layer 0 the partial is the embedding and there are no snapshots.
+    const srcRow = (t: number, i: number) => s.src.at((t * this.nsrc + i) * D);
+    for (let t = 0; t < T; t++) await this.weights.embed(ids[t], srcRow(t, 0));
+    let nblocks = 0;
+    let partialEmpty = false;
+
+    for (let L = 0; L < cfg.numLayers; L++) {
+      const w = await this.weights.layer(L);
+      // 1. x = AttnRes(blocks + [partial]) when there are snapshots, else the partial.
+      for (let t = 0; t < T; t++) {
+        if (nblocks > 0) {
+          k.k3_attnres(srcRow(t, 0), nblocks + 1, D, w.vector(`layers.${L}.self_attention_res_norm.weight`).ptr,
+            w.vector(`layers.${L}.self_attention_res_proj.weight`).ptr, cfg.rmsNormEps, s.x.at(t * D));
+        } else {
+          s.x.f.set(s.src.f.subarray(t * this.nsrc * D, t * this.nsrc * D + D), t * D);
+        }
+      }
+      // 2. At a block boundary the partial becomes a snapshot.
+      if (L % cfg.attnResBlock === 0) {
+        nblocks++;
+        partialEmpty = true;
+      }
+      // 3. Attention on the normed input.
+      k.k3_rmsnorm(s.x.ptr, w.vector(`layers.${L}.input_layernorm.weight`).ptr, s.xn.ptr, D, T, cfg.rmsNormEps);
+      if (cfg.layerKinds[L] === "kda") this.kda(L, w, state, T);
+      else this.mla(L, w, state, T);
+      // 4. partial = a, or partial + a.
+      for (let t = 0; t < T; t++) {
+        const dst = t * this.nsrc * D + nblocks * D;
+        if (partialEmpty) s.src.f.set(s.a.f.subarray(t * D, t * D + D), dst);
+        else k.k3_add(srcRow(t, nblocks), s.a.at(t * D), D);
+      }
+      partialEmpty = false;
+      // 5. y = AttnRes(blocks + [partial]).
+      for (let t = 0; t < T; t++) {
+        k.k3_attnres(srcRow(t, 0), nblocks + 1, D, w.vector(`layers.${L}.mlp_res_norm.weight`).ptr,
+          w.vector(`layers.${L}.mlp_res_proj.weight`).ptr, cfg.rmsNormEps, s.x.at(t * D));
+      }
+      // 6. MLP of the normed y.
+      k.k3_rmsnorm(s.x.ptr, w.vector(`layers.${L}.post_attention_layernorm.weight`).ptr, s.xn.ptr, D, T, cfg.rmsNormEps);
+      if (L < cfg.firstKDense) this.denseMlp(L, w, T);
+      else await this.moe(L, w, T);
+      this.weights.doneWithLayer?.(L);
+      // 7. partial += m.
+      for (let t = 0; t < T; t++) k.k3_add(srcRow(t, nblocks), s.a.at(t * D), D);
+    }
+
+    // Final aggregation, norm and head, for the tokens whose logits are wanted.
+    const first = allLogits ? 0 : T - 1;
+    for (let t = first; t < T; t++) {
+      k.k3_attnres(srcRow(t, 0), nblocks + 1, D, this.weights.outputResNorm.ptr, this.weights.outputResProj.ptr,
+        cfg.rmsNormEps, s.x.at((t - first) * D));
+    }
+    const nOut = T - first;
+    k.k3_rmsnorm(s.x.ptr, this.weights.finalNorm.ptr, s.xn.ptr, D, nOut, cfg.rmsNormEps);
+    await this.weights.head(s.xn.ptr, s.logits.ptr, nOut);
+    state.pos += T;
+    return s.logits.f.subarray(0, nOut * cfg.vocabSize);
+  }
+
+  /** Kimi Delta Attention for T tokens: projections batched, recurrence token by token. */
+  private kda(L: number, w: BoundTensors, state: SequenceState, T: number): void {
+    const { k, cfg, s } = this;
+    const { numHeads: H, headDim: d, gateLowerBound } = cfg.kda;
+    const C = H * d;
+    const D = cfg.hiddenSize;
+    const n = (x: string) => `layers.${L}.self_attn.${x}`;
+    const st = state.kda.get(L)!;
+    const [q, kk, v, f, o] = [s.t1, s.t2, s.t3, s.t4, s.t5];
+    this.matmul(w.matrix(n("q_proj.weight")), s.xn.ptr, q.ptr, T);
+    this.matmul(w.matrix(n("k_proj.weight")), s.xn.ptr, kk.ptr, T);
+    this.matmul(w.matrix(n("v_proj.weight")), s.xn.ptr, v.ptr, T);
+    // f = f_b(f_a x): the low-rank decay input, through `small`.
+    this.matmul(w.matrix(n("f_a_proj.weight")), s.xn.ptr, s.small.ptr, T);
+    this.matmul(w.matrix(n("f_b_proj.weight")), s.small.ptr, f.ptr, T);
+    // beta = sigmoid(b_proj x), one per head and token.
+    const beta = s.small;
+    this.matmul(w.matrix(n("b_proj.weight")), s.xn.ptr, beta.ptr, T);
+    k.k3_sigmoid(beta.ptr, beta.ptr, T * H);
+    for (let t = 0; t < T; t++) {
+      const at = (b: Vec) => b.at(t * C);
+      // Causal short conv + SiLU (in place), then L2 norm of q and k per head.
+      k.k3_short_conv(st.convQ.ptr, w.vector(n("q_conv1d.weight")).ptr, at(q), at(q), C);
+      k.k3_short_conv(st.convK.ptr, w.vector(n("k_conv1d.weight")).ptr, at(kk), at(kk), C);
+      k.k3_short_conv(st.convV.ptr, w.vector(n("v_conv1d.weight")).ptr, at(v), at(v), C);
+      k.k3_l2norm(at(q), d, H, 1e-6);
+      k.k3_l2norm(at(kk), d, H, 1e-6);
+      // The decay alpha overwrites f; the delta rule reads o from the updated state.
+      k.k3_kda_decay(at(f), w.vector(n("A_log")).ptr, w.vector(n("dt_bias")).ptr, at(f), H, d, gateLowerBound);
+      k.k3_kda_step(st.S.ptr, at(q), at(kk), at(v), beta.at(t * H), at(f), at(o), d, 0, H);
+    }
+    // Per-head RMSNorm of o, then the output gate (norm first, then gate), then o_proj.
+    k.k3_rmsnorm(o.ptr, w.vector(n("o_norm.weight")).ptr, o.ptr, d, T * H, cfg.rmsNormEps);
+    const g = f;
+    this.matmul(w.matrix(n("g_proj.weight")), s.xn.ptr, g.ptr, T);
+    k.k3_sigmoid_mul(o.ptr, g.ptr, T * C);
+    this.matmul(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, T);
+  }
+
+  /** Gated MLA (NoPE) for T tokens over the expanded cache. */
+  private mla(L: number, w: BoundTensors, state: SequenceState, T: number): void {
+    const { k, cfg, s } = this;
+    const m = cfg.mla;
+    const H = m.numHeads;
+    const dq = m.nopeDim + m.ropeDim;
+    const dkv = m.nopeDim + m.vDim;
+    const n = (x: string) => `layers.${L}.self_attn.${x}`;
+    const cache = state.mla.get(L)!;
+    const [qa, q, c, kv, o] = [s.t1, s.t2, s.t3, s.t4, s.t5];
+    // q = q_b(RMSNorm(q_a x)).
+    this.matmul(w.matrix(n("q_a_proj.weight")), s.xn.ptr, qa.ptr, T);
+    k.k3_rmsnorm(qa.ptr, w.vector(n("q_a_layernorm.weight")).ptr, qa.ptr, m.qLoraRank, T, cfg.rmsNormEps);
+    this.matmul(w.matrix(n("q_b_proj.weight")), qa.ptr, q.ptr, T);
+    // c = kv_a x: the latent (normed) and the shared raw key part.
+    const cw = m.kvLoraRank + m.ropeDim;
+    this.matmul(w.matrix(n("kv_a_proj_with_mqa.weight")), s.xn.ptr, c.ptr, T);
+    // Norm the latent of each token into a packed [T][kvLoraRank] buffer for kv_b.
+    for (let t = 0; t < T; t++) {
+      k.k3_rmsnorm(c.at(t * cw), w.vector(n("kv_a_layernorm.weight")).ptr, qa.at(t * m.kvLoraRank), m.kvLoraRank, 1, cfg.rmsNormEps);
+    }
+    this.matmul(w.matrix(n("kv_b_proj.weight")), qa.ptr, kv.ptr, T);
+    for (let t = 0; t < T; t++) {
+      const p = state.pos + t;
+      // Append this position: per head k_nope and v from kv_b, the shared k_rope from c.
+      for (let h = 0; h < H; h++) {
+        const row = t * H * dkv + h * dkv;
+        cache.knope.f.set(kv.f.subarray(row, row + m.nopeDim), (p * H + h) * m.nopeDim);
+        cache.v.f.set(kv.f.subarray(row + m.nopeDim, row + dkv), (p * H + h) * m.vDim);
+      }
+      cache.krope.f.set(c.f.subarray(t * cw + m.kvLoraRank, (t + 1) * cw), p * m.ropeDim);
+      k.k3_mla_attend(q.at(t * H * dq), cache.knope.ptr, cache.krope.ptr, cache.v.ptr, o.at(t * H * m.vDim), s.scores.ptr,
+        p + 1, H, m.nopeDim, m.ropeDim, m.vDim, 1 / Math.sqrt(dq), 0, H);
+    }
+    // Output gate, then o_proj.
+    this.matmul(w.matrix(n("g_proj.weight")), s.xn.ptr, c.ptr, T);
+    k.k3_sigmoid_mul(o.ptr, c.ptr, T * H * m.vDim);
+    this.matmul(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, T);
+  }
+
+  /** SiTU-GLU MLP: down(SiTU(gate x, up x)), writing s.a. */
+  private glu(gate: Matrix, up: Matrix, down: Matrix, x: NonNullable<Deno.PointerValue>, out: NonNullable<Deno.PointerValue>, T: number): void {
+    const { k, cfg, s } = this;
+    this.matmul(gate, x, s.t1.ptr, T);
+    this.matmul(up, x, s.t2.ptr, T);
+    k.k3_situ_glu(s.t1.ptr, s.t2.ptr, s.t1.ptr, T * gate.rows, cfg.situBeta, cfg.situLinearBeta);
+    this.matmul(down, s.t1.ptr, out, T);
+  }
+
+  private denseMlp(L: number, w: BoundTensors, T: number): void {
+    const n = (x: string) => `layers.${L}.mlp.${x}.weight`;
+    this.glu(w.matrix(n("gate_proj")), w.matrix(n("up_proj")), w.matrix(n("down_proj")), this.s.xn.ptr, this.s.a.ptr, T);
+  }
+
+  /**
+   * Stable LatentMoE for T tokens. The experts chosen by any token of the chunk are fetched
+   * once (chunk union); each runs on the tokens that chose it; each token then sums its
+   * own experts in its router's order.
+   */
+  private async moe(L: number, w: BoundTensors, T: number): Promise<void> {
+    const { k, cfg, s } = this;
+    const { latent, topK, numExperts } = cfg.moe;
+    const D = cfg.hiddenSize;
+    const n = (x: string) => `layers.${L}.block_sparse_moe.${x}`;
+    // Route each token; z = routed_expert_down_proj x (into t4), once per token.
+    const logits = s.t3;
+    this.matmul(w.matrix(n("gate.weight")), s.xn.ptr, logits.ptr, T);
+    const z = s.t4;
+    this.matmul(w.matrix(n("routed_expert_down_proj.weight")), s.xn.ptr, z.ptr, T);
+    const chosen: { ids: number[]; weights: number[] }[] = [];
+    const users = new Map<number, { t: number; slot: number }[]>();
+    for (let t = 0; t < T; t++) {
+      k.k3_router_topk(logits.at(t * numExperts), w.vector(n("gate.e_score_correction_bias")).ptr, numExperts, topK,
+        cfg.moe.routedScaling, s.idsPtr, s.wtsPtr);
+      const ids = Array.from(s.ids);
+      chosen.push({ ids, weights: Array.from(s.wts) });
+      ids.forEach((e, slot) => {
+        const list = users.get(e) ?? [];
+        list.push({ t, slot });
+        users.set(e, list);
+      });
+    }
+    const union = [...users.keys()].sort((a, b) => a - b);
+    const experts = await this.weights.experts(L, union);
+    this.stats.expertsUsed += union.length;
+    // Run each expert on the tokens that chose it; outputs land at [t][slot][latent].
+    const I = cfg.moe.intermediate;
+    union.forEach((e, i) => {
+      const ex = experts[i];
+      const us = users.get(e)!;
+      for (let j = 0; j < us.length; j++) {
+        s.expertIn.f.set(z.f.subarray(us[j].t * latent, (us[j].t + 1) * latent), j * latent);
+      }
+      const nt = us.length;
+      k.k3_matmul_mxfp4(ex.w1.packed, ex.w1.scales, s.expertIn.ptr, s.t1.ptr, nt, I, latent, 0, I);
+      k.k3_matmul_mxfp4(ex.w3.packed, ex.w3.scales, s.expertIn.ptr, s.t2.ptr, nt, I, latent, 0, I);
+      k.k3_situ_glu(s.t1.ptr, s.t2.ptr, s.t1.ptr, nt * I, cfg.situBeta, cfg.situLinearBeta);
+      k.k3_matmul_mxfp4(ex.w2.packed, ex.w2.scales, s.t1.ptr, s.t5.ptr, nt, latent, I, 0, latent);
+      for (let j = 0; j < nt; j++) {
+        const { t, slot } = us[j];
+        s.expertOut.f.set(s.t5.f.subarray(j * latent, (j + 1) * latent), (t * topK + slot) * latent);
+      }
+    });
+    this.weights.doneWithExperts?.(L);
+    // acc = sum_j w_j e_j in router order; RMSNorm; up-projection.
+    const acc = s.t3; // router logits are no longer needed
+    for (let t = 0; t < T; t++) {
+      const row = acc.f.subarray(t * latent, (t + 1) * latent);
+      row.fill(0);
+      for (let j = 0; j < topK; j++) {
+        k.k3_axpy(acc.at(t * latent), chosen[t].weights[j], s.expertOut.at((t * topK + j) * latent), latent);
+      }
+    }
+    k.k3_rmsnorm(acc.ptr, w.vector(n("routed_expert_norm.weight")).ptr, acc.ptr, latent, T, cfg.rmsNormEps);
+    this.matmul(w.matrix(n("routed_expert_up_proj.weight")), acc.ptr, s.a.ptr, T);
+    // Shared experts at full width, added with no weight.
+    if (cfg.moe.numShared > 0) {
+      const sh = (x: string) => n(`shared_experts.${x}.weight`);
+      this.glu(w.matrix(sh("gate_proj")), w.matrix(sh("up_proj")), w.matrix(sh("down_proj")), s.xn.ptr, s.x.ptr, T);
+      k.k3_add(s.a.ptr, s.x.ptr, T * D);
+    }
+  }
+}

@@ -1,0 +1,135 @@
+/**
+ * The simplest WeightSource: every tensor read from the checkpoint into memory at start-up,
+ * experts included. Right for small models and for the oracle tests; the streamed trunk and
+ * the expert cache give the same tokens with bounded memory.
+ *
+ * @module
+ */
+
+import type { K3Config } from "./config.ts";
+import { type ExpertLocation, expertView, locateExpert, readExpert } from "./experts.ts";
+import type { Kernels } from "./ffi.ts";
+import { NativeBuffer } from "./memory.ts";
+import type { WeightSource } from "./model.ts";
+import type { Checkpoint } from "./safetensors.ts";
+import {
+  type BoundTensors,
+  type Expert,
+  type F32,
+  globalTensors,
+  HEAD_NAME,
+  layerTensors,
+  loadTensors,
+  type Matrix,
+  PREFIX,
+  type TensorSpec,
+} from "./weights.ts";
+
+/** Embedding and lm_head bound as matrices, plus the final vectors. */
+export interface Globals {
+  embed: Matrix;
+  head: Matrix;
+  tensors: BoundTensors;
+}
+
+/** Loads embed_tokens, lm_head and the final norm / AttnRes vectors. */
+export async function loadGlobals(k: Kernels, cfg: K3Config, ckpt: Checkpoint): Promise<Globals> {
+  const V = cfg.vocabSize, D = cfg.hiddenSize;
+  const specs: TensorSpec[] = [
+    ...globalTensors(cfg),
+    { name: PREFIX + "embed_tokens.weight", shape: [V, D], keep: "matrix" },
+    { name: HEAD_NAME, shape: [V, D], keep: "matrix" },
+  ];
+  const tensors = await loadTensors(k, ckpt, specs, "");
+  return {
+    embed: tensors.matrix(PREFIX + "embed_tokens.weight"),
+    head: tensors.matrix(HEAD_NAME),
+    tensors,
+  };
+}
+
+/** Writes row `id` of an embedding matrix as f32. */
+export function embedRow(k: Kernels, embed: Matrix, id: number, dst: NonNullable<Deno.PointerValue>): void {
+  const D = embed.cols;
+  if (embed.wtype === 1) {
+    k.k3_bf16_to_f32(Deno.UnsafePointer.offset(embed.ptr, id * D * 2), dst, D);
+  } else {
+    const src = new Float32Array(Deno.UnsafePointerView.getArrayBuffer(embed.ptr, D * 4, id * D * 4));
+    new Float32Array(Deno.UnsafePointerView.getArrayBuffer(dst, D * 4)).set(src);
+  }
+}
+
+/** Every weight in RAM. */
+export class ResidentWeights implements WeightSource {
+  readonly finalNorm: F32;
+  readonly outputResNorm: F32;
+  readonly outputResProj: F32;
+
+  private constructor(
+    private readonly k: Kernels,
+    private readonly cfg: K3Config,
+    private readonly globals: Globals,
+    private readonly layers: BoundTensors[],
+    private readonly expertsByLayer: Map<number, Expert[]>,
+    private readonly buffers: NativeBuffer[],
+  ) {
+    const g = globals.tensors;
+    this.finalNorm = g.vector(PREFIX + "norm.weight");
+    this.outputResNorm = g.vector(PREFIX + "output_attn_res_norm.weight");
+    this.outputResProj = g.vector(PREFIX + "output_attn_res_proj.weight");
+  }
+
+  /** Reads the whole model. `onLayer` reports progress. */
+  static async load(
+    k: Kernels,
+    cfg: K3Config,
+    ckpt: Checkpoint,
+    opts: { layers?: number; onLayer?: (done: number, total: number) => void } = {},
+  ): Promise<ResidentWeights> {
+    const nLayers = opts.layers ?? cfg.numLayers;
+    const globals = await loadGlobals(k, cfg, ckpt);
+    const layers: BoundTensors[] = [];
+    const expertsByLayer = new Map<number, Expert[]>();
+    const buffers: NativeBuffer[] = [];
+    for (let L = 0; L < nLayers; L++) {
+      layers.push(await loadTensors(k, ckpt, layerTensors(cfg, L)));
+      if (L >= cfg.firstKDense) {
+        const list: Expert[] = [];
+        for (let E = 0; E < cfg.moe.numExperts; E++) {
+          const loc: ExpertLocation = locateExpert(cfg, ckpt, L, E);
+          const slot = NativeBuffer.alloc(k, loc.bytes, `expert ${L}.${E}`);
+          buffers.push(slot);
+          await readExpert(ckpt, loc, slot);
+          list.push(expertView(cfg, loc, slot));
+        }
+        expertsByLayer.set(L, list);
+      }
+      opts.onLayer?.(L + 1, nLayers);
+    }
+    return new ResidentWeights(k, cfg, globals, layers, expertsByLayer, buffers);
+  }
+
+  layer(L: number): BoundTensors {
+    return this.layers[L];
+  }
+
+  experts(L: number, ids: number[]): Expert[] {
+    const list = this.expertsByLayer.get(L)!;
+    return ids.map((e) => list[e]);
+  }
+
+  embed(id: number, dst: NonNullable<Deno.PointerValue>): void {
+    embedRow(this.k, this.globals.embed, id, dst);
+  }
+
+  head(x: NonNullable<Deno.PointerValue>, y: NonNullable<Deno.PointerValue>, ntok: number): void {
+    const h = this.globals.head;
+    this.k.k3_matmul(h.ptr, h.wtype, x, y, ntok, h.rows, h.cols, 0, h.rows);
+  }
+
+  free(): void {
+    this.globals.tensors.free();
+    for (const l of this.layers) l.free();
+    for (const b of this.buffers) b.free();
+  }
+}

@@ -1,0 +1,179 @@
+/**
+ * A reader for a checkpoint split over many safetensors shards.
+ *
+ * Every header is validated before any tensor is used: the header length is sane, every
+ * tensor's byte range lies inside its file, its size equals numel x element size, no two
+ * tensors of a file overlap and no name appears twice across shards. A bad file is refused
+ * with one line naming the file and the tensor (exit 1).
+ *
+ * @module
+ */
+
+import { K3Error } from "./errors.ts";
+
+/** Bytes per element of the dtypes safetensors defines. */
+export const DTYPE_BYTES: Record<string, number> = {
+  BOOL: 1, U8: 1, I8: 1, F8_E4M3: 1, F8_E5M2: 1,
+  I16: 2, U16: 2, F16: 2, BF16: 2,
+  I32: 4, U32: 4, F32: 4,
+  I64: 8, U64: 8, F64: 8,
+};
+
+/** Where one tensor's bytes are. */
+export interface TensorInfo {
+  name: string;
+  dtype: string;
+  shape: number[];
+  /** The shard holding it. */
+  file: string;
+  /** Absolute byte offset in the file. */
+  offset: number;
+  bytes: number;
+}
+
+/** The largest header we accept; the released shards' headers are a few MB. */
+const MAX_HEADER_BYTES = 256 * 1024 * 1024;
+
+/** Parses and validates one shard's header. */
+export async function readShardHeader(file: string): Promise<TensorInfo[]> {
+  const fail = (why: string): never => {
+    throw new K3Error(`${file}: ${why}`);
+  };
+  let f: Deno.FsFile;
+  try {
+    f = await Deno.open(file, { read: true });
+  } catch (e) {
+    return fail(`cannot open: ${(e as Error).message}`);
+  }
+  try {
+    const fileSize = (await f.stat()).size;
+    if (fileSize < 8) fail(`truncated: ${fileSize} bytes, not even a header length`);
+    const lenBytes = new Uint8Array(8);
+    await readFull(f, lenBytes, 0, file);
+    const headerLen = Number(new DataView(lenBytes.buffer).getBigUint64(0, true));
+    if (headerLen < 2 || headerLen > MAX_HEADER_BYTES || 8 + headerLen > fileSize) {
+      fail(`header length ${headerLen} does not fit in a file of ${fileSize} bytes`);
+    }
+    const headerBytes = new Uint8Array(headerLen);
+    await readFull(f, headerBytes, 8, file);
+    let header: unknown;
+    try {
+      header = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(headerBytes));
+    } catch (e) {
+      fail(`header is not valid JSON: ${(e as Error).message}`);
+    }
+    if (typeof header !== "object" || header === null || Array.isArray(header)) {
+      fail("header is not a JSON object");
+    }
+    const dataStart = 8 + headerLen;
+    const dataSize = fileSize - dataStart;
+    const tensors: TensorInfo[] = [];
+    for (const [name, entry] of Object.entries(header as Record<string, unknown>)) {
+      if (name === "__metadata__") continue;
+      const e = entry as { dtype?: unknown; shape?: unknown; data_offsets?: unknown };
+      const bad = (why: string) => fail(`tensor ${name}: ${why}`);
+      if (typeof e !== "object" || e === null) bad("entry is not an object");
+      if (typeof e.dtype !== "string" || !(e.dtype in DTYPE_BYTES)) bad(`unknown dtype ${JSON.stringify(e.dtype)}`);
+      const shape = e.shape;
+      if (!Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && d >= 0)) bad("bad shape");
+      const offs = e.data_offsets;
+      if (!Array.isArray(offs) || offs.length !== 2 || !offs.every((o) => Number.isSafeInteger(o) && o >= 0)) {
+        bad("bad data_offsets");
+      }
+      const [begin, end] = offs as number[];
+      if (end < begin) bad(`data_offsets end ${end} before begin ${begin}`);
+      if (end > dataSize) bad(`data_offsets [${begin}, ${end}) run past the end of the file (${dataSize} data bytes)`);
+      const numel = (shape as number[]).reduce((a, b) => a * b, 1);
+      const want = numel * DTYPE_BYTES[e.dtype as string];
+      if (end - begin !== want) bad(`holds ${end - begin} bytes but ${e.dtype} ${JSON.stringify(shape)} needs ${want}`);
+      tensors.push({ name, dtype: e.dtype as string, shape: shape as number[], file, offset: dataStart + begin, bytes: end - begin });
+    }
+    const byOffset = [...tensors].sort((a, b) => a.offset - b.offset);
+    for (let i = 1; i < byOffset.length; i++) {
+      const prev = byOffset[i - 1], cur = byOffset[i];
+      if (cur.bytes > 0 && prev.offset + prev.bytes > cur.offset) {
+        fail(`tensor ${cur.name} overlaps tensor ${prev.name}`);
+      }
+    }
+    return tensors;
+  } finally {
+    f.close();
+  }
+}
+
+/** Reads exactly dst.length bytes at `position`, or fails naming the file. */
+export async function readFull(f: Deno.FsFile, dst: Uint8Array, position: number, file: string): Promise<void> {
+  await f.seek(position, Deno.SeekMode.Start);
+  let done = 0;
+  while (done < dst.length) {
+    const n = await f.read(dst.subarray(done));
+    if (n === null || n === 0) {
+      throw new K3Error(`${file}: short read at byte ${position + done} (wanted ${dst.length - done} more bytes)`);
+    }
+    done += n;
+  }
+}
+
+/** All tensors of a checkpoint directory, by name. */
+export class Checkpoint {
+  private handles = new Map<string, Deno.FsFile>();
+
+  private constructor(readonly dir: string, readonly shards: string[], readonly tensors: Map<string, TensorInfo>) {}
+
+  /** Indexes every `*.safetensors` in `dir` (sorted by name; names are never assumed). */
+  static async open(dir: string, onShard?: (done: number, total: number) => void): Promise<Checkpoint> {
+    let shards: string[];
+    try {
+      shards = [];
+      for await (const e of Deno.readDir(dir)) {
+        if ((e.isFile || e.isSymlink) && e.name.endsWith(".safetensors")) shards.push(`${dir}/${e.name}`);
+      }
+    } catch (e) {
+      throw new K3Error(`cannot list ${dir}: ${(e as Error).message}`);
+    }
+    if (shards.length === 0) throw new K3Error(`${dir}: no *.safetensors files`);
+    shards.sort();
+    const tensors = new Map<string, TensorInfo>();
+    for (let i = 0; i < shards.length; i++) {
+      for (const t of await readShardHeader(shards[i])) {
+        const prev = tensors.get(t.name);
+        if (prev) throw new K3Error(`${t.file}: tensor ${t.name} also in ${prev.file}`);
+        tensors.set(t.name, t);
+      }
+      onShard?.(i + 1, shards.length);
+    }
+    return new Checkpoint(dir, shards, tensors);
+  }
+
+  /** The tensor's info, or a K3Error naming what is missing. */
+  get(name: string): TensorInfo {
+    const t = this.tensors.get(name);
+    if (!t) throw new K3Error(`${this.dir}: missing tensor ${name}`);
+    return t;
+  }
+
+  has(name: string): boolean {
+    return this.tensors.has(name);
+  }
+
+  /** Reads `dst.length` bytes of the file at absolute `offset`. */
+  async readAt(file: string, offset: number, dst: Uint8Array): Promise<void> {
+    let f = this.handles.get(file);
+    if (!f) {
+      f = await Deno.open(file, { read: true });
+      this.handles.set(file, f);
+    }
+    await readFull(f, dst, offset, file);
+  }
+
+  /** Reads a whole tensor into `dst` (exactly t.bytes long). */
+  read(t: TensorInfo, dst: Uint8Array): Promise<void> {
+    if (dst.length !== t.bytes) throw new Error(`read ${t.name}: buffer ${dst.length} != ${t.bytes}`);
+    return this.readAt(t.file, t.offset, dst);
+  }
+
+  close(): void {
+    for (const f of this.handles.values()) f.close();
+    this.handles.clear();
+  }
+}

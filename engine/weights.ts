@@ -1,0 +1,266 @@
+/**
+ * Binding the released tensor names to typed weights in native memory.
+ *
+ * One list (`layerTensors`) says which tensors a decoder layer has, with their shapes and
+ * how the engine keeps them; loading from safetensors and from a packed trunk both use it.
+ * Matrices stay BF16 or F32 as stored (F16 is widened to F32, exactly); vectors are
+ * widened to F32. Routed experts stay packed MXFP4.
+ *
+ * @module
+ */
+
+import type { K3Config } from "./config.ts";
+import { K3Error } from "./errors.ts";
+import { type Kernels, WTYPE } from "./ffi.ts";
+import { NativeBuffer } from "./memory.ts";
+import type { Checkpoint, TensorInfo } from "./safetensors.ts";
+
+export const PREFIX = "language_model.model.";
+export const HEAD_NAME = "language_model.lm_head.weight";
+
+/** A dense matrix [rows][cols] in native memory, BF16 or F32. */
+export interface Matrix {
+  ptr: NonNullable<Deno.PointerValue>;
+  wtype: number;
+  rows: number;
+  cols: number;
+}
+
+/** A float32 vector in native memory. */
+export interface F32 {
+  ptr: NonNullable<Deno.PointerValue>;
+  f: Float32Array;
+}
+
+/** One MXFP4 matrix: packed [rows][cols/2] and scales [rows][cols/32]. */
+export interface Mxfp4 {
+  packed: NonNullable<Deno.PointerValue>;
+  scales: NonNullable<Deno.PointerValue>;
+  rows: number;
+  cols: number;
+}
+
+/** One routed expert: gate w1, up w3, down w2. */
+export interface Expert {
+  w1: Mxfp4;
+  w3: Mxfp4;
+  w2: Mxfp4;
+}
+
+/** How a tensor is kept in memory. */
+export type Keep = "matrix" | "vector" | "u8";
+
+/** One tensor a layer needs. `shape` is the released shape; A_log may be longer. */
+export interface TensorSpec {
+  /** Name without the `language_model.model.` prefix. */
+  name: string;
+  shape: number[];
+  keep: Keep;
+  /** Accept any first dimension >= shape[0] (A_log ships padded to 128). */
+  atLeast?: boolean;
+}
+
+/** Dense (trunk) tensors of layer L, in a fixed order. */
+export function layerTensors(cfg: K3Config, L: number): TensorSpec[] {
+  const D = cfg.hiddenSize;
+  const p = `layers.${L}.`;
+  const m = (name: string, rows: number, cols: number): TensorSpec => ({ name: p + name, shape: [rows, cols], keep: "matrix" });
+  const v = (name: string, shape: number[], atLeast = false): TensorSpec => ({ name: p + name, shape, keep: "vector", atLeast });
+  const specs: TensorSpec[] = [
+    v("input_layernorm.weight", [D]),
+    v("post_attention_layernorm.weight", [D]),
+    v("self_attention_res_norm.weight", [D]),
+    v("self_attention_res_proj.weight", [1, D]),
+    v("mlp_res_norm.weight", [D]),
+    v("mlp_res_proj.weight", [1, D]),
+  ];
+  if (cfg.layerKinds[L] === "kda") {
+    const { numHeads: H, headDim: d } = cfg.kda;
+    const C = H * d;
+    specs.push(
+      m("self_attn.q_proj.weight", C, D),
+      m("self_attn.k_proj.weight", C, D),
+      m("self_attn.v_proj.weight", C, D),
+      v("self_attn.q_conv1d.weight", [C, 1, 4]),
+      v("self_attn.k_conv1d.weight", [C, 1, 4]),
+      v("self_attn.v_conv1d.weight", [C, 1, 4]),
+      m("self_attn.f_a_proj.weight", d, D),
+      m("self_attn.f_b_proj.weight", C, d),
+      m("self_attn.b_proj.weight", H, D),
+      v("self_attn.A_log", [H], true),
+      v("self_attn.dt_bias", [C]),
+      v("self_attn.o_norm.weight", [d]),
+      m("self_attn.g_proj.weight", C, D),
+      m("self_attn.o_proj.weight", D, C),
+    );
+  } else {
+    const c = cfg.mla;
+    const H = c.numHeads;
+    specs.push(
+      m("self_attn.q_a_proj.weight", c.qLoraRank, D),
+      v("self_attn.q_a_layernorm.weight", [c.qLoraRank]),
+      m("self_attn.q_b_proj.weight", H * (c.nopeDim + c.ropeDim), c.qLoraRank),
+      m("self_attn.kv_a_proj_with_mqa.weight", c.kvLoraRank + c.ropeDim, D),
+      v("self_attn.kv_a_layernorm.weight", [c.kvLoraRank]),
+      m("self_attn.kv_b_proj.weight", H * (c.nopeDim + c.vDim), c.kvLoraRank),
+      m("self_attn.g_proj.weight", H * c.vDim, D),
+      m("self_attn.o_proj.weight", D, H * c.vDim),
+    );
+  }
+  if (L < cfg.firstKDense) {
+    const I = cfg.denseIntermediate;
+    specs.push(m("mlp.gate_proj.weight", I, D), m("mlp.up_proj.weight", I, D), m("mlp.down_proj.weight", D, I));
+  } else {
+    const e = cfg.moe;
+    const S = e.numShared * e.intermediate;
+    const b = "block_sparse_moe.";
+    specs.push(
+      m(b + "gate.weight", e.numExperts, D),
+      v(b + "gate.e_score_correction_bias", [e.numExperts]),
+      m(b + "routed_expert_down_proj.weight", e.latent, D),
+      m(b + "routed_expert_up_proj.weight", D, e.latent),
+      v(b + "routed_expert_norm.weight", [e.latent]),
+    );
+    if (S > 0) {
+      specs.push(m(b + "shared_experts.gate_proj.weight", S, D), m(b + "shared_experts.up_proj.weight", S, D), m(b + "shared_experts.down_proj.weight", D, S));
+    }
+  }
+  return specs;
+}
+
+/** Model-level tensors outside the layers (embedding and head are handled separately). */
+export function globalTensors(cfg: K3Config): TensorSpec[] {
+  const D = cfg.hiddenSize;
+  return [
+    { name: "norm.weight", shape: [D], keep: "vector" },
+    { name: "output_attn_res_norm.weight", shape: [D], keep: "vector" },
+    { name: "output_attn_res_proj.weight", shape: [1, D], keep: "vector" },
+  ];
+}
+
+/** The six tensors of routed expert E of layer L, with their shapes. */
+export function expertTensors(cfg: K3Config, L: number, E: number): TensorSpec[] {
+  const { latent, intermediate: I } = cfg.moe;
+  const p = `layers.${L}.block_sparse_moe.experts.${E}.`;
+  const u8 = (name: string, rows: number, cols: number): TensorSpec => ({ name: p + name, shape: [rows, cols], keep: "u8" });
+  return [
+    u8("w1.weight_packed", I, latent / 2),
+    u8("w1.weight_scale", I, latent / 32),
+    u8("w3.weight_packed", I, latent / 2),
+    u8("w3.weight_scale", I, latent / 32),
+    u8("w2.weight_packed", latent, I / 2),
+    u8("w2.weight_scale", latent, I / 32),
+  ];
+}
+
+const FLOAT_DTYPES = new Set(["BF16", "F16", "F32"]);
+
+/** Checks a checkpoint tensor against its spec; throws K3Error naming the tensor. */
+export function checkTensor(t: TensorInfo, spec: TensorSpec): void {
+  const want = spec.shape;
+  const got = t.shape;
+  const shapeOk = spec.atLeast
+    ? got.length === 1 && got[0] >= want[0]
+    : got.length === want.length && got.every((d, i) => d === want[i]);
+  if (!shapeOk) {
+    throw new K3Error(`tensor ${t.name}: shape ${JSON.stringify(got)}, expected ${spec.atLeast ? ">= " : ""}${JSON.stringify(want)}`);
+  }
+  if (spec.keep === "u8" ? t.dtype !== "U8" : !FLOAT_DTYPES.has(t.dtype)) {
+    throw new K3Error(`tensor ${t.name}: dtype ${t.dtype}, expected ${spec.keep === "u8" ? "U8" : "BF16, F16 or F32"}`);
+  }
+}
+
+/** Bytes a tensor takes once bound (after widening). */
+export function boundBytes(t: { dtype: string; bytes: number }, keep: Keep): number {
+  if (keep === "u8") return t.bytes;
+  const elems = t.bytes / (t.dtype === "F32" ? 4 : 2);
+  if (keep === "matrix" && t.dtype === "BF16") return elems * 2;
+  return elems * 4;
+}
+
+/**
+ * Converts raw tensor bytes (already in native memory at `src`) into their bound form at
+ * `dst` (which may equal src when no conversion is needed). Returns the bound dtype code.
+ */
+export function convertTensor(k: Kernels, dtype: string, keep: Keep, src: Deno.PointerValue, dst: Deno.PointerValue, elems: number): void {
+  if (keep === "u8" || dtype === "F32" || (keep === "matrix" && dtype === "BF16")) {
+    if (src !== dst) throw new Error("convertTensor: no conversion needed, src must equal dst");
+    return;
+  }
+  if (dtype === "BF16") k.k3_bf16_to_f32(src, dst, elems);
+  else k.k3_f16_to_f32(src, dst, elems);
+}
+
+/** Weight type code of a bound matrix stored as `dtype`. */
+export function boundWtype(dtype: string): number {
+  return dtype === "BF16" ? WTYPE.bf16 : WTYPE.f32;
+}
+
+/** A set of bound tensors of one layer (or of the globals), by short name. */
+export class BoundTensors {
+  constructor(readonly matrices: Map<string, Matrix>, readonly vectors: Map<string, F32>, readonly owned: NativeBuffer[]) {}
+
+  matrix(name: string): Matrix {
+    const m = this.matrices.get(name);
+    if (!m) throw new Error(`internal: matrix ${name} not bound`);
+    return m;
+  }
+
+  vector(name: string): F32 {
+    const v = this.vectors.get(name);
+    if (!v) throw new Error(`internal: vector ${name} not bound`);
+    return v;
+  }
+
+  free(): void {
+    for (const b of this.owned) b.free();
+  }
+}
+
+/**
+ * Reads and binds the given tensors from the checkpoint, one native buffer each.
+ * `prefix` is prepended to spec names.
+ */
+export async function loadTensors(k: Kernels, ckpt: Checkpoint, specs: TensorSpec[], prefix = PREFIX): Promise<BoundTensors> {
+  const matrices = new Map<string, Matrix>();
+  const vectors = new Map<string, F32>();
+  const owned: NativeBuffer[] = [];
+  try {
+    for (const spec of specs) {
+      const t = ckpt.get(prefix + spec.name);
+      checkTensor(t, spec);
+      const raw = NativeBuffer.alloc(k, t.bytes, t.name);
+      owned.push(raw);
+      await ckpt.read(t, raw.u8);
+      bindInto(k, t.dtype, spec, raw, matrices, vectors, owned);
+    }
+  } catch (e) {
+    for (const b of owned) b.free();
+    throw e;
+  }
+  return new BoundTensors(matrices, vectors, owned);
+}
+
+/** Binds one tensor whose raw bytes are in `raw`, widening into a new buffer if needed. */
+export function bindInto(
+  k: Kernels,
+  dtype: string,
+  spec: TensorSpec,
+  raw: NativeBuffer,
+  matrices: Map<string, Matrix>,
+  vectors: Map<string, F32>,
+  owned: NativeBuffer[],
+): void {
+  const elems = raw.bytes / (dtype === "F32" ? 4 : dtype === "U8" ? 1 : 2);
+  let bound = raw;
+  if (boundBytes({ dtype, bytes: raw.bytes }, spec.keep) !== raw.bytes) {
+    bound = NativeBuffer.alloc(k, elems * 4, spec.name);
+    owned.push(bound);
+    convertTensor(k, dtype, spec.keep, raw.ptr, bound.ptr, elems);
+  }
+  if (spec.keep === "matrix") {
+    matrices.set(spec.name, { ptr: bound.ptr, wtype: bound === raw ? boundWtype(dtype) : WTYPE.f32, rows: spec.shape[0], cols: spec.shape[1] });
+  } else if (spec.keep === "vector") {
+    vectors.set(spec.name, { ptr: bound.ptr, f: bound.f32() });
+  }
+}

@@ -1,0 +1,62 @@
+/**
+ * k3: Kimi K3 on one CPU. The command-line entry point: dispatches subcommands and turns
+ * errors into one line on stderr and a documented exit code.
+ *
+ * @module
+ */
+
+import { EXIT, K3Error } from "./engine/errors.ts";
+
+export const VERSION = "0.1.0";
+
+type Command = (args: string[]) => Promise<number>;
+
+/** Subcommands, loaded on demand so `--help` never needs a model or the kernels. */
+const COMMANDS: Record<string, { about: string; load: () => Promise<Command> }> = {
+  run: { about: "generate from a prompt", load: async () => (await import("./cli/run.ts")).main },
+  tokenize: { about: "text to token ids", load: async () => (await import("./cli/tokenize.ts")).main },
+  detokenize: { about: "token ids to text", load: async () => (await import("./cli/detokenize.ts")).main },
+};
+
+export const USAGE = `k3 ${VERSION}: Kimi K3 on one CPU
+
+usage: k3 <command> [options]      (k3 <command> --help for its options)
+
+commands:
+${Object.entries(COMMANDS).map(([n, c]) => `  ${n.padEnd(12)}${c.about}`).join("\n")}
+
+  --help, --version
+
+exit codes: 0 ok, 1 runtime failure, 2 usage or unreadable config, 4 output unsound
+`;
+
+/** Runs the CLI with `args`; returns the exit code. Never throws. */
+export async function cli(args: string[]): Promise<number> {
+  try {
+    const [cmd, ...rest] = args;
+    if (cmd === undefined || cmd === "--help" || cmd === "-h" || cmd === "help") {
+      console.log(USAGE);
+      return cmd === undefined ? EXIT.usage : EXIT.ok;
+    }
+    if (cmd === "--version" || cmd === "-V") {
+      console.log(`k3 ${VERSION}`);
+      return EXIT.ok;
+    }
+    const entry = COMMANDS[cmd];
+    if (!entry) throw new K3Error(`unknown command ${JSON.stringify(cmd)} (see k3 --help)`, EXIT.usage);
+    return await (await entry.load())(rest);
+  } catch (e) {
+    if (e instanceof K3Error) {
+      console.error(`k3: ${e.message}`);
+      return e.exitCode;
+    }
+    const err = e as Error;
+    console.error(`k3: internal error: ${err?.message ?? String(e)}`);
+    if (Deno.env.get("K3_DEBUG")) console.error(err?.stack);
+    return EXIT.runtime;
+  }
+}
+
+if (import.meta.main) {
+  Deno.exit(await cli(Deno.args));
+}
