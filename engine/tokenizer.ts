@@ -320,7 +320,7 @@ export class Tokenizer {
    * Throws usageError for an id outside the vocabulary.
    */
   decode(ids: ArrayLike<number>): string {
-    return new TextDecoder().decode(this.decodeBytes(ids));
+    return new TextDecoder("utf-8", { ignoreBOM: true }).decode(this.decodeBytes(ids));
   }
 
   /** A decoder for ids arriving one at a time; see {@link StreamDecoder}. */
@@ -336,7 +336,8 @@ export class Tokenizer {
  */
 export class StreamDecoder {
   readonly #bytesOf: (id: number) => string;
-  #utf8 = new TextDecoder();
+  // ignoreBOM: a U+FEFF the model writes is text, not a byte-order mark to drop.
+  #utf8 = new TextDecoder("utf-8", { ignoreBOM: true });
 
   /** Use {@link Tokenizer.streamDecoder}. */
   constructor(bytesOf: (id: number) => string) {
