@@ -36,7 +36,7 @@ export interface Globals {
 export async function loadGlobals(k: Kernels, cfg: K3Config, ckpt: Checkpoint): Promise<Globals> {
   const V = cfg.vocabSize, D = cfg.hiddenSize;
   const specs: TensorSpec[] = [
-    ...globalTensors(cfg),
+    ...globalTensors(cfg).map((t) => ({ ...t, name: PREFIX + t.name })),
     { name: PREFIX + "embed_tokens.weight", shape: [V, D], keep: "matrix" },
     { name: HEAD_NAME, shape: [V, D], keep: "matrix" },
   ];

@@ -1,0 +1,73 @@
+/**
+ * Test helpers: run the CLI as a subprocess, run the Python oracle, make temp dirs.
+ *
+ * @module
+ */
+
+export const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
+export const TINY = `${ROOT}/tests/fixtures/tiny`;
+export const ORACLE = `${ROOT}/tests/oracle`;
+
+/** Output of a finished subprocess. */
+export interface Output {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs a command to completion and collects its output. */
+export async function runCmd(cmd: string, args: string[], opts: { cwd?: string; env?: Record<string, string>; stdin?: string } = {}): Promise<Output> {
+  const child = new Deno.Command(cmd, {
+    args,
+    cwd: opts.cwd ?? ROOT,
+    env: opts.env,
+    stdin: opts.stdin === undefined ? "null" : "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  if (opts.stdin !== undefined) {
+    const w = child.stdin.getWriter();
+    await w.write(new TextEncoder().encode(opts.stdin));
+    await w.close();
+  }
+  const out = await child.output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+/** Runs `k3 <args>` (main.ts under the current Deno) as a subprocess. */
+export function k3(args: string[], opts: { env?: Record<string, string>; stdin?: string } = {}): Promise<Output> {
+  return runCmd(Deno.execPath(), ["run", "--allow-all", `${ROOT}/main.ts`, ...args], opts);
+}
+
+/** Runs a Python oracle script; throws with its stderr if it fails. */
+export async function python(script: string, args: string[]): Promise<string> {
+  const out = await runCmd("python3", [`${ORACLE}/${script}`, ...args]);
+  if (out.code !== 0) throw new Error(`${script} ${args.join(" ")} failed (${out.code}): ${out.stderr}`);
+  return out.stdout;
+}
+
+/** A fresh temporary directory, removed by the returned disposer. */
+export async function tempDir(prefix = "k3-test-"): Promise<{ path: string; [Symbol.asyncDispose](): Promise<void> }> {
+  const path = await Deno.makeTempDir({ prefix });
+  return { path, [Symbol.asyncDispose]: () => Deno.remove(path, { recursive: true }) };
+}
+
+/** Copies every file of `src` into `dst` (flat). */
+export async function copyDir(src: string, dst: string): Promise<void> {
+  for await (const e of Deno.readDir(src)) {
+    if (e.isFile) await Deno.copyFile(`${src}/${e.name}`, `${dst}/${e.name}`);
+  }
+}
+
+/** The reference output written by tests/oracle/reference.py. */
+export interface Reference {
+  prompt_ids: number[];
+  generated_ids: number[];
+  argmax: number[];
+}
+
+/** Reads a reference JSON file. */
+export async function readReference(path: string): Promise<Reference> {
+  return JSON.parse(await Deno.readTextFile(path));
+}
