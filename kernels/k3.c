@@ -1,0 +1,745 @@
+/*
+ * k3 kernels (see k3.h for what each function computes).
+ *
+ * ACCUMULATION ORDER (the determinism contract; every ISA path follows it exactly)
+ *
+ * Build with -ffp-contract=off: every a*b+c below is a rounded multiply, then a rounded add.
+ *
+ * 1. dot(a, b, n), used by k3_matmul (f32 and bf16 weights), rmsnorm, l2norm, attnres and the
+ *    MLA scores. Sixteen lane sums acc[0..15] start at +0. Elements are taken in blocks of 16:
+ *    element i goes to lane i % 16 as acc[l] = acc[l] + a[i] * b[i], blocks in ascending
+ *    order. A final partial block is zero padded to 16 elements (the missing lanes add
+ *    +0 * +0). The lanes are then reduced by one fixed pairwise tree:
+ *        h[l] = acc[l] + acc[l+8]   (l < 8)
+ *        q[l] = h[l]   + h[l+4]     (l < 4)
+ *        p[l] = q[l]   + q[l+2]     (l < 2)
+ *        dot  = p[0]   + p[1]
+ *    bf16 weights are widened exactly (16-bit shift) before the multiply.
+ *
+ * 2. MXFP4 row dot (k3_matmul_mxfp4). Per group g of 32 elements with scale byte s:
+ *    if s == 255 the group is skipped (it contributes nothing, not even 0 * inf);
+ *    otherwise, with w = E2M1 value (exact float) and lanes l = 0..15,
+ *        part[l] = w[32g+l] * x[32g+l];  part[l] = part[l] + w[32g+16+l] * x[32g+16+l]
+ *        acc[l]  = acc[l] + part[l] * 2^(s-127)        (2^(s-127) built from its bits)
+ *    groups in ascending order, acc starting at +0, then the same tree as in 1.
+ *
+ * 3. Column sums (KDA u = S^T k and o = S^T q, MLA out = sum_s p_s v_s, AttnRes out) are
+ *    lane-wise: each output element is its own sequential sum over rows in ascending order,
+ *    starting at +0, y = y + c * row. SIMD over columns therefore cannot change a bit.
+ *
+ * 4. Scalar sequential sums in index order: softmax denominators, router weight sum.
+ *
+ * Transcendentals (expf, tanhf) come from libm through one scalar code path shared by all
+ * ISAs; sqrtf and division are IEEE correctly rounded everywhere. Normalisations divide by
+ * the root (x / r), they never multiply by a reciprocal.
+ *
+ * How the ISAs share one algorithm: the kernels below are written once against a 16-lane
+ * vector type v16 (one zmm on AVX-512, two ymm on AVX2, four q registers on NEON, a float[16]
+ * in the scalar build) whose operations are all lane-wise. The only cross-lane operation,
+ * the final tree, is done in scalar code on the stored lanes, shared by every ISA. So the
+ * SIMD paths cannot reorder anything; they only change how lanes are computed.
+ *
+ * Batching: k3_matmul computes a tile of up to 4 rows x 8 tokens so each weight row is read
+ * from memory once per 8 tokens; the per-row order above does not depend on the tile.
+ */
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200112L /* posix_memalign */
+#endif
+#include "k3.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__GNUC__)
+#define K3_INLINE static inline __attribute__((always_inline))
+#else
+#define K3_INLINE static inline
+#endif
+
+/* ---------------------------------------------------------------- ISA selection */
+
+#if !defined(K3_SCALAR) && defined(__AVX512F__)
+#define K3_ISA_AVX512 1
+#define K3_ISA_NAME "avx512"
+#include <immintrin.h>
+#elif !defined(K3_SCALAR) && defined(__AVX2__)
+#define K3_ISA_AVX2 1
+#define K3_ISA_NAME "avx2"
+#include <immintrin.h>
+#elif !defined(K3_SCALAR) && defined(__ARM_NEON) && defined(__aarch64__)
+#define K3_ISA_NEON 1
+#define K3_ISA_NAME "neon"
+#include <arm_neon.h>
+#else
+#define K3_ISA_SCALAR 1
+#define K3_ISA_NAME "scalar"
+#endif
+
+const char *k3_isa(void) { return K3_ISA_NAME; }
+
+#if !defined(K3_ISA_NEON) /* NEON looks up bf16 byte tables instead */
+/* E2M1 values by nibble. */
+static const float E2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+#endif
+
+K3_INLINE float bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+K3_INLINE float bf16_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+/* 2^(s-127) for an MXFP4 scale byte s < 255, exactly (s == 0 is the subnormal 2^-127). */
+K3_INLINE float mx_scale(uint8_t s) {
+  return s ? bits_f32((uint32_t)s << 23) : bits_f32(0x00400000u);
+}
+
+/* ---------------------------------------------------------------- v16: 16 float lanes */
+
+#if K3_ISA_AVX512
+typedef __m512 v16;
+K3_INLINE v16 v16_zero(void) { return _mm512_setzero_ps(); }
+K3_INLINE v16 v16_set1(float a) { return _mm512_set1_ps(a); }
+K3_INLINE v16 v16_load(const float *p) { return _mm512_loadu_ps(p); }
+K3_INLINE void v16_store(float *p, v16 a) { _mm512_storeu_ps(p, a); }
+K3_INLINE v16 v16_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
+K3_INLINE v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+K3_INLINE v16 v16_div(v16 a, v16 b) { return _mm512_div_ps(a, b); }
+K3_INLINE v16 v16_load_bf16(const uint16_t *p) {
+  __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+/* 8 packed bytes -> 16 E2M1 values in element order (low nibble first). */
+K3_INLINE v16 v16_load_e2m1(const uint8_t *p) {
+  __m128i b = _mm_loadl_epi64((const __m128i *)p);
+  b = _mm_unpacklo_epi8(b, b); /* b0 b0 b1 b1 ... : lane 2j and 2j+1 both see byte j */
+  __m512i n = _mm512_cvtepu8_epi32(b);
+  n = _mm512_srlv_epi32(n, _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0));
+  n = _mm512_and_si512(n, _mm512_set1_epi32(15));
+  return _mm512_permutexvar_ps(n, _mm512_loadu_ps(E2M1)); /* 16-entry table lookup */
+}
+
+#elif K3_ISA_AVX2
+typedef struct {
+  __m256 a, b; /* lanes 0..7, 8..15 */
+} v16;
+K3_INLINE v16 v16_mk(__m256 a, __m256 b) {
+  v16 r;
+  r.a = a;
+  r.b = b;
+  return r;
+}
+K3_INLINE v16 v16_zero(void) { return v16_mk(_mm256_setzero_ps(), _mm256_setzero_ps()); }
+K3_INLINE v16 v16_set1(float a) { return v16_mk(_mm256_set1_ps(a), _mm256_set1_ps(a)); }
+K3_INLINE v16 v16_load(const float *p) { return v16_mk(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
+K3_INLINE void v16_store(float *p, v16 a) {
+  _mm256_storeu_ps(p, a.a);
+  _mm256_storeu_ps(p + 8, a.b);
+}
+K3_INLINE v16 v16_add(v16 x, v16 y) { return v16_mk(_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)); }
+K3_INLINE v16 v16_mul(v16 x, v16 y) { return v16_mk(_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)); }
+K3_INLINE v16 v16_div(v16 x, v16 y) { return v16_mk(_mm256_div_ps(x.a, y.a), _mm256_div_ps(x.b, y.b)); }
+K3_INLINE __m256 bf16x8(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+K3_INLINE v16 v16_load_bf16(const uint16_t *p) {
+  return v16_mk(bf16x8(_mm_loadu_si128((const __m128i *)p)),
+                bf16x8(_mm_loadu_si128((const __m128i *)(p + 8))));
+}
+/* 8 nibble-expanded lanes -> E2M1: magnitude from an 8-entry table (permutevar8x32 reads
+ * only the low 3 bits), sign = nibble bit 3 moved to bit 31. */
+K3_INLINE __m256 e2m1x8(__m128i bytes) {
+  __m256i n = _mm256_cvtepu8_epi32(bytes);
+  n = _mm256_srlv_epi32(n, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+  n = _mm256_and_si256(n, _mm256_set1_epi32(15));
+  __m256 mag = _mm256_permutevar8x32_ps(_mm256_loadu_ps(E2M1), n);
+  __m256i sign = _mm256_and_si256(_mm256_slli_epi32(n, 28), _mm256_set1_epi32((int)0x80000000u));
+  return _mm256_or_ps(mag, _mm256_castsi256_ps(sign));
+}
+K3_INLINE v16 v16_load_e2m1(const uint8_t *p) {
+  __m128i b = _mm_loadl_epi64((const __m128i *)p);
+  b = _mm_unpacklo_epi8(b, b);
+  return v16_mk(e2m1x8(b), e2m1x8(_mm_srli_si128(b, 8)));
+}
+
+#elif K3_ISA_NEON
+typedef struct {
+  float32x4_t a, b, c, d; /* lanes 0..3, 4..7, 8..11, 12..15 */
+} v16;
+K3_INLINE v16 v16_mk(float32x4_t a, float32x4_t b, float32x4_t c, float32x4_t d) {
+  v16 r;
+  r.a = a;
+  r.b = b;
+  r.c = c;
+  r.d = d;
+  return r;
+}
+K3_INLINE v16 v16_zero(void) {
+  float32x4_t z = vdupq_n_f32(0.0f);
+  return v16_mk(z, z, z, z);
+}
+K3_INLINE v16 v16_set1(float s) {
+  float32x4_t z = vdupq_n_f32(s);
+  return v16_mk(z, z, z, z);
+}
+K3_INLINE v16 v16_load(const float *p) {
+  return v16_mk(vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12));
+}
+K3_INLINE void v16_store(float *p, v16 x) {
+  vst1q_f32(p, x.a);
+  vst1q_f32(p + 4, x.b);
+  vst1q_f32(p + 8, x.c);
+  vst1q_f32(p + 12, x.d);
+}
+K3_INLINE v16 v16_add(v16 x, v16 y) {
+  return v16_mk(vaddq_f32(x.a, y.a), vaddq_f32(x.b, y.b), vaddq_f32(x.c, y.c), vaddq_f32(x.d, y.d));
+}
+K3_INLINE v16 v16_mul(v16 x, v16 y) {
+  return v16_mk(vmulq_f32(x.a, y.a), vmulq_f32(x.b, y.b), vmulq_f32(x.c, y.c), vmulq_f32(x.d, y.d));
+}
+K3_INLINE v16 v16_div(v16 x, v16 y) {
+  return v16_mk(vdivq_f32(x.a, y.a), vdivq_f32(x.b, y.b), vdivq_f32(x.c, y.c), vdivq_f32(x.d, y.d));
+}
+K3_INLINE float32x4_t bf16x4(uint16x4_t h) { return vreinterpretq_f32_u32(vshll_n_u16(h, 16)); }
+K3_INLINE v16 v16_load_bf16(const uint16_t *p) {
+  uint16x8_t lo = vld1q_u16(p), hi = vld1q_u16(p + 8);
+  return v16_mk(bf16x4(vget_low_u16(lo)), bf16x4(vget_high_u16(lo)), bf16x4(vget_low_u16(hi)),
+                bf16x4(vget_high_u16(hi)));
+}
+/* E2M1 values are exact bf16 numbers: look up the two bytes of their bf16 pattern. */
+static const uint8_t E2M1_BF16_HI[16] = {0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40,
+                                         0x80, 0xBF, 0xBF, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0};
+static const uint8_t E2M1_BF16_LO[16] = {0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0,
+                                         0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0};
+K3_INLINE v16 v16_load_e2m1(const uint8_t *p) {
+  uint8x8_t b = vld1_u8(p);
+  uint8x8_t lo = vand_u8(b, vdup_n_u8(15)), hi = vshr_n_u8(b, 4);
+  uint8x16_t nib = vcombine_u8(vzip1_u8(lo, hi), vzip2_u8(lo, hi)); /* element order */
+  uint8x16_t h = vqtbl1q_u8(vld1q_u8(E2M1_BF16_HI), nib);
+  uint8x16_t l = vqtbl1q_u8(vld1q_u8(E2M1_BF16_LO), nib);
+  uint16x8_t w0 = vreinterpretq_u16_u8(vzip1q_u8(l, h)), w1 = vreinterpretq_u16_u8(vzip2q_u8(l, h));
+  return v16_mk(bf16x4(vget_low_u16(w0)), bf16x4(vget_high_u16(w0)), bf16x4(vget_low_u16(w1)),
+                bf16x4(vget_high_u16(w1)));
+}
+
+#else /* scalar: the reference definition of every lane operation */
+typedef struct {
+  float v[16];
+} v16;
+K3_INLINE v16 v16_zero(void) {
+  v16 r;
+  for (int l = 0; l < 16; l++) r.v[l] = 0.0f;
+  return r;
+}
+K3_INLINE v16 v16_set1(float a) {
+  v16 r;
+  for (int l = 0; l < 16; l++) r.v[l] = a;
+  return r;
+}
+K3_INLINE v16 v16_load(const float *p) {
+  v16 r;
+  memcpy(r.v, p, sizeof r.v);
+  return r;
+}
+K3_INLINE void v16_store(float *p, v16 a) { memcpy(p, a.v, sizeof a.v); }
+K3_INLINE v16 v16_add(v16 a, v16 b) {
+  for (int l = 0; l < 16; l++) a.v[l] = a.v[l] + b.v[l];
+  return a;
+}
+K3_INLINE v16 v16_mul(v16 a, v16 b) {
+  for (int l = 0; l < 16; l++) a.v[l] = a.v[l] * b.v[l];
+  return a;
+}
+K3_INLINE v16 v16_div(v16 a, v16 b) {
+  for (int l = 0; l < 16; l++) a.v[l] = a.v[l] / b.v[l];
+  return a;
+}
+K3_INLINE v16 v16_load_bf16(const uint16_t *p) {
+  v16 r;
+  for (int l = 0; l < 16; l++) r.v[l] = bf16_f32(p[l]);
+  return r;
+}
+K3_INLINE v16 v16_load_e2m1(const uint8_t *p) {
+  v16 r;
+  for (int j = 0; j < 8; j++) {
+    r.v[2 * j] = E2M1[p[j] & 15];
+    r.v[2 * j + 1] = E2M1[p[j] >> 4];
+  }
+  return r;
+}
+#endif
+
+/* ---------------------------------------------------------------- shared building blocks */
+
+/* The fixed tree of contract 1, in scalar code shared by all ISAs. */
+K3_INLINE float v16_reduce(v16 acc) {
+  float a[16];
+  v16_store(a, acc);
+  for (int l = 0; l < 8; l++) a[l] = a[l] + a[l + 8];
+  for (int l = 0; l < 4; l++) a[l] = a[l] + a[l + 4];
+  a[0] = a[0] + a[2];
+  a[1] = a[1] + a[3];
+  return a[0] + a[1];
+}
+
+/* Copy the final n < 16 elements into a zero-padded block of 16. */
+K3_INLINE v16 pad_f32(const float *p, int n) {
+  float b[16] = {0};
+  memcpy(b, p, (size_t)n * sizeof(float));
+  return v16_load(b);
+}
+K3_INLINE v16 pad_bf16(const uint16_t *p, int n) {
+  float b[16] = {0};
+  for (int i = 0; i < n; i++) b[i] = bf16_f32(p[i]);
+  return v16_load(b);
+}
+
+/* Contract 1 for two f32 vectors. */
+static float dot_f32(const float *a, const float *b, int n) {
+  v16 acc = v16_zero();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) acc = v16_add(acc, v16_mul(v16_load(a + i), v16_load(b + i)));
+  if (i < n) acc = v16_add(acc, v16_mul(pad_f32(a + i, n - i), pad_f32(b + i, n - i)));
+  return v16_reduce(acc);
+}
+
+/* Lane-wise y = y + a * x (contract 3); the scalar tail does the same per element. */
+static void axpy_lanes(float *y, float a, const float *x, int n) {
+  v16 av = v16_set1(a);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) v16_store(y + i, v16_add(v16_load(y + i), v16_mul(av, v16_load(x + i))));
+  for (; i < n; i++) y[i] = y[i] + a * x[i];
+}
+
+static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* ---------------------------------------------------------------- memory, conversions */
+
+void *k3_alloc(uint64_t bytes) {
+  if (bytes == 0) bytes = 1;
+  if (bytes > (uint64_t)SIZE_MAX) return NULL;
+#if defined(_WIN32)
+  return _aligned_malloc((size_t)bytes, 4096);
+#else
+  void *p = NULL;
+  return posix_memalign(&p, 4096, (size_t)bytes) == 0 ? p : NULL;
+#endif
+}
+
+void k3_free(void *p) {
+#if defined(_WIN32)
+  _aligned_free(p);
+#else
+  free(p);
+#endif
+}
+
+void k3_bf16_to_f32(const uint16_t *src, float *dst, int32_t n) {
+  int i = 0;
+  for (; i + 16 <= n; i += 16) v16_store(dst + i, v16_load_bf16(src + i));
+  for (; i < n; i++) dst[i] = bf16_f32(src[i]);
+}
+
+/* IEEE binary16 -> binary32, exact (subnormals normalised, inf and NaN kept). */
+static float f16_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3FFu;
+  if (e == 31) return bits_f32(sign | 0x7F800000u | (m << 13));
+  if (e == 0) {
+    if (m == 0) return bits_f32(sign);
+    e = 113; /* 127 - 15 + 1, decremented while normalising */
+    while (!(m & 0x400u)) {
+      m <<= 1;
+      e--;
+    }
+    return bits_f32(sign | (e << 23) | ((m & 0x3FFu) << 13));
+  }
+  return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+void k3_f16_to_f32(const uint16_t *src, float *dst, int32_t n) {
+  for (int i = 0; i < n; i++) dst[i] = f16_f32(src[i]);
+}
+
+/* ---------------------------------------------------------------- dense matmul */
+
+enum { TILE_TOK = 8 }; /* tokens sharing one pass over the weights */
+
+K3_INLINE v16 load_w(const void *w, int wtype, size_t i) {
+  return wtype == K3_BF16 ? v16_load_bf16((const uint16_t *)w + i) : v16_load((const float *)w + i);
+}
+K3_INLINE v16 pad_w(const void *w, int wtype, size_t i, int n) {
+  return wtype == K3_BF16 ? pad_bf16((const uint16_t *)w + i, n) : pad_f32((const float *)w + i, n);
+}
+K3_INLINE const void *row_ptr(const void *w, int wtype, int r, int cols) {
+  size_t off = (size_t)r * (size_t)cols;
+  return wtype == K3_BF16 ? (const void *)((const uint16_t *)w + off)
+                          : (const void *)((const float *)w + off);
+}
+
+/* Contract 1 for NR (1 or 4) rows against one x: independent chains, same order per row. */
+K3_INLINE void dot_rows(const void *const *w, int nr, int wtype, const float *x, int n, float *out) {
+  v16 a0 = v16_zero(), a1 = a0, a2 = a0, a3 = a0;
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    v16 xv = v16_load(x + i);
+    a0 = v16_add(a0, v16_mul(load_w(w[0], wtype, i), xv));
+    if (nr == 4) {
+      a1 = v16_add(a1, v16_mul(load_w(w[1], wtype, i), xv));
+      a2 = v16_add(a2, v16_mul(load_w(w[2], wtype, i), xv));
+      a3 = v16_add(a3, v16_mul(load_w(w[3], wtype, i), xv));
+    }
+  }
+  if (i < n) {
+    v16 xv = pad_f32(x + i, n - i);
+    a0 = v16_add(a0, v16_mul(pad_w(w[0], wtype, i, n - i), xv));
+    if (nr == 4) {
+      a1 = v16_add(a1, v16_mul(pad_w(w[1], wtype, i, n - i), xv));
+      a2 = v16_add(a2, v16_mul(pad_w(w[2], wtype, i, n - i), xv));
+      a3 = v16_add(a3, v16_mul(pad_w(w[3], wtype, i, n - i), xv));
+    }
+  }
+  out[0] = v16_reduce(a0);
+  if (nr == 4) {
+    out[1] = v16_reduce(a1);
+    out[2] = v16_reduce(a2);
+    out[3] = v16_reduce(a3);
+  }
+}
+
+/* One instance per weight type so wtype is a constant inside the loops. */
+K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int ntok, int rows,
+                        int cols, int r0, int r1) {
+  for (int t0 = 0; t0 < ntok; t0 += TILE_TOK) {
+    int t1 = t0 + TILE_TOK < ntok ? t0 + TILE_TOK : ntok;
+    int r = r0;
+    for (; r + 4 <= r1; r += 4) {
+      const void *wr[4];
+      for (int k = 0; k < 4; k++) wr[k] = row_ptr(w, wtype, r + k, cols);
+      for (int t = t0; t < t1; t++) {
+        float o[4];
+        dot_rows(wr, 4, wtype, x + (size_t)t * cols, cols, o);
+        for (int k = 0; k < 4; k++) y[(size_t)t * rows + r + k] = o[k];
+      }
+    }
+    for (; r < r1; r++) {
+      const void *wr[1] = {row_ptr(w, wtype, r, cols)};
+      for (int t = t0; t < t1; t++) dot_rows(wr, 1, wtype, x + (size_t)t * cols, cols, y + (size_t)t * rows + r);
+    }
+  }
+}
+
+static void matmul_f32(const void *w, const float *x, float *y, int ntok, int rows, int cols, int r0, int r1) {
+  matmul_t(w, K3_F32, x, y, ntok, rows, cols, r0, r1);
+}
+static void matmul_bf16(const void *w, const float *x, float *y, int ntok, int rows, int cols, int r0, int r1) {
+  matmul_t(w, K3_BF16, x, y, ntok, rows, cols, r0, r1);
+}
+
+void k3_matmul(const void *w, int32_t wtype, const float *x, float *y, int32_t ntok, int32_t rows,
+               int32_t cols, int32_t r0, int32_t r1) {
+  if (wtype == K3_BF16)
+    matmul_bf16(w, x, y, ntok, rows, cols, r0, r1);
+  else if (wtype == K3_F32)
+    matmul_f32(w, x, y, ntok, rows, cols, r0, r1);
+}
+
+/* ---------------------------------------------------------------- MXFP4 matmul */
+
+/* Contract 2 for NR (1 or 4) rows against one x. p[k], s[k]: packed bytes and scales of row k. */
+K3_INLINE void mx_rows(const uint8_t *const *p, const uint8_t *const *s, int nr, const float *x,
+                       int ngroups, float *out) {
+  v16 acc[4];
+  for (int k = 0; k < nr; k++) acc[k] = v16_zero();
+  for (int g = 0; g < ngroups; g++) {
+    v16 x0 = v16_load(x + 32 * g), x1 = v16_load(x + 32 * g + 16);
+    for (int k = 0; k < nr; k++) {
+      uint8_t sc = s[k][g];
+      if (sc == 255) continue;
+      v16 part = v16_mul(v16_load_e2m1(p[k] + 16 * g), x0);
+      part = v16_add(part, v16_mul(v16_load_e2m1(p[k] + 16 * g + 8), x1));
+      acc[k] = v16_add(acc[k], v16_mul(part, v16_set1(mx_scale(sc))));
+    }
+  }
+  for (int k = 0; k < nr; k++) out[k] = v16_reduce(acc[k]);
+}
+
+void k3_matmul_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *x, float *y,
+                     int32_t ntok, int32_t rows, int32_t cols, int32_t r0, int32_t r1) {
+  int ng = cols / 32;
+  size_t pstride = (size_t)cols / 2, sstride = (size_t)ng;
+  for (int t0 = 0; t0 < ntok; t0 += TILE_TOK) {
+    int t1 = t0 + TILE_TOK < ntok ? t0 + TILE_TOK : ntok;
+    int r = r0;
+    for (; r + 4 <= r1; r += 4) {
+      const uint8_t *pr[4], *sr[4];
+      for (int k = 0; k < 4; k++) {
+        pr[k] = packed + (size_t)(r + k) * pstride;
+        sr[k] = scales + (size_t)(r + k) * sstride;
+      }
+      for (int t = t0; t < t1; t++) {
+        float o[4];
+        mx_rows(pr, sr, 4, x + (size_t)t * cols, ng, o);
+        for (int k = 0; k < 4; k++) y[(size_t)t * rows + r + k] = o[k];
+      }
+    }
+    for (; r < r1; r++) {
+      const uint8_t *pr[1] = {packed + (size_t)r * pstride}, *sr[1] = {scales + (size_t)r * sstride};
+      for (int t = t0; t < t1; t++) mx_rows(pr, sr, 1, x + (size_t)t * cols, ng, y + (size_t)t * rows + r);
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- norms and activations */
+
+/* y = x / r * w lane-wise (w NULL: no gain). */
+static void div_gain(const float *x, const float *w, float *y, float r, int n) {
+  v16 rv = v16_set1(r);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    v16 v = v16_div(v16_load(x + i), rv);
+    if (w) v = v16_mul(v, v16_load(w + i));
+    v16_store(y + i, v);
+  }
+  for (; i < n; i++) y[i] = w ? (x[i] / r) * w[i] : x[i] / r;
+}
+
+void k3_rmsnorm(const float *x, const float *w, float *y, int32_t n, int32_t ngroups, float eps) {
+  for (int g = 0; g < ngroups; g++) {
+    const float *xg = x + (size_t)g * n;
+    float r = sqrtf(dot_f32(xg, xg, n) / (float)n + eps);
+    div_gain(xg, w, y + (size_t)g * n, r, n);
+  }
+}
+
+void k3_l2norm(float *x, int32_t d, int32_t nheads, float eps) {
+  for (int h = 0; h < nheads; h++) {
+    float *xh = x + (size_t)h * d;
+    float r = sqrtf(dot_f32(xh, xh, d) + eps);
+    div_gain(xh, NULL, xh, r, d);
+  }
+}
+
+void k3_situ_glu(const float *g, const float *u, float *out, int32_t n, float b1, float b2) {
+  for (int i = 0; i < n; i++) {
+    float gi = g[i], ui = u[i];
+    float a = (b1 * tanhf(gi / b1)) * sigm(gi);
+    float v = b2 * tanhf(ui / b2);
+    out[i] = a * v;
+  }
+}
+
+void k3_short_conv(float *state, const float *w, const float *x, float *y, int32_t channels) {
+  for (int c = 0; c < channels; c++) {
+    float *s = state + 3 * (size_t)c;
+    const float *wc = w + 4 * (size_t)c;
+    float xc = x[c];
+    float z = wc[0] * s[0];
+    z = z + wc[1] * s[1];
+    z = z + wc[2] * s[2];
+    z = z + wc[3] * xc;
+    s[0] = s[1];
+    s[1] = s[2];
+    s[2] = xc;
+    y[c] = z * sigm(z);
+  }
+}
+
+void k3_kda_decay(const float *f, const float *a_log, const float *dt_bias, float *alpha,
+                  int32_t nheads, int32_t d, float lb) {
+  for (int h = 0; h < nheads; h++) {
+    float a = expf(a_log[h]);
+    for (int i = 0; i < d; i++) {
+      size_t j = (size_t)h * d + i;
+      alpha[j] = expf(lb * sigm(a * (f[j] + dt_bias[j])));
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- KDA step */
+
+enum { KDA_COLS = 256 }; /* columns are independent, so they are processed in chunks */
+
+void k3_kda_step(float *S, const float *q, const float *k, const float *v, const float *beta,
+                 const float *alpha, float *o, int32_t d, int32_t h0, int32_t h1) {
+  float sd = sqrtf((float)d);
+  for (int h = h0; h < h1; h++) {
+    float *Sh = S + (size_t)h * d * d;
+    const float *qh = q + (size_t)h * d, *kh = k + (size_t)h * d, *vh = v + (size_t)h * d;
+    const float *ah = alpha + (size_t)h * d;
+    float *oh = o + (size_t)h * d;
+    float b = beta[h];
+    for (int j0 = 0; j0 < d; j0 += KDA_COLS) {
+      int nc = d - j0 < KDA_COLS ? d - j0 : KDA_COLS;
+      float u[KDA_COLS];
+      /* Pass 1: S = Diag(alpha) S; u = S^T k (rows ascending). */
+      memset(u, 0, sizeof u);
+      for (int i = 0; i < d; i++) {
+        float *row = Sh + (size_t)i * d + j0;
+        float ai = ah[i], ki = kh[i];
+        v16 av = v16_set1(ai), kv = v16_set1(ki);
+        int j = 0;
+        for (; j + 16 <= nc; j += 16) {
+          v16 sv = v16_mul(v16_load(row + j), av);
+          v16_store(row + j, sv);
+          v16_store(u + j, v16_add(v16_load(u + j), v16_mul(kv, sv)));
+        }
+        for (; j < nc; j++) {
+          row[j] = row[j] * ai;
+          u[j] = u[j] + ki * row[j];
+        }
+      }
+      /* delta = beta (v - u), kept in u. */
+      for (int j = 0; j < nc; j++) u[j] = b * (vh[j0 + j] - u[j]);
+      /* Pass 2: S += k delta^T; o = S^T (q / sqrt(d)) (rows ascending). */
+      float *oc = oh + j0;
+      memset(oc, 0, (size_t)nc * sizeof(float));
+      for (int i = 0; i < d; i++) {
+        float *row = Sh + (size_t)i * d + j0;
+        float ki = kh[i], qi = qh[i] / sd;
+        v16 kv = v16_set1(ki), qv = v16_set1(qi);
+        int j = 0;
+        for (; j + 16 <= nc; j += 16) {
+          v16 sv = v16_add(v16_load(row + j), v16_mul(kv, v16_load(u + j)));
+          v16_store(row + j, sv);
+          v16_store(oc + j, v16_add(v16_load(oc + j), v16_mul(qv, sv)));
+        }
+        for (; j < nc; j++) {
+          row[j] = row[j] + ki * u[j];
+          oc[j] = oc[j] + qi * row[j];
+        }
+      }
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- MLA attention */
+
+void k3_mla_attend(const float *q, const float *knope, const float *krope, const float *v,
+                   float *out, float *scores, int32_t npos, int32_t nheads, int32_t dn,
+                   int32_t dr, int32_t dv, float scale, int32_t h0, int32_t h1) {
+  int dq = dn + dr;
+  for (int h = h0; h < h1; h++) {
+    const float *qh = q + (size_t)h * dq;
+    float *sc = scores + (size_t)h * npos, *oh = out + (size_t)h * dv;
+    float m = -INFINITY;
+    for (int s = 0; s < npos; s++) {
+      float a = dot_f32(qh, knope + ((size_t)s * nheads + h) * dn, dn);
+      float b = dot_f32(qh + dn, krope + (size_t)s * dr, dr);
+      sc[s] = (a + b) * scale;
+      if (sc[s] > m) m = sc[s];
+    }
+    float z = 0.0f;
+    for (int s = 0; s < npos; s++) {
+      sc[s] = expf(sc[s] - m);
+      z = z + sc[s];
+    }
+    memset(oh, 0, (size_t)dv * sizeof(float));
+    for (int s = 0; s < npos; s++) {
+      sc[s] = sc[s] / z;
+      axpy_lanes(oh, sc[s], v + ((size_t)s * nheads + h) * dv, dv);
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- router */
+
+/* Selection order: larger score first, ties to the lower index; NaN ranks as -inf. */
+K3_INLINE int ranks_before(float ka, int a, float kb, int b) { return ka > kb || (ka == kb && a < b); }
+
+int32_t k3_router_topk(const float *logits, const float *bias, int32_t nexperts, int32_t k,
+                       float scale, int32_t *ids, float *weights) {
+  if (k > nexperts) k = nexperts;
+  if (k < 0) k = 0;
+  int prev = -1;
+  float kprev = 0.0f;
+  /* Pick j is the best expert ranking strictly after pick j-1: O(k n), no scratch. */
+  for (int j = 0; j < k; j++) {
+    int best = -1;
+    float kbest = 0.0f;
+    for (int e = 0; e < nexperts; e++) {
+      float ke = sigm(logits[e]) + (bias ? bias[e] : 0.0f);
+      if (ke != ke) ke = -INFINITY;
+      if (prev >= 0 && !ranks_before(kprev, prev, ke, e)) continue;
+      if (best < 0 || ranks_before(ke, e, kbest, best)) {
+        best = e;
+        kbest = ke;
+      }
+    }
+    ids[j] = best;
+    prev = best;
+    kprev = kbest;
+  }
+  float sum = 0.0f;
+  for (int j = 0; j < k; j++) sum = sum + sigm(logits[ids[j]]);
+  for (int j = 0; j < k; j++) weights[j] = sigm(logits[ids[j]]) / (sum + 1e-20f) * scale;
+  return k;
+}
+
+/* ---------------------------------------------------------------- Attention Residuals */
+
+/* score = dot(src / rms(src), norm_w * proj_w), contract 1 with the element product
+ * ((src_j / r) * (norm_w_j * proj_w_j)). */
+static float attnres_score(const float *src, int n, const float *nw, const float *pw, float eps) {
+  float r = sqrtf(dot_f32(src, src, n) / (float)n + eps);
+  v16 rv = v16_set1(r), acc = v16_zero();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    v16 a = v16_div(v16_load(src + i), rv), f = v16_mul(v16_load(nw + i), v16_load(pw + i));
+    acc = v16_add(acc, v16_mul(a, f));
+  }
+  if (i < n) {
+    int m = n - i;
+    v16 a = v16_div(pad_f32(src + i, m), rv), f = v16_mul(pad_f32(nw + i, m), pad_f32(pw + i, m));
+    acc = v16_add(acc, v16_mul(a, f));
+  }
+  return v16_reduce(acc);
+}
+
+enum { ATTNRES_CACHE = 256 }; /* scores beyond this many sources are recomputed (same bits) */
+
+void k3_attnres(const float *src, int32_t nsrc, int32_t n, const float *norm_w,
+                const float *proj_w, float eps, float *out) {
+  float cache[ATTNRES_CACHE];
+#define K3_SCORE(i) \
+  ((i) < ATTNRES_CACHE ? cache[i] : attnres_score(src + (size_t)(i) * n, n, norm_w, proj_w, eps))
+  float m = -INFINITY;
+  for (int i = 0; i < nsrc; i++) {
+    float s = attnres_score(src + (size_t)i * n, n, norm_w, proj_w, eps);
+    if (i < ATTNRES_CACHE) cache[i] = s;
+    if (s > m) m = s;
+  }
+  float z = 0.0f;
+  for (int i = 0; i < nsrc; i++) z = z + expf(K3_SCORE(i) - m);
+  memset(out, 0, (size_t)n * sizeof(float));
+  for (int i = 0; i < nsrc; i++) axpy_lanes(out, expf(K3_SCORE(i) - m) / z, src + (size_t)i * n, n);
+#undef K3_SCORE
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+void k3_add(float *y, const float *x, int32_t n) {
+  int i = 0;
+  for (; i + 16 <= n; i += 16) v16_store(y + i, v16_add(v16_load(y + i), v16_load(x + i)));
+  for (; i < n; i++) y[i] = y[i] + x[i];
+}
+
+void k3_axpy(float *y, float a, const float *x, int32_t n) { axpy_lanes(y, a, x, n); }
+
+void k3_sigmoid_mul(float *y, const float *g, int32_t n) {
+  for (int i = 0; i < n; i++) y[i] = y[i] * sigm(g[i]);
+}
+
+void k3_sigmoid(const float *x, float *y, int32_t n) {
+  for (int i = 0; i < n; i++) y[i] = sigm(x[i]);
+}
+
+int32_t k3_argmax(const float *x, int32_t n) {
+  int best = -1;
+  for (int i = 0; i < n; i++)
+    if (x[i] == x[i] && (best < 0 || x[i] > x[best])) best = i;
+  return best;
+}
