@@ -16,7 +16,8 @@ export function parseFlags<T extends ParseArgsConfig["options"]>(
   allowPositionals = true,
 ) {
   try {
-    return parseArgs({ args, options, strict: true, allowPositionals });
+    // tokens: flags whose order matters (memory budgets) are applied in command-line order.
+    return parseArgs({ args, options, strict: true, allowPositionals, tokens: true });
   } catch (e) {
     // node:util messages are multi-line with hints; keep the first line.
     const msg = (e as Error).message.split("\n")[0].replace(/\. To specify a positional.*$/, "");

@@ -23,6 +23,8 @@ export interface GenerateOptions {
   incremental: boolean;
   /** Stop after emitting one of these. */
   stopIds?: number[];
+  /** Called with the logits each token was chosen from. */
+  onLogits?: (logits: Float32Array) => void;
   /** Called after each token. */
   onStep?: (s: Step) => void;
 }
@@ -53,6 +55,7 @@ export async function generate(model: K3Model, prompt: number[], opts: GenerateO
     let t0 = performance.now();
     let logits = await prefill(model, state, seq);
     for (let i = 0; i < opts.gen; i++) {
+      opts.onLogits?.(logits);
       const token = argmax(logits);
       const step = { step: i, token, seconds: (performance.now() - t0) / 1000 };
       steps.push(step);

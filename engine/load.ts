@@ -8,6 +8,7 @@ import { type K3Config, loadConfig } from "./config.ts";
 import { usageError } from "./errors.ts";
 import { kernels, type Kernels } from "./ffi.ts";
 import { K3Model } from "./model.ts";
+import type { MemoryOptions } from "./plan.ts";
 import { ResidentWeights } from "./resident.ts";
 import { Checkpoint } from "./safetensors.ts";
 
@@ -25,6 +26,8 @@ export interface OpenOptions {
   capacity: number;
   /** Tokens per forward call during prefill. */
   chunk?: number;
+  /** Memory budget; undefined fields mean everything resident. */
+  memory?: MemoryOptions;
   onProgress?: (what: string, done: number, total: number) => void;
 }
 
@@ -34,6 +37,8 @@ export interface OpenedModel {
   cfg: K3Config;
   ckpt: Checkpoint;
   model: K3Model;
+  /** The memory plan the model was opened with, when budgets were given. */
+  plan?: unknown;
   close(): void;
 }
 

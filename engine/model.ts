@@ -32,10 +32,23 @@ export interface WeightSource {
   embed(id: number, dst: NonNullable<Deno.PointerValue>): Promise<void> | void;
   /** Writes lm_head rows [r0, r1) of T tokens: y[t*vocab + r] (the head may be chunked). */
   head(x: NonNullable<Deno.PointerValue>, y: NonNullable<Deno.PointerValue>, ntok: number): Promise<void> | void;
+  /** Bytes read and cache behaviour so far (sources that read from disk report these). */
+  ioStats?(): IoStats;
   /** model.norm, output_attn_res_norm, output_attn_res_proj. */
   finalNorm: F32;
   outputResNorm: F32;
   outputResProj: F32;
+}
+
+/** What a weight source has read so far. */
+export interface IoStats {
+  trunkBytes: number;
+  expertBytes: number;
+  expertHits: number;
+  expertMisses: number;
+  /** Seconds the forward pass spent waiting for reads. */
+  ioWaitSeconds: number;
+  pinnedLayers: number;
 }
 
 /** Per-sequence state carried between forward calls (incremental decoding). */

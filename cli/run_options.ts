@@ -1,0 +1,170 @@
+/**
+ * Options shared by `k3 run` and `k3 batch`: model, prompt, generation, memory and
+ * diagnostics flags, parsed once, in one place.
+ *
+ * @module
+ */
+
+import type { ParseArgsConfig } from "node:util";
+import { usageError } from "../engine/errors.ts";
+import { type MemoryOptions, PRESETS } from "../engine/plan.ts";
+import { Tokenizer } from "../engine/tokenizer.ts";
+import { decodeUtf8Strict } from "../engine/utf8.ts";
+import { intFlag, numFlag, parseFlags, parseIds } from "./common.ts";
+
+/** Flags of the memory budget; applied in command-line order (a later one overrides). */
+export const MEMORY_FLAGS = {
+  trunk: { type: "string" },
+  "trunk-gb": { type: "string" },
+  "cache-gb": { type: "string" },
+  preset: { type: "string" },
+} as const satisfies ParseArgsConfig["options"];
+
+/** Generation and diagnostics flags. */
+export const GENERATION_FLAGS = {
+  gen: { type: "string" },
+  incremental: { type: "boolean" },
+  "full-recompute": { type: "boolean" },
+  "stop-id": { type: "string", multiple: true },
+  layers: { type: "string" },
+  chunk: { type: "string" },
+  tok: { type: "string" },
+} as const satisfies ParseArgsConfig["options"];
+
+export const MEMORY_HELP = `memory (a later flag overrides an earlier one):
+  --trunk DIR       packed trunk from \`k3 pack\` (streamed layer by layer)
+  --trunk-gb X      GB of trunk layers to keep pinned (fractions allowed)
+  --cache-gb X      GB of routed-expert cache (at least top-k + 1 experts)
+  --preset NAME     ${PRESETS.map((p) => p.name).join(", ")} (see k3 presets)`;
+
+export const GENERATION_HELP = `generation:
+  --gen N           tokens to generate (default 8, 1..4096)
+  --incremental     carry KDA/conv state and the MLA cache between steps (the default)
+  --full-recompute  recompute the whole sequence every step instead (same tokens, slower)
+  --stop-id ID      stop after this id (repeatable; none by default)
+  --tok DIR         tokenizer directory (default: the model directory when it has
+                    tiktoken.model)
+diagnostics:
+  --layers N        bind and run only the first N layers
+  --chunk N         prefill tokens per forward call (default 16, 1..256)`;
+
+/** Parsed generation options. */
+export interface GenerationOptions {
+  gen: number;
+  incremental: boolean;
+  stopIds: string[];
+  layers?: number;
+  chunk: number;
+  tokDir?: string;
+}
+
+/** Reads the memory flags in order from parseArgs tokens. */
+export function memoryOptions(tokens: { kind: string; name?: string; value?: string }[]): MemoryOptions {
+  const mem: MemoryOptions = {};
+  for (const t of tokens) {
+    if (t.kind !== "option" || t.value === undefined) continue;
+    switch (t.name) {
+      case "trunk":
+        mem.trunkDir = t.value;
+        break;
+      case "trunk-gb":
+        mem.trunkGB = numFlag("trunk-gb", t.value, 0, 1e6);
+        break;
+      case "cache-gb":
+        mem.cacheGB = numFlag("cache-gb", t.value, 0, 1e6);
+        break;
+      case "preset": {
+        const p = PRESETS.find((x) => x.name === t.value);
+        if (!p) throw usageError(`--preset: unknown preset ${JSON.stringify(t.value)} (one of ${PRESETS.map((x) => x.name).join(", ")})`);
+        mem.preset = p.name;
+        if (p.name === "auto") {
+          mem.trunkGB = undefined;
+          mem.cacheGB = undefined;
+        } else {
+          mem.trunkGB = p.trunkGB;
+          mem.cacheGB = p.cacheGB;
+        }
+        mem.streamEmbed = p.streamEmbed;
+        break;
+      }
+    }
+  }
+  return mem;
+}
+
+/** Parses generation flags from parseArgs values. */
+export function generationOptions(values: Record<string, unknown>): GenerationOptions {
+  if (values.incremental && values["full-recompute"]) {
+    throw usageError("--incremental and --full-recompute conflict: choose one");
+  }
+  return {
+    gen: intFlag("gen", values.gen as string | undefined, 8, 1, 4096),
+    incremental: !values["full-recompute"],
+    stopIds: (values["stop-id"] as string[] | undefined) ?? [],
+    layers: values.layers === undefined ? undefined : intFlag("layers", values.layers as string, 0, 1, 100000),
+    chunk: intFlag("chunk", values.chunk as string | undefined, 16, 1, 256),
+    tokDir: values.tok as string | undefined,
+  };
+}
+
+/** Where a prompt comes from: exactly one of --prompt, --prompt-file, --ids. */
+export type PromptSource = { kind: "ids"; text: string } | { kind: "text"; text: string } | { kind: "file"; path: string };
+
+/** The prompt flags, checked for exactly one. */
+export function promptSource(values: Record<string, unknown>): PromptSource {
+  const given = (["prompt", "prompt-file", "ids"] as const).filter((k) => values[k] !== undefined);
+  if (given.length !== 1) {
+    throw usageError(given.length === 0
+      ? "a prompt is required: one of --prompt, --prompt-file, --ids"
+      : `only one prompt source is allowed, got ${given.map((g) => "--" + g).join(" and ")}`);
+  }
+  if (values.ids !== undefined) return { kind: "ids", text: values.ids as string };
+  if (values.prompt !== undefined) return { kind: "text", text: values.prompt as string };
+  return { kind: "file", path: values["prompt-file"] as string };
+}
+
+/** The tokenizer directory: --tok, else the model dir when it holds tiktoken.model. */
+export function tokenizerDir(modelDir: string, tokDir?: string): string | undefined {
+  if (tokDir) return tokDir;
+  try {
+    Deno.statSync(`${modelDir}/tiktoken.model`);
+    return modelDir;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Loads the tokenizer, or explains how to get one (usage error). */
+export function needTokenizer(modelDir: string, tokDir: string | undefined, why: string): Tokenizer {
+  const dir = tokenizerDir(modelDir, tokDir);
+  if (!dir) throw usageError(`${why} needs a tokenizer: pass --tok DIR (no tiktoken.model in ${modelDir})`);
+  return Tokenizer.load(dir);
+}
+
+/** Turns a prompt source into ids checked against the vocabulary. */
+export async function promptIds(src: PromptSource, vocab: number, tokenizer: () => Tokenizer): Promise<number[]> {
+  let ids: number[];
+  if (src.kind === "ids") {
+    ids = parseIds("ids", src.text, vocab);
+  } else {
+    let text: string;
+    if (src.kind === "text") text = src.text;
+    else {
+      let bytes: Uint8Array;
+      try {
+        bytes = await Deno.readFile(src.path);
+      } catch (e) {
+        throw usageError(`--prompt-file: cannot read ${src.path}: ${(e as Error).message}`);
+      }
+      text = decodeUtf8Strict(bytes, src.path);
+    }
+    ids = tokenizer().encode(text, { allowSpecial: false });
+    const bad = ids.find((id) => id >= vocab);
+    if (bad !== undefined) throw usageError(`the tokenizer produced id ${bad}, outside the model's vocabulary of ${vocab}`);
+  }
+  if (ids.length === 0) throw usageError("the prompt is empty");
+  if (ids.length > 32768) throw usageError(`the prompt has ${ids.length} ids, at most 32768`);
+  return ids;
+}
+
+export { parseFlags };
