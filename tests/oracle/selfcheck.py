@@ -136,19 +136,17 @@ def _():
 
 @check("one-based full_attn_layers puts MLA at zero-based 3,7,11,12 in tiny")
 def _():
-    with tempfile.TemporaryDirectory() as d:
-        cfg = gen_model.make_config(dict(gen_model.PRESETS["tiny"],
-                                         full_attn=gen_model.default_full_attn(13)), "BF16", False)
-        la = cfg["text_config"]["linear_attn_config"]
-        assert la["full_attn_layers"] == [4, 8, 12, 13], la
-        assert la["kda_layers"] == [1, 2, 3, 5, 6, 7, 9, 10, 11], la
-        c = k3ref.K3Config(cfg)
-        assert sorted(c.mla_layers) == [3, 7, 11, 12]
-        assert [L for L in range(13) if not c.is_mla(L)] == [0, 1, 2, 4, 5, 6, 8, 9, 10]
-        # released pattern for 93 layers: 24 MLA layers, the last two both MLA
-        full = gen_model.default_full_attn(93)
-        assert len(full) == 24 and full[-2:] == [92, 93]
-        assert d  # silence unused
+    cfg = gen_model.make_config(dict(gen_model.PRESETS["tiny"],
+                                     full_attn=gen_model.default_full_attn(13)), "BF16", False)
+    la = cfg["text_config"]["linear_attn_config"]
+    assert la["full_attn_layers"] == [4, 8, 12, 13], la
+    assert la["kda_layers"] == [1, 2, 3, 5, 6, 7, 9, 10, 11], la
+    c = k3ref.K3Config(cfg)
+    assert sorted(c.mla_layers) == [3, 7, 11, 12]
+    assert [L for L in range(13) if not c.is_mla(L)] == [0, 1, 2, 4, 5, 6, 8, 9, 10]
+    # released pattern for 93 layers: 24 MLA layers, the last two both MLA
+    full = gen_model.default_full_attn(93)
+    assert len(full) == 24 and full[-2:] == [92, 93]
 
 
 @check("router: bias steers selection only, ties go to the lowest index")
@@ -205,7 +203,8 @@ def fixtures_checks():
         assert any(n.startswith("mm_projector.") for n in seen)
         P = "language_model.model.layers."
         assert seen[P + "1.self_attn.A_log"][1]["shape"] == [32]
-        assert seen[P + "1.self_attn.q_conv1d.weight"][1] == {**seen[P + "1.self_attn.q_conv1d.weight"][1], "dtype": "F32", "shape": [64, 1, 4]}
+        conv = seen[P + "1.self_attn.q_conv1d.weight"][1]
+        assert conv["dtype"] == "F32" and conv["shape"] == [64, 1, 4], conv
         assert seen[P + "0.self_attention_res_proj.weight"][1]["shape"] == [1, 128]
         assert seen[P + "3.self_attn.q_a_proj.weight"][1]["dtype"] == "BF16"
         assert seen[P + "2.block_sparse_moe.gate.e_score_correction_bias"][1]["dtype"] == "F32"
