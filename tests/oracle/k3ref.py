@@ -339,13 +339,17 @@ class K3Model:
 
     # ----------------------------------------------------------------------------------
 
-    def forward(self, ids, stats=None):
+    def forward(self, ids, stats=None, trace=None):
         """Logits [T][vocab] (float64) for every position of ids.
         Follows spec 'One decoder layer' literally: `partial` is the running sum since
-        the last block boundary (initially the embedding), `blocks` the snapshots."""
+        the last block boundary (initially the embedding), `blocks` the snapshots.
+        trace: optional dict, filled with intermediate [T][n] arrays for debugging ports:
+        L{i}.attn_in (x after AttnRes, before input_layernorm), L{i}.attn (sub-layer
+        output), L{i}.mlp_in (y), L{i}.mlp, final (after model.norm)."""
         c = self.cfg
         if stats is None:
             stats = {"bias_changed_routing": 0}
+        tr = trace if trace is not None else {}
         ids = np.asarray(ids, dtype=np.int64)
         partial = self.t("embed_tokens.weight")[ids]
         blocks = []
@@ -365,6 +369,8 @@ class K3Model:
             h = rmsnorm(y, self.vec(lp + "post_attention_layernorm.weight"), c.eps)
             m = self.dense_mlp(L, h) if L < c.first_dense else self.moe(L, h, stats)
             partial = partial + m
+            tr[f"L{L}.attn_in"], tr[f"L{L}.attn"], tr[f"L{L}.mlp_in"], tr[f"L{L}.mlp"] = x, a, y, m
         f = self.attnres("output_attn_res", blocks + [partial])
         f = rmsnorm(f, self.vec("norm.weight"), c.eps)
+        tr["final"] = f
         return f @ self.w["language_model.lm_head.weight"].T

@@ -72,6 +72,9 @@ def case(op, params, inputs, expected, note=""):
 
 # ---- matmul (f32, bf16, mxfp4) --------------------------------------------------------
 
+RANGE_NOTE = "y rows outside [r0,r1) are 0 (caller zero-fills y)"
+
+
 def ranged_matmul(W, x, ntok, rows, r0, r1):
     y = np.zeros((ntok, rows))
     y[:, r0:r1] = x.reshape(ntok, -1) @ W[r0:r1].T
@@ -83,7 +86,7 @@ for ntok, rows, cols, r0, r1 in [(1, 5, 37, 0, 5), (3, 7, 67, 2, 6), (2, 4, 16, 
     x = f32(ntok, cols)
     case("matmul_f32", dict(ntok=ntok, rows=rows, cols=cols, r0=r0, r1=r1),
          {"w": flat_in(W), "x": flat_in(x)},
-         {"y": flat_out(ranged_matmul(w64(W), w64(x), ntok, rows, r0, r1))})
+         {"y": flat_out(ranged_matmul(w64(W), w64(x), ntok, rows, r0, r1))}, RANGE_NOTE)
 
 for ntok, rows, cols, r0, r1 in [(1, 6, 35, 0, 6), (3, 5, 129, 1, 4)]:
     bits = f32_to_bf16_bits(f32(rows, cols, std=0.3))
@@ -91,7 +94,7 @@ for ntok, rows, cols, r0, r1 in [(1, 6, 35, 0, 6), (3, 5, 129, 1, 4)]:
     x = f32(ntok, cols)
     case("matmul_bf16", dict(ntok=ntok, rows=rows, cols=cols, r0=r0, r1=r1),
          {"w_bits": flat_in(bits), "x": flat_in(x)},
-         {"y": flat_out(ranged_matmul(W, w64(x), ntok, rows, r0, r1))})
+         {"y": flat_out(ranged_matmul(W, w64(x), ntok, rows, r0, r1))}, RANGE_NOTE)
 
 for ntok, rows, cols, r0, r1 in [(1, 3, 32, 0, 3), (3, 5, 96, 1, 5)]:
     packed = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
@@ -102,7 +105,7 @@ for ntok, rows, cols, r0, r1 in [(1, 3, 32, 0, 3), (3, 5, 96, 1, 5)]:
     case("matmul_mxfp4", dict(ntok=ntok, rows=rows, cols=cols, r0=r0, r1=r1),
          {"packed": flat_in(packed), "scales": flat_in(scales), "x": flat_in(x)},
          {"y": flat_out(ranged_matmul(W, w64(x), ntok, rows, r0, r1))},
-         "scales[1][0] = 255: row 1, elements 0..31 are zero")
+         "scales[1][0] = 255: row 1, elements 0..31 are zero. " + RANGE_NOTE)
 
 # ---- rmsnorm -------------------------------------------------------------------------
 

@@ -20,6 +20,9 @@ OUT.json:
   bias_changed_routing          number of (token, MoE layer) pairs whose top-k set with
                                 e_score_correction_bias differs from the unbiased top-k
 --logits writes float32 little-endian [positions][vocab] for the same positions.
+--trace DIR writes, for the same positions, float32 LE [positions][hidden] files
+  L{i}.attn_in.f32, L{i}.attn.f32, L{i}.mlp_in.f32, L{i}.mlp.f32 and final.f32
+  (see K3Model.forward), to find the first sub-layer where a port diverges.
 """
 
 import argparse
@@ -33,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from k3ref import K3Model, argmax_lowest  # noqa: E402
 
 
-def run(model_dir, prompt, ngen):
+def run(model_dir, prompt, ngen, trace=None):
     model = K3Model(model_dir)
     seq = list(prompt)
     gen = []
@@ -44,7 +47,7 @@ def run(model_dir, prompt, ngen):
         seq.append(tok)
     positions = list(prompt) + gen[:-1] if gen else list(prompt)
     stats = {"bias_changed_routing": 0}
-    logits = model.forward(positions, stats)
+    logits = model.forward(positions, stats, trace)
     am = [argmax_lowest(r) for r in logits]
     for i, tok in enumerate(gen):
         if am[len(prompt) - 1 + i] != tok:
@@ -71,11 +74,17 @@ def main(argv=None):
     ap.add_argument("--gen", type=int, default=0, help="number of greedy tokens")
     ap.add_argument("--out", required=True, help="output JSON path")
     ap.add_argument("--logits", default=None, help="write float32 LE logits here")
+    ap.add_argument("--trace", default=None, help="directory for per-sub-layer dumps")
     a = ap.parse_args(argv)
     prompt = [int(x) for x in a.ids.split(",") if x.strip()]
     if not prompt:
         raise SystemExit("--ids must not be empty")
-    out, logits = run(a.model_dir, prompt, a.gen)
+    trace = {} if a.trace else None
+    out, logits = run(a.model_dir, prompt, a.gen, trace)
+    if a.trace:
+        os.makedirs(a.trace, exist_ok=True)
+        for k, v in trace.items():
+            np.asarray(v).astype("<f4").tofile(os.path.join(a.trace, k + ".f32"))
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")

@@ -246,6 +246,123 @@ def fixtures_checks():
         assert len(set(out["argmax"])) > len(out["argmax"]) // 2, "degenerate argmaxes"
         assert all(t < 768 for t in ref["prompt_ids"])
 
+    @check("tiny model: KDA layers in closed form give the same logits as the step form")
+    def _():
+        m = k3ref.K3Model(TINY)
+        ids = [5, 17, 300, 42, 99, 123, 640, 7, 250]
+        a = m.forward(ids)
+        step = k3ref.kda_step
+        k3ref.kda_step = k3ref.kda_step_closed
+        try:
+            b = m.forward(ids)
+        finally:
+            k3ref.kda_step = step
+        close(a, b, 1e-10)
+
+    @check("tiny model: MLA absorbed (latent-cache) form == expanded form, every MLA layer")
+    def _():
+        m = k3ref.K3Model(TINY)
+        c = m.cfg
+        nh, dn, dr, dv, r = c.mla_heads, c.nope, c.rope, c.v_head, c.kv_lora
+        x = np.random.default_rng(4).standard_normal((6, c.hidden))
+        for L in sorted(c.mla_layers):
+            p = f"layers.{L}.self_attn."
+            qa = k3ref.rmsnorm(x @ m.t(p + "q_a_proj.weight").T, m.vec(p + "q_a_layernorm.weight"))
+            q = (qa @ m.t(p + "q_b_proj.weight").T).reshape(-1, nh, dn + dr)
+            ckv = x @ m.t(p + "kv_a_proj_with_mqa.weight").T
+            lat = k3ref.rmsnorm(ckv[:, :r], m.vec(p + "kv_a_layernorm.weight"))
+            kr = ckv[:, r:]
+            Wkv = m.t(p + "kv_b_proj.weight").reshape(nh, dn + dv, r)
+            Wk, Wv = Wkv[:, :dn], Wkv[:, dn:]
+            o = np.zeros((x.shape[0], nh, dv))
+            for t in range(x.shape[0]):
+                for h in range(nh):
+                    qlat = Wk[h].T @ q[t, h, :dn]  # absorb k_nope projection into the query
+                    s = (lat[:t + 1] @ qlat + kr[:t + 1] @ q[t, h, dn:]) / np.sqrt(dn + dr)
+                    pr = np.exp(s - s.max())
+                    pr /= pr.sum()
+                    o[t, h] = Wv[h] @ (pr @ lat[:t + 1])  # mix latents, then expand v
+            o = o.reshape(x.shape[0], -1) * k3ref.sigmoid(x @ m.t(p + "g_proj.weight").T)
+            close(o @ m.t(p + "o_proj.weight").T, m.mla(L, x), 1e-10)
+
+    @check("tiny fixture is sensitive: typical port bugs change the reference argmaxes")
+    def _():
+        ref = json.load(open(os.path.join(TINY, "reference.json")))
+        seq = ref["prompt_ids"] + ref["generated_ids"][:-1]
+        base = ref["argmax"]
+
+        def changed(mutate):
+            saved = {k: getattr(k3ref, k) for k in dir(k3ref) if not k.startswith("__")}
+            m = k3ref.K3Model(TINY)
+            try:
+                mutate(m)
+                am = [k3ref.argmax_lowest(r) for r in m.forward(seq)]
+            except KeyError as e:  # e.g. asks for tensors that do not exist: caught too
+                return f"missing {e}"
+            finally:
+                for k, v in saved.items():
+                    setattr(k3ref, k, v)
+            return sum(a != b for a, b in zip(am, base))
+
+        sig, orig = k3ref.sigmoid, dict(
+            router=k3ref.router_topk, deq=k3ref.dequant_mxfp4, step=k3ref.kda_step,
+            attnres=k3ref.attnres, mla=k3ref.mla_attend)
+
+        def m_zero_based(m):
+            m.cfg.mla_layers = {4, 8, 12}
+
+        def m_no_bias(m):
+            k3ref.router_topk = lambda lg, b, k, sc=1.0: orig["router"](lg, 0 * b, k, sc)
+
+        def m_biased_weights(m):
+            def r(lg, b, k, sc=1.0):
+                ids, _, u = orig["router"](lg, b, k, sc)
+                s = sig(lg) + b
+                return ids, s[ids] / s[ids].sum() * sc, u
+            k3ref.router_topk = r
+
+        def m_nibble_swap(m):
+            k3ref.dequant_mxfp4 = lambda p, s: orig["deq"](((p & 15) << 4) | (p >> 4), s)
+
+        def m_old_state(m):
+            def step(S, q, k, v, beta, alpha):
+                o_old = np.einsum("hkv,hk->hv", S * alpha[:, :, None], q / np.sqrt(q.shape[-1]))
+                return o_old, orig["step"](S, q, k, v, beta, alpha)[1]
+            k3ref.kda_step = step
+
+        def m_capped_sigmoid(m):
+            def situ(g, u, b1=4.0, b2=25.0):
+                a = b1 * np.tanh(g / b1)
+                return a * sig(a) * b2 * np.tanh(u / b2)
+            k3ref.situ_glu = situ
+
+        def m_mix_normed(m):
+            def ar(srcs, nw, pw, eps=1e-5):
+                _, p = orig["attnres"](srcs, nw, pw, eps)
+                V = k3ref.rmsnorm(np.stack(srcs), None, eps)
+                return np.sum(p[..., None] * V, axis=0), p
+            k3ref.attnres = ar
+
+        def m_block4(m):
+            m.cfg.block = 4
+
+        def m_mla_scale(m):
+            k3ref.mla_attend = lambda q, kn, kr, v, sc: orig["mla"](q, kn, kr, v, 1 / np.sqrt(kn.shape[2]))
+
+        counts = {}
+        for name, fn in [("one-based list read zero-based", m_zero_based),
+                         ("correction bias ignored", m_no_bias),
+                         ("bias inside the expert weights", m_biased_weights),
+                         ("MXFP4 nibbles swapped", m_nibble_swap),
+                         ("KDA output from the old state", m_old_state),
+                         ("SiTU sigmoid of the capped gate", m_capped_sigmoid),
+                         ("AttnRes mixes normalised sources", m_mix_normed),
+                         ("AttnRes block size 4 instead of 3", m_block4),
+                         ("MLA scale 1/sqrt(nope)", m_mla_scale)]:
+            counts[name] = changed(fn)
+        print("     argmax changes out of", len(base), counts)
+        assert all(isinstance(v, str) or v > 0 for v in counts.values()), counts
+
     @check("causality: logits of a prefix do not depend on later tokens")
     def _():
         m = k3ref.K3Model(TINY)
