@@ -5,15 +5,15 @@
  * A directory holds `tiktoken.model` (one `base64(bytes) rank` per line) and, optionally,
  * `tokenizer_config.json` whose `added_tokens_decoder` maps ids to `{content, special}`.
  *
- * Token bytes are kept as "byte strings" (one char per byte): a Map keyed by them is the
- * cheapest exact lookup JavaScript offers, and ASCII text is already its own byte string.
+ * Token bytes live in one arena with a typed-array hash table over them (see RankTable):
+ * loading builds no per-token objects, and BPE looks up byte ranges without slicing.
+ * Encoded pieces are cached by their text, since real text repeats its words.
  *
  * @module
  */
 
 import { EXIT, K3Error, usageError } from "./errors.ts";
 import { k3Pattern } from "./pretokenize.ts";
-import { byteStringToBytes, utf8ByteString } from "./utf8.ts";
 
 /** Options of {@link Tokenizer.encode}. */
 export interface EncodeOptions {
@@ -32,56 +32,171 @@ export interface AddedToken {
   special: boolean;
 }
 
-const BASE64_RE = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
 const RANK_RE = /^[0-9]+$/;
 /** Bound on the piece cache, so a long run over varied text cannot grow it forever. */
 const CACHE_LIMIT = 1 << 16;
 
+/** Base64 alphabet value of each ASCII code, -1 for anything else. */
+const B64 = new Int8Array(128).fill(-1);
+for (let i = 0; i < 64; i++) {
+  B64["ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".charCodeAt(i)] = i;
+}
+const SPACE = 0x20, LF = 0x0a, CR = 0x0d, EQ = 0x3d;
+
+/** FNV-1a over `buf[start..end)`: cheap, and good enough for short token byte strings. */
+function hashBytes(buf: Uint8Array, start: number, end: number): number {
+  let h = 0x811c9dc5;
+  for (let i = start; i < end; i++) h = Math.imul(h ^ buf[i], 0x01000193);
+  return h;
+}
+
 /**
- * Parses `tiktoken.model` text into a Map from token byte string to rank. Throws K3Error
- * (exit 1) naming the 1-based line of a malformed line, a duplicate rank or duplicate
- * token bytes. Blank lines are skipped, as tiktoken does.
+ * The BPE ranks of a vocabulary: token bytes in one arena, indexed by rank, and an
+ * open-addressing hash table from bytes to rank. Typed arrays throughout: building a
+ * JavaScript Map of 163,584 string keys costs several times more than everything else
+ * in loading, and lookups here need no string slices.
  */
-export function parseTiktokenModel(text: string, what = "tiktoken.model"): Map<string, number> {
-  const ranks = new Map<string, number>();
-  let seenRank = new Uint8Array(1 << 18); // a bitmap beats a Set<number> here
-  let lineNo = 0;
-  let pos = 0;
-  while (pos < text.length) {
-    let end = text.indexOf("\n", pos);
-    if (end < 0) end = text.length;
-    lineNo++;
-    let line = text.slice(pos, end);
-    pos = end + 1;
-    if (line.endsWith("\r")) line = line.slice(0, -1);
-    if (line.length === 0) continue;
-    const bad = (why: string) => new K3Error(`${what} line ${lineNo}: ${why}`, EXIT.runtime);
-    const sp = line.indexOf(" ");
-    if (sp < 0 || line.indexOf(" ", sp + 1) >= 0) {
-      throw bad(`expected "base64 rank", got ${JSON.stringify(line.slice(0, 60))}`);
-    }
-    const b64 = line.slice(0, sp);
-    const rankText = line.slice(sp + 1);
-    if (b64.length === 0 || !BASE64_RE.test(b64)) {
-      throw bad(`bad base64 ${JSON.stringify(b64.slice(0, 60))}`);
-    }
-    if (!RANK_RE.test(rankText) || rankText.length > 9) {
-      throw bad(`rank is not a non-negative integer: ${JSON.stringify(rankText.slice(0, 60))}`);
-    }
-    const rank = Number(rankText);
-    if (rank >= seenRank.length) {
-      const grown = new Uint8Array(Math.max(rank + 1, seenRank.length * 2));
-      grown.set(seenRank);
-      seenRank = grown;
-    }
-    if (seenRank[rank]) throw bad(`duplicate rank ${rank}`);
-    seenRank[rank] = 1;
-    const bytes = atob(b64); // a byte string already: exactly the Map key we want
-    const before = ranks.size;
-    ranks.set(bytes, rank);
-    if (ranks.size === before) throw bad(`duplicate token bytes`);
+export class RankTable {
+  /** Token bytes of all ranks, concatenated. */
+  readonly arena: Uint8Array;
+  /** Offset of each rank's bytes in {@link arena}; -1 for a rank the file skips. */
+  readonly start: Int32Array;
+  /** Byte length of each rank. */
+  readonly length: Int32Array;
+  /** Number of ranks. */
+  readonly size: number;
+  /** Hash slots: rank + 1, 0 when empty. Capacity is a power of two. */
+  readonly #slots: Int32Array;
+  readonly #mask: number;
+
+  /** Use {@link parseTiktokenModel}. */
+  constructor(
+    arena: Uint8Array,
+    start: Int32Array,
+    length: Int32Array,
+    size: number,
+    slots: Int32Array,
+  ) {
+    this.arena = arena;
+    this.start = start;
+    this.length = length;
+    this.size = size;
+    this.#slots = slots;
+    this.#mask = slots.length - 1;
   }
-  return ranks;
+
+  /** Rank of the bytes `buf[from..to)`, or -1 if they are not a token. */
+  find(buf: Uint8Array, from: number, to: number): number {
+    return probe(this.#slots, this.arena, this.start, this.length, buf, from, to);
+  }
+}
+
+/**
+ * Looks `buf[from..to)` up in a hash table of ranks. Returns the rank, or `-1 - slot`
+ * for the empty slot where it would go (so inserting needs no second probe).
+ */
+function probe(
+  slots: Int32Array,
+  arena: Uint8Array,
+  start: Int32Array,
+  length: Int32Array,
+  buf: Uint8Array,
+  from: number,
+  to: number,
+): number {
+  const mask = slots.length - 1, len = to - from;
+  for (let i = hashBytes(buf, from, to) & mask;; i = (i + 1) & mask) {
+    const r = slots[i] - 1;
+    if (r < 0) return -1 - i;
+    if (length[r] !== len) continue;
+    const s = start[r];
+    let k = 0;
+    while (k < len && arena[s + k] === buf[from + k]) k++;
+    if (k === len) return r;
+  }
+}
+
+/**
+ * Parses `tiktoken.model` (bytes, or text for tests) into a {@link RankTable}. Throws
+ * K3Error (exit 1) naming the 1-based line of the first malformed line, duplicate rank or
+ * duplicate token bytes. Blank lines are skipped and CRLF is accepted, as in tiktoken.
+ */
+export function parseTiktokenModel(
+  data: Uint8Array | string,
+  what = "tiktoken.model",
+): RankTable {
+  const src = typeof data === "string" ? new TextEncoder().encode(data) : data;
+  const n = src.length;
+  let lines = 1;
+  for (let i = 0; i < n; i++) if (src[i] === LF) lines++;
+  // Base64 is 4 chars per 3 bytes, so the arena never outgrows 3/4 of the file.
+  const arena = new Uint8Array(Math.ceil(n * 0.75) + 3);
+  let cap = 1024;
+  while (cap < lines * 2) cap *= 2; // load factor <= 1/2: short probe runs
+  const slots = new Int32Array(cap);
+  let start = new Int32Array(Math.max(lines, 256)).fill(-1);
+  let length = new Int32Array(start.length);
+  let size = 0, top = 0, used = 0, lineNo = 0, pos = 0;
+  const show = (a: number, b: number) =>
+    JSON.stringify(new TextDecoder("latin1").decode(src.subarray(a, Math.min(b, a + 60))));
+  while (pos < n) {
+    lineNo++;
+    let end = src.indexOf(LF, pos);
+    if (end < 0) end = n;
+    const next = end + 1;
+    if (end > pos && src[end - 1] === CR) end--;
+    if (end === pos) {
+      pos = next;
+      continue;
+    }
+    const bad = (why: string) => new K3Error(`${what} line ${lineNo}: ${why}`, EXIT.runtime);
+    const sp = src.indexOf(SPACE, pos);
+    if (sp < 0 || sp >= end || src.subarray(sp + 1, end).includes(SPACE)) {
+      throw bad(`expected "base64 rank", got ${show(pos, end)}`);
+    }
+    // Base64, strictly: whole groups of 4, `=` padding only at the very end.
+    if (sp === pos || (sp - pos) % 4 !== 0) throw bad(`bad base64 ${show(pos, sp)}`);
+    const tokenStart = used;
+    for (let i = pos; i < sp; i += 4) {
+      const c0 = src[i], c1 = src[i + 1], c2 = src[i + 2], c3 = src[i + 3];
+      const v0 = c0 < 128 ? B64[c0] : -1, v1 = c1 < 128 ? B64[c1] : -1;
+      const v2 = c2 < 128 ? B64[c2] : -1, v3 = c3 < 128 ? B64[c3] : -1;
+      const last = i + 4 === sp;
+      if (v0 < 0 || v1 < 0) throw bad(`bad base64 ${show(pos, sp)}`);
+      arena[used++] = (v0 << 2) | (v1 >> 4);
+      if (v2 >= 0) {
+        arena[used++] = ((v1 & 15) << 4) | (v2 >> 2);
+        if (v3 >= 0) arena[used++] = ((v2 & 3) << 6) | v3;
+        else if (!(last && c3 === EQ)) throw bad(`bad base64 ${show(pos, sp)}`);
+      } else if (!(last && c2 === EQ && c3 === EQ)) throw bad(`bad base64 ${show(pos, sp)}`);
+    }
+    // Rank: decimal digits only, small enough to index an array.
+    const digits = end - sp - 1;
+    let rank = digits === 0 || digits > 9 ? -1 : 0;
+    for (let i = sp + 1; i < end && rank >= 0; i++) {
+      const d = src[i] - 0x30;
+      rank = d >= 0 && d <= 9 ? rank * 10 + d : -1;
+    }
+    if (rank < 0) throw bad(`rank is not a non-negative integer: ${show(sp + 1, end)}`);
+    if (rank >= start.length) {
+      const grown = Math.max(rank + 1, start.length * 2);
+      const s2 = new Int32Array(grown).fill(-1), l2 = new Int32Array(grown);
+      s2.set(start);
+      l2.set(length);
+      start = s2;
+      length = l2;
+    }
+    if (start[rank] >= 0) throw bad(`duplicate rank ${rank}`);
+    const found = probe(slots, arena, start, length, arena, tokenStart, used);
+    if (found >= 0) throw bad(`duplicate token bytes (also rank ${found})`);
+    slots[-1 - found] = rank + 1;
+    start[rank] = tokenStart;
+    length[rank] = used - tokenStart;
+    size++;
+    if (rank >= top) top = rank + 1;
+    pos = next;
+  }
+  return new RankTable(arena, start.subarray(0, top), length.subarray(0, top), size, slots);
 }
 
 /**
@@ -117,42 +232,48 @@ function escapeRegex(s: string): string {
 
 /** Byte-level rank BPE of K3, loaded from a tiktoken-format vocabulary. */
 export class Tokenizer {
-  /** Token byte string -> rank, for the BPE ranks only (not the added tokens). */
-  readonly #ranks: Map<string, number>;
-  /** Id -> token byte string, for ranks and added tokens; undefined marks a hole. */
-  readonly #bytesOf: (string | undefined)[];
+  readonly #table: RankTable;
+  /** Rank of each single byte: where BPE starts. */
+  readonly #byteRank = new Int32Array(256);
+  readonly #vocabSize: number;
   readonly #added: AddedToken[];
   readonly #addedByContent = new Map<string, number>();
+  readonly #addedBytes = new Map<number, Uint8Array>();
   /** Matches any added token's content; null when there are none. */
   readonly #specialRe: RegExp | null;
   readonly #pieceRe = k3Pattern();
   /** Piece (as text) -> its ids: a number for the common one-token piece. */
-  #cache = new Map<string, number | number[]>();
+  readonly #cache = new Map<string, number | number[]>();
+  readonly #encoder = new TextEncoder();
+  // Scratch space reused by every piece: UTF-8 bytes, part starts, part and pair ranks.
+  #buf = new Uint8Array(256);
+  #starts = new Int32Array(256);
+  #partRank = new Int32Array(256);
+  #pairRank = new Int32Array(256);
 
   /**
    * Builds a tokenizer from parsed ranks and added tokens. Throws K3Error if an added id
    * collides with a rank, or if the ranks lack a single byte (BPE could not start).
    */
-  constructor(ranks: Map<string, number>, added: AddedToken[] = []) {
-    this.#ranks = ranks;
-    let size = 0;
-    for (const r of ranks.values()) if (r >= size) size = r + 1;
-    for (const t of added) if (t.id >= size) size = t.id + 1;
-    const bytesOf = new Array<string | undefined>(size).fill(undefined);
-    for (const [bytes, r] of ranks) bytesOf[r] = bytes;
-    for (const t of added) {
-      if (bytesOf[t.id] !== undefined) {
-        throw new K3Error(`added token ${JSON.stringify(t.content)} reuses id ${t.id}`);
-      }
-      bytesOf[t.id] = utf8ByteString(t.content);
-      this.#addedByContent.set(t.content, t.id);
-    }
+  constructor(table: RankTable, added: AddedToken[] = []) {
+    this.#table = table;
+    const one = new Uint8Array(1);
     for (let b = 0; b < 256; b++) {
-      if (!ranks.has(String.fromCharCode(b))) {
-        throw new K3Error(`vocabulary lacks the single byte 0x${b.toString(16)}`);
-      }
+      one[0] = b;
+      const r = table.find(one, 0, 1);
+      if (r < 0) throw new K3Error(`vocabulary lacks the single byte 0x${b.toString(16)}`);
+      this.#byteRank[b] = r;
     }
-    this.#bytesOf = bytesOf;
+    let size = table.start.length;
+    for (const t of added) {
+      if (t.id < table.start.length && table.start[t.id] >= 0) {
+        throw new K3Error(`added token ${JSON.stringify(t.content)} reuses rank ${t.id}`);
+      }
+      this.#addedBytes.set(t.id, this.#encoder.encode(t.content));
+      this.#addedByContent.set(t.content, t.id);
+      if (t.id >= size) size = t.id + 1;
+    }
+    this.#vocabSize = size;
     this.#added = added;
     // Longest first, so that a token that prefixes another cannot shadow it.
     const contents = added.map((t) => t.content).sort((a, b) => b.length - a.length);
@@ -167,14 +288,13 @@ export class Tokenizer {
    */
   static load(dir: string): Tokenizer {
     const modelPath = `${dir}/tiktoken.model`;
-    let modelText: string;
+    let model: Uint8Array;
     try {
-      // latin1: any byte maps to a char, so a stray non-ASCII byte is reported by line.
-      modelText = new TextDecoder("latin1").decode(Deno.readFileSync(modelPath));
+      model = Deno.readFileSync(modelPath);
     } catch (e) {
       throw new K3Error(`cannot read ${modelPath}: ${(e as Error).message}`);
     }
-    const ranks = parseTiktokenModel(modelText, modelPath);
+    const table = parseTiktokenModel(model, modelPath);
     const configPath = `${dir}/tokenizer_config.json`;
     let added: AddedToken[] = [];
     let configText: string | undefined;
@@ -184,17 +304,17 @@ export class Tokenizer {
       configText = undefined; // optional: a bare rank table has no added tokens
     }
     if (configText !== undefined) added = parseAddedTokens(configText, configPath);
-    return new Tokenizer(ranks, added);
+    return new Tokenizer(table, added);
   }
 
   /** Number of ids: one past the largest rank or added id. */
   get vocabSize(): number {
-    return this.#bytesOf.length;
+    return this.#vocabSize;
   }
 
   /** Number of BPE ranks (excluding added tokens). */
   get rankCount(): number {
-    return this.#ranks.size;
+    return this.#table.size;
   }
 
   /** The added tokens, by ascending id. */
@@ -211,7 +331,7 @@ export class Tokenizer {
 
   /** True when `id` is an added token (e.g. `[EOS]`, `<|open|>`). */
   isAdded(id: number): boolean {
-    return this.#added.some((t) => t.id === id);
+    return this.#addedBytes.has(id);
   }
 
   /**
@@ -251,11 +371,11 @@ export class Tokenizer {
         else for (let i = 0; i < hit.length; i++) out.push(hit[i]);
         continue;
       }
-      const bytes = utf8ByteString(piece);
+      const n = this.#utf8(piece);
       // A piece that is itself a token is one id, even if merges could not reach it:
       // the reference implementation takes this shortcut, so parity requires it.
-      const whole = this.#ranks.get(bytes);
-      const ids = whole !== undefined ? whole : this.#bytePairEncode(bytes);
+      const whole = this.#table.find(this.#buf, 0, n);
+      const ids = whole >= 0 ? whole : this.#bytePairEncode(n);
       if (cache.size >= CACHE_LIMIT) cache.clear();
       cache.set(piece, ids);
       if (typeof ids === "number") out.push(ids);
@@ -263,56 +383,99 @@ export class Tokenizer {
     }
   }
 
+  /** Writes the UTF-8 bytes of `piece` to the scratch buffer; returns their count. */
+  #utf8(piece: string): number {
+    if (this.#buf.length < piece.length * 3) this.#grow(piece.length * 3);
+    const buf = this.#buf;
+    for (let i = 0; i < piece.length; i++) {
+      const c = piece.charCodeAt(i);
+      if (c >= 0x80) return this.#encoder.encodeInto(piece, buf).written;
+      buf[i] = c; // ASCII is its own UTF-8, the common case
+    }
+    return piece.length;
+  }
+
+  #grow(n: number): void {
+    this.#buf = new Uint8Array(n);
+    this.#starts = new Int32Array(n + 1);
+    this.#partRank = new Int32Array(n + 1);
+    this.#pairRank = new Int32Array(n + 1);
+  }
+
   /**
-   * Rank BPE of one piece: repeatedly merge the adjacent pair whose concatenation has
-   * the lowest rank (the leftmost on ties). Pieces are short, so a linear scan for the
-   * minimum beats a heap.
+   * Rank BPE of the `n` bytes in the scratch buffer: repeatedly merge the adjacent pair
+   * whose concatenation has the lowest rank (the leftmost on ties). Pieces are short, so
+   * a linear scan for the minimum beats a heap.
    */
-  #bytePairEncode(bytes: string): number[] {
-    const ranks = this.#ranks;
-    const n = bytes.length;
-    // starts[j] is where part j begins; pair j joins parts j and j+1.
-    const starts: number[] = new Array(n + 1);
-    for (let i = 0; i <= n; i++) starts[i] = i;
-    const pair: number[] = new Array(n - 1);
-    for (let i = 0; i < n - 1; i++) pair[i] = ranks.get(bytes.slice(i, i + 2)) ?? Infinity;
-    const rankOf = (j: number) => ranks.get(bytes.slice(starts[j], starts[j + 2])) ?? Infinity;
+  #bytePairEncode(n: number): number[] {
+    const table = this.#table, buf = this.#buf;
+    const starts = this.#starts, part = this.#partRank, pair = this.#pairRank;
+    const NONE = 0x7fffffff;
+    // Part j is buf[starts[j]..starts[j+1]); pair j joins parts j and j+1.
+    for (let i = 0; i < n; i++) {
+      starts[i] = i;
+      part[i] = this.#byteRank[buf[i]];
+    }
+    starts[n] = n;
+    for (let i = 0; i + 1 < n; i++) {
+      const r = table.find(buf, i, i + 2);
+      pair[i] = r >= 0 ? r : NONE;
+    }
+    let parts = n;
     for (;;) {
-      let best = Infinity;
-      let at = -1;
-      for (let j = 0; j < pair.length; j++) {
+      let best = NONE, at = -1;
+      for (let j = 0; j + 1 < parts; j++) {
         if (pair[j] < best) {
           best = pair[j];
           at = j;
         }
       }
       if (at < 0) break;
-      starts.splice(at + 1, 1);
-      pair.splice(at, 1);
-      if (at < pair.length) pair[at] = rankOf(at);
-      if (at > 0) pair[at - 1] = rankOf(at - 1);
+      part[at] = best;
+      part.copyWithin(at + 1, at + 2, parts);
+      starts.copyWithin(at + 1, at + 2, parts + 1);
+      pair.copyWithin(at, at + 1, parts - 1);
+      parts--;
+      if (at + 1 < parts) {
+        const r = table.find(buf, starts[at], starts[at + 2]);
+        pair[at] = r >= 0 ? r : NONE;
+      }
+      if (at > 0) {
+        const r = table.find(buf, starts[at - 1], starts[at + 1]);
+        pair[at - 1] = r >= 0 ? r : NONE;
+      }
     }
-    const ids: number[] = new Array(starts.length - 1);
-    for (let j = 0; j < ids.length; j++) {
-      ids[j] = ranks.get(bytes.slice(starts[j], starts[j + 1]))!;
-    }
-    return ids;
+    return Array.from(part.subarray(0, parts));
   }
 
-  /** Byte string of `id`; throws usageError (exit 2) for an id outside the vocabulary. */
-  #tokenBytes(id: number): string {
-    const s = Number.isInteger(id) ? this.#bytesOf[id] : undefined;
-    if (s === undefined) {
-      throw usageError(`token id ${id} is outside the vocabulary (0..${this.vocabSize - 1})`);
+  /** Bytes of `id` (a view; do not modify); usageError (exit 2) if outside the vocabulary. */
+  #tokenBytes(id: number): Uint8Array {
+    const t = this.#table;
+    if (Number.isInteger(id) && id >= 0 && id < t.start.length && t.start[id] >= 0) {
+      return t.arena.subarray(t.start[id], t.start[id] + t.length[id]);
     }
-    return s;
+    const added = this.#addedBytes.get(id);
+    if (added === undefined) {
+      throw usageError(`token id ${id} is outside the vocabulary (0..${this.#vocabSize - 1})`);
+    }
+    return added;
   }
 
   /** The bytes of `ids`, concatenated. Throws usageError for an id outside the vocabulary. */
   decodeBytes(ids: ArrayLike<number>): Uint8Array {
-    let out = "";
-    for (let i = 0; i < ids.length; i++) out += this.#tokenBytes(ids[i]);
-    return byteStringToBytes(out);
+    const pieces: Uint8Array[] = new Array(ids.length);
+    let total = 0;
+    for (let i = 0; i < ids.length; i++) {
+      pieces[i] = this.#tokenBytes(ids[i]);
+      total += pieces[i].length;
+    }
+    const out = new Uint8Array(total);
+    let off = 0;
+    for (const p of pieces) {
+      out.set(p, off);
+      off += p.length;
+    }
+    return out;
   }
 
   /**
@@ -335,18 +498,18 @@ export class Tokenizer {
  * as U+FFFD).
  */
 export class StreamDecoder {
-  readonly #bytesOf: (id: number) => string;
+  readonly #bytesOf: (id: number) => Uint8Array;
   // ignoreBOM: a U+FEFF the model writes is text, not a byte-order mark to drop.
-  #utf8 = new TextDecoder("utf-8", { ignoreBOM: true });
+  readonly #utf8 = new TextDecoder("utf-8", { ignoreBOM: true });
 
   /** Use {@link Tokenizer.streamDecoder}. */
-  constructor(bytesOf: (id: number) => string) {
+  constructor(bytesOf: (id: number) => Uint8Array) {
     this.#bytesOf = bytesOf;
   }
 
   /** Text completed by `id` (often "", when it ends mid-character). */
   push(id: number): string {
-    return this.#utf8.decode(byteStringToBytes(this.#bytesOf(id)), { stream: true });
+    return this.#utf8.decode(this.#bytesOf(id), { stream: true });
   }
 
   /** Text still held back, with an unfinished character as U+FFFD; resets the decoder. */

@@ -1,6 +1,6 @@
 /**
- * UTF-8 helpers for the tokenizer: strict validation with the offset of the first bad
- * byte, and "byte strings" (one char per byte, code units 0..255) used as cheap Map keys.
+ * UTF-8 helpers for the tokenizer: strict validation that names the offset of the first
+ * bad byte, and "byte strings" (one char per byte) for the vocabulary trainer.
  *
  * @module
  */
@@ -67,32 +67,16 @@ export function decodeUtf8Strict(bytes: Uint8Array, what: string): string {
   }
 }
 
-/** True when every code unit of `s` is below 0x80. */
-export function isAscii(s: string): boolean {
-  for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) >= 0x80) return false;
-  return true;
-}
-
-/** The UTF-8 bytes of `s` as a byte string (one char per byte). */
+/**
+ * The UTF-8 bytes of `s` as a byte string (one char per byte, code units 0..255): a
+ * cheap Map key for byte sequences, used by the vocabulary trainer.
+ */
 export function utf8ByteString(s: string): string {
-  if (isAscii(s)) return s; // ASCII is its own UTF-8, the common case
   const bytes = encoder.encode(s);
-  return bytesToByteString(bytes);
-}
-
-/** Bytes to a byte string (one char per byte). */
-export function bytesToByteString(bytes: Uint8Array): string {
   let out = "";
   // fromCharCode.apply in chunks: fast, and bounded by the engine's argument limit.
   for (let i = 0; i < bytes.length; i += 8192) {
     out += String.fromCharCode.apply(null, bytes.subarray(i, i + 8192) as unknown as number[]);
   }
-  return out;
-}
-
-/** A byte string back to bytes. */
-export function byteStringToBytes(s: string): Uint8Array {
-  const out = new Uint8Array(s.length);
-  for (let i = 0; i < s.length; i++) out[i] = s.charCodeAt(i);
   return out;
 }
