@@ -73,6 +73,12 @@ export function kernels(path?: string): Kernels {
   return lib.symbols;
 }
 
+/** Path of the library this isolate loaded (workers load the same one). */
+export function libraryPath(): string {
+  if (!loaded) throw new Error("kernel library not loaded yet");
+  return loaded.path;
+}
+
 /** Opens a kernel library at an explicit path without making it the default (for tests
  * that compare two builds, e.g. scalar against SIMD). */
 export function openKernels(path: string): Deno.DynamicLibrary<typeof symbols> {

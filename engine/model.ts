@@ -16,6 +16,7 @@
 import type { K3Config } from "./config.ts";
 import type { Kernels } from "./ffi.ts";
 import { Vec } from "./memory.ts";
+import { type Compute, serialCompute } from "./pool.ts";
 import type { BoundTensors, Expert, F32, Matrix } from "./weights.ts";
 
 /** Where the forward pass gets its weights. Implementations may read from disk. */
@@ -30,8 +31,9 @@ export interface WeightSource {
   doneWithExperts?(L: number): void;
   /** Writes the embedding row of `id` as f32 to `dst`. */
   embed(id: number, dst: NonNullable<Deno.PointerValue>): Promise<void> | void;
-  /** Writes lm_head rows [r0, r1) of T tokens: y[t*vocab + r] (the head may be chunked). */
-  head(x: NonNullable<Deno.PointerValue>, y: NonNullable<Deno.PointerValue>, ntok: number): Promise<void> | void;
+  /** Writes the lm_head logits of T tokens, y[t*vocab + r], using `compute` for the
+   * products (a streaming source may run the head chunk by chunk). */
+  head(x: NonNullable<Deno.PointerValue>, y: NonNullable<Deno.PointerValue>, ntok: number, compute: Compute): Promise<void> | void;
   /** Bytes read and cache behaviour so far (sources that read from disk report these). */
   ioStats?(): IoStats;
   /** model.norm, output_attn_res_norm, output_attn_res_proj. */
@@ -104,9 +106,6 @@ export class SequenceState {
   }
 }
 
-/** Matrix-times-T-vectors, the one place dense projections go through (threads plug in here). */
-export type MatmulFn = (m: Matrix, x: NonNullable<Deno.PointerValue>, y: NonNullable<Deno.PointerValue>, ntok: number) => void;
-
 /** Counters the run report reads. */
 export interface ForwardStats {
   expertsUsed: number;
@@ -169,7 +168,7 @@ export class K3Model {
   private readonly s: Scratch;
   /** Sources per token in the AttnRes buffer: snapshots plus the running partial. */
   private readonly nsrc: number;
-  private readonly matmul: MatmulFn;
+  private readonly compute: Compute;
   readonly stats: ForwardStats = { expertsUsed: 0 };
 
   constructor(
@@ -178,12 +177,11 @@ export class K3Model {
     readonly weights: WeightSource,
     readonly maxT: number,
     readonly capacity: number,
-    matmul?: MatmulFn,
+    compute?: Compute,
   ) {
     this.s = new Scratch(k, cfg, maxT, capacity);
     this.nsrc = Math.floor((cfg.numLayers - 1) / cfg.attnResBlock) + 2;
-    this.matmul = matmul ??
-      ((m, x, y, ntok) => k.k3_matmul(m.ptr, m.wtype, x, y, ntok, m.rows, m.cols, 0, m.rows));
+    this.compute = compute ?? serialCompute(k);
   }
 
   /** A fresh sequence state able to hold `capacity` positions. */
@@ -259,7 +257,7 @@ export class K3Model {
     }
     const nOut = T - first;
     k.k3_rmsnorm(s.x.ptr, this.weights.finalNorm.ptr, s.xn.ptr, D, nOut, cfg.rmsNormEps);
-    await this.weights.head(s.xn.ptr, s.logits.ptr, nOut);
+    await this.weights.head(s.xn.ptr, s.logits.ptr, nOut, this.compute);
     state.pos += T;
     return s.logits.f.subarray(0, nOut * cfg.vocabSize);
   }
@@ -273,15 +271,15 @@ export class K3Model {
     const n = (x: string) => `layers.${L}.self_attn.${x}`;
     const st = state.kda.get(L)!;
     const [q, kk, v, f, o] = [s.t1, s.t2, s.t3, s.t4, s.t5];
-    this.matmul(w.matrix(n("q_proj.weight")), s.xn.ptr, q.ptr, T);
-    this.matmul(w.matrix(n("k_proj.weight")), s.xn.ptr, kk.ptr, T);
-    this.matmul(w.matrix(n("v_proj.weight")), s.xn.ptr, v.ptr, T);
+    this.compute.matmul(w.matrix(n("q_proj.weight")), s.xn.ptr, q.ptr, T);
+    this.compute.matmul(w.matrix(n("k_proj.weight")), s.xn.ptr, kk.ptr, T);
+    this.compute.matmul(w.matrix(n("v_proj.weight")), s.xn.ptr, v.ptr, T);
     // f = f_b(f_a x): the low-rank decay input, through `small`.
-    this.matmul(w.matrix(n("f_a_proj.weight")), s.xn.ptr, s.small.ptr, T);
-    this.matmul(w.matrix(n("f_b_proj.weight")), s.small.ptr, f.ptr, T);
+    this.compute.matmul(w.matrix(n("f_a_proj.weight")), s.xn.ptr, s.small.ptr, T);
+    this.compute.matmul(w.matrix(n("f_b_proj.weight")), s.small.ptr, f.ptr, T);
     // beta = sigmoid(b_proj x), one per head and token.
     const beta = s.small;
-    this.matmul(w.matrix(n("b_proj.weight")), s.xn.ptr, beta.ptr, T);
+    this.compute.matmul(w.matrix(n("b_proj.weight")), s.xn.ptr, beta.ptr, T);
     k.k3_sigmoid(beta.ptr, beta.ptr, T * H);
     for (let t = 0; t < T; t++) {
       const at = (b: Vec) => b.at(t * C);
@@ -298,9 +296,9 @@ export class K3Model {
     // Per-head RMSNorm of o, then the output gate (norm first, then gate), then o_proj.
     k.k3_rmsnorm(o.ptr, w.vector(n("o_norm.weight")).ptr, o.ptr, d, T * H, cfg.rmsNormEps);
     const g = f;
-    this.matmul(w.matrix(n("g_proj.weight")), s.xn.ptr, g.ptr, T);
+    this.compute.matmul(w.matrix(n("g_proj.weight")), s.xn.ptr, g.ptr, T);
     k.k3_sigmoid_mul(o.ptr, g.ptr, T * C);
-    this.matmul(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, T);
+    this.compute.matmul(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, T);
   }
 
   /** Gated MLA (NoPE) for T tokens over the expanded cache. */
@@ -314,17 +312,17 @@ export class K3Model {
     const cache = state.mla.get(L)!;
     const [qa, q, c, kv, o] = [s.t1, s.t2, s.t3, s.t4, s.t5];
     // q = q_b(RMSNorm(q_a x)).
-    this.matmul(w.matrix(n("q_a_proj.weight")), s.xn.ptr, qa.ptr, T);
+    this.compute.matmul(w.matrix(n("q_a_proj.weight")), s.xn.ptr, qa.ptr, T);
     k.k3_rmsnorm(qa.ptr, w.vector(n("q_a_layernorm.weight")).ptr, qa.ptr, m.qLoraRank, T, cfg.rmsNormEps);
-    this.matmul(w.matrix(n("q_b_proj.weight")), qa.ptr, q.ptr, T);
+    this.compute.matmul(w.matrix(n("q_b_proj.weight")), qa.ptr, q.ptr, T);
     // c = kv_a x: the latent (normed) and the shared raw key part.
     const cw = m.kvLoraRank + m.ropeDim;
-    this.matmul(w.matrix(n("kv_a_proj_with_mqa.weight")), s.xn.ptr, c.ptr, T);
+    this.compute.matmul(w.matrix(n("kv_a_proj_with_mqa.weight")), s.xn.ptr, c.ptr, T);
     // Norm the latent of each token into a packed [T][kvLoraRank] buffer for kv_b.
     for (let t = 0; t < T; t++) {
       k.k3_rmsnorm(c.at(t * cw), w.vector(n("kv_a_layernorm.weight")).ptr, qa.at(t * m.kvLoraRank), m.kvLoraRank, 1, cfg.rmsNormEps);
     }
-    this.matmul(w.matrix(n("kv_b_proj.weight")), qa.ptr, kv.ptr, T);
+    this.compute.matmul(w.matrix(n("kv_b_proj.weight")), qa.ptr, kv.ptr, T);
     for (let t = 0; t < T; t++) {
       const p = state.pos + t;
       // Append this position: per head k_nope and v from kv_b, the shared k_rope from c.
@@ -338,18 +336,18 @@ export class K3Model {
         p + 1, H, m.nopeDim, m.ropeDim, m.vDim, 1 / Math.sqrt(dq), 0, H);
     }
     // Output gate, then o_proj.
-    this.matmul(w.matrix(n("g_proj.weight")), s.xn.ptr, c.ptr, T);
+    this.compute.matmul(w.matrix(n("g_proj.weight")), s.xn.ptr, c.ptr, T);
     k.k3_sigmoid_mul(o.ptr, c.ptr, T * H * m.vDim);
-    this.matmul(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, T);
+    this.compute.matmul(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, T);
   }
 
   /** SiTU-GLU MLP: down(SiTU(gate x, up x)), writing s.a. */
   private glu(gate: Matrix, up: Matrix, down: Matrix, x: NonNullable<Deno.PointerValue>, out: NonNullable<Deno.PointerValue>, T: number): void {
     const { k, cfg, s } = this;
-    this.matmul(gate, x, s.t1.ptr, T);
-    this.matmul(up, x, s.t2.ptr, T);
+    this.compute.matmul(gate, x, s.t1.ptr, T);
+    this.compute.matmul(up, x, s.t2.ptr, T);
     k.k3_situ_glu(s.t1.ptr, s.t2.ptr, s.t1.ptr, T * gate.rows, cfg.situBeta, cfg.situLinearBeta);
-    this.matmul(down, s.t1.ptr, out, T);
+    this.compute.matmul(down, s.t1.ptr, out, T);
   }
 
   private denseMlp(L: number, w: BoundTensors, T: number): void {
@@ -369,9 +367,9 @@ export class K3Model {
     const n = (x: string) => `layers.${L}.block_sparse_moe.${x}`;
     // Route each token; z = routed_expert_down_proj x (into t4), once per token.
     const logits = s.t3;
-    this.matmul(w.matrix(n("gate.weight")), s.xn.ptr, logits.ptr, T);
+    this.compute.matmul(w.matrix(n("gate.weight")), s.xn.ptr, logits.ptr, T);
     const z = s.t4;
-    this.matmul(w.matrix(n("routed_expert_down_proj.weight")), s.xn.ptr, z.ptr, T);
+    this.compute.matmul(w.matrix(n("routed_expert_down_proj.weight")), s.xn.ptr, z.ptr, T);
     const chosen: { ids: number[]; weights: number[] }[] = [];
     const users = new Map<number, { t: number; slot: number }[]>();
     for (let t = 0; t < T; t++) {
@@ -397,10 +395,10 @@ export class K3Model {
         s.expertIn.f.set(z.f.subarray(us[j].t * latent, (us[j].t + 1) * latent), j * latent);
       }
       const nt = us.length;
-      k.k3_matmul_mxfp4(ex.w1.packed, ex.w1.scales, s.expertIn.ptr, s.t1.ptr, nt, I, latent, 0, I);
-      k.k3_matmul_mxfp4(ex.w3.packed, ex.w3.scales, s.expertIn.ptr, s.t2.ptr, nt, I, latent, 0, I);
+      this.compute.mxfp4(ex.w1, s.expertIn.ptr, s.t1.ptr, nt);
+      this.compute.mxfp4(ex.w3, s.expertIn.ptr, s.t2.ptr, nt);
       k.k3_situ_glu(s.t1.ptr, s.t2.ptr, s.t1.ptr, nt * I, cfg.situBeta, cfg.situLinearBeta);
-      k.k3_matmul_mxfp4(ex.w2.packed, ex.w2.scales, s.t1.ptr, s.t5.ptr, nt, latent, I, 0, latent);
+      this.compute.mxfp4(ex.w2, s.t1.ptr, s.t5.ptr, nt);
       for (let j = 0; j < nt; j++) {
         const { t, slot } = us[j];
         s.expertOut.f.set(s.t5.f.subarray(j * latent, (j + 1) * latent), (t * topK + slot) * latent);
@@ -417,7 +415,7 @@ export class K3Model {
       }
     }
     k.k3_rmsnorm(acc.ptr, w.vector(n("routed_expert_norm.weight")).ptr, acc.ptr, latent, T, cfg.rmsNormEps);
-    this.matmul(w.matrix(n("routed_expert_up_proj.weight")), acc.ptr, s.a.ptr, T);
+    this.compute.matmul(w.matrix(n("routed_expert_up_proj.weight")), acc.ptr, s.a.ptr, T);
     // Shared experts at full width, added with no weight.
     if (cfg.moe.numShared > 0) {
       const sh = (x: string) => n(`shared_experts.${x}.weight`);

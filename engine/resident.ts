@@ -11,6 +11,7 @@ import { type ExpertLocation, expertView, locateExpert, readExpert } from "./exp
 import type { Kernels } from "./ffi.ts";
 import { NativeBuffer } from "./memory.ts";
 import type { WeightSource } from "./model.ts";
+import type { Compute } from "./pool.ts";
 import type { Checkpoint } from "./safetensors.ts";
 import {
   type BoundTensors,
@@ -122,9 +123,8 @@ export class ResidentWeights implements WeightSource {
     embedRow(this.k, this.globals.embed, id, dst);
   }
 
-  head(x: NonNullable<Deno.PointerValue>, y: NonNullable<Deno.PointerValue>, ntok: number): void {
-    const h = this.globals.head;
-    this.k.k3_matmul(h.ptr, h.wtype, x, y, ntok, h.rows, h.cols, 0, h.rows);
+  head(x: NonNullable<Deno.PointerValue>, y: NonNullable<Deno.PointerValue>, ntok: number, compute: Compute): void {
+    compute.matmul(this.globals.head, x, y, ntok);
   }
 
   free(): void {

@@ -1,0 +1,160 @@
+/**
+ * Parallel matrix products over Web Workers.
+ *
+ * Each worker dlopens the same kernel library, so native pointers (weights, activations)
+ * are valid in every thread and nothing is copied. A job is posted through a
+ * SharedArrayBuffer and woken with Atomics (a round trip costs ~10-40 us, so only large
+ * products are split). The rows of a product are divided between the main thread and the
+ * workers; each row's dot product has the same bits whichever thread computes it, so the
+ * thread count never changes a token.
+ *
+ * @module
+ */
+
+import { type Kernels, libraryPath } from "./ffi.ts";
+import type { Matrix, Mxfp4 } from "./weights.ts";
+
+type Ptr = NonNullable<Deno.PointerValue>;
+
+/** The products the forward pass needs; the single-threaded form calls the kernels directly. */
+export interface Compute {
+  /** y[t][r] = W[r] . x[t] for t < ntok. */
+  matmul(m: Matrix, x: Ptr, y: Ptr, ntok: number): void;
+  /** The same with an MXFP4 matrix. */
+  mxfp4(m: Mxfp4, x: Ptr, y: Ptr, ntok: number): void;
+  close(): void;
+}
+
+/** Direct kernel calls on the calling thread. */
+export function serialCompute(k: Kernels): Compute {
+  return {
+    matmul: (m, x, y, ntok) => k.k3_matmul(m.ptr, m.wtype, x, y, ntok, m.rows, m.cols, 0, m.rows),
+    mxfp4: (m, x, y, ntok) => k.k3_matmul_mxfp4(m.packed, m.scales, x, y, ntok, m.rows, m.cols, 0, m.rows),
+    close() {},
+  };
+}
+
+/** Layout of a worker's control block (Int32 slots, then pointer slots). */
+export const CTRL = {
+  /** Job sequence number; the worker waits on it. Negative: exit. */
+  seq: 0,
+  /** Last finished job sequence; the main thread waits on it. */
+  done: 1,
+  op: 2,
+  /** i32 arguments: wtype, ntok, rows, cols, r0, r1. */
+  args: 3,
+  nargs: 6,
+  /** Byte offset of the BigUint64 pointer slots: w (or packed), scales, x, y. */
+  ptrBytes: 64,
+  nptr: 4,
+  bytes: 96,
+} as const;
+
+export const OP = { matmul: 1, mxfp4: 2 } as const;
+
+/** Products smaller than this many weight elements stay on the main thread. */
+const SPLIT_MIN_ELEMS = 1 << 18;
+
+interface WorkerSlot {
+  worker: Worker;
+  ctrl: Int32Array;
+  ptrs: BigUint64Array;
+  seq: number;
+}
+
+/** A pool of `threads - 1` workers plus the calling thread. */
+export class WorkerPool implements Compute {
+  private constructor(private readonly k: Kernels, private readonly slots: WorkerSlot[]) {}
+
+  /** Starts the workers and waits until each has loaded the kernel library. */
+  static async start(k: Kernels, threads: number): Promise<WorkerPool> {
+    const slots: WorkerSlot[] = [];
+    const ready: Promise<void>[] = [];
+    for (let i = 0; i < threads - 1; i++) {
+      const sab = new SharedArrayBuffer(CTRL.bytes);
+      const worker = new Worker(new URL("./pool_worker.ts", import.meta.url), { type: "module" });
+      ready.push(new Promise((resolve, reject) => {
+        worker.onmessage = (e) => (e.data === "ready" ? resolve() : reject(new Error(String(e.data))));
+        worker.onerror = (e) => {
+          e.preventDefault();
+          reject(new Error(`compute worker failed: ${e.message}`));
+        };
+      }));
+      worker.postMessage({ sab, libPath: libraryPath() });
+      slots.push({ worker, ctrl: new Int32Array(sab), ptrs: new BigUint64Array(sab, CTRL.ptrBytes, CTRL.nptr), seq: 0 });
+    }
+    const pool = new WorkerPool(k, slots);
+    try {
+      await Promise.all(ready);
+    } catch (e) {
+      pool.close();
+      throw e;
+    }
+    return pool;
+  }
+
+  get threads(): number {
+    return this.slots.length + 1;
+  }
+
+  matmul(m: Matrix, x: Ptr, y: Ptr, ntok: number): void {
+    this.run(OP.matmul, m.ptr, null, m.wtype, x, y, ntok, m.rows, m.cols);
+  }
+
+  mxfp4(m: Mxfp4, x: Ptr, y: Ptr, ntok: number): void {
+    this.run(OP.mxfp4, m.packed, m.scales, 0, x, y, ntok, m.rows, m.cols);
+  }
+
+  /** Splits rows evenly; the main thread takes the first share, workers the rest. */
+  private run(op: number, w: Ptr, scales: Ptr | null, wtype: number, x: Ptr, y: Ptr, ntok: number, rows: number, cols: number): void {
+    const k = this.k;
+    const call = (r0: number, r1: number) =>
+      op === OP.matmul
+        ? k.k3_matmul(w, wtype, x, y, ntok, rows, cols, r0, r1)
+        : k.k3_matmul_mxfp4(w, scales, x, y, ntok, rows, cols, r0, r1);
+    const n = this.slots.length + 1;
+    if (n === 1 || rows * cols < SPLIT_MIN_ELEMS || rows < 2 * n) {
+      call(0, rows);
+      return;
+    }
+    const bound = (i: number) => Math.floor((rows * i) / n);
+    const pw = Deno.UnsafePointer.value(w), ps = scales ? Deno.UnsafePointer.value(scales) : 0n;
+    const px = Deno.UnsafePointer.value(x), py = Deno.UnsafePointer.value(y);
+    for (let i = 0; i < this.slots.length; i++) {
+      const s = this.slots[i];
+      const c = s.ctrl;
+      c[CTRL.op] = op;
+      c[CTRL.args] = wtype;
+      c[CTRL.args + 1] = ntok;
+      c[CTRL.args + 2] = rows;
+      c[CTRL.args + 3] = cols;
+      c[CTRL.args + 4] = bound(i + 1);
+      c[CTRL.args + 5] = bound(i + 2);
+      s.ptrs[0] = BigInt(pw);
+      s.ptrs[1] = BigInt(ps);
+      s.ptrs[2] = BigInt(px);
+      s.ptrs[3] = BigInt(py);
+      s.seq++;
+      Atomics.store(c, CTRL.seq, s.seq);
+      Atomics.notify(c, CTRL.seq);
+    }
+    call(0, bound(1));
+    for (const s of this.slots) {
+      while (Atomics.load(s.ctrl, CTRL.done) !== s.seq) Atomics.wait(s.ctrl, CTRL.done, s.seq - 1, 50);
+    }
+  }
+
+  close(): void {
+    for (const s of this.slots) {
+      Atomics.store(s.ctrl, CTRL.seq, -1);
+      Atomics.notify(s.ctrl, CTRL.seq);
+      s.worker.terminate();
+    }
+    this.slots.length = 0;
+  }
+}
+
+/** The pool for `threads` (1: no workers). */
+export async function startCompute(k: Kernels, threads: number): Promise<Compute> {
+  return threads <= 1 ? serialCompute(k) : await WorkerPool.start(k, threads);
+}
