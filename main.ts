@@ -14,8 +14,12 @@ type Command = (args: string[]) => Promise<number>;
 /** Subcommands, loaded on demand so `--help` never needs a model or the kernels. */
 const COMMANDS: Record<string, { about: string; load: () => Promise<Command> }> = {
   run: { about: "generate from a prompt", load: async () => (await import("./cli/run.ts")).main },
+  batch: { about: "generate for every prompt of a JSONL file (resumable)", load: async () => (await import("./cli/batch.ts")).main },
+  pack: { about: "pack a checkpoint's trunk into one aligned file", load: async () => (await import("./cli/pack.ts")).main },
   tokenize: { about: "text to token ids", load: async () => (await import("./cli/tokenize.ts")).main },
   detokenize: { about: "token ids to text", load: async () => (await import("./cli/detokenize.ts")).main },
+  doctor: { about: "check this machine: CPU, memory, disk, read speed", load: async () => (await import("./cli/doctor.ts")).main },
+  presets: { about: "list the memory presets", load: async () => (await import("./cli/presets.ts")).main },
 };
 
 export const USAGE = `k3 ${VERSION}: Kimi K3 on one CPU
@@ -25,7 +29,10 @@ usage: k3 <command> [options]      (k3 <command> --help for its options)
 commands:
 ${Object.entries(COMMANDS).map(([n, c]) => `  ${n.padEnd(12)}${c.about}`).join("\n")}
 
-  --help, --version
+  --help, --version, --list-presets (same as k3 presets)
+
+environment: K3_LIB=PATH  kernel library to load instead of the built-in one
+             K3_DEBUG=1   print stack traces of internal errors
 
 exit codes: 0 ok, 1 runtime failure, 2 usage or unreadable config, 4 output unsound
 `;
@@ -42,9 +49,21 @@ export async function cli(args: string[]): Promise<number> {
       console.log(`k3 ${VERSION}`);
       return EXIT.ok;
     }
-    const entry = COMMANDS[cmd];
+    if (cmd === "--list-presets") {
+      if (rest.length) throw new K3Error(`--list-presets takes no arguments, got ${JSON.stringify(rest[0])}`, EXIT.usage);
+      return await (await COMMANDS.presets.load())([]);
+    }
+    if (cmd.startsWith("-")) throw new K3Error(`unknown option ${JSON.stringify(cmd)} (see k3 --help)`, EXIT.usage);
+    const entry = Object.hasOwn(COMMANDS, cmd) ? COMMANDS[cmd] : undefined;
     if (!entry) throw new K3Error(`unknown command ${JSON.stringify(cmd)} (see k3 --help)`, EXIT.usage);
-    return await (await entry.load())(rest);
+    let command: Command;
+    try {
+      command = await entry.load();
+    } catch (e) {
+      if (/Module not found/.test(String((e as Error)?.message))) throw new K3Error(`k3 ${cmd} is not available in this build`);
+      throw e;
+    }
+    return await command(rest);
   } catch (e) {
     if (e instanceof K3Error) {
       console.error(`k3: ${e.message}`);

@@ -8,6 +8,9 @@
  * @module
  */
 
+import { K3Error } from "./errors.ts";
+import { moduleLibraryPath, resolveLibrary } from "./libpath.ts";
+
 const P = "pointer" as const;
 const I = "i32" as const;
 const F = "f32" as const;
@@ -44,10 +47,9 @@ export type Kernels = Deno.DynamicLibrary<typeof symbols>["symbols"];
 /** Weight element type codes of k3_matmul. */
 export const WTYPE = { f32: 0, bf16: 1 } as const;
 
-/** Default location of the library built by `make -C kernels`. */
+/** Location of the library built by `make -C kernels` in a source checkout. */
 export function defaultLibraryPath(): string {
-  const ext = Deno.build.os === "darwin" ? "dylib" : Deno.build.os === "windows" ? "dll" : "so";
-  return new URL(`../kernels/build/libk3.${ext}`, import.meta.url).pathname;
+  return moduleLibraryPath();
 }
 
 let loaded: { path: string; lib: Deno.DynamicLibrary<typeof symbols> } | undefined;
@@ -55,18 +57,19 @@ let loaded: { path: string; lib: Deno.DynamicLibrary<typeof symbols> } | undefin
 /**
  * Opens the kernel library once per isolate (main thread and each Worker open their own
  * handle to the same shared object, so native pointers are valid in all of them).
- * K3_LIB overrides the path.
+ * Without an explicit path it is found by engine/libpath.ts: K3_LIB, else the checkout's
+ * kernels/build, else the copy embedded in a compiled binary (extracted to a cache dir).
  */
 export function kernels(path?: string): Kernels {
-  const want = path ?? Deno.env.get("K3_LIB") ?? defaultLibraryPath();
-  if (loaded && loaded.path === want) return loaded.lib.symbols;
+  if (loaded && (path === undefined || loaded.path === path)) return loaded.lib.symbols;
   if (loaded) throw new Error(`kernel library already loaded from ${loaded.path}`);
+  const want = path ?? resolveLibrary().path;
   let lib;
   try {
     lib = Deno.dlopen(want, symbols);
   } catch (e) {
-    throw new Error(
-      `cannot load kernel library ${want}: ${(e as Error).message} (build it with: make -C kernels)`,
+    throw new K3Error(
+      `cannot load kernel library ${want}: ${(e as Error).message.split("\n")[0]} (build it with: make -C kernels, or set K3_LIB)`,
     );
   }
   loaded = { path: want, lib };

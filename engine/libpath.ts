@@ -1,0 +1,139 @@
+/**
+ * Finding the kernel library at start-up.
+ *
+ * Order:
+ *  1. `K3_LIB` (an explicit path; used as is, never second-guessed);
+ *  2. from a source checkout: `kernels/build/libk3.so` next to this file's `engine/`;
+ *  3. in a binary built by `deno compile --include kernels/build/libk3.so` (the one-file
+ *     `k3`): the library lives in the binary's embedded file system, where Deno's file APIs
+ *     can read it but `dlopen` cannot open it. Its bytes are copied to a per-user cache
+ *     directory (`$XDG_CACHE_HOME/k3`, else `~/.cache/k3`) as `lib-<sha256 prefix>.so`,
+ *     written atomically (temporary sibling, then rename), reused while its content hash
+ *     matches and re-extracted when it does not (a corrupt or truncated copy).
+ *
+ * Everything here takes its inputs as parameters so each step is testable without a
+ * compiled binary.
+ *
+ * @module
+ */
+
+import { createHash } from "node:crypto";
+import { K3Error } from "./errors.ts";
+
+/** File extension of shared libraries on this OS. */
+export const LIB_EXT = Deno.build.os === "darwin" ? "dylib" : Deno.build.os === "windows" ? "dll" : "so";
+
+/** File name of the kernel library. */
+export const LIB_NAME = `libk3.${LIB_EXT}`;
+
+/** Hex digits of the content hash kept in the cached file's name. */
+export const HASH_PREFIX = 16;
+
+/** Where the library sits relative to this module: in a checkout, and embedded in a binary
+ * (deno compile keeps the checkout's layout in its embedded file system). */
+export function moduleLibraryPath(): string {
+  return decodeURIComponent(new URL(`../kernels/build/${LIB_NAME}`, import.meta.url).pathname);
+}
+
+/** True inside a binary produced by `deno compile`. */
+export function isStandalone(): boolean {
+  return (Deno.build as { standalone?: boolean }).standalone === true;
+}
+
+/** Hex SHA-256 of `bytes`. */
+export function sha256Hex(bytes: Uint8Array): string {
+  return createHash("sha256").update(bytes).digest("hex");
+}
+
+/** The per-user cache directory for extracted libraries. */
+export function cacheDir(env: (name: string) => string | undefined = (n) => Deno.env.get(n)): string {
+  const xdg = env("XDG_CACHE_HOME");
+  if (xdg && xdg.startsWith("/")) return `${xdg}/k3`;
+  const home = env("HOME") ?? env("USERPROFILE");
+  if (!home) throw new K3Error("cannot find a cache directory for the kernel library: set XDG_CACHE_HOME or HOME (or K3_LIB)");
+  return `${home}/.cache/k3`;
+}
+
+/** What `extractLibrary` did. */
+export interface Extracted {
+  path: string;
+  /** "reused": the cached copy matched; "written": it was missing; "rewritten": it was corrupt. */
+  action: "reused" | "written" | "rewritten";
+}
+
+function readIfExists(path: string): Uint8Array | undefined {
+  try {
+    return Deno.readFileSync(path);
+  } catch {
+    return undefined; // missing or unreadable: (re)write it, and report that if it fails
+  }
+}
+
+/**
+ * Puts `bytes` at `<dir>/lib-<sha256 prefix>.<ext>` unless an identical copy is already
+ * there. The write is atomic, so a concurrent start (or a Worker) never sees half a file.
+ */
+export function extractLibrary(bytes: Uint8Array, dir: string): Extracted {
+  const hash = sha256Hex(bytes);
+  const path = `${dir}/lib-${hash.slice(0, HASH_PREFIX)}.${LIB_EXT}`;
+  const existing = readIfExists(path);
+  if (existing && existing.length === bytes.length && sha256Hex(existing) === hash) return { path, action: "reused" };
+  try {
+    Deno.mkdirSync(dir, { recursive: true, mode: 0o700 });
+    const tmp = `${path}.tmp-${Deno.pid}-${crypto.randomUUID().slice(0, 8)}`;
+    try {
+      Deno.writeFileSync(tmp, bytes, { mode: 0o755 });
+      Deno.renameSync(tmp, path);
+    } catch (e) {
+      try {
+        Deno.removeSync(tmp);
+      } catch { /* never created */ }
+      throw e;
+    }
+  } catch (e) {
+    throw new K3Error(`cannot extract the kernel library to ${dir}: ${(e as Error).message} (set XDG_CACHE_HOME or K3_LIB)`);
+  }
+  return { path, action: existing ? "rewritten" : "written" };
+}
+
+/** Where the library was found. */
+export interface Resolution {
+  path: string;
+  source: "env" | "checkout" | "embedded";
+  /** For embedded: what happened in the cache. */
+  action?: Extracted["action"];
+}
+
+/** Inputs of `resolveLibrary` (defaults: this process). */
+export interface ResolveOptions {
+  env?: (name: string) => string | undefined;
+  /** The library's path relative to the modules (real file in a checkout, embedded file in
+   * a compiled binary). */
+  modulePath?: string;
+  standalone?: boolean;
+  /** Override of the cache directory. */
+  cacheDir?: string;
+}
+
+/** Finds (and if needed extracts) the kernel library. Throws a K3Error when there is none. */
+export function resolveLibrary(opts: ResolveOptions = {}): Resolution {
+  const env = opts.env ?? ((n: string) => Deno.env.get(n));
+  const override = env("K3_LIB");
+  if (override) return { path: override, source: "env" };
+  const modulePath = opts.modulePath ?? moduleLibraryPath();
+  const standalone = opts.standalone ?? isStandalone();
+  if (!standalone) {
+    try {
+      if (Deno.statSync(modulePath).isFile) return { path: modulePath, source: "checkout" };
+    } catch { /* fall through to the error */ }
+    throw new K3Error(`kernel library not found at ${modulePath}: build it with \`make -C kernels\` (or set K3_LIB)`);
+  }
+  let bytes: Uint8Array;
+  try {
+    bytes = Deno.readFileSync(modulePath);
+  } catch (e) {
+    throw new K3Error(`this k3 binary has no embedded kernel library (${modulePath}: ${(e as Error).message}); rebuild it with \`deno task compile\` or set K3_LIB`);
+  }
+  const x = extractLibrary(bytes, opts.cacheDir ?? cacheDir(env));
+  return { path: x.path, source: "embedded", action: x.action };
+}

@@ -1,0 +1,117 @@
+/**
+ * The kernel-library loader (engine/libpath.ts): resolution order, and every step of the
+ * embedded-library path of a compiled `k3` (hash, extract, reuse, corrupt cache), run
+ * here without `deno compile` by pointing the loader at a real file as if it were the
+ * embedded one.
+ */
+
+import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
+import { cacheDir, extractLibrary, HASH_PREFIX, LIB_EXT, moduleLibraryPath, resolveLibrary, sha256Hex } from "../engine/libpath.ts";
+import { openKernels } from "../engine/ffi.ts";
+import { k3, ROOT, tempDir } from "./helpers.ts";
+
+const envOf = (vars: Record<string, string>) => (name: string) => vars[name];
+const LIB = `${ROOT}/kernels/build/libk3.${LIB_EXT}`;
+
+Deno.test("sha256Hex matches node:crypto and a known vector", () => {
+  assert.equal(sha256Hex(new TextEncoder().encode("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const bytes = crypto.getRandomValues(new Uint8Array(4096));
+  assert.equal(sha256Hex(bytes), createHash("sha256").update(bytes).digest("hex"));
+});
+
+Deno.test("cacheDir: XDG_CACHE_HOME, else ~/.cache, else an error naming the variables", () => {
+  assert.equal(cacheDir(envOf({ XDG_CACHE_HOME: "/x/cache", HOME: "/home/u" })), "/x/cache/k3");
+  assert.equal(cacheDir(envOf({ HOME: "/home/u" })), "/home/u/.cache/k3");
+  // A relative XDG_CACHE_HOME is invalid per the XDG spec and ignored.
+  assert.equal(cacheDir(envOf({ XDG_CACHE_HOME: "rel", HOME: "/home/u" })), "/home/u/.cache/k3");
+  assert.throws(() => cacheDir(envOf({})), /XDG_CACHE_HOME or HOME/);
+});
+
+Deno.test("moduleLibraryPath is the checkout's kernels/build library", () => {
+  assert.equal(moduleLibraryPath(), LIB);
+});
+
+Deno.test("extract: written, reused, rewritten when corrupt or truncated; atomic (no temp files left)", async () => {
+  await using dir = await tempDir();
+  const bytes = await Deno.readFile(LIB);
+  const cache = `${dir.path}/cache/k3`;
+  const first = extractLibrary(bytes, cache);
+  assert.equal(first.action, "written");
+  assert.equal(first.path, `${cache}/lib-${sha256Hex(bytes).slice(0, HASH_PREFIX)}.${LIB_EXT}`);
+  assert.deepEqual(await Deno.readFile(first.path), bytes);
+  assert.equal((await Deno.stat(cache)).mode! & 0o777, 0o700);
+
+  const mtime = (await Deno.stat(first.path)).mtime!.getTime();
+  const again = extractLibrary(bytes, cache);
+  assert.deepEqual(again, { path: first.path, action: "reused" });
+  assert.equal((await Deno.stat(first.path)).mtime!.getTime(), mtime, "a matching copy is not rewritten");
+
+  // A flipped byte (same size): re-extracted.
+  const bad = bytes.slice();
+  bad[bad.length >> 1] ^= 0xff;
+  await Deno.writeFile(first.path, bad);
+  assert.equal(extractLibrary(bytes, cache).action, "rewritten");
+  assert.deepEqual(await Deno.readFile(first.path), bytes);
+
+  // Truncated (a crash mid-copy by something other than us): re-extracted.
+  await Deno.truncate(first.path, 100);
+  assert.equal(extractLibrary(bytes, cache).action, "rewritten");
+  assert.deepEqual(await Deno.readFile(first.path), bytes);
+
+  // Different content gets a different name; nothing else is left in the directory.
+  const other = extractLibrary(new TextEncoder().encode("another build"), cache);
+  assert.notEqual(other.path, first.path);
+  const names = [];
+  for await (const e of Deno.readDir(cache)) names.push(e.name);
+  assert.deepEqual(names.sort(), [first.path, other.path].map((p) => p.split("/").pop()).sort());
+
+  // The extracted copy is a loadable kernel library.
+  const lib = openKernels(first.path);
+  try {
+    assert.ok(lib.symbols.k3_isa());
+  } finally {
+    lib.close();
+  }
+});
+
+Deno.test("extract: an unwritable cache dir is a one-line error naming the way out", async () => {
+  await using dir = await tempDir();
+  await Deno.writeTextFile(`${dir.path}/file`, "not a directory");
+  assert.throws(() => extractLibrary(new Uint8Array([1, 2, 3]), `${dir.path}/file/k3`), /cannot extract the kernel library .*XDG_CACHE_HOME or K3_LIB/);
+});
+
+Deno.test("resolve: K3_LIB first, then the checkout, else a build hint", async () => {
+  await using dir = await tempDir();
+  assert.deepEqual(resolveLibrary({ env: envOf({ K3_LIB: "/some/lib.so" }), modulePath: LIB, standalone: true }), { path: "/some/lib.so", source: "env" });
+  assert.deepEqual(resolveLibrary({ env: envOf({}), modulePath: LIB, standalone: false }), { path: LIB, source: "checkout" });
+  assert.throws(() => resolveLibrary({ env: envOf({}), modulePath: `${dir.path}/missing.so`, standalone: false }), /not found .*make -C kernels/);
+  // Default arguments: this process is a checkout.
+  if (!Deno.env.get("K3_LIB")) assert.equal(resolveLibrary().source, "checkout");
+});
+
+Deno.test("resolve in a compiled binary: the embedded file is extracted to the cache and reused", async () => {
+  await using dir = await tempDir();
+  // Stand-in for the embedded file: deno compile's file system serves it at the module path.
+  const embedded = `${dir.path}/vfs/kernels/build/libk3.${LIB_EXT}`;
+  await Deno.mkdir(`${dir.path}/vfs/kernels/build`, { recursive: true });
+  await Deno.copyFile(LIB, embedded);
+  const env = envOf({ XDG_CACHE_HOME: `${dir.path}/xdg`, HOME: `${dir.path}/home` });
+  const r1 = resolveLibrary({ env, modulePath: embedded, standalone: true });
+  assert.equal(r1.source, "embedded");
+  assert.equal(r1.action, "written");
+  assert.ok(r1.path.startsWith(`${dir.path}/xdg/k3/lib-`), r1.path);
+  const r2 = resolveLibrary({ env, modulePath: embedded, standalone: true });
+  assert.deepEqual(r2, { ...r1, action: "reused" });
+  await Deno.writeTextFile(r1.path, "garbage");
+  assert.equal(resolveLibrary({ env, modulePath: embedded, standalone: true }).action, "rewritten");
+  // No embedded file: an error pointing at deno task compile / K3_LIB.
+  assert.throws(() => resolveLibrary({ env, modulePath: `${dir.path}/nope.so`, standalone: true }), /no embedded kernel library.*deno task compile/);
+});
+
+Deno.test("CLI: a bad K3_LIB is one line and exit 1", async () => {
+  const out = await k3(["run", `${ROOT}/tests/fixtures/tiny`, "--ids", "1,2", "--gen", "1"], { env: { K3_LIB: "/nonexistent/libk3.so" } });
+  assert.equal(out.code, 1, out.stderr);
+  assert.equal(out.stderr.trim().split("\n").length, 1, out.stderr);
+  assert.match(out.stderr, /^k3: cannot load kernel library \/nonexistent\/libk3\.so: .*K3_LIB/);
+});
