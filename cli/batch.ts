@@ -1,0 +1,309 @@
+/**
+ * `k3 batch <model_dir> --input prompts.jsonl --output results.jsonl`: greedy generation
+ * for every prompt of a JSONL file, with the model opened once.
+ *
+ * Each result line is appended and fsync'ed as soon as its prompt finishes, so a killed
+ * run loses nothing already done; a rerun with the same output file skips the ids already
+ * there (a torn last line, from a kill mid-write, is cut away first). Malformed input lines
+ * are reported with their line number and skipped; the exit code is 1 when any was.
+ *
+ * @module
+ */
+
+import { loadConfig } from "../engine/config.ts";
+import { EXIT, K3Error, usageError } from "../engine/errors.ts";
+import { generate } from "../engine/generate.ts";
+import { firstLayers, openModel } from "../engine/load.ts";
+import { Tokenizer } from "../engine/tokenizer.ts";
+import { fmtBytes, parseIds, peakRssBytes } from "./common.ts";
+import { fmtDuration, progress } from "./progress.ts";
+import {
+  GENERATION_FLAGS,
+  GENERATION_HELP,
+  generationOptions,
+  MEMORY_FLAGS,
+  MEMORY_HELP,
+  memoryOptions,
+  parseFlags,
+  tokenizerDir,
+} from "./run_options.ts";
+
+export const USAGE = `usage: k3 batch <model_dir> --input PROMPTS.jsonl --output RESULTS.jsonl [options]
+
+Greedy generation for every prompt of a JSONL file, opening the model once.
+
+input, one JSON object per line (blank lines are ignored):
+  {"id": "a1", "prompt": "Once upon a time"}           text (needs a tokenizer)
+  {"id": 2, "ids": [1, 2, 3], "gen": 16, "stop_ids": [770]}
+  id        string or number, unique in the file
+  prompt | ids   exactly one: text, or token ids
+  gen       tokens to generate for this line (default: --gen)
+  stop_ids  ids to stop after (default: --stop-id)
+output, one JSON object per finished prompt, appended and fsync'ed as it finishes:
+  {"id", "prompt_ids", "generated_ids", "generated_text" (null without a tokenizer),
+   "stopped", "seconds", "seconds_per_token", "first_token_seconds"}
+A rerun with the same --output skips ids already there, so a killed run resumes where it
+stopped. Malformed input lines are reported (FILE:LINE: why) and skipped; the others run.
+
+exit codes: 0 every line done; 1 some input line was malformed (the rest ran) or a
+runtime failure; 2 usage error.
+
+  --input FILE      prompts, JSONL
+  --output FILE     results, JSONL (created, or appended to and resumed)
+${GENERATION_HELP}
+${MEMORY_HELP}
+  -h, --help        this help
+`;
+
+/** One valid input line. */
+export interface Job {
+  line: number;
+  id: string | number;
+  /** JSON of the id: 1 and "1" are different ids. */
+  key: string;
+  promptIds: number[];
+  gen: number;
+  stopIds: number[];
+}
+
+/** What a job line may hold. */
+const FIELDS = new Set(["id", "prompt", "ids", "gen", "stop_ids"]);
+
+function idList(v: unknown, field: string, vocab: number): number[] {
+  if (!Array.isArray(v)) throw new Error(`"${field}" must be an array of token ids`);
+  for (const x of v) {
+    if (typeof x !== "number" || !Number.isInteger(x) || x < 0) throw new Error(`"${field}" must hold non-negative integers, got ${JSON.stringify(x)}`);
+    if (x >= vocab) throw new Error(`"${field}": id ${x} is outside the vocabulary (0..${vocab - 1})`);
+  }
+  return v as number[];
+}
+
+/**
+ * Parses one input line into a job, or throws an Error whose message says what is wrong
+ * (without the line number).
+ */
+export function parseJob(
+  text: string,
+  line: number,
+  opts: { vocab: number; gen: number; stopIds: number[]; tokenizer: () => Tokenizer | undefined },
+): Job {
+  let v: unknown;
+  try {
+    v = JSON.parse(text);
+  } catch (e) {
+    throw new Error(`not JSON: ${(e as Error).message}`);
+  }
+  if (typeof v !== "object" || v === null || Array.isArray(v)) throw new Error("expected a JSON object");
+  const o = v as Record<string, unknown>;
+  const unknown = Object.keys(o).find((k) => !FIELDS.has(k));
+  if (unknown !== undefined) throw new Error(`unknown field ${JSON.stringify(unknown)} (fields: ${[...FIELDS].join(", ")})`);
+  const id = o.id;
+  if (!(typeof id === "string" || (typeof id === "number" && Number.isFinite(id)))) throw new Error(`"id" must be a string or a number`);
+  const hasPrompt = o.prompt !== undefined, hasIds = o.ids !== undefined;
+  if (hasPrompt === hasIds) throw new Error(hasPrompt ? `give one of "prompt" and "ids", not both` : `a "prompt" (text) or "ids" (token ids) is required`);
+  let promptIds: number[];
+  if (hasIds) promptIds = idList(o.ids, "ids", opts.vocab);
+  else {
+    if (typeof o.prompt !== "string") throw new Error(`"prompt" must be a string`);
+    const tok = opts.tokenizer();
+    if (!tok) throw new Error(`"prompt" needs a tokenizer: pass --tok DIR (or use "ids")`);
+    promptIds = tok.encode(o.prompt, { allowSpecial: false });
+    const bad = promptIds.find((x) => x >= opts.vocab);
+    if (bad !== undefined) throw new Error(`the tokenizer produced id ${bad}, outside the model's vocabulary of ${opts.vocab}`);
+  }
+  if (promptIds.length === 0) throw new Error("the prompt is empty");
+  if (promptIds.length > 32768) throw new Error(`the prompt has ${promptIds.length} ids, at most 32768`);
+  let gen = opts.gen;
+  if (o.gen !== undefined) {
+    if (typeof o.gen !== "number" || !Number.isInteger(o.gen) || o.gen < 1 || o.gen > 4096) throw new Error(`"gen" must be an integer in 1..4096, got ${JSON.stringify(o.gen)}`);
+    gen = o.gen;
+  }
+  const stopIds = o.stop_ids === undefined ? opts.stopIds : idList(o.stop_ids, "stop_ids", opts.vocab);
+  return { line, id, key: JSON.stringify(id), promptIds, gen, stopIds };
+}
+
+/** Ids already in an output file; a torn or unreadable last line is cut away. */
+export async function readDone(path: string): Promise<{ done: Set<string>; cutBytes: number; lines: number }> {
+  let bytes: Uint8Array;
+  try {
+    bytes = await Deno.readFile(path);
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) return { done: new Set(), cutBytes: 0, lines: 0 };
+    throw new K3Error(`--output: cannot read ${path}: ${(e as Error).message}`);
+  }
+  const done = new Set<string>();
+  const dec = new TextDecoder("utf-8", { fatal: true });
+  let start = 0, lineNo = 0, keep = 0;
+  while (start < bytes.length) {
+    const nl = bytes.indexOf(0x0a, start);
+    const end = nl < 0 ? bytes.length : nl;
+    lineNo++;
+    let key: string | undefined;
+    if (nl >= 0) {
+      try {
+        const v = JSON.parse(dec.decode(bytes.subarray(start, end)));
+        if (v && typeof v === "object" && (typeof v.id === "string" || typeof v.id === "number") && Array.isArray(v.generated_ids)) key = JSON.stringify(v.id);
+      } catch { /* not a result line */ }
+    }
+    if (key === undefined) {
+      // Only the last line can be torn (we write whole lines); anything else is not ours.
+      const last = nl < 0 || nl === bytes.length - 1;
+      if (!last) throw new K3Error(`--output: ${path}:${lineNo} is not a result line; refusing to append to this file`);
+      break;
+    }
+    done.add(key);
+    keep = end + 1;
+    start = end + 1;
+  }
+  const cutBytes = bytes.length - keep;
+  if (cutBytes > 0) await Deno.truncate(path, keep);
+  return { done, cutBytes, lines: done.size };
+}
+
+/** Writes all of `data` (write may be partial). */
+function writeAll(f: Deno.FsFile, data: Uint8Array): void {
+  let off = 0;
+  while (off < data.length) off += f.writeSync(data.subarray(off));
+}
+
+export async function main(args: string[]): Promise<number> {
+  const { values, positionals, tokens } = parseFlags("batch", args, {
+    input: { type: "string" },
+    output: { type: "string" },
+    ...GENERATION_FLAGS,
+    ...MEMORY_FLAGS,
+    help: { type: "boolean", short: "h" },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return EXIT.ok;
+  }
+  if (positionals.length !== 1) throw usageError("batch: expected exactly one <model_dir> (see k3 batch --help)");
+  if (values.input === undefined) throw usageError("batch: --input PROMPTS.jsonl is required");
+  if (values.output === undefined) throw usageError("batch: --output RESULTS.jsonl is required");
+  if (values.input === values.output) throw usageError("batch: --input and --output must be different files");
+  const dir = positionals[0];
+  const genOpts = generationOptions(values);
+  const memory = memoryOptions(tokens);
+  let cfg = await loadConfig(dir);
+  if (genOpts.layers !== undefined) cfg = firstLayers(cfg, genOpts.layers);
+  const stopIds = genOpts.stopIds.map((s) => parseIds("stop-id", s, cfg.vocabSize)[0]);
+
+  let inputBytes: Uint8Array;
+  try {
+    inputBytes = await Deno.readFile(values.input);
+  } catch (e) {
+    throw usageError(`--input: cannot read ${values.input}: ${(e as Error).message}`);
+  }
+  const tokDir = tokenizerDir(dir, genOpts.tokDir);
+  let tokenizer: Tokenizer | undefined;
+  const getTokenizer = () => (tokDir ? (tokenizer ??= Tokenizer.load(tokDir)) : undefined);
+  if (tokDir) getTokenizer(); // generated text for every line, and a bad --tok fails up front
+
+  // Parse every line first: the model's capacity is the longest prompt + gen.
+  const jobs: Job[] = [];
+  const seen = new Set<string>();
+  let failed = 0;
+  const fail = (line: number, why: string) => {
+    failed++;
+    console.error(`k3: batch: ${values.input}:${line}: ${why}; skipped`);
+  };
+  const dec = new TextDecoder("utf-8", { fatal: true });
+  const lines = (() => {
+    const out: Uint8Array[] = [];
+    let s = 0;
+    while (s <= inputBytes.length) {
+      const nl = inputBytes.indexOf(0x0a, s);
+      const e = nl < 0 ? inputBytes.length : nl;
+      out.push(inputBytes.subarray(s, e));
+      if (nl < 0) break;
+      s = nl + 1;
+    }
+    return out;
+  })();
+  lines.forEach((raw, i) => {
+    let text: string;
+    try {
+      text = dec.decode(raw);
+    } catch {
+      return fail(i + 1, "not valid UTF-8");
+    }
+    if (text.trim() === "") return;
+    try {
+      const job = parseJob(text, i + 1, { vocab: cfg.vocabSize, gen: genOpts.gen, stopIds, tokenizer: getTokenizer });
+      if (seen.has(job.key)) return fail(i + 1, `duplicate id ${job.key}`);
+      seen.add(job.key);
+      jobs.push(job);
+    } catch (e) {
+      fail(i + 1, (e as Error).message);
+    }
+  });
+
+  const { done, cutBytes } = await readDone(values.output);
+  if (cutBytes > 0) console.error(`k3: batch: ${values.output}: cut a torn last line (${cutBytes} bytes) left by an interrupted run`);
+  const todo = jobs.filter((j) => !done.has(j.key));
+  console.error(
+    `k3: batch: ${jobs.length} prompts in ${values.input}` +
+      (jobs.length - todo.length ? `, ${jobs.length - todo.length} already in ${values.output}` : "") +
+      (failed ? `, ${failed} malformed lines skipped` : "") + `; ${todo.length} to run`,
+  );
+  let out: Deno.FsFile;
+  try {
+    out = await Deno.open(values.output, { append: true, create: true });
+  } catch (e) {
+    throw new K3Error(`--output: cannot open ${values.output}: ${(e as Error).message}`);
+  }
+  try {
+    if (todo.length === 0) return failed ? EXIT.runtime : EXIT.ok;
+    const capacity = Math.max(...todo.map((j) => j.promptIds.length + j.gen));
+    const t0 = performance.now();
+    const opened = await openModel(dir, {
+      layers: cfg.numLayers,
+      capacity,
+      chunk: genOpts.chunk,
+      memory,
+      onProgress: (what, d, n) => progress(what, d, n),
+    });
+    console.error(`k3: ${dir}: ${cfg.numLayers} layers, hidden ${cfg.hiddenSize}, vocab ${cfg.vocabSize}; capacity ${capacity} positions; ready in ${((performance.now() - t0) / 1000).toFixed(2)} s`);
+    const enc = new TextEncoder();
+    let tokensDone = 0, secondsDone = 0;
+    const t1 = performance.now();
+    try {
+      for (const [n, job] of todo.entries()) {
+        const steps = await generate(opened.model, job.promptIds, { gen: job.gen, incremental: genOpts.incremental, stopIds: job.stopIds });
+        const ids = steps.map((s) => s.token);
+        const seconds = steps.reduce((a, s) => a + s.seconds, 0);
+        const result = {
+          id: job.id,
+          prompt_ids: job.promptIds,
+          generated_ids: ids,
+          generated_text: tokenizer ? tokenizer.decode(ids) : null,
+          stopped: ids.length > 0 && job.stopIds.includes(ids[ids.length - 1]),
+          seconds,
+          seconds_per_token: seconds / ids.length,
+          first_token_seconds: steps[0]?.seconds ?? 0,
+        };
+        writeAll(out, enc.encode(JSON.stringify(result) + "\n"));
+        out.syncSync();
+        tokensDone += ids.length;
+        secondsDone += seconds;
+        const elapsed = (performance.now() - t1) / 1000;
+        const left = todo.length - n - 1;
+        console.error(
+          `k3: batch: ${n + 1}/${todo.length} done (id ${job.key}: ${ids.length} tokens in ${seconds.toFixed(3)} s); ` +
+            `${tokensDone} tokens, ${(secondsDone / tokensDone).toFixed(4)} s/token, ETA ${left ? fmtDuration((elapsed / (n + 1)) * left) : "0 s"}`,
+        );
+      }
+    } finally {
+      opened.close();
+    }
+    const wall = (performance.now() - t1) / 1000;
+    console.error(
+      `k3: batch: ${todo.length} prompts, ${tokensDone} tokens in ${wall.toFixed(3)} s (${(wall / Math.max(tokensDone, 1)).toFixed(4)} s/token); PEAK RSS ${fmtBytes(peakRssBytes())}` +
+        (failed ? `; ${failed} malformed input lines skipped (exit 1)` : ""),
+    );
+    return failed ? EXIT.runtime : EXIT.ok;
+  } finally {
+    out.close();
+  }
+}
