@@ -9,7 +9,7 @@
  */
 
 import { K3Error } from "./errors.ts";
-import { moduleLibraryPath, resolveLibrary } from "./libpath.ts";
+import { resolveLibrary } from "./libpath.ts";
 
 const P = "pointer" as const;
 const I = "i32" as const;
@@ -47,9 +47,13 @@ export type Kernels = Deno.DynamicLibrary<typeof symbols>["symbols"];
 /** Weight element type codes of k3_matmul. */
 export const WTYPE = { f32: 0, bf16: 1 } as const;
 
-/** Location of the library built by `make -C kernels` in a source checkout. */
+/**
+ * The library to load when no path is given (engine/libpath.ts): K3_LIB, else the
+ * checkout's kernels/build, else the copy embedded in a compiled binary, extracted to the
+ * cache dir. Anything that dlopens libk3 for its own symbols (engine/io.ts) uses this.
+ */
 export function defaultLibraryPath(): string {
-  return moduleLibraryPath();
+  return resolveLibrary().path;
 }
 
 let loaded: { path: string; lib: Deno.DynamicLibrary<typeof symbols> } | undefined;
@@ -63,7 +67,7 @@ let loaded: { path: string; lib: Deno.DynamicLibrary<typeof symbols> } | undefin
 export function kernels(path?: string): Kernels {
   if (loaded && (path === undefined || loaded.path === path)) return loaded.lib.symbols;
   if (loaded) throw new Error(`kernel library already loaded from ${loaded.path}`);
-  const want = path ?? resolveLibrary().path;
+  const want = path ?? defaultLibraryPath();
   let lib;
   try {
     lib = Deno.dlopen(want, symbols);
