@@ -119,8 +119,8 @@ K3_INLINE v16 v16_load_e2m1(const uint8_t *p) {
   b = _mm_unpacklo_epi8(b, b); /* b0 b0 b1 b1 ... : lane 2j and 2j+1 both see byte j */
   __m512i n = _mm512_cvtepu8_epi32(b);
   n = _mm512_srlv_epi32(n, _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0));
-  n = _mm512_and_si512(n, _mm512_set1_epi32(15));
-  return _mm512_permutexvar_ps(n, _mm512_loadu_ps(E2M1)); /* 16-entry table lookup */
+  /* 16-entry table lookup; permutexvar reads only the low 4 bits of n (the nibble). */
+  return _mm512_permutexvar_ps(n, _mm512_loadu_ps(E2M1));
 }
 
 #elif K3_ISA_AVX2
@@ -154,8 +154,8 @@ K3_INLINE v16 v16_load_bf16(const uint16_t *p) {
  * only the low 3 bits), sign = nibble bit 3 moved to bit 31. */
 K3_INLINE __m256 e2m1x8(__m128i bytes) {
   __m256i n = _mm256_cvtepu8_epi32(bytes);
-  n = _mm256_srlv_epi32(n, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
-  n = _mm256_and_si256(n, _mm256_set1_epi32(15));
+  n = _mm256_srlv_epi32(n, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)); /* nibble in bits 0..3 */
+  /* (even lanes still hold the high nibble in bits 4..7: the lookup and the sign mask ignore it) */
   __m256 mag = _mm256_permutevar8x32_ps(_mm256_loadu_ps(E2M1), n);
   __m256i sign = _mm256_and_si256(_mm256_slli_epi32(n, 28), _mm256_set1_epi32((int)0x80000000u));
   return _mm256_or_ps(mag, _mm256_castsi256_ps(sign));
@@ -449,22 +449,65 @@ void k3_matmul(const void *w, int32_t wtype, const float *x, float *y, int32_t n
 
 /* ---------------------------------------------------------------- MXFP4 matmul */
 
-/* Contract 2 for NR (1 or 4) rows against one x. p[k], s[k]: packed bytes and scales of row k. */
+/* One group's contribution to one row's lanes (contract 2): w0, w1 = decoded elements
+ * 0..15 and 16..31, x0, x1 = the matching x. */
+K3_INLINE v16 mx_group(v16 acc, v16 w0, v16 w1, v16 x0, v16 x1, float scale) {
+  v16 part = v16_add(v16_mul(w0, x0), v16_mul(w1, x1));
+  return v16_add(acc, v16_mul(part, v16_set1(scale)));
+}
+
+/* One token: NR (1 or 4) rows against one x, decoding straight from the packed bytes.
+ * p[k], s[k]: packed bytes and scales of row k. */
 K3_INLINE void mx_rows(const uint8_t *const *p, const uint8_t *const *s, int nr, const float *x,
-                       int ngroups, float *out) {
+                       int ngroups, float *out, int ostride) {
   v16 acc[4];
   for (int k = 0; k < nr; k++) acc[k] = v16_zero();
   for (int g = 0; g < ngroups; g++) {
     v16 x0 = v16_load(x + 32 * g), x1 = v16_load(x + 32 * g + 16);
     for (int k = 0; k < nr; k++) {
-      uint8_t sc = s[k][g];
-      if (sc == 255) continue;
-      v16 part = v16_mul(v16_load_e2m1(p[k] + 16 * g), x0);
-      part = v16_add(part, v16_mul(v16_load_e2m1(p[k] + 16 * g + 8), x1));
-      acc[k] = v16_add(acc[k], v16_mul(part, v16_set1(mx_scale(sc))));
+      if (s[k][g] == 255) continue;
+      acc[k] = mx_group(acc[k], v16_load_e2m1(p[k] + 16 * g), v16_load_e2m1(p[k] + 16 * g + 8), x0,
+                        x1, mx_scale(s[k][g]));
     }
   }
-  for (int k = 0; k < nr; k++) out[k] = v16_reduce(acc[k]);
+  for (int k = 0; k < nr; k++) out[k * ostride] = v16_reduce(acc[k]);
+}
+
+/* Several tokens: the same per-row operations, but each chunk of MX_CHUNK groups of the NR
+ * rows is decoded once into an L1 buffer and reused by every token of the tile. */
+enum { MX_CHUNK = 8 }; /* 4 rows x 8 groups x 32 floats = 4 KB */
+K3_INLINE void mx_rows_tok(const uint8_t *const *p, const uint8_t *const *s, int nr, const float *x,
+                           int cols, int nt, float *y, int rows) {
+  v16 acc[TILE_TOK][4];
+  float dec[4][MX_CHUNK][32], scl[4][MX_CHUNK]; /* scl 0: skipped group (2^(s-127) > 0) */
+  int ng = cols / 32;
+  for (int t = 0; t < nt; t++)
+    for (int k = 0; k < nr; k++) acc[t][k] = v16_zero();
+  for (int g0 = 0; g0 < ng; g0 += MX_CHUNK) {
+    int gn = ng - g0 < MX_CHUNK ? ng - g0 : MX_CHUNK;
+    for (int k = 0; k < nr; k++)
+      for (int i = 0; i < gn; i++) {
+        uint8_t sc = s[k][g0 + i];
+        scl[k][i] = sc == 255 ? 0.0f : mx_scale(sc);
+        v16_store(dec[k][i], v16_load_e2m1(p[k] + 16 * (g0 + i)));
+        v16_store(dec[k][i] + 16, v16_load_e2m1(p[k] + 16 * (g0 + i) + 8));
+      }
+    for (int t = 0; t < nt; t++) {
+      const float *xt = x + (size_t)t * cols + 32 * g0;
+      v16 a[4];
+      for (int k = 0; k < nr; k++) a[k] = acc[t][k];
+      for (int i = 0; i < gn; i++) {
+        v16 x0 = v16_load(xt + 32 * i), x1 = v16_load(xt + 32 * i + 16);
+        for (int k = 0; k < nr; k++) {
+          if (scl[k][i] == 0.0f) continue;
+          a[k] = mx_group(a[k], v16_load(dec[k][i]), v16_load(dec[k][i] + 16), x0, x1, scl[k][i]);
+        }
+      }
+      for (int k = 0; k < nr; k++) acc[t][k] = a[k];
+    }
+  }
+  for (int t = 0; t < nt; t++)
+    for (int k = 0; k < nr; k++) y[(size_t)t * rows + k] = v16_reduce(acc[t][k]);
 }
 
 void k3_matmul_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *x, float *y,
@@ -472,23 +515,25 @@ void k3_matmul_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *
   int ng = cols / 32;
   size_t pstride = (size_t)cols / 2, sstride = (size_t)ng;
   for (int t0 = 0; t0 < ntok; t0 += TILE_TOK) {
-    int t1 = t0 + TILE_TOK < ntok ? t0 + TILE_TOK : ntok;
-    int r = r0;
-    for (; r + 4 <= r1; r += 4) {
+    int nt = ntok - t0 < TILE_TOK ? ntok - t0 : TILE_TOK;
+    const float *xt = x + (size_t)t0 * cols;
+    float *yt = y + (size_t)t0 * rows;
+    for (int r = r0; r < r1;) {
       const uint8_t *pr[4], *sr[4];
-      for (int k = 0; k < 4; k++) {
+      int nr = r1 - r >= 4 ? 4 : 1;
+      for (int k = 0; k < nr; k++) {
         pr[k] = packed + (size_t)(r + k) * pstride;
         sr[k] = scales + (size_t)(r + k) * sstride;
       }
-      for (int t = t0; t < t1; t++) {
-        float o[4];
-        mx_rows(pr, sr, 4, x + (size_t)t * cols, ng, o);
-        for (int k = 0; k < 4; k++) y[(size_t)t * rows + r + k] = o[k];
-      }
-    }
-    for (; r < r1; r++) {
-      const uint8_t *pr[1] = {packed + (size_t)r * pstride}, *sr[1] = {scales + (size_t)r * sstride};
-      for (int t = t0; t < t1; t++) mx_rows(pr, sr, 1, x + (size_t)t * cols, ng, y + (size_t)t * rows + r);
+      if (nt == 1 && nr == 4)
+        mx_rows(pr, sr, 4, xt, ng, yt + r, 1);
+      else if (nt == 1)
+        mx_rows(pr, sr, 1, xt, ng, yt + r, 1);
+      else if (nr == 4)
+        mx_rows_tok(pr, sr, 4, xt, cols, nt, yt + r, rows);
+      else
+        mx_rows_tok(pr, sr, 1, xt, cols, nt, yt + r, rows);
+      r += nr;
     }
   }
 }
