@@ -1,0 +1,98 @@
+/**
+ * `deno task compile`: builds the one-file `./k3` with `deno compile`, the kernel library
+ * embedded, and only the permissions k3 needs.
+ *
+ * `deno compile` starts from Deno's `denort` runtime, which it downloads unless
+ * `DENORT_BIN=/path/to/denort` points at a copy (offline builds). The runtime must be the
+ * same version as this Deno (see `node_modules/.bin/deno --version`).
+ *
+ *     deno task compile                          # ./k3
+ *     DENORT_BIN=/opt/denort deno task compile   # offline
+ *     deno task compile --output /usr/local/bin/k3
+ *
+ * @module
+ */
+
+/** Permissions of the compiled k3: files (models, outputs, the library cache), its own
+ * environment variables, the kernel library, and free disk space for `k3 doctor`. No
+ * network, no subprocesses. */
+export const PERMISSIONS = ["--allow-read", "--allow-write", "--allow-env", "--allow-ffi", "--allow-sys=statfs"];
+
+const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
+const EXT = Deno.build.os === "darwin" ? "dylib" : Deno.build.os === "windows" ? "dll" : "so";
+
+/** Files deno compile cannot find by following imports. */
+export const INCLUDES = [`kernels/build/libk3.${EXT}`, "engine/pool_worker.ts"];
+
+/** The deno compile argument list. */
+export function compileArgs(output: string): string[] {
+  const includes = INCLUDES.filter((f) => {
+    try {
+      return Deno.statSync(`${ROOT}/${f}`).isFile;
+    } catch {
+      return false;
+    }
+  });
+  // --no-npm: k3 imports no npm package (npm only brings Deno and test-time packages), so
+  // node_modules stays out of the binary.
+  return ["compile", "--no-check", "--no-npm", "--output", output, ...PERMISSIONS, ...includes.flatMap((f) => ["--include", f]), "main.ts"];
+}
+
+/** True when deno compile failed because it could not fetch denort. */
+export function isDenortFailure(stderr: string): boolean {
+  return /denort|Setting up base binary|dl\.deno\.land/i.test(stderr);
+}
+
+async function main(args: string[]): Promise<number> {
+  let output = "k3";
+  for (let i = 0; i < args.length; i++) {
+    if (args[i] === "--output" || args[i] === "-o") output = args[++i];
+    else {
+      console.error(`compile: unknown argument ${JSON.stringify(args[i])} (usage: deno task compile [--output PATH])`);
+      return 2;
+    }
+  }
+  if (!output) {
+    console.error("compile: --output needs a path");
+    return 2;
+  }
+  const denort = Deno.env.get("DENORT_BIN");
+  if (denort) {
+    try {
+      Deno.statSync(denort);
+    } catch {
+      console.error(`compile: DENORT_BIN=${denort} does not exist`);
+      return 1;
+    }
+  }
+  const make = await new Deno.Command("make", { args: ["-s", "-C", "kernels"], cwd: ROOT }).output();
+  if (!make.success) {
+    console.error("compile: building the kernel library failed (make -C kernels)");
+    await Deno.stderr.write(make.stderr);
+    return 1;
+  }
+  const args2 = compileArgs(output);
+  console.error(`compile: ${Deno.execPath()} ${args2.join(" ")}`);
+  const out = await new Deno.Command(Deno.execPath(), { args: args2, cwd: ROOT, stdout: "inherit", stderr: "piped" }).output();
+  const stderr = new TextDecoder().decode(out.stderr);
+  if (!out.success) {
+    if (isDenortFailure(stderr) && !denort) {
+      const v = Deno.version.deno;
+      console.error(
+        `compile: deno compile needs Deno's runtime "denort" ${v}, and downloading it failed (offline?).\n` +
+          `  Get denort-${Deno.build.target}.zip for v${v} from a machine with access (Deno's release downloads),\n` +
+          `  unzip it here, and run:  DENORT_BIN=$PWD/denort deno task compile`,
+      );
+      const first = stderr.split("\n").find((l) => /error/i.test(l));
+      if (first) console.error(`  (deno said: ${first.replace(/\x1b\[[0-9;]*m/g, "").trim()})`);
+    } else {
+      await Deno.stderr.write(out.stderr);
+    }
+    return 1;
+  }
+  await Deno.stderr.write(out.stderr);
+  console.error(`compile: wrote ${output}; try: ${output.includes("/") ? output : `./${output}`} --help`);
+  return 0;
+}
+
+if (import.meta.main) Deno.exit(await main(Deno.args));
