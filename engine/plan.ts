@@ -1,9 +1,31 @@
 /**
- * Memory budgets: the presets and the options that choose how much of the trunk is pinned
- * and how many expert slots are cached. More memory buys speed, never a different token.
+ * Memory budgets: the presets, and the memory plan that turns a budget into pinned trunk
+ * layers, a read-ahead ring and expert-cache slots. More memory buys speed, never a
+ * different token: every budget runs the same kernels in the same order.
+ *
+ * The plan (all bytes, printed before anything big is allocated):
+ *
+ *   total = trunk + experts + embed/head + finals + state + scratch
+ *   trunk   = pinned layers + ring          (with --trunk; without it every layer is resident)
+ *             pinned: layers chosen largest first while pinned + ring need <= trunk budget,
+ *             where the ring needs the largest pair of consecutive streamed layers (two
+ *             layers: the one computing and the one being read), and at least the largest
+ *             streamed layer; the ring gets whatever budget the pinned layers leave.
+ *   experts = slots x slot bytes            (slot = one expert rounded up to 4096, + 4096 for
+ *             O_DIRECT alignment); slots = floor(cache budget / slot), at least top-k + 1,
+ *             at most every expert; no --cache-gb: every expert resident
+ *   embed/head = both matrices resident, or (ultra) one row buffer + two lm_head chunks
+ *   state   = KDA state (fixed) + KV per position x positions (MLA expanded cache, fp32)
+ *   scratch = the forward pass's buffers for a prefill chunk (mirrors model.ts Scratch)
+ *
+ * The run is refused (exit 1) when total + FIXED_OVERHEAD exceeds MemAvailable.
  *
  * @module
  */
+
+import type { K3Config } from "./config.ts";
+import { K3Error } from "./errors.ts";
+import { layerTensors } from "./weights.ts";
 
 /** A named memory budget, in GB (1e9 bytes). */
 export interface Preset {
@@ -17,13 +39,31 @@ export interface Preset {
 
 /** The anchor's presets (trunk / expert cache), plus `auto`, sized from MemAvailable. */
 export const PRESETS: Preset[] = [
-  { name: "ultra", trunkGB: 2.5, cacheGB: 0.31, streamEmbed: true, about: "smallest: also streams embedding rows and lm_head chunks" },
+  {
+    name: "ultra",
+    trunkGB: 2.5,
+    cacheGB: 0.31,
+    streamEmbed: true,
+    about: "smallest: also streams embedding rows and lm_head chunks",
+  },
   { name: "laptop", trunkGB: 3, cacheGB: 1, streamEmbed: false, about: "8 GB machines" },
   { name: "desktop", trunkGB: 16, cacheGB: 10, streamEmbed: false, about: "32 GB machines" },
   { name: "workstation", trunkGB: 60, cacheGB: 30, streamEmbed: false, about: "128 GB machines" },
   { name: "server", trunkGB: 110, cacheGB: 13, streamEmbed: false, about: "trunk resident" },
-  { name: "max", trunkGB: 110, cacheGB: 109, streamEmbed: false, about: "trunk resident, large expert cache" },
-  { name: "auto", trunkGB: NaN, cacheGB: NaN, streamEmbed: false, about: "sized from MemAvailable at start-up" },
+  {
+    name: "max",
+    trunkGB: 110,
+    cacheGB: 109,
+    streamEmbed: false,
+    about: "trunk resident, large expert cache",
+  },
+  {
+    name: "auto",
+    trunkGB: NaN,
+    cacheGB: NaN,
+    streamEmbed: false,
+    about: "sized from MemAvailable at start-up",
+  },
 ];
 
 /** What the memory flags asked for (undefined: everything resident, no trunk file). */
@@ -38,4 +78,486 @@ export interface MemoryOptions {
   streamEmbed?: boolean;
   /** The preset last named, if any. */
   preset?: string;
+}
+
+/**
+ * Bytes the process needs beyond the plan: the Deno runtime, JIT and code, the kernel
+ * library, small JS objects. Measured (bench/ladder.ts: peak RSS minus plan, largest over
+ * the ladder) and used in the MemAvailable check.
+ */
+export const FIXED_OVERHEAD_BYTES = 160e6;
+
+const ALIGN = 4096;
+const alignUp = (n: number) => Math.ceil(n / ALIGN) * ALIGN;
+/** lm_head chunk streamed at a time in ultra (two are allocated: one read while one computes). */
+export const HEAD_CHUNK_BYTES = 32 * 1024 * 1024;
+
+/** True when any memory flag asks for something other than everything resident. */
+export function wantsStreaming(mem?: MemoryOptions): boolean {
+  return !!mem &&
+    (mem.trunkDir !== undefined || mem.cacheGB !== undefined || mem.trunkGB !== undefined ||
+      !!mem.streamEmbed || mem.preset !== undefined);
+}
+
+/** The sizes a plan is made from (from a packed trunk's manifest or the checkpoint). */
+export interface PlanInput {
+  cfg: K3Config;
+  /** Bytes of each layer's dense tensors in bound form (a packed trunk: region sizes). */
+  layerBytes: number[];
+  embedBytes: number;
+  headBytes: number;
+  finalsBytes: number;
+  /** Bytes of one routed expert. */
+  expertBytes: number;
+  /** Positions the state holds. */
+  capacity: number;
+  /** Requested prefill chunk. */
+  chunk: number;
+  mem: MemoryOptions;
+  /** A packed trunk is given (--trunk). */
+  packed: boolean;
+  /** MemAvailable in bytes (undefined: do not check). */
+  available?: number;
+}
+
+/** The memory plan. Every size in bytes. */
+export interface MemoryPlan {
+  mode: "resident" | "streamed";
+  preset: string | null;
+  trunk: {
+    packed: boolean;
+    layers: number;
+    totalBytes: number;
+    pinned: number[];
+    pinnedBytes: number;
+    ringBytes: number;
+    /** Layers the ring can hold at once (min..max over the streamed layers). */
+    ringDepth: [number, number];
+    bytes: number;
+    budgetBytes: number | null;
+  };
+  experts: {
+    resident: boolean;
+    slots: number;
+    slotBytes: number;
+    expertBytes: number;
+    total: number;
+    topK: number;
+    bytes: number;
+  };
+  embedHead: { streamed: boolean; bytes: number };
+  finalsBytes: number;
+  state: { fixedBytes: number; kvPerPosition: number; positions: number; bytes: number };
+  scratchBytes: number;
+  /** The prefill chunk actually used (clamped so a chunk's experts fit in the cache). */
+  chunk: number;
+  totalBytes: number;
+  overheadBytes: number;
+  availableBytes: number | null;
+  notes: string[];
+}
+
+/** Bytes of the forward pass scratch for `maxT` tokens (mirrors Scratch in model.ts). */
+export function scratchBytes(cfg: K3Config, maxT: number, capacity: number): number {
+  const D = cfg.hiddenSize;
+  const nsrc = Math.floor((cfg.numLayers - 1) / cfg.attnResBlock) + 2;
+  const m = cfg.mla;
+  const C = cfg.kda.numHeads * cfg.kda.headDim;
+  const wide = Math.max(
+    C,
+    D,
+    cfg.denseIntermediate,
+    cfg.moe.numShared * cfg.moe.intermediate,
+    cfg.moe.intermediate,
+    cfg.moe.latent,
+    m.numHeads * (m.nopeDim + m.ropeDim),
+    m.numHeads * (m.nopeDim + m.vDim),
+    m.qLoraRank,
+    m.kvLoraRank + m.ropeDim,
+    cfg.moe.numExperts,
+  );
+  const floats = maxT * nsrc * D + 3 * maxT * D + 5 * maxT * wide +
+    maxT * Math.max(cfg.kda.numHeads, cfg.kda.headDim, 1) +
+    Math.max(m.numHeads, 1) * capacity + maxT * cfg.moe.latent +
+    maxT * cfg.moe.topK * cfg.moe.latent + maxT * cfg.vocabSize;
+  return 4 * floats + 8 * cfg.moe.topK;
+}
+
+/** KDA state (fixed) and MLA cache bytes per position (mirrors SequenceState.bytes). */
+export function stateBytes(cfg: K3Config): { fixed: number; perPosition: number } {
+  const { numHeads: H, headDim: d } = cfg.kda;
+  const m = cfg.mla;
+  const nK = cfg.layerKinds.filter((x) => x === "kda").length;
+  const nM = cfg.numLayers - nK;
+  return {
+    fixed: 4 * nK * (3 * 3 * H * d + H * d * d),
+    perPosition: 4 * nM * (m.numHeads * (m.nopeDim + m.vDim) + m.ropeDim),
+  };
+}
+
+/** Bytes of a routed expert (MXFP4 packed + scales of w1, w3, w2). */
+export function expertBytesOf(cfg: K3Config): number {
+  const { latent, intermediate: I } = cfg.moe;
+  return 2 * (I * latent / 2 + I * latent / 32) + (latent * I / 2 + latent * I / 32);
+}
+
+/** One expert-cache slot: room for an O_DIRECT read that starts up to 4095 bytes early. */
+export function expertSlotBytes(expertBytes: number): number {
+  return alignUp(expertBytes) + ALIGN;
+}
+
+/**
+ * Bound bytes of layer L as a packed region, assuming BF16 matrices and F32 vectors (the
+ * released dtypes): for plans of models we do not have on disk (`k3 presets`).
+ */
+export function estimatedLayerBytes(cfg: K3Config, L: number): number {
+  let at = 0;
+  for (const s of layerTensors(cfg, L)) {
+    const n = s.shape.reduce((a, b) => a * b, 1);
+    at = Math.ceil(at / 64) * 64 + n * (s.keep === "matrix" ? 2 : 4);
+  }
+  return alignUp(at);
+}
+
+/** The released Kimi K3 shape (for `k3 presets`). */
+export function releasedK3(): K3Config {
+  const layerKinds = Array.from(
+    { length: 93 },
+    (_, L) => (L % 4 === 3 || L === 92 ? "mla" : "kda") as "mla" | "kda",
+  );
+  return {
+    hiddenSize: 7168,
+    numLayers: 93,
+    vocabSize: 163840,
+    rmsNormEps: 1e-5,
+    layerKinds,
+    kda: { numHeads: 96, headDim: 128, convKernel: 4, gateLowerBound: -5 },
+    mla: { numHeads: 96, qLoraRank: 1536, kvLoraRank: 512, nopeDim: 128, ropeDim: 64, vDim: 128 },
+    moe: {
+      numExperts: 896,
+      topK: 16,
+      numShared: 2,
+      latent: 3584,
+      intermediate: 3072,
+      routedScaling: 1,
+    },
+    firstKDense: 1,
+    denseIntermediate: 33792,
+    attnResBlock: 12,
+    situBeta: 4,
+    situLinearBeta: 25,
+    bosId: 163584,
+    eosId: 163586,
+    quantGroup: 32,
+  };
+}
+
+/** Plan inputs for a model known only by its config (BF16 matrices). */
+export function estimatedInput(
+  cfg: K3Config,
+  mem: MemoryOptions,
+  capacity: number,
+  chunk = 16,
+): PlanInput {
+  const VD = cfg.vocabSize * cfg.hiddenSize;
+  return {
+    cfg,
+    mem,
+    capacity,
+    chunk,
+    packed: true,
+    layerBytes: Array.from({ length: cfg.numLayers }, (_, L) => estimatedLayerBytes(cfg, L)),
+    embedBytes: alignUp(VD * 2),
+    headBytes: alignUp(VD * 2),
+    finalsBytes: alignUp(3 * cfg.hiddenSize * 4),
+    expertBytes: expertBytesOf(cfg),
+  };
+}
+
+/** The ring's need for a set of streamed layers (in layer order, cyclic). */
+function ringNeed(sizes: number[]): number {
+  if (sizes.length === 0) return 0;
+  if (sizes.length === 1) return sizes[0];
+  let need = 0;
+  for (let i = 0; i < sizes.length; i++) {
+    need = Math.max(need, sizes[i] + sizes[(i + 1) % sizes.length]);
+  }
+  return need;
+}
+
+/** How many consecutive streamed layers fit in a ring of `ring` bytes (min, max). */
+function ringDepth(sizes: number[], ring: number): [number, number] {
+  if (sizes.length === 0) return [0, 0];
+  let lo = Infinity, hi = 0;
+  for (let i = 0; i < sizes.length; i++) {
+    let n = 0, used = 0;
+    while (n < sizes.length && used + sizes[(i + n) % sizes.length] <= ring) {
+      used += sizes[(i + n++) % sizes.length];
+    }
+    lo = Math.min(lo, n);
+    hi = Math.max(hi, n);
+  }
+  return [lo, hi];
+}
+
+const GB = 1e9;
+
+/** Which layers to pin for a trunk budget, and the ring. Throws when the budget is too small. */
+export function pinLayers(sizes: number[], budget: number): { pinned: number[]; ring: number } {
+  const total = sizes.reduce((a, b) => a + b, 0);
+  if (total <= budget) return { pinned: sizes.map((_, i) => i), ring: 0 };
+  const pinned = new Set<number>();
+  let pinnedBytes = 0;
+  const order = sizes.map((s, i) => ({ s, i })).sort((a, b) => b.s - a.s || a.i - b.i);
+  for (const { s, i } of order) {
+    const rest = sizes.filter((_, j) => j !== i && !pinned.has(j));
+    if (pinnedBytes + s + ringNeed(rest) <= budget) {
+      pinned.add(i);
+      pinnedBytes += s;
+    }
+  }
+  const streamed = sizes.filter((_, j) => !pinned.has(j));
+  const largest = Math.max(...streamed);
+  const ring =
+    Math.floor(Math.min(budget - pinnedBytes, streamed.reduce((a, b) => a + b, 0)) / ALIGN) * ALIGN;
+  if (ring < largest) {
+    throw new K3Error(
+      `memory plan: --trunk-gb ${(budget / GB).toFixed(3)} cannot hold the largest trunk layer (${
+        (largest / GB).toFixed(3)
+      } GB); give the trunk at least that`,
+    );
+  }
+  return { pinned: [...pinned].sort((a, b) => a - b), ring };
+}
+
+/** Makes the plan; throws K3Error (exit 1) when it cannot be met. */
+export function makePlan(input: PlanInput): MemoryPlan {
+  const { cfg, mem } = input;
+  const notes: string[] = [];
+  const streaming = wantsStreaming(mem);
+  const st = stateBytes(cfg);
+  const topK = cfg.moe.topK;
+  const moeLayers = Math.max(0, cfg.numLayers - cfg.firstKDense);
+  const totalExperts = moeLayers * cfg.moe.numExperts;
+  const slotBytes = expertSlotBytes(input.expertBytes);
+  const trunkTotal = input.layerBytes.reduce((a, b) => a + b, 0);
+  const headRow = input.headBytes / cfg.vocabSize;
+  const streamEmbed = !!mem.streamEmbed;
+  const embedHeadBytes = streamEmbed
+    ? alignUp(input.embedBytes / cfg.vocabSize) + 2 * ALIGN +
+      2 *
+        (alignUp(
+          Math.min(input.headBytes, Math.max(1, Math.floor(HEAD_CHUNK_BYTES / headRow)) * headRow),
+        ) + ALIGN)
+    : input.embedBytes + input.headBytes;
+  const stateTotal = st.fixed + st.perPosition * input.capacity;
+
+  let trunkBudget = mem.trunkGB === undefined ? undefined : mem.trunkGB * GB;
+  let cacheBudget = mem.cacheGB === undefined ? undefined : mem.cacheGB * GB;
+  if (
+    streaming && mem.preset === "auto" && (trunkBudget === undefined || cacheBudget === undefined)
+  ) {
+    if (input.available === undefined) {
+      throw new K3Error("memory plan: --preset auto needs /proc/meminfo (MemAvailable)");
+    }
+    const fixed = embedHeadBytes + input.finalsBytes + stateTotal +
+      scratchBytes(cfg, input.chunk, input.capacity) + FIXED_OVERHEAD_BYTES;
+    const usable = 0.9 * (input.available - fixed);
+    const minCache = (topK + 1) * slotBytes;
+    // Pinned trunk beats expert cache (ANCHORS.md): the trunk first, the rest to experts.
+    const trunkAuto = input.packed ? Math.min(trunkTotal, usable - minCache) : trunkTotal;
+    trunkBudget ??= trunkAuto;
+    cacheBudget ??= Math.max(minCache, Math.min(totalExperts * slotBytes, usable - trunkBudget));
+    notes.push(
+      `auto: ${(input.available / GB).toFixed(2)} GB available -> trunk ${
+        (trunkBudget / GB).toFixed(3)
+      } GB, expert cache ${(cacheBudget / GB).toFixed(3)} GB`,
+    );
+  }
+
+  // Trunk.
+  let pinned: number[], ring = 0;
+  if (!streaming || !input.packed) {
+    pinned = input.layerBytes.map((_, i) => i);
+    if (streaming && trunkBudget !== undefined) {
+      notes.push(
+        "without --trunk every trunk layer is resident (--trunk-gb applies to a packed trunk)",
+      );
+    }
+  } else if (trunkBudget === undefined) {
+    pinned = input.layerBytes.map((_, i) => i);
+  } else {
+    ({ pinned, ring } = pinLayers(input.layerBytes, trunkBudget));
+  }
+  const pinnedBytes = pinned.reduce((a, L) => a + input.layerBytes[L], 0);
+  const streamedSizes = input.layerBytes.filter((_, L) => !pinned.includes(L));
+
+  // Experts.
+  let slots: number;
+  let expertsResident = false;
+  if (!streaming) {
+    slots = totalExperts;
+    expertsResident = true;
+  } else if (cacheBudget === undefined) {
+    slots = totalExperts;
+    notes.push("no --cache-gb: every expert gets a slot (read once, never evicted)");
+  } else {
+    slots = Math.min(totalExperts, Math.floor(cacheBudget / slotBytes));
+    if (slots < Math.min(topK + 1, totalExperts)) {
+      throw new K3Error(
+        `memory plan: --cache-gb ${(cacheBudget / GB).toFixed(4)} holds ${slots} experts of ${
+          (slotBytes / 1e6).toFixed(2)
+        } MB; the expert cache needs at least top-k + 1 = ${topK + 1} slots (${
+          ((topK + 1) * slotBytes / GB).toFixed(4)
+        } GB)`,
+      );
+    }
+  }
+  const expertBytes = expertsResident ? totalExperts * input.expertBytes : slots * slotBytes;
+  // A chunk's experts (union over its tokens, up to T x top-k) must all be in slots at once.
+  let chunk = input.chunk;
+  if (!expertsResident && slots < totalExperts) {
+    const fit = Math.max(1, Math.floor(slots / Math.max(topK, 1)));
+    if (fit < chunk) {
+      notes.push(
+        `prefill chunk ${chunk} -> ${fit} so that a chunk's experts (up to chunk x top-k) fit in ${slots} slots`,
+      );
+      chunk = fit;
+    }
+  }
+  const scratch = scratchBytes(cfg, chunk, input.capacity);
+  const trunkBytes = pinnedBytes + ring;
+  const total = trunkBytes + expertBytes + embedHeadBytes + input.finalsBytes + stateTotal +
+    scratch;
+  const plan: MemoryPlan = {
+    mode: streaming ? "streamed" : "resident",
+    preset: mem.preset ?? null,
+    trunk: {
+      packed: input.packed && streaming,
+      layers: cfg.numLayers,
+      totalBytes: trunkTotal,
+      pinned,
+      pinnedBytes,
+      ringBytes: ring,
+      ringDepth: ringDepth(streamedSizes, ring),
+      bytes: trunkBytes,
+      budgetBytes: trunkBudget ?? null,
+    },
+    experts: {
+      resident: expertsResident,
+      slots,
+      slotBytes,
+      expertBytes: input.expertBytes,
+      total: totalExperts,
+      topK,
+      bytes: expertBytes,
+    },
+    embedHead: { streamed: streamEmbed, bytes: embedHeadBytes },
+    finalsBytes: input.finalsBytes,
+    state: {
+      fixedBytes: st.fixed,
+      kvPerPosition: st.perPosition,
+      positions: input.capacity,
+      bytes: stateTotal,
+    },
+    scratchBytes: scratch,
+    chunk,
+    totalBytes: total,
+    overheadBytes: FIXED_OVERHEAD_BYTES,
+    availableBytes: input.available ?? null,
+    notes,
+  };
+  return plan;
+}
+
+/** Throws K3Error (exit 1) when the plan does not fit in what is available. */
+export function checkFits(plan: MemoryPlan): void {
+  if (plan.availableBytes === null) return;
+  const need = plan.totalBytes + plan.overheadBytes;
+  if (need > plan.availableBytes) {
+    throw new K3Error(
+      `memory plan needs ${fmt(need)} (${fmt(plan.totalBytes)} + ${
+        fmt(plan.overheadBytes)
+      } runtime) but only ${
+        fmt(plan.availableBytes)
+      } is available (MemAvailable); choose a smaller --preset, --trunk-gb or --cache-gb${
+        plan.trunk.packed ? "" : ", or stream the trunk with --trunk"
+      }`,
+    );
+  }
+}
+
+/** Human-readable bytes. */
+export function fmt(n: number): string {
+  if (n >= 1e9) return `${(n / 1e9).toFixed(2)} GB`;
+  if (n >= 1e6) return `${(n / 1e6).toFixed(1)} MB`;
+  if (n >= 1e3) return `${(n / 1e3).toFixed(1)} kB`;
+  return `${n} B`;
+}
+
+/** The plan as lines for stderr. */
+export function formatPlan(p: MemoryPlan): string[] {
+  const t = p.trunk, e = p.experts;
+  const lines = [
+    `memory plan (${p.mode}${p.preset ? `, preset ${p.preset}` : ""}; GB = 1e9 bytes):`,
+  ];
+  const row = (name: string, bytes: number, what: string) =>
+    lines.push(`  ${name.padEnd(11)}${fmt(bytes).padStart(10)}  ${what}`);
+  row(
+    "trunk",
+    t.bytes,
+    t.ringBytes === 0
+      ? `all ${t.layers} layers resident${t.packed ? " (pinned from the packed trunk)" : ""}`
+      : `${t.pinned.length} of ${t.layers} layers pinned (${fmt(t.pinnedBytes)}) + ring ${
+        fmt(t.ringBytes)
+      } (${
+        t.ringDepth[0] === t.ringDepth[1] ? t.ringDepth[0] : `${t.ringDepth[0]}-${t.ringDepth[1]}`
+      } layers ahead) of ${fmt(t.totalBytes)}`,
+  );
+  row(
+    "experts",
+    e.bytes,
+    e.resident
+      ? `all ${e.total} routed experts resident`
+      : `${e.slots} of ${e.total} slots x ${fmt(e.slotBytes)} (top-k ${e.topK}, at least ${
+        e.topK + 1
+      })`,
+  );
+  row(
+    "embed+head",
+    p.embedHead.bytes,
+    p.embedHead.streamed
+      ? "streamed: one embedding row + two lm_head chunks"
+      : "embedding and lm_head resident",
+  );
+  row("finals", p.finalsBytes, "final norm and AttnRes vectors");
+  row(
+    "state",
+    p.state.bytes,
+    `KDA ${fmt(p.state.fixedBytes)} + KV ${
+      fmt(p.state.kvPerPosition)
+    }/position x ${p.state.positions} positions`,
+  );
+  row("scratch", p.scratchBytes, `forward buffers for a ${p.chunk}-token chunk`);
+  row(
+    "total",
+    p.totalBytes,
+    `+ ${fmt(p.overheadBytes)} fixed runtime overhead${
+      p.availableBytes !== null ? `; ${fmt(p.availableBytes)} available` : ""
+    }`,
+  );
+  for (const n of p.notes) lines.push(`  note: ${n}`);
+  return lines;
+}
+
+/** MemAvailable from /proc/meminfo in bytes (K3_MEM_AVAILABLE_GB overrides, for tests). */
+export function memAvailable(): number | undefined {
+  const o = Deno.env.get("K3_MEM_AVAILABLE_GB");
+  if (o !== undefined && o !== "") return Number(o) * GB;
+  try {
+    const m = Deno.readTextFileSync("/proc/meminfo").match(/^MemAvailable:\s+(\d+)\s+kB/m);
+    return m ? Number(m[1]) * 1024 : undefined;
+  } catch {
+    return undefined;
+  }
 }

@@ -1,0 +1,55 @@
+/**
+ * `k3 pack <model_dir> <trunk_dir> [--force]` and `k3 pack --verify <trunk_dir> [model_dir]`.
+ *
+ * @module
+ */
+
+import { usageError } from "../engine/errors.ts";
+import { packTrunk } from "../pack/pack.ts";
+import { verifyTrunk } from "../pack/verify.ts";
+import { parseFlags } from "./common.ts";
+
+export const USAGE = `usage: k3 pack <model_dir> <trunk_dir> [--force]
+       k3 pack --verify <trunk_dir> [model_dir]
+
+Packs the trunk (every layer's dense tensors, the shared experts, embedding, lm_head and
+final vectors) into <trunk_dir>/trunk.bin with one 4096-aligned region per layer and a
+checksummed manifest.json, for \`k3 run --trunk <trunk_dir>\`. Memory stays bounded (a
+few staging buffers) whatever the layer size. An interrupted pack leaves no usable trunk.
+
+  --force      replace an existing trunk packed from a different model or source
+  --verify     re-check every checksum of <trunk_dir> (and, given model_dir, that the
+               trunk belongs to that model)
+  -h, --help   this help
+`;
+
+export async function main(args: string[]): Promise<number> {
+  const { values, positionals } = parseFlags("pack", args, {
+    force: { type: "boolean" },
+    verify: { type: "boolean" },
+    help: { type: "boolean", short: "h" },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return 0;
+  }
+  if (values.verify) {
+    if (positionals.length < 1 || positionals.length > 2) {
+      throw usageError("pack --verify: expected <trunk_dir> [model_dir] (see k3 pack --help)");
+    }
+    if (values.force) throw usageError("pack: --force does not apply to --verify");
+    const r = await verifyTrunk(positionals[0], { modelDir: positionals[1] });
+    console.error(
+      `pack: ${positionals[0]}: all ${r.regions} regions verified (${
+        (r.bytes / 1e9).toFixed(3)
+      } GB in ${r.seconds.toFixed(1)} s)`,
+    );
+    console.log("ok");
+    return 0;
+  }
+  if (positionals.length !== 2) {
+    throw usageError("pack: expected <model_dir> <trunk_dir> (see k3 pack --help)");
+  }
+  await packTrunk(positionals[0], positionals[1], { force: values.force });
+  return 0;
+}

@@ -1,0 +1,214 @@
+/**
+ * The routed-expert cache: a fixed set of aligned slots allocated once at start-up, LRU
+ * replacement, whole-expert reads.
+ *
+ * `get(L, ids)` returns the experts of one layer for one forward chunk. Hits are marked
+ * held first; then every missing expert gets a slot (the least recently used one that is
+ * neither held nor loading) and all the reads are issued together in file-offset order,
+ * O_DIRECT where the filesystem allows (one read per expert when its six tensors are
+ * contiguous, rounded out to 4096: the slot has room). A second request for an expert
+ * still being read waits for that read. A slot is published (usable, findable by a later
+ * call as a hit) only after its read completed in full; a failed or short read frees the
+ * slot and stops the run with a K3Error naming the layer and the expert (exit 1: we never
+ * compute a token without every expert it routed to). Slots held by layer L are not
+ * evicted until `release(L)` (the forward pass's doneWithExperts).
+ *
+ * K3_FAULT_EXPERT_READ=L:E (tests only) makes the read of expert E of layer L come up short.
+ *
+ * @module
+ */
+
+import type { K3Config } from "./config.ts";
+import { K3Error } from "./errors.ts";
+import { type ExpertLocation, expertView, locateExpert } from "./experts.ts";
+import type { Kernels } from "./ffi.ts";
+import { IoFile } from "./io.ts";
+import { NativeBuffer } from "./memory.ts";
+import type { IoStats } from "./model.ts";
+import type { Checkpoint } from "./safetensors.ts";
+import type { Expert } from "./weights.ts";
+
+interface Slot {
+  buf: NativeBuffer;
+  key: number;
+  state: "empty" | "loading" | "ready";
+  /** Layer holding it (until release), or -1. */
+  holder: number;
+  view?: Expert;
+  loading?: Promise<void>;
+}
+
+export class ExpertCache {
+  private readonly slots: Slot[] = [];
+  /** key -> slot index, in recency order (oldest first). */
+  private readonly lru = new Map<number, number>();
+  private readonly locs = new Map<number, ExpertLocation>();
+  private readonly direct = new Map<string, IoFile>();
+  private readonly buffered = new Map<string, IoFile>();
+  private readonly fault?: [number, number];
+
+  constructor(
+    k: Kernels,
+    private readonly cfg: K3Config,
+    private readonly ckpt: Checkpoint,
+    nslots: number,
+    slotBytes: number,
+    private readonly stats: IoStats,
+  ) {
+    try {
+      for (let i = 0; i < nslots; i++) {
+        this.slots.push({
+          buf: NativeBuffer.alloc(k, slotBytes, "expert slot"),
+          key: -1,
+          state: "empty",
+          holder: -1,
+        });
+      }
+    } catch (e) {
+      this.slots.forEach((s) => s.buf.free());
+      throw e;
+    }
+    const f = Deno.env.get("K3_FAULT_EXPERT_READ")?.match(/^(\d+):(\d+)$/);
+    if (f) this.fault = [Number(f[1]), Number(f[2])];
+  }
+
+  get size(): number {
+    return this.slots.length;
+  }
+
+  private loc(L: number, E: number): ExpertLocation {
+    const key = L * this.cfg.moe.numExperts + E;
+    let l = this.locs.get(key);
+    if (!l) this.locs.set(key, l = locateExpert(this.cfg, this.ckpt, L, E));
+    return l;
+  }
+
+  private file(path: string, direct: boolean): IoFile {
+    const m = direct ? this.direct : this.buffered;
+    let f = m.get(path);
+    if (!f) m.set(path, f = IoFile.open(path, { direct }));
+    return f;
+  }
+
+  /** A free slot: an empty one, else the least recently used that is not held. */
+  private victim(): number {
+    const empty = this.slots.findIndex((s) => s.state === "empty");
+    if (empty >= 0) return empty;
+    for (const [key, i] of this.lru) {
+      const s = this.slots[i];
+      if (s.holder < 0 && s.state === "ready") {
+        this.lru.delete(key);
+        return i;
+      }
+    }
+    return -1;
+  }
+
+  /** Experts `ids` of layer L, in order; held until release(L). */
+  async get(L: number, ids: number[]): Promise<Expert[]> {
+    const NE = this.cfg.moe.numExperts;
+    const waits: Promise<void>[] = [];
+    const missing: number[] = [];
+    for (const E of ids) {
+      const key = L * NE + E;
+      const i = this.lru.get(key);
+      if (i !== undefined) {
+        const s = this.slots[i];
+        s.holder = L;
+        this.lru.delete(key);
+        this.lru.set(key, i);
+        this.stats.expertHits++;
+        if (s.state === "loading") waits.push(s.loading!);
+      } else missing.push(E);
+    }
+    const jobs = missing.map((E) => {
+      const i = this.victim();
+      if (i < 0) {
+        throw new Error(
+          `internal: expert cache of ${this.slots.length} slots cannot hold layer ${L}'s ${ids.length} experts`,
+        );
+      }
+      const s = this.slots[i];
+      s.key = L * NE + E;
+      s.state = "loading";
+      s.holder = L;
+      s.view = undefined;
+      this.lru.set(s.key, i);
+      return { E, s, loc: this.loc(L, E) };
+    });
+    this.stats.expertMisses += jobs.length;
+    jobs.sort((
+      a,
+      b,
+    ) => (a.loc.file < b.loc.file
+      ? -1
+      : a.loc.file > b.loc.file
+      ? 1
+      : a.loc.offset - b.loc.offset)
+    );
+    for (const j of jobs) {
+      j.s.loading = this.read(L, j.E, j.s, j.loc);
+      waits.push(j.s.loading);
+    }
+    const t0 = performance.now();
+    const done = await Promise.allSettled(waits);
+    this.stats.ioWaitSeconds += (performance.now() - t0) / 1000;
+    const failed = done.find((d) => d.status === "rejected") as PromiseRejectedResult | undefined;
+    if (failed) throw failed.reason;
+    return ids.map((E) => {
+      const s = this.slots[this.lru.get(L * NE + E)!];
+      return s.view!;
+    });
+  }
+
+  /** Reads one expert into its slot and publishes it; on failure frees the slot. */
+  private async read(L: number, E: number, s: Slot, loc: ExpertLocation): Promise<void> {
+    try {
+      if (this.fault && this.fault[0] === L && this.fault[1] === E) {
+        throw new K3Error(
+          `short read: 0 of ${loc.bytes} bytes (fault injected by K3_FAULT_EXPERT_READ)`,
+        );
+      }
+      if (loc.contiguous) {
+        const f = this.file(loc.file, true);
+        const delta = await f.readSpan(s.buf.ptr, s.buf.bytes, loc.offset, loc.bytes);
+        this.stats.expertBytes += f.direct
+          ? Math.ceil((delta + loc.bytes) / 4096) * 4096
+          : loc.bytes;
+        s.view = expertView(this.cfg, {
+          ...loc,
+          slotOffsets: loc.slotOffsets.map((o) => o + delta),
+        }, s.buf);
+      } else {
+        await Promise.all(
+          loc.tensors.map((t, i) =>
+            this.file(t.file, false).readExact(s.buf.at(loc.slotOffsets[i]), t.bytes, t.offset)
+          ),
+        );
+        this.stats.expertBytes += loc.bytes;
+        s.view = expertView(this.cfg, loc, s.buf);
+      }
+      s.state = "ready";
+    } catch (e) {
+      this.lru.delete(s.key);
+      s.state = "empty";
+      s.key = -1;
+      s.holder = -1;
+      s.view = undefined;
+      throw new K3Error(`layer ${L} expert ${E}: read failed: ${(e as Error).message}`);
+    }
+  }
+
+  /** The pass is done with layer L's experts: they may be evicted now. */
+  release(L: number): void {
+    for (const s of this.slots) if (s.holder === L) s.holder = -1;
+  }
+
+  /** Waits for reads in flight, then frees the slots and closes the files. */
+  async close(): Promise<void> {
+    await Promise.allSettled(this.slots.map((s) => s.loading ?? Promise.resolve()));
+    for (const s of this.slots) s.buf.free();
+    this.slots.length = 0;
+    for (const f of [...this.direct.values(), ...this.buffered.values()]) f.close();
+  }
+}

@@ -1,0 +1,192 @@
+/**
+ * File I/O for weights that do not stay in memory: the packed trunk, the expert cache and
+ * the packer. A thin binding to kernels/k3io.c, which lives in the same shared library as
+ * the kernels but has its own symbol table here.
+ *
+ * Reads and writes are `nonblocking` FFI calls: they run on Deno's blocking thread pool
+ * while the JS thread keeps computing. Every such call returns a promise that MUST be
+ * awaited (or settled) before the buffer it writes into is freed or reused.
+ *
+ * O_DIRECT (`direct: true`) is used when the filesystem allows it; then buffer address,
+ * file offset and length must be multiples of ALIGN. `readSpan` rounds a byte range out
+ * to ALIGN so callers can read any range from a direct file.
+ *
+ * @module
+ */
+
+import { defaultLibraryPath } from "./ffi.ts";
+import { K3Error } from "./errors.ts";
+
+const P = "pointer" as const;
+const I = "i32" as const;
+
+/** Symbol table of kernels/k3io.h. */
+export const ioSymbols = {
+  k3io_open: { parameters: ["buffer", I], result: I },
+  k3io_is_direct: { parameters: [I], result: I },
+  k3io_close: { parameters: [I], result: I },
+  k3io_size: { parameters: [I], result: "i64" },
+  k3io_pread: { parameters: [I, P, "u64", "u64"], result: "i64", nonblocking: true },
+  k3io_pwrite: { parameters: [I, P, "u64", "u64"], result: "i64", nonblocking: true },
+  k3io_sync: { parameters: [I], result: I, nonblocking: true },
+  k3io_truncate: { parameters: [I, "u64"], result: I },
+  k3io_hash: { parameters: [P, "u64"], result: "u64" },
+  k3io_hash_init: { parameters: [P], result: "void" },
+  k3io_hash_update: { parameters: [P, P, "u64"], result: I },
+  k3io_hash_digest: { parameters: [P], result: "u64" },
+} as const;
+
+export type IoLib = Deno.DynamicLibrary<typeof ioSymbols>["symbols"];
+
+/** Alignment of O_DIRECT buffers, offsets and lengths (k3_alloc aligns to this). */
+export const ALIGN = 4096;
+
+let lib: IoLib | undefined;
+
+/** The k3io functions (from the same libk3 the kernels use). */
+export function io(): IoLib {
+  if (!lib) {
+    const path = defaultLibraryPath();
+    try {
+      lib = Deno.dlopen(path, ioSymbols).symbols;
+    } catch (e) {
+      throw new Error(
+        `cannot load ${path} for file I/O: ${
+          (e as Error).message
+        } (build it with: make -C kernels)`,
+      );
+    }
+  }
+  return lib;
+}
+
+export const alignDown = (n: number) => Math.floor(n / ALIGN) * ALIGN;
+export const alignUp = (n: number) => Math.ceil(n / ALIGN) * ALIGN;
+
+const enc = new TextEncoder();
+const cstr = (s: string) => enc.encode(s + "\0");
+
+function errnoText(e: number): string {
+  const names: Record<number, string> = {
+    2: "no such file",
+    5: "I/O error",
+    9: "bad file descriptor",
+    13: "permission denied",
+    21: "is a directory",
+    22: "invalid argument",
+    28: "no space left on device",
+  };
+  return names[-e] ?? `errno ${-e}`;
+}
+
+/** An open file read and written through k3io. */
+export class IoFile {
+  private closed = false;
+  private constructor(readonly path: string, readonly fd: number, readonly direct: boolean) {}
+
+  /** Opens for reading (or writing: create/truncate). `direct`: try O_DIRECT. */
+  static open(path: string, opts: { write?: boolean; direct?: boolean } = {}): IoFile {
+    const fd = io().k3io_open(cstr(path), (opts.write ? 1 : 0) | (opts.direct ? 2 : 0));
+    if (fd < 0) throw new K3Error(`cannot open ${path}: ${errnoText(fd)}`);
+    return new IoFile(path, fd, opts.direct ? io().k3io_is_direct(fd) === 1 : false);
+  }
+
+  size(): number {
+    const n = Number(io().k3io_size(this.fd));
+    if (n < 0) throw new K3Error(`${this.path}: cannot stat: ${errnoText(n)}`);
+    return n;
+  }
+
+  /** Reads up to len bytes at offset into ptr; resolves to the bytes read (short only at EOF). */
+  async pread(ptr: NonNullable<Deno.PointerValue>, len: number, offset: number): Promise<number> {
+    const n = Number(await io().k3io_pread(this.fd, ptr, BigInt(len), BigInt(offset)));
+    if (n < 0) {
+      throw new K3Error(`${this.path}: read of ${len} bytes at ${offset} failed: ${errnoText(n)}`);
+    }
+    return n;
+  }
+
+  /** Reads exactly len bytes (or throws naming the file and the shortfall). */
+  async readExact(ptr: NonNullable<Deno.PointerValue>, len: number, offset: number): Promise<void> {
+    const n = await this.pread(ptr, len, offset);
+    if (n !== len) {
+      throw new K3Error(`${this.path}: short read: ${n} of ${len} bytes at offset ${offset}`);
+    }
+  }
+
+  /**
+   * Reads bytes [offset, offset+len) of the file into `buf` (capacity `cap`), rounding out
+   * to ALIGN on a direct file. Resolves to where the first wanted byte landed in buf.
+   * Throws when the file ends before offset+len.
+   */
+  async readSpan(
+    buf: NonNullable<Deno.PointerValue>,
+    cap: number,
+    offset: number,
+    len: number,
+  ): Promise<number> {
+    const start = this.direct ? alignDown(offset) : offset;
+    const delta = offset - start;
+    const want = this.direct ? alignUp(delta + len) : len;
+    if (want > cap) throw new Error(`internal: readSpan needs ${want} bytes, buffer holds ${cap}`);
+    const n = await this.pread(buf, want, start);
+    if (n < delta + len) {
+      throw new K3Error(
+        `${this.path}: short read: file ends before byte ${offset + len} (got ${
+          Math.max(0, n - delta)
+        } of ${len} bytes at offset ${offset})`,
+      );
+    }
+    return delta;
+  }
+
+  async pwrite(ptr: NonNullable<Deno.PointerValue>, len: number, offset: number): Promise<void> {
+    const n = Number(await io().k3io_pwrite(this.fd, ptr, BigInt(len), BigInt(offset)));
+    if (n !== len) {
+      throw new K3Error(
+        `${this.path}: write of ${len} bytes at ${offset} failed: ${
+          n < 0 ? errnoText(n) : "short write"
+        }`,
+      );
+    }
+  }
+
+  async sync(): Promise<void> {
+    const r = await io().k3io_sync(this.fd);
+    if (r < 0) throw new K3Error(`${this.path}: sync failed: ${errnoText(r)}`);
+  }
+
+  truncate(len: number): void {
+    const r = io().k3io_truncate(this.fd, BigInt(len));
+    if (r < 0) throw new K3Error(`${this.path}: truncate failed: ${errnoText(r)}`);
+  }
+
+  close(): void {
+    if (!this.closed) {
+      this.closed = true;
+      io().k3io_close(this.fd);
+    }
+  }
+}
+
+/** k3h64 of len bytes at ptr, as 16 hex digits. */
+export function hashHex(ptr: NonNullable<Deno.PointerValue>, len: number): string {
+  return io().k3io_hash(ptr, BigInt(len)).toString(16).padStart(16, "0");
+}
+
+/** A streaming k3h64 (updates must be multiples of 32 bytes except the last). */
+export class Hasher {
+  private readonly state = new BigUint64Array(6);
+  private readonly ptr = Deno.UnsafePointer.of(this.state)!;
+  constructor() {
+    io().k3io_hash_init(this.ptr);
+  }
+  update(ptr: NonNullable<Deno.PointerValue>, len: number): void {
+    if (io().k3io_hash_update(this.ptr, ptr, BigInt(len)) !== 0) {
+      throw new Error("internal: hash update after a partial stripe");
+    }
+  }
+  hex(): string {
+    return io().k3io_hash_digest(this.ptr).toString(16).padStart(16, "0");
+  }
+}

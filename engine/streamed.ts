@@ -1,0 +1,422 @@
+/**
+ * The WeightSource for a memory budget: trunk layers pinned and streamed from a packed
+ * trunk (trunk.ts) or, without one, all resident from the checkpoint; routed experts
+ * through the expert cache (expert_cache.ts); the embedding and lm_head resident, or
+ * (ultra) streamed: one embedding row read per token, the lm_head read in chunks, the
+ * next chunk read while the current one is multiplied.
+ *
+ * Every path runs the same kernels on the same bytes in the same order as
+ * ResidentWeights, so the tokens and logits are identical at every budget.
+ *
+ * `openWeights` makes the memory plan (plan.ts), prints it, refuses it when it does not fit
+ * in MemAvailable, and only then allocates.
+ *
+ * @module
+ */
+
+import { configFingerprint, type K3Config } from "./config.ts";
+import { K3Error } from "./errors.ts";
+import { ExpertCache } from "./expert_cache.ts";
+import { expertBytes } from "./experts.ts";
+import type { Kernels } from "./ffi.ts";
+import { ALIGN, alignUp, IoFile } from "./io.ts";
+import { NativeBuffer } from "./memory.ts";
+import type { IoStats, WeightSource } from "./model.ts";
+import {
+  checkFits,
+  formatPlan,
+  HEAD_CHUNK_BYTES,
+  makePlan,
+  memAvailable,
+  type MemoryOptions,
+  type MemoryPlan,
+  wantsStreaming,
+} from "./plan.ts";
+import { embedRow, loadGlobals, ResidentWeights } from "./resident.ts";
+import type { Checkpoint } from "./safetensors.ts";
+import { bindRegion, StreamedTrunk, TrunkFile } from "./trunk.ts";
+import {
+  boundBytes,
+  type BoundTensors,
+  type Expert,
+  type F32,
+  globalTensors,
+  HEAD_NAME,
+  layerTensors,
+  loadTensors,
+  type Matrix,
+  PREFIX,
+} from "./weights.ts";
+
+/** A matrix whose rows are read from a file on demand (ultra). */
+interface StreamedMatrix {
+  file: IoFile;
+  /** Absolute offset of row 0. */
+  offset: number;
+  rows: number;
+  cols: number;
+  /** dtype of the bytes on disk: BF16, F16 or F32. */
+  dtype: string;
+}
+
+const esize = (dtype: string) => (dtype === "F32" ? 4 : 2);
+
+/** Embedding rows and lm_head chunks read from disk. */
+class StreamedEmbedHead {
+  private readonly row: NativeBuffer;
+  private readonly chunks: NativeBuffer[];
+  private readonly conv?: NativeBuffer;
+  private readonly chunkRows: number;
+  private pending?: Promise<unknown>;
+
+  constructor(
+    private readonly k: Kernels,
+    private readonly embed: StreamedMatrix,
+    private readonly head: StreamedMatrix,
+    private readonly stats: IoStats,
+  ) {
+    const rowBytes = embed.cols * esize(embed.dtype);
+    this.row = NativeBuffer.alloc(k, alignUp(rowBytes) + 2 * ALIGN, "embedding row");
+    const headRow = head.cols * esize(head.dtype);
+    this.chunkRows = Math.min(head.rows, Math.max(1, Math.floor(HEAD_CHUNK_BYTES / headRow)));
+    this.chunks = [0, 1].map(() =>
+      NativeBuffer.alloc(k, alignUp(this.chunkRows * headRow) + ALIGN, "lm_head chunk")
+    );
+    if (head.dtype === "F16") {
+      this.conv = NativeBuffer.alloc(k, this.chunkRows * head.cols * 4, "lm_head chunk (f32)");
+    }
+  }
+
+  async embedRow(id: number, dst: NonNullable<Deno.PointerValue>): Promise<void> {
+    const e = this.embed;
+    const rowBytes = e.cols * esize(e.dtype);
+    const t0 = performance.now();
+    const p = e.file.readSpan(this.row.ptr, this.row.bytes, e.offset + id * rowBytes, rowBytes);
+    this.pending = p;
+    const delta = await p;
+    this.pending = undefined;
+    this.stats.ioWaitSeconds += (performance.now() - t0) / 1000;
+    this.stats.trunkBytes += rowBytes;
+    const src = this.row.at(delta);
+    if (e.dtype === "BF16") this.k.k3_bf16_to_f32(src, dst, e.cols);
+    else if (e.dtype === "F16") this.k.k3_f16_to_f32(src, dst, e.cols);
+    else {new Uint8Array(Deno.UnsafePointerView.getArrayBuffer(dst, rowBytes)).set(
+        this.row.u8.subarray(delta, delta + rowBytes),
+      );}
+  }
+
+  /** y[t][r] for every row r of the head, chunk by chunk, the next chunk read ahead. */
+  async matmul(
+    x: NonNullable<Deno.PointerValue>,
+    y: NonNullable<Deno.PointerValue>,
+    ntok: number,
+  ): Promise<void> {
+    const h = this.head;
+    const rowBytes = h.cols * esize(h.dtype);
+    const n = Math.ceil(h.rows / this.chunkRows);
+    const read = (c: number) => {
+      const r0 = c * this.chunkRows, r1 = Math.min(h.rows, r0 + this.chunkRows);
+      return h.file.readSpan(
+        this.chunks[c % 2].ptr,
+        this.chunks[c % 2].bytes,
+        h.offset + r0 * rowBytes,
+        (r1 - r0) * rowBytes,
+      );
+    };
+    let next: Promise<number> | undefined = read(0);
+    try {
+      for (let c = 0; c < n; c++) {
+        const t0 = performance.now();
+        const delta = await next!;
+        next = undefined;
+        this.stats.ioWaitSeconds += (performance.now() - t0) / 1000;
+        const r0 = c * this.chunkRows, r1 = Math.min(h.rows, r0 + this.chunkRows);
+        this.stats.trunkBytes += (r1 - r0) * rowBytes;
+        if (c + 1 < n) next = read(c + 1);
+        let base = this.chunks[c % 2].at(delta);
+        let wtype = h.dtype === "BF16" ? 1 : 0;
+        if (h.dtype === "F16") {
+          this.k.k3_f16_to_f32(base, this.conv!.ptr, (r1 - r0) * h.cols);
+          base = this.conv!.ptr;
+          wtype = 0;
+        }
+        // A base pointer such that row r of the matrix is at base + r * row size: the
+        // kernel touches only rows [r0, r1), which are in this chunk.
+        const rowOut = h.cols * (wtype === 1 ? 2 : 4);
+        const virt = Deno.UnsafePointer.create(
+          BigInt(Deno.UnsafePointer.value(base)) - BigInt(r0 * rowOut),
+        )!;
+        this.k.k3_matmul(virt, wtype, x, y, ntok, h.rows, h.cols, r0, r1);
+      }
+    } finally {
+      if (next) await next.catch(() => 0);
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.pending) await this.pending.catch(() => 0);
+    this.row.free();
+    this.chunks.forEach((c) => c.free());
+    this.conv?.free();
+  }
+}
+
+/** Trunk, experts, embedding and head for a memory budget. */
+export class StreamedWeights implements WeightSource {
+  finalNorm!: F32;
+  outputResNorm!: F32;
+  outputResProj!: F32;
+  private readonly stats: IoStats = {
+    trunkBytes: 0,
+    expertBytes: 0,
+    expertHits: 0,
+    expertMisses: 0,
+    ioWaitSeconds: 0,
+    pinnedLayers: 0,
+  };
+  private trunk?: StreamedTrunk;
+  private residentLayers: BoundTensors[] = [];
+  private cache?: ExpertCache;
+  private embedM?: Matrix;
+  private headM?: Matrix;
+  private streamedEH?: StreamedEmbedHead;
+  private readonly owned: NativeBuffer[] = [];
+  private readonly ownedTensors: BoundTensors[] = [];
+  private readonly files: IoFile[] = [];
+
+  private constructor(private readonly k: Kernels, private readonly cfg: K3Config) {}
+
+  /** Opens everything the plan says, in the plan's sizes. */
+  static async open(
+    k: Kernels,
+    cfg: K3Config,
+    ckpt: Checkpoint,
+    plan: MemoryPlan,
+    trunkFile: TrunkFile | undefined,
+    mem: MemoryOptions,
+  ): Promise<StreamedWeights> {
+    const w = new StreamedWeights(k, cfg);
+    try {
+      const D = cfg.hiddenSize;
+      // Final vectors, embedding and head.
+      if (trunkFile) {
+        const m = trunkFile.manifest;
+        const finals = await trunkFile.readVerified("finals", m.finals);
+        w.owned.push(finals);
+        const g = bindRegion(m.finals.tensors, finals);
+        w.setFinals(g);
+        if (mem.streamEmbed) {
+          const entry = (r: typeof m.embed) => ({
+            file: trunkFile.file,
+            offset: r.offset + r.tensors[0].offset,
+            rows: cfg.vocabSize,
+            cols: D,
+            dtype: r.tensors[0].dtype,
+          });
+          w.streamedEH = new StreamedEmbedHead(k, entry(m.embed), entry(m.head), w.stats);
+        } else {
+          for (const [what, r] of [["embed", m.embed], ["head", m.head]] as const) {
+            const buf = await trunkFile.readVerified(what, r);
+            w.owned.push(buf);
+            const mat = bindRegion(r.tensors, buf).matrix(r.tensors[0].name);
+            if (what === "embed") w.embedM = mat;
+            else w.headM = mat;
+          }
+        }
+      } else if (mem.streamEmbed) {
+        const g = await loadTensors(k, ckpt, globalTensors(cfg));
+        w.ownedTensors.push(g);
+        w.setFinals(g);
+        const src = (name: string) => {
+          const t = ckpt.get(name);
+          const f = IoFile.open(t.file, { direct: true });
+          w.files.push(f);
+          return { file: f, offset: t.offset, rows: cfg.vocabSize, cols: D, dtype: t.dtype };
+        };
+        w.streamedEH = new StreamedEmbedHead(
+          k,
+          src(PREFIX + "embed_tokens.weight"),
+          src(HEAD_NAME),
+          w.stats,
+        );
+      } else {
+        const g = await loadGlobals(k, cfg, ckpt);
+        w.ownedTensors.push(g.tensors);
+        w.setFinals(g.tensors, PREFIX);
+        w.embedM = g.embed;
+        w.headM = g.head;
+      }
+      // Trunk layers.
+      if (trunkFile) {
+        w.trunk = await StreamedTrunk.open(
+          k,
+          trunkFile,
+          cfg.numLayers,
+          plan.trunk.pinned,
+          plan.trunk.ringBytes,
+          w.stats,
+        );
+      } else {
+        for (let L = 0; L < cfg.numLayers; L++) {
+          const t = await loadTensors(k, ckpt, layerTensors(cfg, L));
+          w.residentLayers.push(t);
+          w.ownedTensors.push(t);
+        }
+        w.stats.pinnedLayers = cfg.numLayers;
+      }
+      // Expert cache.
+      w.cache = new ExpertCache(k, cfg, ckpt, plan.experts.slots, plan.experts.slotBytes, w.stats);
+    } catch (e) {
+      await w.close();
+      throw e;
+    }
+    return w;
+  }
+
+  private setFinals(g: BoundTensors, prefix = ""): void {
+    this.finalNorm = g.vector(prefix + "norm.weight");
+    this.outputResNorm = g.vector(prefix + "output_attn_res_norm.weight");
+    this.outputResProj = g.vector(prefix + "output_attn_res_proj.weight");
+  }
+
+  layer(L: number): BoundTensors | Promise<BoundTensors> {
+    return this.trunk ? this.trunk.layer(L) : this.residentLayers[L];
+  }
+
+  doneWithLayer(L: number): void {
+    this.trunk?.done(L);
+  }
+
+  experts(L: number, ids: number[]): Promise<Expert[]> {
+    return this.cache!.get(L, ids);
+  }
+
+  doneWithExperts(L: number): void {
+    this.cache!.release(L);
+  }
+
+  embed(id: number, dst: NonNullable<Deno.PointerValue>): void | Promise<void> {
+    if (this.streamedEH) return this.streamedEH.embedRow(id, dst);
+    embedRow(this.k, this.embedM!, id, dst);
+  }
+
+  head(
+    x: NonNullable<Deno.PointerValue>,
+    y: NonNullable<Deno.PointerValue>,
+    ntok: number,
+  ): void | Promise<void> {
+    if (this.streamedEH) return this.streamedEH.matmul(x, y, ntok);
+    const h = this.headM!;
+    this.k.k3_matmul(h.ptr, h.wtype, x, y, ntok, h.rows, h.cols, 0, h.rows);
+  }
+
+  ioStats(): IoStats {
+    return { ...this.stats };
+  }
+
+  /** Waits for every read in flight, then frees. */
+  async close(): Promise<void> {
+    await this.trunk?.close();
+    await this.cache?.close();
+    await this.streamedEH?.close();
+    for (const b of this.owned) b.free();
+    for (const t of this.ownedTensors) t.free();
+    for (const f of this.files) f.close();
+    this.owned.length = 0;
+    this.ownedTensors.length = 0;
+  }
+}
+
+/** Sizes of the trunk pieces in the checkpoint (bound form), for the plan without --trunk. */
+function checkpointSizes(cfg: K3Config, ckpt: Checkpoint) {
+  const bound = (name: string, keep: "matrix" | "vector") => boundBytes(ckpt.get(name), keep);
+  const layerBytes = Array.from(
+    { length: cfg.numLayers },
+    (_, L) =>
+      layerTensors(cfg, L).reduce(
+        (a, s) => a + bound(PREFIX + s.name, s.keep as "matrix" | "vector"),
+        0,
+      ),
+  );
+  return {
+    layerBytes,
+    embedBytes: bound(PREFIX + "embed_tokens.weight", "matrix"),
+    headBytes: bound(HEAD_NAME, "matrix"),
+    finalsBytes: globalTensors(cfg).reduce((a, s) => a + bound(PREFIX + s.name, "vector"), 0),
+  };
+}
+
+/** What `openWeights` opened. */
+export interface OpenedWeights {
+  weights: WeightSource & { close?(): Promise<void>; free?(): void };
+  plan: MemoryPlan;
+  /** The prefill chunk to use (the plan may have clamped it). */
+  chunk: number;
+  close(): Promise<void>;
+}
+
+/**
+ * Plans, prints (through `log`), checks and opens the weights for `mem`. `fullCfg` is the
+ * model's whole config (its fingerprint identifies a packed trunk); `cfg` may be its first
+ * layers only (--layers).
+ */
+export async function openWeights(
+  k: Kernels,
+  fullCfg: K3Config,
+  cfg: K3Config,
+  ckpt: Checkpoint,
+  opts: {
+    mem?: MemoryOptions;
+    capacity: number;
+    chunk: number;
+    log?: (line: string) => void;
+    onLayer?: (done: number, total: number) => void;
+  },
+): Promise<OpenedWeights> {
+  const mem = opts.mem ?? {};
+  const streaming = wantsStreaming(mem);
+  let trunkFile: TrunkFile | undefined;
+  if (streaming && mem.trunkDir !== undefined) {
+    trunkFile = await TrunkFile.open(k, mem.trunkDir, cfg, await configFingerprint(fullCfg));
+  }
+  try {
+    const sizes = trunkFile
+      ? {
+        layerBytes: trunkFile.manifest.layer.slice(0, cfg.numLayers).map((r) => r.size),
+        embedBytes: trunkFile.manifest.embed.size,
+        headBytes: trunkFile.manifest.head.size,
+        finalsBytes: trunkFile.manifest.finals.size,
+      }
+      : checkpointSizes(cfg, ckpt);
+    const plan = makePlan({
+      cfg,
+      ...sizes,
+      expertBytes: expertBytes(cfg),
+      capacity: opts.capacity,
+      chunk: opts.chunk,
+      mem,
+      packed: trunkFile !== undefined,
+      available: memAvailable(),
+    });
+    if (opts.log) { for (const line of formatPlan(plan)) opts.log(line); }
+    checkFits(plan);
+    if (!streaming) {
+      const weights = await ResidentWeights.load(k, cfg, ckpt, { onLayer: opts.onLayer });
+      return { weights, plan, chunk: opts.chunk, close: () => Promise.resolve(weights.free()) };
+    }
+    const weights = await StreamedWeights.open(k, cfg, ckpt, plan, trunkFile, mem);
+    const tf = trunkFile;
+    trunkFile = undefined;
+    return {
+      weights,
+      plan,
+      chunk: plan.chunk,
+      close: async () => {
+        await weights.close();
+        tf?.close();
+      },
+    };
+  } finally {
+    trunkFile?.close();
+  }
+}

@@ -1,0 +1,319 @@
+/**
+ * The trunk (every layer's dense tensors) when it does not all stay in memory: a packed
+ * trunk (pack/manifest.ts) with some layers pinned and the rest streamed through a ring.
+ *
+ * Pinned layers are read once at start-up and their full k3h64 checksum is checked. The
+ * ring is one arena used as a FIFO of variable-size layer regions: streamed layers are
+ * read ahead in the order the forward pass uses them (wrapping to the next token's first
+ * streamed layer), as many as fit, while the current layer computes. A layer's space is
+ * reused only after `done(L)` (the forward pass's doneWithLayer), so the layer being
+ * computed is never overwritten, and a layer is handed out only after its read fully
+ * succeeded and passed the cheap check (k3h64 of its first and last 4 KiB). A failed
+ * check stops the run (exit 1) naming the layer.
+ *
+ * @module
+ */
+
+import type { K3Config } from "./config.ts";
+import { K3Error } from "./errors.ts";
+import { type Kernels, WTYPE } from "./ffi.ts";
+import { ALIGN, hashHex, IoFile } from "./io.ts";
+import { NativeBuffer } from "./memory.ts";
+import type { IoStats } from "./model.ts";
+import { BoundTensors, type F32, layerTensors, type Matrix } from "./weights.ts";
+import {
+  DATA_FILE,
+  readManifest,
+  type Region,
+  type TensorEntry,
+  type TrunkManifest,
+} from "../pack/manifest.ts";
+
+/** Splits a big read into pieces issued together (the device works on several at once). */
+export async function readPieces(
+  f: IoFile,
+  ptr: NonNullable<Deno.PointerValue>,
+  len: number,
+  offset: number,
+  piece = 16 << 20,
+): Promise<number> {
+  const jobs: Promise<number>[] = [];
+  for (let at = 0; at < len; at += piece) {
+    jobs.push(
+      f.pread(
+        at === 0 ? ptr : Deno.UnsafePointer.offset(ptr, at)!,
+        Math.min(piece, len - at),
+        offset + at,
+      ),
+    );
+  }
+  const got = await Promise.allSettled(jobs);
+  let n = 0;
+  for (const g of got) {
+    if (g.status === "rejected") throw g.reason;
+    n += g.value;
+  }
+  return n;
+}
+
+/** Bound tensors over a region's bytes at `base` (nothing owned: the region buffer is). */
+export function bindRegion(tensors: TensorEntry[], base: NativeBuffer, at = 0): BoundTensors {
+  const matrices = new Map<string, Matrix>();
+  const vectors = new Map<string, F32>();
+  for (const t of tensors) {
+    const ptr = base.at(at + t.offset);
+    if (t.keep === "matrix") {
+      matrices.set(t.name, {
+        ptr,
+        wtype: t.dtype === "BF16" ? WTYPE.bf16 : WTYPE.f32,
+        rows: t.shape[0],
+        cols: t.shape.slice(1).reduce((a, b) => a * b, 1),
+      });
+    } else if (t.keep === "vector") {
+      vectors.set(t.name, {
+        ptr,
+        f: new Float32Array(base.u8.buffer, base.u8.byteOffset + at + t.offset, t.bytes / 4),
+      });
+    }
+  }
+  return new BoundTensors(matrices, vectors, []);
+}
+
+/** A packed trunk opened for a model: manifest checked, data file open. */
+export class TrunkFile {
+  private constructor(
+    readonly dir: string,
+    readonly manifest: TrunkManifest,
+    readonly file: IoFile,
+    private readonly k: Kernels,
+  ) {}
+
+  /**
+   * Opens and checks a trunk against the model: fingerprint (of the whole model's config),
+   * data length, and the tensor table of every layer the run uses.
+   */
+  static async open(
+    k: Kernels,
+    dir: string,
+    cfg: K3Config,
+    fingerprint: string,
+  ): Promise<TrunkFile> {
+    const m = await readManifest(dir);
+    if (m.fingerprint !== fingerprint) {
+      throw new K3Error(
+        `${dir}: this trunk was packed from a different model (fingerprint ${m.fingerprint}, the model has ${fingerprint}); re-pack it with k3 pack`,
+      );
+    }
+    if (m.layers < cfg.numLayers || m.hidden !== cfg.hiddenSize || m.vocab !== cfg.vocabSize) {
+      throw new K3Error(
+        `${dir}: trunk shape (${m.layers} layers, hidden ${m.hidden}, vocab ${m.vocab}) does not match the model`,
+      );
+    }
+    for (let L = 0; L < cfg.numLayers; L++) {
+      const want = layerTensors(cfg, L).map((s) => s.name).join(",");
+      if (m.layer[L].tensors.map((t) => t.name).join(",") !== want) {
+        throw new K3Error(`${dir}: layer ${L}: tensor table does not match the model; re-pack it`);
+      }
+    }
+    let f: IoFile;
+    try {
+      f = IoFile.open(`${dir}/${DATA_FILE}`, { direct: true });
+    } catch (e) {
+      throw new K3Error(`${dir}: trunk data missing: ${(e as Error).message}`);
+    }
+    const size = f.size();
+    if (size !== m.data.bytes) {
+      f.close();
+      throw new K3Error(
+        `${dir}/${DATA_FILE}: ${
+          size < m.data.bytes ? "truncated" : "too long"
+        }: ${size} bytes, the manifest says ${m.data.bytes}; re-pack it`,
+      );
+    }
+    return new TrunkFile(dir, m, f, k);
+  }
+
+  /** Reads a whole region into a new buffer and checks its full checksum. */
+  async readVerified(what: string, r: Region): Promise<NativeBuffer> {
+    const buf = NativeBuffer.alloc(this.k, r.size, `trunk ${what}`);
+    try {
+      const n = await readPieces(this.file, buf.ptr, r.size, r.offset);
+      if (n !== r.size) {
+        throw new K3Error(
+          `${this.dir}: ${what}: short read (${n} of ${r.size} bytes): the trunk data is truncated; re-pack it`,
+        );
+      }
+      if (hashHex(buf.ptr, r.size) !== r.hash) {
+        throw new K3Error(
+          `${this.dir}: ${what}: checksum mismatch: the trunk is corrupt; re-pack it (k3 pack --force)`,
+        );
+      }
+      return buf;
+    } catch (e) {
+      buf.free();
+      throw e;
+    }
+  }
+
+  close(): void {
+    this.file.close();
+  }
+}
+
+interface RingEntry {
+  L: number;
+  off: number;
+  size: number;
+  /** Settles when the read is done; never rejects (errors go to `error`). */
+  settled: Promise<void>;
+  bound?: BoundTensors;
+  error?: Error;
+}
+
+/** Pinned layers plus a read-ahead ring over the rest. */
+export class StreamedTrunk {
+  private readonly pinnedLayers = new Map<number, { buf: NativeBuffer; bound: BoundTensors }>();
+  private readonly streamed: number[];
+  private readonly queue: RingEntry[] = [];
+  private next = 0;
+  private readonly ring?: NativeBuffer;
+
+  private constructor(
+    private readonly k: Kernels,
+    private readonly trunk: TrunkFile,
+    numLayers: number,
+    pinned: number[],
+    ringBytes: number,
+    private readonly stats: IoStats,
+  ) {
+    this.streamed = Array.from({ length: numLayers }, (_, L) => L).filter((L) =>
+      !pinned.includes(L)
+    );
+    if (this.streamed.length > 0) this.ring = NativeBuffer.alloc(k, ringBytes, "trunk ring");
+  }
+
+  /** Reads and verifies the pinned layers, allocates the ring and starts reading ahead. */
+  static async open(
+    k: Kernels,
+    trunk: TrunkFile,
+    numLayers: number,
+    pinned: number[],
+    ringBytes: number,
+    stats: IoStats,
+  ): Promise<StreamedTrunk> {
+    const t = new StreamedTrunk(k, trunk, numLayers, pinned, ringBytes, stats);
+    try {
+      for (const L of pinned) {
+        const r = trunk.manifest.layer[L];
+        const buf = await trunk.readVerified(`layer ${L}`, r);
+        t.pinnedLayers.set(L, { buf, bound: bindRegion(r.tensors, buf) });
+        stats.pinnedLayers++;
+      }
+      t.fill();
+    } catch (e) {
+      await t.close();
+      throw e;
+    }
+    return t;
+  }
+
+  /** Where a region of `size` bytes can go in the ring now, or -1. */
+  private place(size: number): number {
+    const cap = this.ring!.bytes;
+    if (this.queue.length === 0) return size <= cap ? 0 : -1;
+    const head = this.queue[0].off;
+    const last = this.queue[this.queue.length - 1];
+    const tail = last.off + last.size;
+    if (last.off >= head) {
+      if (tail + size <= cap) return tail;
+      return size <= head ? 0 : -1;
+    }
+    return tail + size <= head ? tail : -1;
+  }
+
+  /** Starts reads of the next streamed layers while they fit. */
+  private fill(): void {
+    if (!this.ring) return;
+    while (true) {
+      const L = this.streamed[this.next];
+      if (this.queue.some((e) => e.L === L)) return; // every streamed layer is already in the ring
+      const r = this.trunk.manifest.layer[L];
+      const off = this.place(r.size);
+      if (off < 0) return;
+      const entry: RingEntry = { L, off, size: r.size, settled: Promise.resolve() };
+      entry.settled = this.read(entry, r);
+      this.queue.push(entry);
+      this.next = (this.next + 1) % this.streamed.length;
+    }
+  }
+
+  private async read(e: RingEntry, r: Region): Promise<void> {
+    const ring = this.ring!;
+    const dir = this.trunk.dir;
+    try {
+      const n = await readPieces(this.trunk.file, ring.at(e.off), r.size, r.offset);
+      if (n !== r.size) {
+        throw new K3Error(
+          `${dir}: layer ${e.L}: short read (${n} of ${r.size} bytes): the trunk data is truncated; re-pack it`,
+        );
+      }
+      if (
+        hashHex(ring.at(e.off), ALIGN) !== r.head4k ||
+        hashHex(ring.at(e.off + r.size - ALIGN), ALIGN) !== r.tail4k
+      ) {
+        throw new K3Error(
+          `${dir}: layer ${e.L}: checksum mismatch on a streamed read: the trunk is corrupt; re-pack it (k3 pack --force)`,
+        );
+      }
+      this.stats.trunkBytes += r.size;
+      e.bound = bindRegion(r.tensors, ring, e.off);
+    } catch (err) {
+      e.error = err instanceof K3Error
+        ? err
+        : new K3Error(`${dir}: layer ${e.L}: read failed: ${(err as Error).message}`);
+    }
+  }
+
+  /** The bound tensors of layer L (waits for its read). */
+  layer(L: number): BoundTensors | Promise<BoundTensors> {
+    const p = this.pinnedLayers.get(L);
+    if (p) return p.bound;
+    return this.streamedLayer(L);
+  }
+
+  private async streamedLayer(L: number): Promise<BoundTensors> {
+    let e = this.queue.find((x) => x.L === L);
+    if (!e) {
+      // Not the layer the ring expected (a different pass order): drain and restart there.
+      await Promise.all(this.queue.map((x) => x.settled));
+      this.queue.length = 0;
+      this.next = this.streamed.indexOf(L);
+      if (this.next < 0) throw new Error(`internal: layer ${L} is neither pinned nor streamed`);
+      this.fill();
+      e = this.queue.find((x) => x.L === L)!;
+    }
+    const t0 = performance.now();
+    await e.settled;
+    this.stats.ioWaitSeconds += (performance.now() - t0) / 1000;
+    if (e.error) throw e.error;
+    return e.bound!;
+  }
+
+  /** The pass is done with layer L: its ring space can be reused. */
+  done(L: number): void {
+    if (this.pinnedLayers.has(L)) return;
+    const i = this.queue.findIndex((x) => x.L === L);
+    if (i < 0) return;
+    this.queue.splice(i, 1);
+    this.fill();
+  }
+
+  /** Waits for reads in flight, then frees everything. */
+  async close(): Promise<void> {
+    await Promise.all(this.queue.map((x) => x.settled));
+    this.queue.length = 0;
+    for (const p of this.pinnedLayers.values()) p.buf.free();
+    this.pinnedLayers.clear();
+    this.ring?.free();
+  }
+}

@@ -1,0 +1,293 @@
+/**
+ * `k3 pack`: writes the packed trunk (format in manifest.ts).
+ *
+ * Memory is bounded by two staging buffers and one conversion buffer (STAGE bytes each,
+ * 64 MB by default) whatever the layer size: each tensor is streamed from its shard in
+ * pieces, widened where its bound form needs it, and the staging buffer is hashed and
+ * written (O_DIRECT when the filesystem allows) while the next one fills. Tensors are read
+ * one by one, so a layer whose tensors are scattered over shards packs the same.
+ *
+ * The data goes to `trunk.bin.partial` and the manifest to `manifest.json.partial`; the
+ * data is synced and renamed first, the manifest last, so an interrupted pack never leaves
+ * a trunk that looks valid. An existing trunk built from a different model is not replaced
+ * without `force`; one built from the same source is left as it is.
+ *
+ * @module
+ */
+
+import { configFingerprint, loadConfig } from "../engine/config.ts";
+import { K3Error } from "../engine/errors.ts";
+import { type Kernels, kernels } from "../engine/ffi.ts";
+import { ALIGN, Hasher, hashHex, IoFile } from "../engine/io.ts";
+import { NativeBuffer } from "../engine/memory.ts";
+import { Checkpoint } from "../engine/safetensors.ts";
+import {
+  DATA_FILE,
+  FORMAT,
+  MANIFEST_FILE,
+  type PackRegion,
+  planLayout,
+  readManifest,
+  type TrunkManifest,
+  VERSION,
+} from "./manifest.ts";
+
+export interface PackOptions {
+  force?: boolean;
+  /** Staging buffer bytes (multiple of 4096). */
+  stageBytes?: number;
+  /** Progress line sink (stderr by default); null silences it. */
+  log?: ((line: string) => void) | null;
+}
+
+export interface PackResult {
+  manifest: TrunkManifest;
+  seconds: number;
+  bytes: number;
+  /** True when an identical trunk was already there and nothing was written. */
+  upToDate: boolean;
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await Deno.lstat(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Packs the trunk of `modelDir` into `trunkDir`. */
+export async function packTrunk(
+  modelDir: string,
+  trunkDir: string,
+  opts: PackOptions = {},
+): Promise<PackResult> {
+  const log = opts.log === undefined ? (s: string) => console.error(s) : opts.log ?? (() => {});
+  const stage = opts.stageBytes ?? 64 * 1024 * 1024;
+  if (stage % ALIGN !== 0 || stage < ALIGN) {
+    throw new Error("stageBytes must be a positive multiple of 4096");
+  }
+  const cfg = await loadConfig(modelDir);
+  const fingerprint = await configFingerprint(cfg);
+  const ckpt = await Checkpoint.open(modelDir);
+  try {
+    const shards = await Promise.all(
+      ckpt.shards.map(async (f) => ({
+        name: f.slice(f.lastIndexOf("/") + 1),
+        bytes: (await Deno.stat(f)).size,
+      })),
+    );
+    const layout = planLayout(cfg, ckpt);
+
+    // An existing trunk: identical source -> nothing to do; different -> only with --force.
+    await Deno.mkdir(trunkDir, { recursive: true });
+    const manifestPath = `${trunkDir}/${MANIFEST_FILE}`, dataPath = `${trunkDir}/${DATA_FILE}`;
+    if (await exists(manifestPath) || await exists(dataPath)) {
+      let old: TrunkManifest | undefined;
+      try {
+        old = await readManifest(trunkDir);
+      } catch {
+        old = undefined;
+      }
+      const same = old !== undefined && old.fingerprint === fingerprint &&
+        JSON.stringify(old.source.shards) === JSON.stringify(shards) &&
+        old.data.bytes === layout.bytes && (await Deno.stat(dataPath).then((s) =>
+              s.size, () => -1)) === old.data.bytes;
+      if (same && !opts.force) {
+        log(
+          `pack: ${trunkDir} already holds the trunk of this model (${
+            (layout.bytes / 1e9).toFixed(3)
+          } GB); nothing to do (--force re-packs)`,
+        );
+        return { manifest: old!, seconds: 0, bytes: 0, upToDate: true };
+      }
+      if (!same && !opts.force) {
+        throw new K3Error(
+          `pack: ${trunkDir} already holds ${
+            old
+              ? "a trunk of a different model or source"
+              : "trunk files that are not a complete trunk"
+          }; pass --force to replace it`,
+        );
+      }
+    }
+
+    const k = kernels();
+    const t0 = performance.now();
+    const partial = `${dataPath}.partial`;
+    const out = IoFile.open(partial, { write: true, direct: true });
+    const bufs = [
+      NativeBuffer.alloc(k, stage, "pack staging"),
+      NativeBuffer.alloc(k, stage, "pack staging"),
+    ];
+    const conv = NativeBuffer.alloc(k, stage, "pack conversion");
+    const inputs = new Map<string, IoFile>();
+    const input = (f: string) => {
+      let h = inputs.get(f);
+      if (!h) inputs.set(f, h = IoFile.open(f));
+      return h;
+    };
+    let pending: Promise<void> | undefined;
+    let written = 0;
+    let lastLog = t0;
+    const progress = (force = false) => {
+      const now = performance.now();
+      if (!force && now - lastLog < 1000) return;
+      lastLog = now;
+      const s = (now - t0) / 1000, rate = written / Math.max(s, 1e-9);
+      log(
+        `pack: ${(written / 1e9).toFixed(2)} / ${(layout.bytes / 1e9).toFixed(2)} GB (${
+          ((100 * written) / layout.bytes).toFixed(0)
+        }%), ${(rate / 1e6).toFixed(0)} MB/s, ETA ${
+          ((layout.bytes - written) / Math.max(rate, 1)).toFixed(0)
+        } s`,
+      );
+    };
+    try {
+      const sink = {
+        next: 0,
+        write: async (buf: NativeBuffer, len: number, off: number) => {
+          if (pending) await pending;
+          pending = out.pwrite(buf.ptr, len, off).then(() => {
+            written += len;
+            progress();
+          });
+        },
+      };
+      for (const r of [...layout.layers, layout.finals, layout.embed, layout.head]) {
+        await packRegion(k, r, bufs, conv, input, sink);
+      }
+      if (pending) await pending;
+      pending = undefined;
+      await out.sync();
+    } catch (e) {
+      if (pending) await pending.catch(() => {});
+      out.close();
+      await Deno.remove(partial).catch(() => {});
+      throw e;
+    } finally {
+      for (const f of inputs.values()) f.close();
+      bufs.forEach((b) => b.free());
+      conv.free();
+    }
+    out.close();
+    progress(true);
+
+    const manifest: TrunkManifest = {
+      format: FORMAT,
+      version: VERSION,
+      created: new Date().toISOString(),
+      fingerprint,
+      layers: cfg.numLayers,
+      hidden: cfg.hiddenSize,
+      vocab: cfg.vocabSize,
+      source: { dir: modelDir, shards },
+      data: { file: DATA_FILE, bytes: layout.bytes, align: ALIGN },
+      checksum: "k3h64",
+      layer: layout.layers.map((r) => r.region),
+      finals: layout.finals.region,
+      embed: layout.embed.region,
+      head: layout.head.region,
+    };
+    // Old manifest out first, then the data in, then the new manifest: never a manifest
+    // pointing at data it does not describe.
+    await Deno.remove(manifestPath).catch(() => {});
+    await Deno.rename(partial, dataPath);
+    const mpartial = `${manifestPath}.partial`;
+    await Deno.writeTextFile(mpartial, JSON.stringify(manifest, null, 1) + "\n");
+    await Deno.rename(mpartial, manifestPath);
+    const seconds = (performance.now() - t0) / 1000;
+    log(
+      `pack: wrote ${trunkDir}: ${cfg.numLayers} layers + embedding, head and final vectors, ${
+        (layout.bytes / 1e9).toFixed(3)
+      } GB in ${seconds.toFixed(1)} s (${(layout.bytes / 1e6 / seconds).toFixed(0)} MB/s)`,
+    );
+    return { manifest, seconds, bytes: layout.bytes, upToDate: false };
+  } finally {
+    ckpt.close();
+  }
+}
+
+/**
+ * Streams one region through the staging buffers: each tensor's bytes (widened if its
+ * bound form needs it) at its offset, zero padding between and after, the hash updated
+ * and the buffer handed to `write` whenever it fills.
+ */
+async function packRegion(
+  k: Kernels,
+  r: PackRegion,
+  bufs: NativeBuffer[],
+  conv: NativeBuffer,
+  input: (f: string) => IoFile,
+  sink: { next: number; write: (buf: NativeBuffer, len: number, off: number) => Promise<void> },
+): Promise<void> {
+  const stage = bufs[0].bytes;
+  const hasher = new Hasher();
+  // Start in the buffer the previous region did not end in (its write may be in flight).
+  let cur = sink.next, pos = 0, regionPos = 0, fileOff = r.region.offset, first = true;
+  const flush = async () => {
+    const b = bufs[cur];
+    hasher.update(b.ptr, pos);
+    if (first) r.region.head4k = hashHex(b.ptr, ALIGN);
+    first = false;
+    if (regionPos === r.region.size) r.region.tail4k = hashHex(b.at(pos - ALIGN), ALIGN);
+    await sink.write(b, pos, fileOff);
+    fileOff += pos;
+    cur ^= 1;
+    sink.next = cur;
+    pos = 0;
+  };
+  // Zero-fills region bytes up to `until`.
+  const pad = async (until: number) => {
+    while (regionPos < until) {
+      const n = Math.min(until - regionPos, stage - pos);
+      bufs[cur].u8.fill(0, pos, pos + n);
+      pos += n;
+      regionPos += n;
+      if (pos === stage) await flush();
+    }
+  };
+  for (const t of r.tensors) {
+    await pad(t.entry.offset);
+    const src = t.src, f = input(src.file);
+    const widen = t.entry.bytes !== src.bytes; // BF16/F16 -> F32
+    const inSize = src.dtype === "F32" ? 4 : 2;
+    let done = 0; // source bytes consumed
+    while (done < src.bytes) {
+      const space = stage - pos;
+      if (!widen) {
+        const n = Math.min(src.bytes - done, space);
+        await f.readExact(bufs[cur].at(pos), n, src.offset + done);
+        pos += n;
+        regionPos += n;
+        done += n;
+      } else {
+        const elems = Math.min(
+          (src.bytes - done) / inSize,
+          Math.floor(space / 4),
+          Math.floor(conv.bytes / inSize),
+        );
+        if (elems > 0) {
+          await f.readExact(conv.ptr, elems * inSize, src.offset + done);
+          if (src.dtype === "BF16") k.k3_bf16_to_f32(conv.ptr, bufs[cur].at(pos), elems);
+          else k.k3_f16_to_f32(conv.ptr, bufs[cur].at(pos), elems);
+          pos += elems * 4;
+          regionPos += elems * 4;
+          done += elems * inSize;
+        }
+      }
+      if (stage - pos < 4) {
+        // Fill the last few bytes with zero only if nothing fits; otherwise flush now.
+        if (pos < stage) {
+          // can only happen when widening leaves < 4 bytes: cannot split an element
+          throw new Error("internal: staging buffer not a multiple of 4");
+        }
+        await flush();
+      }
+    }
+  }
+  await pad(r.region.size);
+  if (pos > 0) await flush();
+  r.region.hash = hasher.hex();
+}
