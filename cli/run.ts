@@ -77,6 +77,7 @@ export async function main(args: string[]): Promise<number> {
     capacity: prompt.length + genOpts.gen,
     chunk: genOpts.chunk,
     memory,
+    log: (line) => console.error(`k3: ${line}`),
   });
   const loadSeconds = (performance.now() - t0) / 1000;
   const weights = opened.model.weights;
@@ -153,6 +154,6 @@ export async function main(args: string[]): Promise<number> {
     }
     return 0;
   } finally {
-    opened.close();
+    await opened.close();
   }
 }

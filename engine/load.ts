@@ -8,9 +8,9 @@ import { type K3Config, loadConfig } from "./config.ts";
 import { usageError } from "./errors.ts";
 import { kernels, type Kernels } from "./ffi.ts";
 import { K3Model } from "./model.ts";
-import type { MemoryOptions } from "./plan.ts";
-import { ResidentWeights } from "./resident.ts";
+import type { MemoryOptions, MemoryPlan } from "./plan.ts";
 import { Checkpoint } from "./safetensors.ts";
+import { openWeights } from "./streamed.ts";
 
 /** The config of only the first `n` layers (the `--layers` diagnostic). */
 export function firstLayers(cfg: K3Config, n: number): K3Config {
@@ -28,6 +28,8 @@ export interface OpenOptions {
   chunk?: number;
   /** Memory budget; undefined fields mean everything resident. */
   memory?: MemoryOptions;
+  /** Where the memory plan is printed before anything big is allocated (default: nowhere). */
+  log?: (line: string) => void;
   onProgress?: (what: string, done: number, total: number) => void;
 }
 
@@ -37,27 +39,41 @@ export interface OpenedModel {
   cfg: K3Config;
   ckpt: Checkpoint;
   model: K3Model;
-  /** The memory plan the model was opened with, when budgets were given. */
-  plan?: unknown;
-  close(): void;
+  /** The memory plan the model was opened with. */
+  plan: MemoryPlan;
+  /** Frees everything (after waiting for reads in flight). */
+  close(): Promise<void>;
 }
 
-/** Opens a model directory with every weight resident. */
+/**
+ * Opens a model directory: every weight resident, or, with memory options, the trunk and
+ * experts streamed and cached within the plan (engine/streamed.ts). The plan is made and
+ * checked against MemAvailable before anything big is allocated.
+ */
 export async function openModel(dir: string, opts: OpenOptions): Promise<OpenedModel> {
-  let cfg = await loadConfig(dir);
+  const fullCfg = await loadConfig(dir);
+  let cfg = fullCfg;
   if (opts.layers !== undefined) cfg = firstLayers(cfg, opts.layers);
   const k = kernels();
   const ckpt = await Checkpoint.open(dir, (d, n) => opts.onProgress?.("index", d, n));
   try {
-    const weights = await ResidentWeights.load(k, cfg, ckpt, { onLayer: (d, n) => opts.onProgress?.("load", d, n) });
-    const model = new K3Model(k, cfg, weights, opts.chunk ?? 16, opts.capacity);
+    const opened = await openWeights(k, fullCfg, cfg, ckpt, {
+      mem: opts.memory,
+      capacity: opts.capacity,
+      chunk: opts.chunk ?? 16,
+      log: opts.log,
+      onLayer: (d, n) => opts.onProgress?.("load", d, n),
+    });
+    const weights = opened.weights;
+    const model = new K3Model(k, cfg, weights, opened.chunk, opts.capacity);
     return {
       k,
       cfg,
       ckpt,
       model,
-      close() {
-        weights.free();
+      plan: opened.plan,
+      async close() {
+        await opened.close();
         ckpt.close();
       },
     };
