@@ -36,6 +36,12 @@ const RANK_RE = /^[0-9]+$/;
 /** Bound on the piece cache, so a long run over varied text cannot grow it forever. */
 const CACHE_LIMIT = 1 << 16;
 
+/**
+ * Pieces longer than this many bytes are merged with a heap: the linear scan is quadratic,
+ * and one piece can be a whole pasted file of `=` or spaces.
+ */
+const LONG_PIECE = 256;
+
 /** Base64 alphabet value of each ASCII code, -1 for anything else. */
 const B64 = new Int8Array(128).fill(-1);
 for (let i = 0; i < 64; i++) {
@@ -230,6 +236,85 @@ function escapeRegex(s: string): string {
   return s.replace(/[\\^$.*+?()[\]{}|\/]/g, (c) => `\\${c}`);
 }
 
+/**
+ * Rank BPE of a long piece in O(n log n): the same merges as the linear scan (lowest rank
+ * first, leftmost on ties), found with a binary heap of candidate pairs keyed by
+ * (rank, start offset) and discarded lazily once a neighbour has changed.
+ */
+function bytePairEncodeLong(table: RankTable, byteRank: Int32Array, buf: Uint8Array): number[] {
+  const n = buf.length;
+  // Parts form a linked list by start offset; next[p] is the start of the part after p.
+  const next = new Int32Array(n + 1);
+  const prev = new Int32Array(n + 1);
+  const rank = new Int32Array(n);
+  for (let i = 0; i < n; i++) {
+    next[i] = i + 1;
+    prev[i] = i - 1;
+    rank[i] = byteRank[buf[i]];
+  }
+  next[n] = -1;
+  // Heap entries: (pair rank, left start, right start, right end) in parallel arrays.
+  let hr = new Int32Array(n), hp = new Int32Array(n), hq = new Int32Array(n);
+  let he = new Int32Array(n), size = 0;
+  const less = (a: number, b: number) => hr[a] < hr[b] || (hr[a] === hr[b] && hp[a] < hp[b]);
+  const swap = (a: number, b: number) => {
+    [hr[a], hr[b]] = [hr[b], hr[a]];
+    [hp[a], hp[b]] = [hp[b], hp[a]];
+    [hq[a], hq[b]] = [hq[b], hq[a]];
+    [he[a], he[b]] = [he[b], he[a]];
+  };
+  const push = (p: number) => {
+    const q = next[p];
+    if (q < 0 || q >= n) return;
+    const e = next[q];
+    const r = table.find(buf, p, e);
+    if (r < 0) return;
+    if (size === hr.length) {
+      const grow = (a: Int32Array) => {
+        const b = new Int32Array(a.length * 2);
+        b.set(a);
+        return b;
+      };
+      [hr, hp, hq, he] = [grow(hr), grow(hp), grow(hq), grow(he)];
+    }
+    let i = size++;
+    hr[i] = r, hp[i] = p, hq[i] = q, he[i] = e;
+    while (i > 0 && less(i, (i - 1) >> 1)) {
+      swap(i, (i - 1) >> 1);
+      i = (i - 1) >> 1;
+    }
+  };
+  const pop = () => {
+    swap(0, --size);
+    for (let i = 0;;) {
+      const l = 2 * i + 1, r = l + 1;
+      let m = i;
+      if (l < size && less(l, m)) m = l;
+      if (r < size && less(r, m)) m = r;
+      if (m === i) break;
+      swap(i, m);
+      i = m;
+    }
+  };
+  const alive = new Uint8Array(n).fill(1);
+  for (let i = 0; i + 1 < n; i++) push(i);
+  while (size > 0) {
+    const r = hr[0], p = hp[0], q = hq[0], e = he[0];
+    pop();
+    // Stale unless both parts are still exactly as they were when the pair was pushed.
+    if (!alive[p] || next[p] !== q || !alive[q] || next[q] !== e) continue;
+    rank[p] = r;
+    alive[q] = 0;
+    next[p] = e;
+    if (e < n) prev[e] = p;
+    push(p);
+    if (prev[p] >= 0) push(prev[p]);
+  }
+  const ids: number[] = [];
+  for (let p = 0; p < n; p = next[p]) ids.push(rank[p]);
+  return ids;
+}
+
 /** Byte-level rank BPE of K3, loaded from a tiktoken-format vocabulary. */
 export class Tokenizer {
   readonly #table: RankTable;
@@ -375,7 +460,11 @@ export class Tokenizer {
       // A piece that is itself a token is one id, even if merges could not reach it:
       // the reference implementation takes this shortcut, so parity requires it.
       const whole = this.#table.find(this.#buf, 0, n);
-      const ids = whole >= 0 ? whole : this.#bytePairEncode(n);
+      const ids = whole >= 0
+        ? whole
+        : n <= LONG_PIECE
+        ? this.#bytePairEncode(n)
+        : bytePairEncodeLong(this.#table, this.#byteRank, this.#buf.subarray(0, n));
       if (cache.size >= CACHE_LIMIT) cache.clear();
       cache.set(piece, ids);
       if (typeof ids === "number") out.push(ids);
