@@ -342,14 +342,18 @@ export function makePlan(input: PlanInput): MemoryPlan {
   const slotBytes = expertSlotBytes(input.expertBytes);
   const trunkTotal = input.layerBytes.reduce((a, b) => a + b, 0);
   const headRow = input.headBytes / cfg.vocabSize;
-  const streamEmbed = !!mem.streamEmbed;
-  const embedHeadBytes = streamEmbed
-    ? alignUp(input.embedBytes / cfg.vocabSize) + 2 * ALIGN +
-      2 *
-        (alignUp(
-          Math.min(input.headBytes, Math.max(1, Math.floor(HEAD_CHUNK_BYTES / headRow)) * headRow),
-        ) + ALIGN)
-    : input.embedBytes + input.headBytes;
+  const embedHeadOf = (streamed: boolean) =>
+    streamed
+      ? alignUp(input.embedBytes / cfg.vocabSize) + 2 * ALIGN +
+        2 *
+          (alignUp(
+            Math.min(
+              input.headBytes,
+              Math.max(1, Math.floor(HEAD_CHUNK_BYTES / headRow)) * headRow,
+            ),
+          ) + ALIGN)
+      : input.embedBytes + input.headBytes;
+  let streamEmbed = !!mem.streamEmbed;
   const stateTotal = st.fixed + st.perPosition * input.capacity;
 
   let trunkBudget = mem.trunkGB === undefined ? undefined : mem.trunkGB * GB;
@@ -357,23 +361,45 @@ export function makePlan(input: PlanInput): MemoryPlan {
   if (
     streaming && mem.preset === "auto" && (trunkBudget === undefined || cacheBudget === undefined)
   ) {
-    if (input.available === undefined) {
+    const avail = input.available;
+    if (avail === undefined) {
       throw new K3Error("memory plan: --preset auto needs /proc/meminfo (MemAvailable)");
     }
-    const fixed = embedHeadBytes + input.finalsBytes + stateTotal +
-      scratchBytes(cfg, input.chunk, input.capacity) + FIXED_OVERHEAD_BYTES;
-    const usable = 0.9 * (input.available - fixed);
     const minCache = (topK + 1) * slotBytes;
+    const largest = Math.max(...input.layerBytes);
+    // 90% of what is left after the fixed parts; stream the embedding and head if needed.
+    const usableWith = (se: boolean) =>
+      0.9 *
+      (avail -
+        (embedHeadOf(se) + input.finalsBytes + stateTotal +
+          scratchBytes(cfg, input.chunk, input.capacity) + FIXED_OVERHEAD_BYTES));
+    const trunkMin = input.packed ? Math.min(trunkTotal, 2 * largest) : trunkTotal;
+    if (!streamEmbed && usableWith(false) < trunkMin + minCache) streamEmbed = true;
+    const usable = usableWith(streamEmbed);
+    const floor = (input.packed ? largest : trunkTotal) + minCache;
+    if (usable < floor) {
+      const need = floor / 0.9 + (avail - usable / 0.9);
+      throw new K3Error(
+        `memory plan: --preset auto: ${
+          (avail / GB).toFixed(2)
+        } GB available, this model needs at least ${(need / GB).toFixed(2)} GB` +
+          (input.packed ? "" : " without a packed trunk; --trunk needs far less"),
+      );
+    }
     // Pinned trunk beats expert cache (ANCHORS.md): the trunk first, the rest to experts.
-    const trunkAuto = input.packed ? Math.min(trunkTotal, usable - minCache) : trunkTotal;
-    trunkBudget ??= trunkAuto;
+    trunkBudget ??= input.packed
+      ? Math.max(Math.min(trunkTotal, usable - minCache), Math.min(trunkMin, usable - minCache))
+      : trunkTotal;
     cacheBudget ??= Math.max(minCache, Math.min(totalExperts * slotBytes, usable - trunkBudget));
     notes.push(
-      `auto: ${(input.available / GB).toFixed(2)} GB available -> trunk ${
+      `auto: ${(avail / GB).toFixed(2)} GB available -> trunk ${
         (trunkBudget / GB).toFixed(3)
-      } GB, expert cache ${(cacheBudget / GB).toFixed(3)} GB`,
+      } GB, expert cache ${(cacheBudget / GB).toFixed(3)} GB${
+        streamEmbed && !mem.streamEmbed ? ", embedding and head streamed" : ""
+      }`,
     );
   }
+  const embedHeadBytes = embedHeadOf(streamEmbed);
 
   // Trunk.
   let pinned: number[], ring = 0;

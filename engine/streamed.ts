@@ -35,6 +35,7 @@ import {
 import { embedRow, loadGlobals, ResidentWeights } from "./resident.ts";
 import type { Checkpoint } from "./safetensors.ts";
 import { bindRegion, StreamedTrunk, TrunkFile } from "./trunk.ts";
+import { weightSample } from "../pack/manifest.ts";
 import {
   boundBytes,
   type BoundTensors,
@@ -205,7 +206,7 @@ export class StreamedWeights implements WeightSource {
         w.owned.push(finals);
         const g = bindRegion(m.finals.tensors, finals);
         w.setFinals(g);
-        if (mem.streamEmbed) {
+        if (plan.embedHead.streamed) {
           const entry = (r: typeof m.embed) => ({
             file: trunkFile.file,
             offset: r.offset + r.tensors[0].offset,
@@ -223,7 +224,7 @@ export class StreamedWeights implements WeightSource {
             else w.headM = mat;
           }
         }
-      } else if (mem.streamEmbed) {
+      } else if (plan.embedHead.streamed) {
         const g = await loadTensors(k, ckpt, globalTensors(cfg));
         w.ownedTensors.push(g);
         w.setFinals(g);
@@ -377,7 +378,13 @@ export async function openWeights(
   const streaming = wantsStreaming(mem);
   let trunkFile: TrunkFile | undefined;
   if (streaming && mem.trunkDir !== undefined) {
-    trunkFile = await TrunkFile.open(k, mem.trunkDir, cfg, await configFingerprint(fullCfg));
+    trunkFile = await TrunkFile.open(
+      k,
+      mem.trunkDir,
+      cfg,
+      await configFingerprint(fullCfg),
+      await weightSample(k, fullCfg, ckpt),
+    );
   }
   try {
     const sizes = trunkFile

@@ -97,11 +97,17 @@ export class TrunkFile {
     dir: string,
     cfg: K3Config,
     fingerprint: string,
+    sample?: string,
   ): Promise<TrunkFile> {
     const m = await readManifest(dir);
     if (m.fingerprint !== fingerprint) {
       throw new K3Error(
         `${dir}: this trunk was packed from a different model (fingerprint ${m.fingerprint}, the model has ${fingerprint}); re-pack it with k3 pack`,
+      );
+    }
+    if (sample !== undefined && m.sample !== sample) {
+      throw new K3Error(
+        `${dir}: this trunk was packed from different weights (weight sample ${m.sample}, the model has ${sample}); re-pack it with k3 pack`,
       );
     }
     if (m.layers < cfg.numLayers || m.hidden !== cfg.hiddenSize || m.vocab !== cfg.vocabSize) {

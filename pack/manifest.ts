@@ -15,7 +15,9 @@
  *   offsets.
  * - `manifest.json` (written last, so a trunk without it is never used):
  *   `format` "k3-trunk", `version` 1, `created`, `fingerprint` (configFingerprint of the
- *   model's config), `layers` count, `hidden`, `vocab`, `source` {dir, shards [{name,
+ *   model's config: the shape), `sample` (k3h64 over the raw checkpoint bytes of the final
+ *   vectors and every layer's input_layernorm: the weights, so a trunk of a same-shaped
+ *   but different model is refused too), `layers` count, `hidden`, `vocab`, `source` {dir, shards [{name,
  *   bytes}]}, `data` {file, bytes, align}, `checksum` "k3h64" (kernels/k3io.h), and the
  *   regions `layer[]`, `finals`, `embed`, `head`, each {offset, size (padded), bytes
  *   (unpadded), hash (k3h64 of all `size` bytes), head4k / tail4k (k3h64 of the first and
@@ -27,7 +29,9 @@
 
 import { type K3Config } from "../engine/config.ts";
 import { K3Error } from "../engine/errors.ts";
-import { ALIGN, alignUp } from "../engine/io.ts";
+import type { Kernels } from "../engine/ffi.ts";
+import { ALIGN, alignUp, hashHex } from "../engine/io.ts";
+import { NativeBuffer } from "../engine/memory.ts";
 import type { Checkpoint, TensorInfo } from "../engine/safetensors.ts";
 import {
   checkTensor,
@@ -78,6 +82,7 @@ export interface TrunkManifest {
   version: number;
   created: string;
   fingerprint: string;
+  sample: string;
   layers: number;
   hidden: number;
   vocab: number;
@@ -206,6 +211,7 @@ export function parseManifest(text: string, path: string): TrunkManifest {
     bad(`version ${JSON.stringify(m.version)}, this k3 reads version ${VERSION} (re-pack it)`);
   }
   if (typeof m.fingerprint !== "string") bad("no fingerprint");
+  if (typeof m.sample !== "string" || !HEX16.test(m.sample)) bad("no weight sample hash");
   if (!Array.isArray(m.layer) || m.layer.length !== m.layers) {
     bad("layer table does not match the layer count");
   }
@@ -249,4 +255,33 @@ export async function readManifest(dir: string): Promise<TrunkManifest> {
     );
   }
   return parseManifest(text, path);
+}
+
+/**
+ * k3h64 over the raw checkpoint bytes of a few small tensors that identify the weights
+ * (final vectors, each layer's input_layernorm): cheap to recompute at start-up.
+ */
+export async function weightSample(
+  k: Kernels,
+  cfg: K3Config,
+  ckpt: Checkpoint,
+  layers = cfg.numLayers,
+): Promise<string> {
+  const names = [
+    ...globalTensors(cfg).map((t) => PREFIX + t.name),
+    ...Array.from({ length: layers }, (_, L) => `${PREFIX}layers.${L}.input_layernorm.weight`),
+  ];
+  const infos = names.map((n) => ckpt.get(n));
+  const total = infos.reduce((a, t) => a + t.bytes, 0);
+  const buf = NativeBuffer.alloc(k, total, "weight sample");
+  try {
+    let at = 0;
+    for (const t of infos) {
+      await ckpt.read(t, buf.u8.subarray(at, at + t.bytes));
+      at += t.bytes;
+    }
+    return hashHex(buf.ptr, total);
+  } finally {
+    buf.free();
+  }
 }

@@ -30,6 +30,7 @@ import {
   readManifest,
   type TrunkManifest,
   VERSION,
+  weightSample,
 } from "./manifest.ts";
 
 export interface PackOptions {
@@ -91,6 +92,7 @@ export async function packTrunk(
         old = undefined;
       }
       const same = old !== undefined && old.fingerprint === fingerprint &&
+        old.sample === await weightSample(kernels(), cfg, ckpt) &&
         JSON.stringify(old.source.shards) === JSON.stringify(shards) &&
         old.data.bytes === layout.bytes && (await Deno.stat(dataPath).then((s) =>
               s.size, () => -1)) === old.data.bytes;
@@ -179,6 +181,7 @@ export async function packTrunk(
       version: VERSION,
       created: new Date().toISOString(),
       fingerprint,
+      sample: await weightSample(k, cfg, ckpt),
       layers: cfg.numLayers,
       hidden: cfg.hiddenSize,
       vocab: cfg.vocabSize,

@@ -1,0 +1,116 @@
+/**
+ * `k3 presets` (and `k3 --list-presets`): the memory presets, and what the plan gives the
+ * full 93-layer Kimi K3 at each (packed trunk, BF16 trunk, MXFP4 experts).
+ *
+ * @module
+ */
+
+import { usageError } from "../engine/errors.ts";
+import {
+  estimatedInput,
+  fmt,
+  makePlan,
+  memAvailable,
+  type MemoryPlan,
+  PRESETS,
+  releasedK3,
+} from "../engine/plan.ts";
+import { parseFlags } from "./common.ts";
+
+export const USAGE = `usage: k3 presets [--positions N] [--json]
+
+Lists the memory presets (--preset NAME of k3 run) and what the memory plan gives the
+full 93-layer Kimi K3 at each with a packed trunk (--trunk): trunk layers pinned, the
+read-ahead ring, expert-cache slots and the KV cache per position.
+
+  --positions N   positions the plan holds (default 4096)
+  --json          the plans as JSON
+  -h, --help      this help
+`;
+
+/** The plan of the released model at a preset (auto: from this machine's MemAvailable). */
+export function releasedPlan(preset: string, positions: number): MemoryPlan | string {
+  const p = PRESETS.find((x) => x.name === preset)!;
+  const mem = p.name === "auto" ? { preset: "auto", streamEmbed: false, trunkDir: "(packed)" } : {
+    preset: p.name,
+    trunkGB: p.trunkGB,
+    cacheGB: p.cacheGB,
+    streamEmbed: p.streamEmbed,
+    trunkDir: "(packed)",
+  };
+  try {
+    return makePlan({
+      ...estimatedInput(releasedK3(), mem, positions),
+      available: p.name === "auto" ? memAvailable() : undefined,
+    });
+  } catch (e) {
+    return (e as Error).message;
+  }
+}
+
+export async function main(args: string[]): Promise<number> {
+  const { values, positionals } = parseFlags("presets", args, {
+    positions: { type: "string" },
+    json: { type: "boolean" },
+    help: { type: "boolean", short: "h" },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return 0;
+  }
+  if (positionals.length) {
+    throw usageError(`presets: unexpected argument ${JSON.stringify(positionals[0])}`);
+  }
+  const positions = values.positions === undefined ? 4096 : Number(values.positions);
+  if (!Number.isInteger(positions) || positions < 1 || positions > 1 << 20) {
+    throw usageError(
+      `--positions: expected an integer in 1..1048576, got ${JSON.stringify(values.positions)}`,
+    );
+  }
+  const plans = PRESETS.map((p) => ({ preset: p, plan: releasedPlan(p.name, positions) }));
+  if (values.json) {
+    console.log(JSON.stringify(plans.map(({ preset, plan }) => ({ ...preset, plan })), null, 2));
+    return 0;
+  }
+  const lines = [
+    "memory presets (GB = 1e9 bytes; --preset NAME, later flags override earlier ones):",
+    "",
+  ];
+  lines.push(`  ${"name".padEnd(12)}${"trunk GB".padStart(9)}${"cache GB".padStart(9)}  about`);
+  for (const p of PRESETS) {
+    const t = Number.isNaN(p.trunkGB) ? "auto" : String(p.trunkGB);
+    const c = Number.isNaN(p.cacheGB) ? "auto" : String(p.cacheGB);
+    lines.push(`  ${p.name.padEnd(12)}${t.padStart(9)}${c.padStart(9)}  ${p.about}`);
+  }
+  lines.push(
+    "",
+    `the full 93-layer Kimi K3 with a packed trunk, ${positions} positions, per the plan:`,
+    "",
+  );
+  lines.push(
+    `  ${"name".padEnd(12)}${"pinned".padStart(7)}${"ring".padStart(10)}${"slots".padStart(7)}${
+      "embed+head".padStart(12)
+    }${"KV/pos".padStart(9)}${"total".padStart(10)}  trunk read/token`,
+  );
+  for (const { preset, plan } of plans) {
+    if (typeof plan === "string") {
+      lines.push(`  ${preset.name.padEnd(12)}refused: ${plan}`);
+      continue;
+    }
+    const streamedBytes = plan.trunk.totalBytes - plan.trunk.pinnedBytes;
+    lines.push(
+      `  ${preset.name.padEnd(12)}${`${plan.trunk.pinned.length}/93`.padStart(7)}${
+        fmt(plan.trunk.ringBytes).padStart(10)
+      }${String(plan.experts.slots).padStart(7)}` +
+        `${fmt(plan.embedHead.bytes).padStart(12)}${fmt(plan.state.kvPerPosition).padStart(9)}${
+          fmt(plan.totalBytes).padStart(10)
+        }  ${fmt(streamedBytes)}`,
+    );
+  }
+  lines.push(
+    "",
+    "  (slots: 17.55 MB routed experts; top-k 16 needs at least 17. total excludes the runtime overhead.)",
+  );
+  console.log(lines.join("\n"));
+  return 0;
+}
