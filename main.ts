@@ -14,12 +14,30 @@ type Command = (args: string[]) => Promise<number>;
 /** Subcommands, loaded on demand so `--help` never needs a model or the kernels. */
 const COMMANDS: Record<string, { about: string; load: () => Promise<Command> }> = {
   run: { about: "generate from a prompt", load: async () => (await import("./cli/run.ts")).main },
-  batch: { about: "generate for every prompt of a JSONL file (resumable)", load: async () => (await import("./cli/batch.ts")).main },
-  pack: { about: "pack a checkpoint's trunk into one aligned file", load: async () => (await import("./cli/pack.ts")).main },
-  tokenize: { about: "text to token ids", load: async () => (await import("./cli/tokenize.ts")).main },
-  detokenize: { about: "token ids to text", load: async () => (await import("./cli/detokenize.ts")).main },
-  doctor: { about: "check this machine: CPU, memory, disk, read speed", load: async () => (await import("./cli/doctor.ts")).main },
-  presets: { about: "list the memory presets", load: async () => (await import("./cli/presets.ts")).main },
+  batch: {
+    about: "generate for every prompt of a JSONL file (resumable)",
+    load: async () => (await import("./cli/batch.ts")).main,
+  },
+  pack: {
+    about: "pack a checkpoint's trunk into one aligned file",
+    load: async () => (await import("./cli/pack.ts")).main,
+  },
+  tokenize: {
+    about: "text to token ids",
+    load: async () => (await import("./cli/tokenize.ts")).main,
+  },
+  detokenize: {
+    about: "token ids to text",
+    load: async () => (await import("./cli/detokenize.ts")).main,
+  },
+  doctor: {
+    about: "check this machine: CPU, memory, disk, read speed",
+    load: async () => (await import("./cli/doctor.ts")).main,
+  },
+  presets: {
+    about: "list the memory presets",
+    load: async () => (await import("./cli/presets.ts")).main,
+  },
 };
 
 export const USAGE = `k3 ${VERSION}: Kimi K3 on one CPU
@@ -50,17 +68,28 @@ export async function cli(args: string[]): Promise<number> {
       return EXIT.ok;
     }
     if (cmd === "--list-presets") {
-      if (rest.length) throw new K3Error(`--list-presets takes no arguments, got ${JSON.stringify(rest[0])}`, EXIT.usage);
+      if (rest.length) {
+        throw new K3Error(
+          `--list-presets takes no arguments, got ${JSON.stringify(rest[0])}`,
+          EXIT.usage,
+        );
+      }
       return await (await COMMANDS.presets.load())([]);
     }
-    if (cmd.startsWith("-")) throw new K3Error(`unknown option ${JSON.stringify(cmd)} (see k3 --help)`, EXIT.usage);
+    if (cmd.startsWith("-")) {
+      throw new K3Error(`unknown option ${JSON.stringify(cmd)} (see k3 --help)`, EXIT.usage);
+    }
     const entry = Object.hasOwn(COMMANDS, cmd) ? COMMANDS[cmd] : undefined;
-    if (!entry) throw new K3Error(`unknown command ${JSON.stringify(cmd)} (see k3 --help)`, EXIT.usage);
+    if (!entry) {
+      throw new K3Error(`unknown command ${JSON.stringify(cmd)} (see k3 --help)`, EXIT.usage);
+    }
     let command: Command;
     try {
       command = await entry.load();
     } catch (e) {
-      if (/Module not found/.test(String((e as Error)?.message))) throw new K3Error(`k3 ${cmd} is not available in this build`);
+      if (/Module not found/.test(String((e as Error)?.message))) {
+        throw new K3Error(`k3 ${cmd} is not available in this build`);
+      }
       throw e;
     }
     return await command(rest);

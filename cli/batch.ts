@@ -28,7 +28,8 @@ import {
   tokenizerDir,
 } from "./run_options.ts";
 
-export const USAGE = `usage: k3 batch <model_dir> --input PROMPTS.jsonl --output RESULTS.jsonl [options]
+export const USAGE =
+  `usage: k3 batch <model_dir> --input PROMPTS.jsonl --output RESULTS.jsonl [options]
 
 Greedy generation for every prompt of a JSONL file, opening the model once.
 
@@ -72,8 +73,12 @@ const FIELDS = new Set(["id", "prompt", "ids", "gen", "stop_ids"]);
 function idList(v: unknown, field: string, vocab: number): number[] {
   if (!Array.isArray(v)) throw new Error(`"${field}" must be an array of token ids`);
   for (const x of v) {
-    if (typeof x !== "number" || !Number.isInteger(x) || x < 0) throw new Error(`"${field}" must hold non-negative integers, got ${JSON.stringify(x)}`);
-    if (x >= vocab) throw new Error(`"${field}": id ${x} is outside the vocabulary (0..${vocab - 1})`);
+    if (typeof x !== "number" || !Number.isInteger(x) || x < 0) {
+      throw new Error(`"${field}" must hold non-negative integers, got ${JSON.stringify(x)}`);
+    }
+    if (x >= vocab) {
+      throw new Error(`"${field}": id ${x} is outside the vocabulary (0..${vocab - 1})`);
+    }
   }
   return v as number[];
 }
@@ -93,14 +98,26 @@ export function parseJob(
   } catch (e) {
     throw new Error(`not JSON: ${(e as Error).message}`);
   }
-  if (typeof v !== "object" || v === null || Array.isArray(v)) throw new Error("expected a JSON object");
+  if (typeof v !== "object" || v === null || Array.isArray(v)) {
+    throw new Error("expected a JSON object");
+  }
   const o = v as Record<string, unknown>;
   const unknown = Object.keys(o).find((k) => !FIELDS.has(k));
-  if (unknown !== undefined) throw new Error(`unknown field ${JSON.stringify(unknown)} (fields: ${[...FIELDS].join(", ")})`);
+  if (unknown !== undefined) {
+    throw new Error(`unknown field ${JSON.stringify(unknown)} (fields: ${[...FIELDS].join(", ")})`);
+  }
   const id = o.id;
-  if (!(typeof id === "string" || (typeof id === "number" && Number.isFinite(id)))) throw new Error(`"id" must be a string or a number`);
+  if (!(typeof id === "string" || (typeof id === "number" && Number.isFinite(id)))) {
+    throw new Error(`"id" must be a string or a number`);
+  }
   const hasPrompt = o.prompt !== undefined, hasIds = o.ids !== undefined;
-  if (hasPrompt === hasIds) throw new Error(hasPrompt ? `give one of "prompt" and "ids", not both` : `a "prompt" (text) or "ids" (token ids) is required`);
+  if (hasPrompt === hasIds) {
+    throw new Error(
+      hasPrompt
+        ? `give one of "prompt" and "ids", not both`
+        : `a "prompt" (text) or "ids" (token ids) is required`,
+    );
+  }
   let promptIds: number[];
   if (hasIds) promptIds = idList(o.ids, "ids", opts.vocab);
   else {
@@ -109,21 +126,33 @@ export function parseJob(
     if (!tok) throw new Error(`"prompt" needs a tokenizer: pass --tok DIR (or use "ids")`);
     promptIds = tok.encode(o.prompt, { allowSpecial: false });
     const bad = promptIds.find((x) => x >= opts.vocab);
-    if (bad !== undefined) throw new Error(`the tokenizer produced id ${bad}, outside the model's vocabulary of ${opts.vocab}`);
+    if (bad !== undefined) {
+      throw new Error(
+        `the tokenizer produced id ${bad}, outside the model's vocabulary of ${opts.vocab}`,
+      );
+    }
   }
   if (promptIds.length === 0) throw new Error("the prompt is empty");
-  if (promptIds.length > 32768) throw new Error(`the prompt has ${promptIds.length} ids, at most 32768`);
+  if (promptIds.length > 32768) {
+    throw new Error(`the prompt has ${promptIds.length} ids, at most 32768`);
+  }
   let gen = opts.gen;
   if (o.gen !== undefined) {
-    if (typeof o.gen !== "number" || !Number.isInteger(o.gen) || o.gen < 1 || o.gen > 4096) throw new Error(`"gen" must be an integer in 1..4096, got ${JSON.stringify(o.gen)}`);
+    if (typeof o.gen !== "number" || !Number.isInteger(o.gen) || o.gen < 1 || o.gen > 4096) {
+      throw new Error(`"gen" must be an integer in 1..4096, got ${JSON.stringify(o.gen)}`);
+    }
     gen = o.gen;
   }
-  const stopIds = o.stop_ids === undefined ? opts.stopIds : idList(o.stop_ids, "stop_ids", opts.vocab);
+  const stopIds = o.stop_ids === undefined
+    ? opts.stopIds
+    : idList(o.stop_ids, "stop_ids", opts.vocab);
   return { line, id, key: JSON.stringify(id), promptIds, gen, stopIds };
 }
 
 /** Ids already in an output file; a torn or unreadable last line is cut away. */
-export async function readDone(path: string): Promise<{ done: Set<string>; cutBytes: number; lines: number }> {
+export async function readDone(
+  path: string,
+): Promise<{ done: Set<string>; cutBytes: number; lines: number }> {
   let bytes: Uint8Array;
   try {
     bytes = await Deno.readFile(path);
@@ -142,13 +171,20 @@ export async function readDone(path: string): Promise<{ done: Set<string>; cutBy
     if (nl >= 0) {
       try {
         const v = JSON.parse(dec.decode(bytes.subarray(start, end)));
-        if (v && typeof v === "object" && (typeof v.id === "string" || typeof v.id === "number") && Array.isArray(v.generated_ids)) key = JSON.stringify(v.id);
+        if (
+          v && typeof v === "object" && (typeof v.id === "string" || typeof v.id === "number") &&
+          Array.isArray(v.generated_ids)
+        ) key = JSON.stringify(v.id);
       } catch { /* not a result line */ }
     }
     if (key === undefined) {
       // Only the last line can be torn (we write whole lines); anything else is not ours.
       const last = nl < 0 || nl === bytes.length - 1;
-      if (!last) throw new K3Error(`--output: ${path}:${lineNo} is not a result line; refusing to append to this file`);
+      if (!last) {
+        throw new K3Error(
+          `--output: ${path}:${lineNo} is not a result line; refusing to append to this file`,
+        );
+      }
       break;
     }
     done.add(key);
@@ -178,10 +214,14 @@ export async function main(args: string[]): Promise<number> {
     console.log(USAGE);
     return EXIT.ok;
   }
-  if (positionals.length !== 1) throw usageError("batch: expected exactly one <model_dir> (see k3 batch --help)");
+  if (positionals.length !== 1) {
+    throw usageError("batch: expected exactly one <model_dir> (see k3 batch --help)");
+  }
   if (values.input === undefined) throw usageError("batch: --input PROMPTS.jsonl is required");
   if (values.output === undefined) throw usageError("batch: --output RESULTS.jsonl is required");
-  if (values.input === values.output) throw usageError("batch: --input and --output must be different files");
+  if (values.input === values.output) {
+    throw usageError("batch: --input and --output must be different files");
+  }
   const dir = positionals[0];
   const genOpts = generationOptions(values);
   const memory = memoryOptions(tokens);
@@ -230,7 +270,12 @@ export async function main(args: string[]): Promise<number> {
     }
     if (text.trim() === "") return;
     try {
-      const job = parseJob(text, i + 1, { vocab: cfg.vocabSize, gen: genOpts.gen, stopIds, tokenizer: getTokenizer });
+      const job = parseJob(text, i + 1, {
+        vocab: cfg.vocabSize,
+        gen: genOpts.gen,
+        stopIds,
+        tokenizer: getTokenizer,
+      });
       if (seen.has(job.key)) return fail(i + 1, `duplicate id ${job.key}`);
       seen.add(job.key);
       jobs.push(job);
@@ -240,11 +285,17 @@ export async function main(args: string[]): Promise<number> {
   });
 
   const { done, cutBytes } = await readDone(values.output);
-  if (cutBytes > 0) console.error(`k3: batch: ${values.output}: cut a torn last line (${cutBytes} bytes) left by an interrupted run`);
+  if (cutBytes > 0) {
+    console.error(
+      `k3: batch: ${values.output}: cut a torn last line (${cutBytes} bytes) left by an interrupted run`,
+    );
+  }
   const todo = jobs.filter((j) => !done.has(j.key));
   console.error(
     `k3: batch: ${jobs.length} prompts in ${values.input}` +
-      (jobs.length - todo.length ? `, ${jobs.length - todo.length} already in ${values.output}` : "") +
+      (jobs.length - todo.length
+        ? `, ${jobs.length - todo.length} already in ${values.output}`
+        : "") +
       (failed ? `, ${failed} malformed lines skipped` : "") + `; ${todo.length} to run`,
   );
   let out: Deno.FsFile;
@@ -264,13 +315,21 @@ export async function main(args: string[]): Promise<number> {
       memory,
       onProgress: (what, d, n) => progress(what, d, n),
     });
-    console.error(`k3: ${dir}: ${cfg.numLayers} layers, hidden ${cfg.hiddenSize}, vocab ${cfg.vocabSize}; capacity ${capacity} positions; ready in ${((performance.now() - t0) / 1000).toFixed(2)} s`);
+    console.error(
+      `k3: ${dir}: ${cfg.numLayers} layers, hidden ${cfg.hiddenSize}, vocab ${cfg.vocabSize}; capacity ${capacity} positions; ready in ${
+        ((performance.now() - t0) / 1000).toFixed(2)
+      } s`,
+    );
     const enc = new TextEncoder();
     let tokensDone = 0, secondsDone = 0;
     const t1 = performance.now();
     try {
       for (const [n, job] of todo.entries()) {
-        const steps = await generate(opened.model, job.promptIds, { gen: job.gen, incremental: genOpts.incremental, stopIds: job.stopIds });
+        const steps = await generate(opened.model, job.promptIds, {
+          gen: job.gen,
+          incremental: genOpts.incremental,
+          stopIds: job.stopIds,
+        });
         const ids = steps.map((s) => s.token);
         const seconds = steps.reduce((a, s) => a + s.seconds, 0);
         const result = {
@@ -290,8 +349,12 @@ export async function main(args: string[]): Promise<number> {
         const elapsed = (performance.now() - t1) / 1000;
         const left = todo.length - n - 1;
         console.error(
-          `k3: batch: ${n + 1}/${todo.length} done (id ${job.key}: ${ids.length} tokens in ${seconds.toFixed(3)} s); ` +
-            `${tokensDone} tokens, ${(secondsDone / tokensDone).toFixed(4)} s/token, ETA ${left ? fmtDuration((elapsed / (n + 1)) * left) : "0 s"}`,
+          `k3: batch: ${n + 1}/${todo.length} done (id ${job.key}: ${ids.length} tokens in ${
+            seconds.toFixed(3)
+          } s); ` +
+            `${tokensDone} tokens, ${(secondsDone / tokensDone).toFixed(4)} s/token, ETA ${
+              left ? fmtDuration((elapsed / (n + 1)) * left) : "0 s"
+            }`,
         );
       }
     } finally {
@@ -299,7 +362,9 @@ export async function main(args: string[]): Promise<number> {
     }
     const wall = (performance.now() - t1) / 1000;
     console.error(
-      `k3: batch: ${todo.length} prompts, ${tokensDone} tokens in ${wall.toFixed(3)} s (${(wall / Math.max(tokensDone, 1)).toFixed(4)} s/token); PEAK RSS ${fmtBytes(peakRssBytes())}` +
+      `k3: batch: ${todo.length} prompts, ${tokensDone} tokens in ${wall.toFixed(3)} s (${
+        (wall / Math.max(tokensDone, 1)).toFixed(4)
+      } s/token); PEAK RSS ${fmtBytes(peakRssBytes())}` +
         (failed ? `; ${failed} malformed input lines skipped (exit 1)` : ""),
     );
     return failed ? EXIT.runtime : EXIT.ok;

@@ -42,7 +42,13 @@ export function fmtDuration(s: number): string {
 }
 
 /** The text of a progress line (without the carriage return): done/total, %, rate, ETA. */
-export function progressLine(label: string, done: number, total: number, elapsedSeconds: number, bytes?: number): string {
+export function progressLine(
+  label: string,
+  done: number,
+  total: number,
+  elapsedSeconds: number,
+  bytes?: number,
+): string {
   const pct = total > 0 ? (100 * done) / total : 100;
   const parts = [`${label}: ${done}/${total} (${pct.toFixed(pct < 10 ? 1 : 0)}%)`];
   if (elapsedSeconds > 0 && done > 0) {

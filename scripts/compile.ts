@@ -16,7 +16,13 @@
 /** Permissions of the compiled k3: files (models, outputs, the library cache), its own
  * environment variables, the kernel library, and free disk space for `k3 doctor`. No
  * network, no subprocesses. */
-export const PERMISSIONS = ["--allow-read", "--allow-write", "--allow-env", "--allow-ffi", "--allow-sys=statfs"];
+export const PERMISSIONS = [
+  "--allow-read",
+  "--allow-write",
+  "--allow-env",
+  "--allow-ffi",
+  "--allow-sys=statfs",
+];
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 const EXT = Deno.build.os === "darwin" ? "dylib" : Deno.build.os === "windows" ? "dll" : "so";
@@ -35,7 +41,16 @@ export function compileArgs(output: string): string[] {
   });
   // --no-npm: k3 imports no npm package (npm only brings Deno and test-time packages), so
   // node_modules stays out of the binary.
-  return ["compile", "--no-check", "--no-npm", "--output", output, ...PERMISSIONS, ...includes.flatMap((f) => ["--include", f]), "main.ts"];
+  return [
+    "compile",
+    "--no-check",
+    "--no-npm",
+    "--output",
+    output,
+    ...PERMISSIONS,
+    ...includes.flatMap((f) => ["--include", f]),
+    "main.ts",
+  ];
 }
 
 /** True when deno compile failed because it could not fetch denort. */
@@ -48,7 +63,11 @@ async function main(args: string[]): Promise<number> {
   for (let i = 0; i < args.length; i++) {
     if (args[i] === "--output" || args[i] === "-o") output = args[++i];
     else {
-      console.error(`compile: unknown argument ${JSON.stringify(args[i])} (usage: deno task compile [--output PATH])`);
+      console.error(
+        `compile: unknown argument ${
+          JSON.stringify(args[i])
+        } (usage: deno task compile [--output PATH])`,
+      );
       return 2;
     }
   }
@@ -65,7 +84,8 @@ async function main(args: string[]): Promise<number> {
       return 1;
     }
   }
-  const make = await new Deno.Command("make", { args: ["-s", "-C", "kernels"], cwd: ROOT }).output();
+  const make = await new Deno.Command("make", { args: ["-s", "-C", "kernels"], cwd: ROOT })
+    .output();
   if (!make.success) {
     console.error("compile: building the kernel library failed (make -C kernels)");
     await Deno.stderr.write(make.stderr);
@@ -73,7 +93,12 @@ async function main(args: string[]): Promise<number> {
   }
   const args2 = compileArgs(output);
   console.error(`compile: ${Deno.execPath()} ${args2.join(" ")}`);
-  const out = await new Deno.Command(Deno.execPath(), { args: args2, cwd: ROOT, stdout: "inherit", stderr: "piped" }).output();
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: args2,
+    cwd: ROOT,
+    stdout: "inherit",
+    stderr: "piped",
+  }).output();
   const stderr = new TextDecoder().decode(out.stderr);
   if (!out.success) {
     if (isDenortFailure(stderr) && !denort) {
@@ -91,7 +116,9 @@ async function main(args: string[]): Promise<number> {
     return 1;
   }
   await Deno.stderr.write(out.stderr);
-  console.error(`compile: wrote ${output}; try: ${output.includes("/") ? output : `./${output}`} --help`);
+  console.error(
+    `compile: wrote ${output}; try: ${output.includes("/") ? output : `./${output}`} --help`,
+  );
   return 0;
 }
 

@@ -19,7 +19,9 @@ export const DEMO_BUDGET = ["--trunk-gb", "0.0005", "--cache-gb", "0.0002"];
 export const DEMO_PROMPT = "Once upon a time";
 
 async function step(args: string[]): Promise<number> {
-  console.error(`\ndemo: $ k3 ${args.map((a) => (/[\s"]/.test(a) ? JSON.stringify(a) : rel(a))).join(" ")}`);
+  console.error(
+    `\ndemo: $ k3 ${args.map((a) => (/[\s"]/.test(a) ? JSON.stringify(a) : rel(a))).join(" ")}`,
+  );
   return await cli(args);
 }
 
@@ -43,21 +45,39 @@ async function main(): Promise<number> {
       Deno.statSync(`${ROOT}/cli/pack.ts`);
       packed = true;
     } catch {
-      console.error("demo: note: `k3 pack` is not in this checkout yet; running without a packed trunk");
+      console.error(
+        "demo: note: `k3 pack` is not in this checkout yet; running without a packed trunk",
+      );
     }
     if (packed) {
       const code = await step(["pack", TINY, trunk]);
       if (code !== 0) return code;
       memory = ["--trunk", trunk, ...DEMO_BUDGET];
     }
-    const code = await step(["run", TINY, "--prompt", DEMO_PROMPT, "--gen", "16", ...memory, "--out", `${tmp}/report.json`]);
+    const code = await step([
+      "run",
+      TINY,
+      "--prompt",
+      DEMO_PROMPT,
+      "--gen",
+      "16",
+      ...memory,
+      "--out",
+      `${tmp}/report.json`,
+    ]);
     if (code !== 0) return code;
     const report = JSON.parse(await Deno.readTextFile(`${tmp}/report.json`));
     console.error(
-      `\ndemo: --out report: ${report.generated_ids.length} tokens, ${Number(report.seconds_per_token).toFixed(4)} s/token, ` +
-        `peak RSS ${(report.peak_rss_bytes / 1e6).toFixed(1)} MB, trunk read ${report.trunk_bytes_read} B, experts read ${report.expert_bytes_read} B`,
+      `\ndemo: --out report: ${report.generated_ids.length} tokens, ${
+        Number(report.seconds_per_token).toFixed(4)
+      } s/token, ` +
+        `peak RSS ${
+          (report.peak_rss_bytes / 1e6).toFixed(1)
+        } MB, trunk read ${report.trunk_bytes_read} B, experts read ${report.expert_bytes_read} B`,
     );
-    console.error(`demo: done; removed ${tmp}. Next: k3 doctor, then k3 pack / k3 run on the real checkpoint (README).`);
+    console.error(
+      `demo: done; removed ${tmp}. Next: k3 doctor, then k3 pack / k3 run on the real checkpoint (README).`,
+    );
     return 0;
   } finally {
     Deno.removeSignalListener("SIGINT", onSigint);

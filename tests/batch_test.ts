@@ -53,7 +53,17 @@ Deno.test("batch: killed mid-run (SIGKILL), rerun: the union equals an uninterru
   // Start it again on a fresh output file, kill it as soon as one result is on disk.
   const out = `${dir.path}/killed.jsonl`;
   const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", "--allow-all", `${ROOT}/main.ts`, "batch", TINY, "--input", input, "--output", out],
+    args: [
+      "run",
+      "--allow-all",
+      `${ROOT}/main.ts`,
+      "batch",
+      TINY,
+      "--input",
+      input,
+      "--output",
+      out,
+    ],
     stdout: "null",
     stderr: "null",
   }).spawn();
@@ -113,7 +123,7 @@ Deno.test("batch: malformed lines are reported by line number and skipped; exit 
       '{"id": 3, "ids": [5], "gen": 0}',
       '{"id": 4, "ids": [7, 8], "extra": 1}',
       '{"ids": [1]}',
-      '[1, 2]',
+      "[1, 2]",
       '{"id": 5, "ids": [1, 2, 3], "gen": 4}',
     ].join("\n"),
   );
@@ -141,7 +151,10 @@ Deno.test("batch: malformed lines are reported by line number and skipped; exit 
 
   // A stop id ends a line early; "stopped" says so.
   const stop = rs[1].generated_ids[1];
-  await Deno.writeTextFile(input, JSON.stringify({ id: "s", ids: [1, 2, 3], gen: 4, stop_ids: [stop] }) + "\n");
+  await Deno.writeTextFile(
+    input,
+    JSON.stringify({ id: "s", ids: [1, 2, 3], gen: 4, stop_ids: [stop] }) + "\n",
+  );
   const res2 = await k3(["batch", TINY, "--input", input, "--output", `${dir.path}/s.jsonl`]);
   assert.equal(res2.code, 0, res2.stderr);
   const [s] = await results(`${dir.path}/s.jsonl`);
@@ -153,10 +166,15 @@ Deno.test("batch: text prompts without a tokenizer fail per line; ids lines stil
   await using dir = await tempDir();
   // A model dir without tiktoken.model.
   for await (const e of Deno.readDir(TINY)) {
-    if (e.isFile && e.name !== "tiktoken.model") await Deno.copyFile(`${TINY}/${e.name}`, `${dir.path}/${e.name}`);
+    if (e.isFile && e.name !== "tiktoken.model") {
+      await Deno.copyFile(`${TINY}/${e.name}`, `${dir.path}/${e.name}`);
+    }
   }
   const input = `${dir.path}/p.jsonl`;
-  await Deno.writeTextFile(input, '{"id": 1, "prompt": "hi"}\n{"id": 2, "ids": [1, 2], "gen": 2}\n');
+  await Deno.writeTextFile(
+    input,
+    '{"id": 1, "prompt": "hi"}\n{"id": 2, "ids": [1, 2], "gen": 2}\n',
+  );
   const res = await k3(["batch", dir.path, "--input", input, "--output", `${dir.path}/r.jsonl`]);
   assert.equal(res.code, 1, res.stderr);
   assert.match(res.stderr, /p\.jsonl:1: "prompt" needs a tokenizer: pass --tok DIR/);
@@ -185,13 +203,31 @@ Deno.test("batch: usage errors exit 2 with one line", async () => {
     [["batch", TINY, "--output", `${dir.path}/r`], /--input PROMPTS\.jsonl is required/],
     [["batch", TINY, "--input", input], /--output RESULTS\.jsonl is required/],
     [["batch", "--input", input, "--output", `${dir.path}/r`], /expected exactly one <model_dir>/],
-    [["batch", TINY, "--input", input, "--output", input], /--input and --output must be different/],
-    [["batch", TINY, "--input", `${dir.path}/missing`, "--output", `${dir.path}/r`], /--input: cannot read/],
-    [["batch", TINY, "--input", input, "--output", `${dir.path}/r`, "--prompt", "x"], /Unknown option '--prompt'/],
-    [["batch", TINY, "--input", input, "--output", `${dir.path}/r`, "--gen", "5000"], /--gen: 5000 is out of range 1\.\.4096/],
-    [["batch", TINY, "--input", input, "--output", `${dir.path}/r`, "--stop-id", "99999"], /--stop-id: id 99999 is outside the vocabulary/],
+    [
+      ["batch", TINY, "--input", input, "--output", input],
+      /--input and --output must be different/,
+    ],
+    [
+      ["batch", TINY, "--input", `${dir.path}/missing`, "--output", `${dir.path}/r`],
+      /--input: cannot read/,
+    ],
+    [
+      ["batch", TINY, "--input", input, "--output", `${dir.path}/r`, "--prompt", "x"],
+      /Unknown option '--prompt'/,
+    ],
+    [
+      ["batch", TINY, "--input", input, "--output", `${dir.path}/r`, "--gen", "5000"],
+      /--gen: 5000 is out of range 1\.\.4096/,
+    ],
+    [
+      ["batch", TINY, "--input", input, "--output", `${dir.path}/r`, "--stop-id", "99999"],
+      /--stop-id: id 99999 is outside the vocabulary/,
+    ],
     [["batch", TINY, "--input"], /--input.* argument missing/],
-    [["batch", TINY, "--input", input, "--output", `${dir.path}/r`, "--preset", "huge"], /--preset: unknown preset "huge"/],
+    [
+      ["batch", TINY, "--input", input, "--output", `${dir.path}/r`, "--preset", "huge"],
+      /--preset: unknown preset "huge"/,
+    ],
   ];
   for (const [args, pattern] of cases) {
     const res = await k3(args);

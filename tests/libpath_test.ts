@@ -7,7 +7,15 @@
 
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { cacheDir, extractLibrary, HASH_PREFIX, LIB_EXT, moduleLibraryPath, resolveLibrary, sha256Hex } from "../engine/libpath.ts";
+import {
+  cacheDir,
+  extractLibrary,
+  HASH_PREFIX,
+  LIB_EXT,
+  moduleLibraryPath,
+  resolveLibrary,
+  sha256Hex,
+} from "../engine/libpath.ts";
 import { openKernels } from "../engine/ffi.ts";
 import { k3, ROOT, tempDir } from "./helpers.ts";
 
@@ -15,7 +23,10 @@ const envOf = (vars: Record<string, string>) => (name: string) => vars[name];
 const LIB = `${ROOT}/kernels/build/libk3.${LIB_EXT}`;
 
 Deno.test("sha256Hex matches node:crypto and a known vector", () => {
-  assert.equal(sha256Hex(new TextEncoder().encode("abc")), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  assert.equal(
+    sha256Hex(new TextEncoder().encode("abc")),
+    "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+  );
   const bytes = crypto.getRandomValues(new Uint8Array(4096));
   assert.equal(sha256Hex(bytes), createHash("sha256").update(bytes).digest("hex"));
 });
@@ -45,7 +56,11 @@ Deno.test("extract: written, reused, rewritten when corrupt or truncated; atomic
   const mtime = (await Deno.stat(first.path)).mtime!.getTime();
   const again = extractLibrary(bytes, cache);
   assert.deepEqual(again, { path: first.path, action: "reused" });
-  assert.equal((await Deno.stat(first.path)).mtime!.getTime(), mtime, "a matching copy is not rewritten");
+  assert.equal(
+    (await Deno.stat(first.path)).mtime!.getTime(),
+    mtime,
+    "a matching copy is not rewritten",
+  );
 
   // A flipped byte (same size): re-extracted.
   const bad = bytes.slice();
@@ -78,14 +93,27 @@ Deno.test("extract: written, reused, rewritten when corrupt or truncated; atomic
 Deno.test("extract: an unwritable cache dir is a one-line error naming the way out", async () => {
   await using dir = await tempDir();
   await Deno.writeTextFile(`${dir.path}/file`, "not a directory");
-  assert.throws(() => extractLibrary(new Uint8Array([1, 2, 3]), `${dir.path}/file/k3`), /cannot extract the kernel library .*XDG_CACHE_HOME or K3_LIB/);
+  assert.throws(
+    () => extractLibrary(new Uint8Array([1, 2, 3]), `${dir.path}/file/k3`),
+    /cannot extract the kernel library .*XDG_CACHE_HOME or K3_LIB/,
+  );
 });
 
 Deno.test("resolve: K3_LIB first, then the checkout, else a build hint", async () => {
   await using dir = await tempDir();
-  assert.deepEqual(resolveLibrary({ env: envOf({ K3_LIB: "/some/lib.so" }), modulePath: LIB, standalone: true }), { path: "/some/lib.so", source: "env" });
-  assert.deepEqual(resolveLibrary({ env: envOf({}), modulePath: LIB, standalone: false }), { path: LIB, source: "checkout" });
-  assert.throws(() => resolveLibrary({ env: envOf({}), modulePath: `${dir.path}/missing.so`, standalone: false }), /not found .*make -C kernels/);
+  assert.deepEqual(
+    resolveLibrary({ env: envOf({ K3_LIB: "/some/lib.so" }), modulePath: LIB, standalone: true }),
+    { path: "/some/lib.so", source: "env" },
+  );
+  assert.deepEqual(resolveLibrary({ env: envOf({}), modulePath: LIB, standalone: false }), {
+    path: LIB,
+    source: "checkout",
+  });
+  assert.throws(
+    () =>
+      resolveLibrary({ env: envOf({}), modulePath: `${dir.path}/missing.so`, standalone: false }),
+    /not found .*make -C kernels/,
+  );
   // Default arguments: this process is a checkout.
   if (!Deno.env.get("K3_LIB")) assert.equal(resolveLibrary().source, "checkout");
 });
@@ -106,11 +134,16 @@ Deno.test("resolve in a compiled binary: the embedded file is extracted to the c
   await Deno.writeTextFile(r1.path, "garbage");
   assert.equal(resolveLibrary({ env, modulePath: embedded, standalone: true }).action, "rewritten");
   // No embedded file: an error pointing at deno task compile / K3_LIB.
-  assert.throws(() => resolveLibrary({ env, modulePath: `${dir.path}/nope.so`, standalone: true }), /no embedded kernel library.*deno task compile/);
+  assert.throws(
+    () => resolveLibrary({ env, modulePath: `${dir.path}/nope.so`, standalone: true }),
+    /no embedded kernel library.*deno task compile/,
+  );
 });
 
 Deno.test("CLI: a bad K3_LIB is one line and exit 1", async () => {
-  const out = await k3(["run", `${ROOT}/tests/fixtures/tiny`, "--ids", "1,2", "--gen", "1"], { env: { K3_LIB: "/nonexistent/libk3.so" } });
+  const out = await k3(["run", `${ROOT}/tests/fixtures/tiny`, "--ids", "1,2", "--gen", "1"], {
+    env: { K3_LIB: "/nonexistent/libk3.so" },
+  });
   assert.equal(out.code, 1, out.stderr);
   assert.equal(out.stderr.trim().split("\n").length, 1, out.stderr);
   assert.match(out.stderr, /^k3: cannot load kernel library \/nonexistent\/libk3\.so: .*K3_LIB/);
