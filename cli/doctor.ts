@@ -1,0 +1,375 @@
+/**
+ * `k3 doctor [--dir PATH]`: can this machine run Kimi K3, with which preset, and how fast
+ * does its disk read the way the engine reads?
+ *
+ * Checks: the CPU features the kernels use and the kernel library's SIMD path; available
+ * memory and the largest preset that fits; free disk at --dir; read speed on a temporary
+ * file under --dir (17.5 MB aligned random reads with O_DIRECT at depth 1 and 16, and large
+ * sequential reads), removed afterwards. Exit 1 when the machine cannot run the model at
+ * all (under 4 GB available, too little disk, no loadable kernel library).
+ *
+ * @module
+ */
+
+import { statfsSync } from "node:fs";
+import { EXIT, usageError } from "../engine/errors.ts";
+import { isaName, type Kernels, kernels } from "../engine/ffi.ts";
+import { IoFile } from "../engine/io.ts";
+import { PRESETS } from "../engine/plan.ts";
+import { fmtBytes, intFlag, parseFlags } from "./common.ts";
+import { progress } from "./progress.ts";
+
+export const USAGE = `usage: k3 doctor [--dir PATH] [--size-mb N]
+
+Checks this machine for Kimi K3: CPU features and the kernels' SIMD path, available memory
+and the preset that fits, free disk at PATH, and PATH's read speed measured the way the
+engine reads (17.5 MB aligned random reads with O_DIRECT at depth 1 and 16, and large
+sequential reads) on a temporary file it writes under PATH and removes. Then the command
+to run next.
+
+exit codes: 0 the model can run here; 1 it cannot (under ${4} GB available memory, too
+little disk, or no loadable kernel library); 2 usage error.
+
+  --dir PATH     the disk that holds (or will hold) the checkpoint and packed trunk
+                 (default: the current directory)
+  --size-mb N    size of the temporary test file in MiB (default 1024, 64..65536);
+                 larger is slower and more accurate
+  --no-read      skip the read-speed test (writes nothing)
+  -h, --help     this help
+`;
+
+/** The real checkpoint: 96 shards. */
+export const CHECKPOINT_BYTES = 1_560_936_091_448;
+/** The packed trunk (`k3 pack`). */
+export const TRUNK_BYTES = 113.5e9;
+/** Below this much available memory nothing runs. */
+export const MIN_AVAILABLE = 4e9;
+/** Memory beyond a preset's trunk + cache: runtime, buffers, a short KV cache (GB). */
+export const HEADROOM_GB = 1;
+/** One routed expert's read: 3 x 3072 x 3584 MXFP4 weights = 17,547,264 bytes (17.5 MB,
+ * a multiple of 4096). */
+export const EXPERT_READ = 17_547_264;
+
+/** What doctor found, for the verdict. */
+export interface Facts {
+  memAvailable?: number;
+  memTotal?: number;
+  diskFree?: number;
+  /** --dir already holds a checkpoint (model.safetensors.index.json). */
+  hasCheckpoint: boolean;
+  kernelError?: string;
+}
+
+/** The largest fixed preset whose trunk + cache + headroom fits in `available` bytes. */
+export function fittingPreset(available: number): (typeof PRESETS)[number] | undefined {
+  const fits = PRESETS.filter((p) =>
+    p.name !== "auto" && (p.trunkGB + p.cacheGB + HEADROOM_GB) * 1e9 <= available
+  );
+  return fits.sort((a, b) => b.trunkGB + b.cacheGB - (a.trunkGB + a.cacheGB))[0];
+}
+
+/** Bytes of disk the model still needs at --dir. */
+export function diskNeeded(hasCheckpoint: boolean): number {
+  return (hasCheckpoint ? 0 : CHECKPOINT_BYTES) + TRUNK_BYTES;
+}
+
+/** Reasons the model cannot run here at all (empty: it can). */
+export function problems(f: Facts): string[] {
+  const out: string[] = [];
+  if (f.kernelError) out.push(`no loadable kernel library: ${f.kernelError}`);
+  if (f.memAvailable !== undefined && f.memAvailable < MIN_AVAILABLE) {
+    out.push(
+      `only ${fmtBytes(f.memAvailable)} of memory available; the smallest preset (ultra) needs ${
+        MIN_AVAILABLE / 1e9
+      } GB`,
+    );
+  }
+  if (f.diskFree !== undefined && f.diskFree < diskNeeded(f.hasCheckpoint)) {
+    out.push(
+      `${fmtBytes(f.diskFree)} free on the disk of --dir; ` +
+        (f.hasCheckpoint
+          ? `packing the trunk needs ${fmtBytes(TRUNK_BYTES)}`
+          : `the checkpoint (${fmtBytes(CHECKPOINT_BYTES)}) and its packed trunk (${
+            fmtBytes(TRUNK_BYTES)
+          }) need ${fmtBytes(diskNeeded(false))}`),
+    );
+  }
+  return out;
+}
+
+/** /proc/meminfo fields, in bytes. */
+function meminfo(): { available?: number; total?: number } {
+  try {
+    const t = Deno.readTextFileSync("/proc/meminfo");
+    const get = (k: string) => {
+      const m = t.match(new RegExp(`^${k}:\\s+(\\d+) kB`, "m"));
+      return m ? Number(m[1]) * 1024 : undefined;
+    };
+    return { available: get("MemAvailable"), total: get("MemTotal") };
+  } catch {
+    return {};
+  }
+}
+
+/** CPU model and the feature flags the kernels care about. */
+function cpuInfo(): { model: string; flags: Set<string> } {
+  try {
+    const t = Deno.readTextFileSync("/proc/cpuinfo");
+    const model = t.match(/^(?:model name|Model|Hardware)\s*:\s*(.+)$/m)?.[1] ?? "unknown";
+    const flags = new Set((t.match(/^(?:flags|Features)\s*:\s*(.+)$/m)?.[1] ?? "").split(/\s+/));
+    return { model, flags };
+  } catch {
+    return { model: `unknown (${Deno.build.arch}, no /proc/cpuinfo)`, flags: new Set() };
+  }
+}
+
+/** Read-speed results in bytes per second (undefined: not measured). */
+interface Speeds {
+  direct: boolean;
+  write?: number;
+  random1?: number;
+  random16?: number;
+  sequential?: number;
+}
+
+/** Writes a size-byte file, then measures random and sequential reads on it. */
+async function measure(k: Kernels, path: string, size: number): Promise<Speeds> {
+  const CHUNK = 16 * 1024 * 1024;
+  const SEQ = 64 * 1024 * 1024;
+  const bufs: Deno.PointerValue[] = [];
+  const alloc = (n: number) => {
+    const p = k.k3_alloc(BigInt(n));
+    if (!p) throw new Error(`cannot allocate ${n} bytes`);
+    bufs.push(p);
+    return p;
+  };
+  const speeds: Speeds = { direct: false };
+  try {
+    // Write random bytes (not zeros: some filesystems would store those as holes).
+    const wbuf = alloc(CHUNK)!;
+    const view = new Uint8Array(Deno.UnsafePointerView.getArrayBuffer(wbuf, CHUNK));
+    for (let i = 0; i < CHUNK; i += 65536) crypto.getRandomValues(view.subarray(i, i + 65536));
+    const w = IoFile.open(path, { write: true, direct: true });
+    try {
+      const t0 = performance.now();
+      for (let off = 0; off < size; off += CHUNK) {
+        view[0] = off & 0xff; // not a repeated block
+        await w.pwrite(wbuf, Math.min(CHUNK, size - off), off);
+        progress("doctor: write", off + CHUNK, size, off + CHUNK);
+      }
+      await w.sync();
+      speeds.write = size / ((performance.now() - t0) / 1000);
+    } finally {
+      w.close();
+    }
+    const r = IoFile.open(path, { direct: true });
+    speeds.direct = r.direct;
+    try {
+      const slots = Array.from({ length: 16 }, () => alloc(EXPERT_READ)!);
+      const maxBlock = Math.floor((size - EXPERT_READ) / 4096);
+      const offset = () => 4096 * Math.floor(Math.random() * (maxBlock + 1));
+      // Enough reads to cover the file about once per depth, at least 16.
+      const reads = Math.max(16, Math.ceil(size / EXPERT_READ));
+      for (const depth of [1, 16]) {
+        let issued = 0, done = 0;
+        const t0 = performance.now();
+        const lane = async (slot: NonNullable<Deno.PointerValue>) => {
+          while (issued < reads) {
+            issued++;
+            await r.readExact(slot, EXPERT_READ, offset());
+            progress(`doctor: random reads, depth ${depth}`, ++done, reads, done * EXPERT_READ);
+          }
+        };
+        await Promise.all(slots.slice(0, depth).map(lane));
+        const bps = (reads * EXPERT_READ) / ((performance.now() - t0) / 1000);
+        if (depth === 1) speeds.random1 = bps;
+        else speeds.random16 = bps;
+      }
+      const sbuf = alloc(SEQ)!;
+      const t0 = performance.now();
+      for (let off = 0; off < size; off += SEQ) {
+        await r.pread(sbuf, Math.min(SEQ, size - off), off);
+        progress(
+          "doctor: sequential reads",
+          Math.min(off + SEQ, size),
+          size,
+          Math.min(off + SEQ, size),
+        );
+      }
+      speeds.sequential = size / ((performance.now() - t0) / 1000);
+    } finally {
+      r.close();
+    }
+  } finally {
+    for (const p of bufs) k.k3_free(p);
+  }
+  return speeds;
+}
+
+const gbps = (x?: number) => (x === undefined ? "-" : `${(x / 1e9).toFixed(2)} GB/s`);
+
+export async function main(args: string[]): Promise<number> {
+  const { values, positionals } = parseFlags("doctor", args, {
+    dir: { type: "string" },
+    "size-mb": { type: "string" },
+    "no-read": { type: "boolean" },
+    help: { type: "boolean", short: "h" },
+  }, false);
+  if (values.help) {
+    console.log(USAGE);
+    return EXIT.ok;
+  }
+  void positionals;
+  const dir = values.dir ?? ".";
+  const sizeMb = intFlag("size-mb", values["size-mb"], 1024, 64, 65536);
+  if (values["no-read"] && values["size-mb"] !== undefined) {
+    throw usageError("doctor: --size-mb and --no-read conflict: choose one");
+  }
+  try {
+    if (!Deno.statSync(dir).isDirectory) throw usageError(`--dir: ${dir} is not a directory`);
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) throw usageError(`--dir: ${dir} does not exist`);
+    throw e;
+  }
+  const line = (label: string, text: string) => console.log(`${label.padEnd(10)}${text}`);
+  const warnings: string[] = [];
+
+  // CPU and kernels.
+  const cpu = cpuInfo();
+  const want = Deno.build.arch === "aarch64"
+    ? ["asimd"]
+    : ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"];
+  line(
+    "cpu",
+    `${cpu.model}; ${navigator.hardwareConcurrency} threads; ${
+      want.map((f) => `${f} ${cpu.flags.has(f) ? "yes" : "no"}`).join(", ")
+    }`,
+  );
+  const facts: Facts = { hasCheckpoint: false };
+  let k: Kernels | undefined;
+  try {
+    k = kernels();
+    const isa = isaName(k);
+    line(
+      "kernels",
+      `${isa} path (${
+        isa === "scalar" ? "no SIMD: correct but slow" : "SIMD"
+      }); the same tokens on every path`,
+    );
+    if (Deno.build.arch === "x86_64" && isa === "scalar" && cpu.flags.has("avx2")) {
+      warnings.push(
+        "the kernel library was built without SIMD although this CPU has AVX2: rebuild with `make -C kernels`",
+      );
+    }
+  } catch (e) {
+    facts.kernelError = (e as Error).message;
+    line("kernels", `NOT LOADABLE: ${facts.kernelError}`);
+  }
+
+  // Memory.
+  const mem = meminfo();
+  facts.memAvailable = mem.available;
+  facts.memTotal = mem.total;
+  const fit = mem.available === undefined ? undefined : fittingPreset(mem.available);
+  if (mem.available === undefined) {
+    line("memory", "unknown (no /proc/meminfo); choose a preset with k3 presets");
+  } else {
+    line(
+      "memory",
+      `${fmtBytes(mem.available)} available of ${fmtBytes(mem.total ?? 0)}; ` +
+        (fit
+          ? `fits preset ${fit.name} (trunk ${fit.trunkGB} GB + expert cache ${fit.cacheGB} GB + ~${HEADROOM_GB} GB runtime)`
+          : "fits no preset"),
+    );
+  }
+
+  // Disk.
+  try {
+    Deno.statSync(`${dir}/model.safetensors.index.json`);
+    facts.hasCheckpoint = true;
+  } catch { /* no checkpoint there yet */ }
+  try {
+    const s = statfsSync(dir);
+    facts.diskFree = Number(s.bavail) * Number(s.bsize);
+    line(
+      "disk",
+      `${fmtBytes(facts.diskFree)} free at ${dir}; ${
+        facts.hasCheckpoint
+          ? "it holds a checkpoint; packing its trunk needs"
+          : "the checkpoint and its packed trunk need"
+      } ${fmtBytes(diskNeeded(facts.hasCheckpoint))}`,
+    );
+  } catch (e) {
+    line("disk", `cannot read free space at ${dir}: ${(e as Error).message}`);
+  }
+
+  // Read speed.
+  if (values["no-read"]) line("reads", "not measured (--no-read)");
+  else if (!k) line("reads", "not measured (needs the kernel library)");
+  else if (facts.diskFree !== undefined && facts.diskFree < sizeMb * 1048576 * 1.1) {
+    line("reads", `not measured (the ${sizeMb} MiB test file does not fit)`);
+  } else {
+    const path = `${dir}/.k3-doctor-${Deno.pid}-${Date.now()}.tmp`;
+    let sp: Speeds | undefined;
+    try {
+      sp = await measure(k, path, sizeMb * 1048576);
+    } catch (e) {
+      line("reads", `not measured: ${(e as Error).message}`);
+    } finally {
+      try {
+        Deno.removeSync(path);
+      } catch { /* never created */ }
+    }
+    if (sp) {
+      line(
+        "reads",
+        `${
+          sp.direct ? "O_DIRECT" : "buffered (this filesystem refuses O_DIRECT)"
+        } on a ${sizeMb} MiB file: ` +
+          `17.5 MB random ${gbps(sp.random1)} at depth 1, ${
+            gbps(sp.random16)
+          } at depth 16; sequential ${gbps(sp.sequential)}; write ${gbps(sp.write)}`,
+      );
+      if (!sp.direct) {
+        warnings.push(
+          "without O_DIRECT the reads above were served from the page cache (the file was just written): they measure memory, not the disk",
+        );
+      } else {warnings.push(
+          `a ${sizeMb} MiB file can sit in the drive's own cache; the 1.56 TB checkpoint cannot, so a larger --size-mb is closer to the truth`,
+        );}
+      const perToken = 16 * 92 * EXPERT_READ; // worst case: every routed expert of every layer missed
+      if (sp.random16 !== undefined) {
+        line(
+          "",
+          `at that rate an all-miss token (16 experts x 92 layers = ${
+            fmtBytes(perToken)
+          }) reads in ${
+            (perToken / sp.random16).toFixed(1)
+          } s; the expert cache and prefetch cut this`,
+        );
+      }
+    }
+  }
+
+  const bad = problems(facts);
+  for (const w of warnings) line("note", w);
+  if (bad.length) {
+    for (const p of bad) line("PROBLEM", p);
+    console.log(
+      "\nverdict: this machine cannot run Kimi K3 as it is. Fix the problems above, then run k3 doctor again.",
+    );
+    return EXIT.runtime;
+  }
+  const preset = fit?.name ?? "ultra";
+  console.log(`\nverdict: this machine can run Kimi K3 with --preset ${preset}. Next:`);
+  if (!facts.hasCheckpoint) {
+    console.log(
+      `  download the checkpoint (96 shards, ${
+        CHECKPOINT_BYTES.toLocaleString("en-US")
+      } bytes) into a directory on this disk, then`,
+    );
+  }
+  console.log(`  k3 pack MODEL_DIR TRUNK_DIR`);
+  console.log(`  k3 run MODEL_DIR --trunk TRUNK_DIR --preset ${preset} --prompt "Hello"`);
+  return EXIT.ok;
+}

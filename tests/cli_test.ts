@@ -1,0 +1,282 @@
+/**
+ * The command surface, run as a subprocess: help and version without a model, every
+ * subcommand's --help, and every usage error and exit code the README documents
+ * (0 ok, 1 runtime failure or a batch with bad lines, 2 usage error; 4 is exercised by the
+ * expert-streaming tests). Usage errors are one line on stderr, "k3: ...", no stack trace.
+ */
+
+import assert from "node:assert/strict";
+import { diskNeeded, fittingPreset, problems, TRUNK_BYTES } from "../cli/doctor.ts";
+import { fmtDuration, progressLine } from "../cli/progress.ts";
+import { copyDir, k3, type Output, ROOT, tempDir, TINY } from "./helpers.ts";
+
+const exists = (p: string) => {
+  try {
+    Deno.statSync(`${ROOT}/${p}`);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+/** Exit `code` with exactly one line on stderr matching `pattern`. */
+function assertOneLine(out: Output, code: number, pattern: RegExp, what: string): void {
+  assert.equal(out.code, code, `${what}: exit code (stderr: ${out.stderr})`);
+  const lines = out.stderr.trim().split("\n");
+  assert.equal(lines.length, 1, `${what}: one line on stderr, got: ${out.stderr}`);
+  assert.match(lines[0], /^k3: /, what);
+  assert.match(lines[0], pattern, what);
+  assert.doesNotMatch(out.stderr, /\s+at .*:\d+:\d+/, `${what}: no stack trace`);
+}
+
+const COMMANDS = ["run", "batch", "pack", "tokenize", "detokenize", "doctor", "presets"];
+
+Deno.test("k3 --help, -h, help: the command list, exit 0; no arguments: the same on stdout, exit 2", async () => {
+  for (const flag of ["--help", "-h", "help"]) {
+    const out = await k3([flag]);
+    assert.equal(out.code, 0, out.stderr);
+    for (const c of COMMANDS) {
+      assert.match(out.stdout, new RegExp(`^  ${c} `, "m"), `${flag} lists ${c}`);
+    }
+    assert.match(out.stdout, /exit codes: 0 ok, 1 runtime failure, 2 usage/);
+    assert.match(out.stdout, /--list-presets/);
+  }
+  const none = await k3([]);
+  assert.equal(none.code, 2);
+  assert.match(none.stdout, /usage: k3 <command>/);
+});
+
+Deno.test("k3 --version, -V: exit 0, no model needed", async () => {
+  for (const flag of ["--version", "-V"]) {
+    const out = await k3([flag]);
+    assert.equal(out.code, 0);
+    assert.match(out.stdout, /^k3 \d+\.\d+\.\d+\n$/);
+  }
+});
+
+Deno.test({
+  name: "k3 --list-presets and k3 presets: the preset table without a model",
+  ignore: !exists("cli/presets.ts"),
+  fn: async () => {
+    for (const args of [["--list-presets"], ["presets"]]) {
+      const out = await k3(args);
+      assert.equal(out.code, 0, out.stderr);
+      for (const p of ["ultra", "laptop", "desktop", "workstation", "server", "max", "auto"]) {
+        assert.match(out.stdout, new RegExp(p));
+      }
+    }
+    assertOneLine(
+      await k3(["--list-presets", "x"]),
+      2,
+      /--list-presets takes no arguments/,
+      "--list-presets x",
+    );
+  },
+});
+
+Deno.test("every subcommand has --help (exit 0, usage on stdout, no model needed)", async () => {
+  for (const c of COMMANDS) {
+    if (!exists(`cli/${c}.ts`)) continue; // being written elsewhere
+    for (const flag of ["tokenize", "detokenize"].includes(c) ? ["--help"] : ["--help", "-h"]) {
+      const out = await k3([c, flag]);
+      assert.equal(out.code, 0, `${c} ${flag}: ${out.stderr}`);
+      assert.match(out.stdout, new RegExp(`usage: k3 ${c}`, "i"), `${c} ${flag}`);
+    }
+  }
+});
+
+Deno.test("unknown command or top-level option: exit 2", async () => {
+  assertOneLine(
+    await k3(["frobnicate"]),
+    2,
+    /unknown command "frobnicate" \(see k3 --help\)/,
+    "unknown command",
+  );
+  assertOneLine(await k3(["--frobnicate"]), 2, /unknown option "--frobnicate"/, "unknown option");
+  assertOneLine(
+    await k3(["constructor"]),
+    2,
+    /unknown command "constructor"/,
+    "no prototype lookups",
+  );
+});
+
+Deno.test("k3 run: usage errors exit 2 with one line naming the problem", async () => {
+  await using noTok = await tempDir();
+  await copyDir(TINY, noTok.path);
+  await Deno.remove(`${noTok.path}/tiktoken.model`);
+  const cases: [string[], RegExp][] = [
+    [["run", TINY, "--ids", "1", "--frob"], /run: Unknown option '--frob'/],
+    [["run", TINY, "--ids", "1", "--gen"], /run: Option '--gen <value>' argument missing/],
+    [["run", TINY, "--ids"], /--ids <value>' argument missing/],
+    [
+      ["run", TINY, "--prompt", "hi", "--ids", "1,2"],
+      /only one prompt source is allowed, got --prompt and --ids/,
+    ],
+    [["run", TINY, "--prompt", "hi", "--prompt-file", "/x"], /only one prompt source is allowed/],
+    [["run", TINY], /a prompt is required: one of --prompt, --prompt-file, --ids/],
+    [["run", "--ids", "1"], /run: expected exactly one <model_dir>/],
+    [["run", TINY, TINY, "--ids", "1"], /run: expected exactly one <model_dir>/],
+    [["run", TINY, "--ids", "1", "--gen", "5000"], /--gen: 5000 is out of range 1\.\.4096/],
+    [["run", TINY, "--ids", "1", "--gen", "0"], /--gen: 0 is out of range/],
+    [["run", TINY, "--ids", "1", "--gen", "many"], /--gen: expected an integer, got "many"/],
+    [["run", TINY, "--ids", "1", "--chunk", "0"], /--chunk: 0 is out of range 1\.\.256/],
+    [["run", TINY, "--ids", "1", "--layers", "14"], /--layers: 14 is out of range 1\.\.13/],
+    [["run", TINY, "--ids", "1,x"], /--ids: expected comma-separated token ids/],
+    [["run", TINY, "--ids", "1,99999"], /--ids: id 99999 is outside the vocabulary \(0\.\.1023\)/],
+    [
+      ["run", TINY, "--ids", "1", "--stop-id", "5000"],
+      /--stop-id: id 5000 is outside the vocabulary/,
+    ],
+    [
+      ["run", TINY, "--ids", "1", "--incremental", "--full-recompute"],
+      /--incremental and --full-recompute conflict/,
+    ],
+    [["run", TINY, "--ids", "1", "--preset", "huge"], /--preset: unknown preset "huge"/],
+    [["run", TINY, "--ids", "1", "--trunk-gb=-1"], /--trunk-gb: -1 is out of range/],
+    [["run", TINY, "--ids", "1", "--trunk-gb", "-1"], /--trunk-gb' argument is ambiguous/],
+    [
+      ["run", TINY, "--ids", "1", "--cache-gb", "lots"],
+      /--cache-gb: expected a number, got "lots"/,
+    ],
+    [["run", noTok.path, "--prompt", "hi"], /--prompt needs a tokenizer: pass --tok DIR/],
+    [["run", TINY, "--prompt-file", `${noTok.path}/missing.txt`], /--prompt-file: cannot read/],
+    [["run", TINY, "--prompt", ""], /the prompt is empty/],
+    [["run", `${noTok.path}/nowhere`, "--ids", "1"], /cannot read .*nowhere\/config\.json/],
+  ];
+  for (const [args, pattern] of cases) assertOneLine(await k3(args), 2, pattern, args.join(" "));
+});
+
+Deno.test("k3 run: a prompt from text, a file and ids; the tokenizer from --tok", async () => {
+  await using dir = await tempDir();
+  await copyDir(TINY, dir.path);
+  await Deno.rename(`${dir.path}/tiktoken.model`, `${dir.path}/tok.model`);
+  await Deno.mkdir(`${dir.path}/tok`);
+  await Deno.rename(`${dir.path}/tok.model`, `${dir.path}/tok/tiktoken.model`);
+  await Deno.copyFile(`${TINY}/tokenizer_config.json`, `${dir.path}/tok/tokenizer_config.json`);
+  await Deno.writeTextFile(`${dir.path}/p.txt`, "Once upon a time");
+  const a = await k3(["run", TINY, "--prompt", "Once upon a time", "--gen", "3"]);
+  const b = await k3([
+    "run",
+    dir.path,
+    "--tok",
+    `${dir.path}/tok`,
+    "--prompt-file",
+    `${dir.path}/p.txt`,
+    "--gen",
+    "3",
+  ]);
+  assert.equal(a.code, 0, a.stderr);
+  assert.equal(b.code, 0, b.stderr);
+  assert.equal(a.stdout, b.stdout);
+  assert.match(a.stderr, /PEAK RSS/);
+});
+
+Deno.test("tokenize / detokenize: unknown flags and missing values exit 2", async () => {
+  for (const c of ["tokenize", "detokenize"]) {
+    const out = await k3([c, "--frob"]);
+    assert.equal(out.code, 2, `${c}: ${out.stderr}`);
+    assert.match(out.stderr, /^k3: .*Unknown option '--frob'/);
+    const miss = await k3([c, "--tok"]);
+    assert.equal(miss.code, 2, `${c} --tok: ${miss.stderr}`);
+  }
+});
+
+Deno.test("k3 doctor: usage errors exit 2", async () => {
+  const cases: [string[], RegExp][] = [
+    [["doctor", "--size-mb", "10"], /--size-mb: 10 is out of range 64\.\.65536/],
+    [["doctor", "--size-mb"], /argument missing/],
+    [["doctor", "--dir", "/nonexistent/k3"], /--dir: \/nonexistent\/k3 does not exist/],
+    [["doctor", "--dir", `${TINY}/config.json`], /is not a directory/],
+    [["doctor", "--no-read", "--size-mb", "64"], /--size-mb and --no-read conflict/],
+    [["doctor", "extra"], /doctor: Unexpected argument 'extra'/],
+    [["doctor", "--frob"], /doctor: Unknown option '--frob'/],
+  ];
+  for (const [args, pattern] of cases) assertOneLine(await k3(args), 2, pattern, args.join(" "));
+});
+
+Deno.test("k3 doctor --size-mb 64: every section, a verdict that matches the exit code, nothing left behind", async () => {
+  await using dir = await tempDir();
+  const out = await k3(["doctor", "--dir", dir.path, "--size-mb", "64"]);
+  for (const section of ["cpu", "kernels", "memory", "disk", "reads"]) {
+    assert.match(out.stdout, new RegExp(`^${section} +\\S`, "m"), section);
+  }
+  assert.match(out.stdout, /^kernels +(avx512|avx2|neon|scalar) path/m);
+  assert.match(out.stdout, /^memory +[\d.]+ [kMG]?B available/m);
+  assert.match(
+    out.stdout,
+    /^reads +(O_DIRECT|buffered).* on a 64 MiB file: 17\.5 MB random [\d.]+ GB\/s at depth 1, [\d.]+ GB\/s at depth 16; sequential [\d.]+ GB\/s/m,
+  );
+  const bad = /^PROBLEM /m.test(out.stdout);
+  assert.equal(out.code, bad ? 1 : 0, out.stdout + out.stderr);
+  assert.match(
+    out.stdout,
+    bad
+      ? /verdict: this machine cannot run Kimi K3/
+      : /verdict: this machine can run Kimi K3 with --preset \w+\. Next:\n.*k3 run/,
+  );
+  const left = [];
+  for await (const e of Deno.readDir(dir.path)) left.push(e.name);
+  assert.deepEqual(left, [], "the temporary file is removed");
+});
+
+Deno.test("doctor verdict: under 4 GB, too little disk, no kernels -> cannot run; presets by memory", () => {
+  const ok = { memAvailable: 30e9, diskFree: 2e12, hasCheckpoint: false };
+  assert.deepEqual(problems(ok), []);
+  assert.match(problems({ ...ok, memAvailable: 3.9e9 })[0], /only 3\.90 GB of memory available/);
+  assert.match(problems({ ...ok, diskFree: 1e12 })[0], /the checkpoint .* need/);
+  assert.deepEqual(problems({ ...ok, diskFree: 200e9, hasCheckpoint: true }), []);
+  assert.match(
+    problems({ ...ok, diskFree: TRUNK_BYTES - 1, hasCheckpoint: true })[0],
+    /packing the trunk needs/,
+  );
+  assert.match(problems({ ...ok, kernelError: "nope" })[0], /no loadable kernel library: nope/);
+  assert.equal(diskNeeded(true), TRUNK_BYTES);
+  assert.equal(fittingPreset(3e9), undefined);
+  assert.equal(fittingPreset(4.5e9)?.name, "ultra");
+  assert.equal(fittingPreset(8e9)?.name, "laptop");
+  assert.equal(fittingPreset(32e9)?.name, "desktop");
+  assert.equal(fittingPreset(128e9)?.name, "server");
+  assert.equal(fittingPreset(1e12)?.name, "max");
+});
+
+Deno.test("progress line: done/total, rate or MB/s, ETA, then the total time", () => {
+  assert.equal(progressLine("index", 5, 10, 2), "index: 5/10 (50%), 2.50/s, ETA 2.0 s");
+  assert.equal(progressLine("pack", 1, 4, 10, 500e6), "pack: 1/4 (25%), 50.0 MB/s, ETA 30 s");
+  assert.equal(progressLine("load", 10, 10, 125), "load: 10/10 (100%), 0.08/s, in 2 min 05 s");
+  assert.equal(progressLine("load", 0, 10, 0), "load: 0/10 (0.0%)");
+  assert.equal(fmtDuration(7300), "2 h 01 min");
+});
+
+Deno.test("the compiled binary's permissions are enough: run, batch and doctor under exactly them", async () => {
+  const { PERMISSIONS } = await import("../scripts/compile.ts");
+  await using dir = await tempDir();
+  const sub = (args: string[]) =>
+    new Deno.Command(Deno.execPath(), {
+      args: ["run", ...PERMISSIONS, `${ROOT}/main.ts`, ...args],
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+  const dec = new TextDecoder();
+  const run = await sub(["run", TINY, "--prompt", "Once upon a time", "--gen", "2"]);
+  assert.equal(run.code, 0, dec.decode(run.stderr));
+  await Deno.writeTextFile(`${dir.path}/p.jsonl`, '{"id": 1, "prompt": "hi", "gen": 2}\n');
+  const batch = await sub([
+    "batch",
+    TINY,
+    "--input",
+    `${dir.path}/p.jsonl`,
+    "--output",
+    `${dir.path}/r.jsonl`,
+  ]);
+  assert.equal(batch.code, 0, dec.decode(batch.stderr));
+  const doc = await sub(["doctor", "--dir", dir.path, "--no-read"]);
+  assert.doesNotMatch(
+    dec.decode(doc.stdout) + dec.decode(doc.stderr),
+    /Requires .* access|cannot read free space/,
+  );
+  assert.ok(
+    !PERMISSIONS.some((p: string) => /^--allow-(net|run|all)\b|^-A$/.test(p)),
+    "no network, no subprocesses",
+  );
+});
