@@ -313,6 +313,7 @@ export async function main(args: string[]): Promise<number> {
       capacity,
       chunk: genOpts.chunk,
       memory,
+      log: (line) => console.error(`k3: ${line}`),
       onProgress: (what, d, n) => progress(what, d, n),
     });
     console.error(
@@ -358,7 +359,7 @@ export async function main(args: string[]): Promise<number> {
         );
       }
     } finally {
-      opened.close();
+      await opened.close();
     }
     const wall = (performance.now() - t1) / 1000;
     console.error(

@@ -239,3 +239,31 @@ Deno.test("batch: usage errors exit 2 with one line", async () => {
   assert.equal(help.code, 0);
   assert.match(help.stdout, /usage: k3 batch <model_dir> --input/);
 });
+
+Deno.test("batch: the memory flags apply (packed trunk, tiny budget) and never change a token", async () => {
+  await using dir = await tempDir();
+  const input = `${dir.path}/p.jsonl`;
+  await Deno.writeTextFile(input, workload(4));
+  const pack = await k3(["pack", TINY, `${dir.path}/trunk`]);
+  assert.equal(pack.code, 0, pack.stderr);
+  const resident = await k3(["batch", TINY, "--input", input, "--output", `${dir.path}/a.jsonl`]);
+  assert.equal(resident.code, 0, resident.stderr);
+  const small = await k3([
+    "batch",
+    TINY,
+    "--input",
+    input,
+    "--output",
+    `${dir.path}/b.jsonl`,
+    "--trunk",
+    `${dir.path}/trunk`,
+    "--trunk-gb",
+    "0.0005",
+    "--cache-gb",
+    "0.0002",
+  ]);
+  assert.equal(small.code, 0, small.stderr);
+  assert.match(small.stderr, /memory plan/);
+  const a = await results(`${dir.path}/a.jsonl`), b = await results(`${dir.path}/b.jsonl`);
+  assert.deepEqual(b.map((r) => [r.id, r.generated_ids]), a.map((r) => [r.id, r.generated_ids]));
+});
