@@ -76,6 +76,7 @@ export async function main(args: string[]): Promise<number> {
     layers: cfg.numLayers,
     capacity: prompt.length + genOpts.gen,
     chunk: genOpts.chunk,
+    threads: genOpts.threads,
     memory,
     log: (line) => console.error(`k3: ${line}`),
   });

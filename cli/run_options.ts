@@ -29,6 +29,7 @@ export const GENERATION_FLAGS = {
   layers: { type: "string" },
   chunk: { type: "string" },
   tok: { type: "string" },
+  threads: { type: "string" },
 } as const satisfies ParseArgsConfig["options"];
 
 export const MEMORY_HELP = `memory (a later flag overrides an earlier one):
@@ -46,7 +47,8 @@ export const GENERATION_HELP = `generation:
                     tiktoken.model)
 diagnostics:
   --layers N        bind and run only the first N layers
-  --chunk N         prefill tokens per forward call (default 16, 1..256)`;
+  --chunk N         prefill tokens per forward call (default 16, 1..256)
+  --threads N       compute threads (default: all cores; never changes a token)`;
 
 /** Parsed generation options. */
 export interface GenerationOptions {
@@ -56,6 +58,7 @@ export interface GenerationOptions {
   layers?: number;
   chunk: number;
   tokDir?: string;
+  threads: number;
 }
 
 /** Reads the memory flags in order from parseArgs tokens. */
@@ -104,6 +107,7 @@ export function generationOptions(values: Record<string, unknown>): GenerationOp
     layers: values.layers === undefined ? undefined : intFlag("layers", values.layers as string, 0, 1, 100000),
     chunk: intFlag("chunk", values.chunk as string | undefined, 16, 1, 256),
     tokDir: values.tok as string | undefined,
+    threads: intFlag("threads", values.threads as string | undefined, navigator.hardwareConcurrency, 1, 256),
   };
 }
 

@@ -9,6 +9,7 @@ import { usageError } from "./errors.ts";
 import { kernels, type Kernels } from "./ffi.ts";
 import { K3Model } from "./model.ts";
 import type { MemoryOptions, MemoryPlan } from "./plan.ts";
+import { startCompute } from "./pool.ts";
 import { Checkpoint } from "./safetensors.ts";
 import { openWeights } from "./streamed.ts";
 
@@ -26,6 +27,10 @@ export interface OpenOptions {
   capacity: number;
   /** Tokens per forward call during prefill. */
   chunk?: number;
+  /** Threads for matrix products (default: all cores). Never changes a token. */
+  threads?: number;
+  /** Smallest product (weight elements) worth splitting across threads (tests lower it). */
+  splitMin?: number;
   /** Memory budget; undefined fields mean everything resident. */
   memory?: MemoryOptions;
   /** Where the memory plan is printed before anything big is allocated (default: nowhere). */
@@ -65,7 +70,12 @@ export async function openModel(dir: string, opts: OpenOptions): Promise<OpenedM
       onLayer: (d, n) => opts.onProgress?.("load", d, n),
     });
     const weights = opened.weights;
-    const model = new K3Model(k, cfg, weights, opened.chunk, opts.capacity);
+    const compute = await startCompute(
+      k,
+      opts.threads ?? navigator.hardwareConcurrency,
+      opts.splitMin,
+    );
+    const model = new K3Model(k, cfg, weights, opened.chunk, opts.capacity, compute);
     return {
       k,
       cfg,
@@ -73,6 +83,7 @@ export async function openModel(dir: string, opts: OpenOptions): Promise<OpenedM
       model,
       plan: opened.plan,
       async close() {
+        compute.close();
         await opened.close();
         ckpt.close();
       },

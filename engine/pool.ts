@@ -52,8 +52,8 @@ export const CTRL = {
 
 export const OP = { matmul: 1, mxfp4: 2 } as const;
 
-/** Products smaller than this many weight elements stay on the main thread. */
-const SPLIT_MIN_ELEMS = 1 << 18;
+/** Products smaller than this many weight elements stay on the main thread by default. */
+export const SPLIT_MIN_ELEMS = 1 << 18;
 
 interface WorkerSlot {
   worker: Worker;
@@ -64,10 +64,15 @@ interface WorkerSlot {
 
 /** A pool of `threads - 1` workers plus the calling thread. */
 export class WorkerPool implements Compute {
-  private constructor(private readonly k: Kernels, private readonly slots: WorkerSlot[]) {}
+  private constructor(
+    private readonly k: Kernels,
+    private readonly slots: WorkerSlot[],
+    private readonly splitMin: number,
+  ) {}
 
-  /** Starts the workers and waits until each has loaded the kernel library. */
-  static async start(k: Kernels, threads: number): Promise<WorkerPool> {
+  /** Starts the workers and waits until each has loaded the kernel library. `splitMin`:
+   * products with fewer weight elements run on the calling thread alone. */
+  static async start(k: Kernels, threads: number, splitMin = SPLIT_MIN_ELEMS): Promise<WorkerPool> {
     const slots: WorkerSlot[] = [];
     const ready: Promise<void>[] = [];
     for (let i = 0; i < threads - 1; i++) {
@@ -83,7 +88,7 @@ export class WorkerPool implements Compute {
       worker.postMessage({ sab, libPath: libraryPath() });
       slots.push({ worker, ctrl: new Int32Array(sab), ptrs: new BigUint64Array(sab, CTRL.ptrBytes, CTRL.nptr), seq: 0 });
     }
-    const pool = new WorkerPool(k, slots);
+    const pool = new WorkerPool(k, slots, splitMin);
     try {
       await Promise.all(ready);
     } catch (e) {
@@ -113,7 +118,7 @@ export class WorkerPool implements Compute {
         ? k.k3_matmul(w, wtype, x, y, ntok, rows, cols, r0, r1)
         : k.k3_matmul_mxfp4(w, scales, x, y, ntok, rows, cols, r0, r1);
     const n = this.slots.length + 1;
-    if (n === 1 || rows * cols < SPLIT_MIN_ELEMS || rows < 2 * n) {
+    if (n === 1 || rows * cols < this.splitMin || rows < 2 * n) {
       call(0, rows);
       return;
     }
@@ -155,6 +160,10 @@ export class WorkerPool implements Compute {
 }
 
 /** The pool for `threads` (1: no workers). */
-export async function startCompute(k: Kernels, threads: number): Promise<Compute> {
-  return threads <= 1 ? serialCompute(k) : await WorkerPool.start(k, threads);
+export async function startCompute(
+  k: Kernels,
+  threads: number,
+  splitMin?: number,
+): Promise<Compute> {
+  return threads <= 1 ? serialCompute(k) : await WorkerPool.start(k, threads, splitMin);
 }

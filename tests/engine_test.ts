@@ -77,6 +77,29 @@ Deno.test("GATE 3: incremental decode equals full recompute, and chunked prefill
   assert.equal(argmax(one.rows[0]), argmax(many.rows[0]));
 });
 
+Deno.test("threads never change a bit: 1, 2 and 3 threads give identical logits", async () => {
+  const ref = await readReference(`${TINY}/reference.json`);
+  const seq = [...ref.prompt_ids, ...ref.generated_ids];
+  const logitsWith = async (threads: number) => {
+    // splitMin 1: split every product, however small, so the workers really run.
+    const opened = await openModel(TINY, { capacity: seq.length, chunk: 5, threads, splitMin: 1 });
+    try {
+      const rows: number[] = [];
+      await teacherForce(opened.model, seq, (_p, row) => rows.push(...new Uint32Array(row.slice().buffer)));
+      return rows;
+    } finally {
+      opened.close();
+    }
+  };
+  const one = await logitsWith(1);
+  for (const threads of [2, 3]) {
+    const other = await logitsWith(threads);
+    assert.equal(other.length, one.length);
+    const first = other.findIndex((bits, i) => bits !== one[i]);
+    assert.equal(first, -1, `${threads} threads: logit bits differ first at element ${first}`);
+  }
+});
+
 /** Shapes the live reference checks, chosen to differ from the tiny fixture. */
 const SHAPES: { name: string; args: string[] }[] = [
   { name: "seed 7, block 2, 3 KDA heads, top-3, f32 weights, 1 shard", args: ["--seed", "7", "--block", "2", "--kda-heads", "3", "--topk", "3", "--float-dtype", "f32", "--shards", "1", "--layers", "9"] },
