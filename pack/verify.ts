@@ -11,7 +11,8 @@ import { K3Error } from "../engine/errors.ts";
 import { kernels } from "../engine/ffi.ts";
 import { ALIGN, Hasher, hashHex, IoFile } from "../engine/io.ts";
 import { NativeBuffer } from "../engine/memory.ts";
-import { DATA_FILE, readManifest, type Region, type TrunkManifest } from "./manifest.ts";
+import { DATA_FILE, readManifest, type Region, type TrunkManifest, weightSample } from "./manifest.ts";
+import { Checkpoint } from "../engine/safetensors.ts";
 
 /** Opens a trunk's data file and checks its length against the manifest. */
 export function openTrunkData(dir: string, m: TrunkManifest, direct = true): IoFile {
@@ -34,16 +35,24 @@ export function openTrunkData(dir: string, m: TrunkManifest, direct = true): IoF
 }
 
 /** Refuses a trunk whose fingerprint is not the model's. */
-export async function checkFingerprint(
-  dir: string,
-  m: TrunkManifest,
-  modelDir: string,
-): Promise<void> {
-  const fp = await configFingerprint(await loadConfig(modelDir));
+export async function checkFingerprint(dir: string, m: TrunkManifest, modelDir: string): Promise<void> {
+  const cfg = await loadConfig(modelDir);
+  const fp = await configFingerprint(cfg);
   if (fp !== m.fingerprint) {
     throw new K3Error(
       `${dir}: this trunk was packed from a different model (fingerprint ${m.fingerprint}, ${modelDir} has ${fp}); re-pack it with k3 pack`,
     );
+  }
+  const ckpt = await Checkpoint.open(modelDir);
+  try {
+    const sample = await weightSample(kernels(), cfg, ckpt);
+    if (sample !== m.sample) {
+      throw new K3Error(
+        `${dir}: this trunk was packed from different weights (weight sample ${m.sample}, ${modelDir} has ${sample}); re-pack it with k3 pack`,
+      );
+    }
+  } finally {
+    ckpt.close();
   }
 }
 

@@ -1,0 +1,209 @@
+/**
+ * k3 pack: layout, round trip with --verify, idempotence and --force, bounded staging,
+ * non-contiguous sources, and refusal of damaged or foreign trunks (exit 1) and of bad
+ * usage (exit 2).
+ */
+
+import assert from "node:assert/strict";
+import { packTrunk } from "../pack/pack.ts";
+import { DATA_FILE, MANIFEST_FILE, readManifest } from "../pack/manifest.ts";
+import { verifyTrunk } from "../pack/verify.ts";
+import { Checkpoint } from "../engine/safetensors.ts";
+import { layerTensors } from "../engine/weights.ts";
+import { loadConfig } from "../engine/config.ts";
+import { k3, python, readReference, tempDir, TINY } from "./helpers.ts";
+
+const quiet = { log: null };
+
+async function ids(): Promise<string> {
+  return (await readReference(`${TINY}/reference.json`)).prompt_ids.join(",");
+}
+
+/** Writes the tiny checkpoint again with its tensors shuffled over 4 shards. */
+async function shuffledCopy(dst: string): Promise<void> {
+  const ck = await Checkpoint.open(TINY);
+  try {
+    const names = [...ck.tensors.keys()];
+    // A fixed permutation that scatters each layer's tensors over every shard.
+    const order = names.map((n, i) => ({ n, key: (i * 7919) % names.length })).sort((a, b) => a.key - b.key).map((x) => x.n);
+    const shards: string[][] = [[], [], [], []];
+    order.forEach((n, i) => shards[i % 4].push(n));
+    for (let s = 0; s < 4; s++) {
+      const header: Record<string, unknown> = {};
+      let at = 0;
+      const parts: Uint8Array[] = [];
+      for (const n of shards[s]) {
+        const t = ck.get(n);
+        const buf = new Uint8Array(t.bytes);
+        await ck.read(t, buf);
+        header[n] = { dtype: t.dtype, shape: t.shape, data_offsets: [at, at + t.bytes] };
+        parts.push(buf);
+        at += t.bytes;
+      }
+      let json = JSON.stringify(header);
+      json += " ".repeat((8 - (json.length % 8)) % 8);
+      const hb = new TextEncoder().encode(json);
+      const out = new Uint8Array(8 + hb.length + at);
+      new DataView(out.buffer).setBigUint64(0, BigInt(hb.length), true);
+      out.set(hb, 8);
+      let p = 8 + hb.length;
+      for (const b of parts) {
+        out.set(b, p);
+        p += b.length;
+      }
+      await Deno.writeFile(`${dst}/model-0000${s + 1}-of-00004.safetensors`, out);
+    }
+  } finally {
+    ck.close();
+  }
+  await Deno.copyFile(`${TINY}/config.json`, `${dst}/config.json`);
+}
+
+Deno.test("pack: layout is aligned, layers hold layerTensors in order, routed experts excluded, shared experts in", async () => {
+  await using d = await tempDir();
+  const r = await packTrunk(TINY, `${d.path}/trunk`, quiet);
+  const m = r.manifest;
+  const cfg = await loadConfig(TINY);
+  assert.equal(m.format, "k3-trunk");
+  assert.equal(m.version, 1);
+  assert.equal(m.layer.length, cfg.numLayers);
+  assert.equal(m.source.shards.length, 3);
+  let end = 0;
+  for (const [L, reg] of m.layer.entries()) {
+    assert.equal(reg.offset % 4096, 0);
+    assert.equal(reg.size % 4096, 0);
+    assert.equal(reg.offset, end, "regions are back to back");
+    end = reg.offset + reg.size;
+    assert.deepEqual(reg.tensors.map((t) => t.name), layerTensors(cfg, L).map((s) => s.name));
+    assert.ok(reg.tensors.every((t) => !t.name.includes(".experts.")));
+    if (L >= cfg.firstKDense) assert.ok(reg.tensors.some((t) => t.name.includes("shared_experts.gate_proj")));
+    for (const t of reg.tensors) assert.equal(t.offset % 64, 0);
+  }
+  for (const reg of [m.finals, m.embed, m.head]) {
+    assert.equal(reg.offset, end);
+    end += reg.size;
+  }
+  assert.equal(m.data.bytes, end);
+  assert.equal((await Deno.stat(`${d.path}/trunk/${DATA_FILE}`)).size, end);
+});
+
+Deno.test("pack: a tiny staging buffer and a shuffled, scattered source give the same bytes; verify round-trips", async () => {
+  await using d = await tempDir();
+  await packTrunk(TINY, `${d.path}/a`, quiet);
+  await packTrunk(TINY, `${d.path}/b`, { ...quiet, stageBytes: 8192 });
+  await Deno.mkdir(`${d.path}/shuf`);
+  await shuffledCopy(`${d.path}/shuf`);
+  await packTrunk(`${d.path}/shuf`, `${d.path}/c`, quiet);
+  const a = await Deno.readFile(`${d.path}/a/${DATA_FILE}`);
+  assert.deepEqual(await Deno.readFile(`${d.path}/b/${DATA_FILE}`), a);
+  assert.deepEqual(await Deno.readFile(`${d.path}/c/${DATA_FILE}`), a);
+  const [ma, mc] = [await readManifest(`${d.path}/a`), await readManifest(`${d.path}/c`)];
+  assert.deepEqual(mc.layer, ma.layer);
+  assert.equal(mc.fingerprint, ma.fingerprint);
+  assert.equal(mc.sample, ma.sample);
+  for (const x of ["a", "b", "c"]) assert.equal((await verifyTrunk(`${d.path}/${x}`, { modelDir: TINY, log: () => {} })).regions, 16);
+  // The shuffled checkpoint's trunk serves the original model (same weights).
+  const ref = await readReference(`${TINY}/reference.json`);
+  const out = await k3(["run", TINY, "--ids", await ids(), "--gen", "6", "--trunk", `${d.path}/c`, "--trunk-gb", "0.0006", "--cache-gb", "0.0001"]);
+  assert.equal(out.code, 0, out.stderr);
+  assert.equal(out.stdout.split("\n")[0], ref.generated_ids.slice(0, 6).join(","));
+});
+
+Deno.test("k3 pack CLI: packs, verifies, leaves an identical trunk alone, refuses a different one without --force", async () => {
+  await using d = await tempDir();
+  const t = `${d.path}/trunk`;
+  let out = await k3(["pack", TINY, t]);
+  assert.equal(out.code, 0, out.stderr);
+  assert.match(out.stderr, /pack: .*MB\/s/);
+  out = await k3(["pack", "--verify", t, TINY]);
+  assert.equal(out.code, 0, out.stderr);
+  assert.equal(out.stdout.trim(), "ok");
+  out = await k3(["pack", TINY, t]);
+  assert.equal(out.code, 0);
+  assert.match(out.stderr, /nothing to do/);
+  // A different model into the same directory.
+  await python("gen_model.py", [`${d.path}/other`, "--preset", "tiny", "--layers", "5", "--seed", "3"]);
+  out = await k3(["pack", `${d.path}/other`, t]);
+  assert.equal(out.code, 1);
+  assert.match(out.stderr, /different model.*--force/);
+  out = await k3(["pack", `${d.path}/other`, t, "--force"]);
+  assert.equal(out.code, 0, out.stderr);
+  assert.equal((await readManifest(t)).layers, 5);
+  // No temporary files left behind.
+  assert.deepEqual([...Deno.readDirSync(t)].map((e) => e.name).sort(), [MANIFEST_FILE, DATA_FILE].sort());
+});
+
+Deno.test("k3 pack CLI: usage errors exit 2", async () => {
+  for (const args of [["pack"], ["pack", TINY], ["pack", "--verify"], ["pack", "a", "b", "c"], ["pack", "--bogus", "a", "b"], ["pack", "--verify", "--force", "x"]]) {
+    const out = await k3(args);
+    assert.equal(out.code, 2, `${args.join(" ")}: ${out.stderr}`);
+  }
+});
+
+Deno.test("a damaged or foreign trunk is refused with exit 1: flipped byte, truncated data, other model's manifest, other weights, no manifest", async () => {
+  await using d = await tempDir();
+  const t = `${d.path}/trunk`;
+  await packTrunk(TINY, t, quiet);
+  const m = await readManifest(t);
+  const data = await Deno.readFile(`${t}/${DATA_FILE}`);
+  const run = (trunk: string, budget: string[] = []) =>
+    k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", trunk, ...budget]);
+
+  // A flipped byte in the middle of layer 5: caught when pinned (full checksum) and by --verify.
+  const flip = `${d.path}/flip`;
+  await Deno.mkdir(flip);
+  await Deno.copyFile(`${t}/${MANIFEST_FILE}`, `${flip}/${MANIFEST_FILE}`);
+  const bad = data.slice();
+  bad[m.layer[5].offset + 3000] ^= 0x10;
+  await Deno.writeFile(`${flip}/${DATA_FILE}`, bad);
+  let out = await run(flip);
+  assert.equal(out.code, 1, out.stderr);
+  assert.match(out.stderr, /layer 5: checksum mismatch/);
+  out = await k3(["pack", "--verify", flip]);
+  assert.equal(out.code, 1);
+  assert.match(out.stderr, /layer 5: checksum mismatch/);
+  // A flipped byte in a streamed layer's first page: the cheap check on the streamed read.
+  const bad2 = data.slice();
+  bad2[m.layer[7].offset + 100] ^= 0x01;
+  await Deno.writeFile(`${flip}/${DATA_FILE}`, bad2);
+  out = await run(flip, ["--trunk-gb", "0.0006", "--cache-gb", "0.0001"]);
+  assert.equal(out.code, 1, out.stderr);
+  assert.match(out.stderr, /layer 7: checksum mismatch on a streamed read/);
+
+  // Truncated data file.
+  const trunc = `${d.path}/trunc`;
+  await Deno.mkdir(trunc);
+  await Deno.copyFile(`${t}/${MANIFEST_FILE}`, `${trunc}/${MANIFEST_FILE}`);
+  await Deno.writeFile(`${trunc}/${DATA_FILE}`, data.subarray(0, data.length - 8192));
+  out = await run(trunc, ["--trunk-gb", "0.0006", "--cache-gb", "0.0001"]);
+  assert.equal(out.code, 1);
+  assert.match(out.stderr, /truncated/);
+  out = await k3(["pack", "--verify", trunc]);
+  assert.equal(out.code, 1);
+  assert.match(out.stderr, /truncated/);
+
+  // A manifest (and data) from another model: another shape, and the same shape with other weights.
+  for (const [name, args, why] of [["shape", ["--layers", "5"], /different model/], ["weights", ["--seed", "9"], /different weights/]] as const) {
+    const other = `${d.path}/model-${name}`;
+    await python("gen_model.py", [other, "--preset", "tiny", ...args]);
+    await packTrunk(other, `${other}-trunk`, quiet);
+    out = await run(`${other}-trunk`);
+    assert.equal(out.code, 1, out.stderr);
+    assert.match(out.stderr, why);
+    out = await k3(["pack", "--verify", `${other}-trunk`, TINY]);
+    assert.equal(out.code, 1);
+  }
+
+  // An interrupted pack (data under its temporary name, no manifest) is not a trunk.
+  const partial = `${d.path}/partial`;
+  await Deno.mkdir(partial);
+  await Deno.writeFile(`${partial}/${DATA_FILE}.partial`, data);
+  out = await run(partial);
+  assert.equal(out.code, 1);
+  assert.match(out.stderr, /not a packed trunk/);
+  // ... and a corrupt manifest is refused with a clear message.
+  await Deno.writeTextFile(`${partial}/${MANIFEST_FILE}`, '{"format":"k3-trunk","version":99}');
+  out = await run(partial);
+  assert.equal(out.code, 1);
+  assert.match(out.stderr, /version 99/);
+});
