@@ -109,6 +109,8 @@ export class SequenceState {
 /** Counters the run report reads. */
 export interface ForwardStats {
   expertsUsed: number;
+  /** Wall seconds spent in each layer (waits for weights included). */
+  layerSeconds: Float64Array;
 }
 
 /** Scratch buffers, allocated once for up to `maxT` tokens per call. */
@@ -169,7 +171,7 @@ export class K3Model {
   /** Sources per token in the AttnRes buffer: snapshots plus the running partial. */
   private readonly nsrc: number;
   private readonly compute: Compute;
-  readonly stats: ForwardStats = { expertsUsed: 0 };
+  readonly stats: ForwardStats;
 
   constructor(
     readonly k: Kernels,
@@ -180,6 +182,7 @@ export class K3Model {
     compute?: Compute,
   ) {
     this.s = new Scratch(k, cfg, maxT, capacity);
+    this.stats = { expertsUsed: 0, layerSeconds: new Float64Array(cfg.numLayers) };
     this.nsrc = Math.floor((cfg.numLayers - 1) / cfg.attnResBlock) + 2;
     this.compute = compute ?? serialCompute(k);
   }
@@ -209,6 +212,7 @@ export class K3Model {
     let partialEmpty = false;
 
     for (let L = 0; L < cfg.numLayers; L++) {
+      const layerStart = performance.now();
       const w = await this.weights.layer(L);
       // 1. x = AttnRes(blocks + [partial]) when there are snapshots, else the partial.
       for (let t = 0; t < T; t++) {
@@ -247,6 +251,7 @@ export class K3Model {
       this.weights.doneWithLayer?.(L);
       // 7. partial += m.
       for (let t = 0; t < T; t++) k.k3_add(srcRow(t, nblocks), s.a.at(t * D), D);
+      this.stats.layerSeconds[L] += (performance.now() - layerStart) / 1000;
     }
 
     // Final aggregation, norm and head, for the tokens whose logits are wanted.
