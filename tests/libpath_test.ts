@@ -17,7 +17,7 @@ import {
   sha256Hex,
 } from "../engine/libpath.ts";
 import { openKernels } from "../engine/ffi.ts";
-import { k3, ROOT, tempDir } from "./helpers.ts";
+import { k3, ROOT, runCmd, tempDir } from "./helpers.ts";
 
 const envOf = (vars: Record<string, string>) => (name: string) => vars[name];
 const LIB = `${ROOT}/kernels/build/libk3.${LIB_EXT}`;
@@ -148,3 +148,77 @@ Deno.test("CLI: a bad K3_LIB is one line and exit 1", async () => {
   assert.equal(out.stderr.trim().split("\n").length, 1, out.stderr);
   assert.match(out.stderr, /^k3: cannot load kernel library \/nonexistent\/libk3\.so: .*K3_LIB/);
 });
+
+Deno.test("deno task compile: the library is embedded verbatim (with the deno binary standing in for denort)", async () => {
+  // The stand-in produces a file laid out like the real one (runtime + embedded files)
+  // whose runtime ignores the payload: what this checks is the build itself, i.e. that
+  // this Deno accepts the task's flags and embeds libk3 byte for byte.
+  await using dir = await tempDir();
+  const out = `${dir.path}/k3`;
+  const res = await runCmd(Deno.execPath(), [
+    "run",
+    "-A",
+    `${ROOT}/scripts/compile.ts`,
+    "--output",
+    out,
+  ], {
+    env: { DENORT_BIN: Deno.execPath() },
+  });
+  assert.equal(res.code, 0, res.stderr);
+  assert.match(
+    res.stderr,
+    /--allow-read --allow-write --allow-env --allow-ffi --allow-sys=statfs --include kernels\/build\/libk3\.\w+/,
+  );
+  assert.match(res.stderr, /kernels\/build\/libk3\.\w+/);
+  // deno compile lists the embedded files as a tree: no node_modules in it.
+  const tree = res.stderr.replace(/\x1b\[[0-9;]*m/g, "");
+  assert.match(tree, /[├└]─+\s*kernels\/build\/libk3/);
+  assert.doesNotMatch(tree, /[├└]─+\s*node_modules/, "no npm packages in the binary");
+  const bin = await Deno.readFile(out);
+  const lib = await Deno.readFile(LIB);
+  assert.ok(indexOf(bin, lib) > 0, "libk3 bytes inside the binary");
+});
+
+Deno.test("deno task compile without denort: a clear message naming DENORT_BIN, exit 1", async () => {
+  await using dir = await tempDir();
+  // An unreachable proxy makes the runtime download fail the same way offline does.
+  const res = await runCmd(Deno.execPath(), [
+    "run",
+    "-A",
+    `${ROOT}/scripts/compile.ts`,
+    "--output",
+    `${dir.path}/k3`,
+  ], {
+    env: { HTTPS_PROXY: "http://127.0.0.1:9", HTTP_PROXY: "http://127.0.0.1:9", DENORT_BIN: "" },
+  });
+  assert.equal(res.code, 1, res.stderr);
+  assert.match(
+    res.stderr,
+    /deno compile needs Deno's runtime "denort" \d+\.\d+\.\d+.*\n.*\n.*DENORT_BIN=\$PWD\/denort deno task compile/,
+  );
+  const bad = await runCmd(Deno.execPath(), [
+    "run",
+    "-A",
+    `${ROOT}/scripts/compile.ts`,
+    "--output",
+    `${dir.path}/k3`,
+  ], {
+    env: { DENORT_BIN: `${dir.path}/nope` },
+  });
+  assert.equal(bad.code, 1);
+  assert.match(bad.stderr, /DENORT_BIN=.*nope does not exist/);
+});
+
+/** First index of `needle` in `hay`, or -1. */
+function indexOf(hay: Uint8Array, needle: Uint8Array): number {
+  const first = needle[0];
+  outer: for (
+    let i = hay.indexOf(first);
+    i >= 0 && i <= hay.length - needle.length;
+    i = hay.indexOf(first, i + 1)
+  ) {
+    for (let j = 1; j < needle.length; j++) if (hay[i + j] !== needle[j]) continue outer;
+    return i;
+  }
+  return -1;
+}
