@@ -280,3 +280,30 @@ Deno.test("the compiled binary's permissions are enough: run, batch and doctor u
     "no network, no subprocesses",
   );
 });
+
+Deno.test("deno task demo: pack to a temp dir, run a text prompt at a small budget, report, clean up", async () => {
+  const tasks = JSON.parse(await Deno.readTextFile(`${ROOT}/deno.json`)).tasks;
+  const perms = (tasks.demo as string).match(/deno run (.*) scripts\/demo\.ts/)![1].split(" ");
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", ...perms, `${ROOT}/scripts/demo.ts`],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const stderr = new TextDecoder().decode(out.stderr),
+    stdout = new TextDecoder().decode(out.stdout);
+  assert.equal(out.code, 0, stderr);
+  assert.match(stderr, /demo: \$ k3 pack tests\/fixtures\/tiny \/\S+\/trunk/);
+  assert.match(
+    stderr,
+    /demo: \$ k3 run tests\/fixtures\/tiny --prompt "Once upon a time" --gen 16 --trunk \S+ --trunk-gb 0\.0005 --cache-gb 0\.0002/,
+  );
+  assert.match(stderr, /memory plan/);
+  assert.match(stderr, /^step +token +seconds/m);
+  assert.match(stderr, /16 tokens in .* PEAK RSS/);
+  assert.match(stdout, /^\d+(,\d+){15}\n/, "the generated ids");
+  const tmp = stderr.match(/removed (\S+)\./)![1];
+  await assert.rejects(() => Deno.stat(tmp), Deno.errors.NotFound);
+  // The same ids as a plain resident run.
+  const plain = await k3(["run", TINY, "--prompt", "Once upon a time", "--gen", "16"]);
+  assert.equal(stdout.split("\n")[0], plain.stdout.split("\n")[0]);
+});
