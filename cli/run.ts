@@ -9,6 +9,7 @@ import { usageError } from "../engine/errors.ts";
 import { generate, type Step } from "../engine/generate.ts";
 import { firstLayers, openModel } from "../engine/load.ts";
 import type { IoStats } from "../engine/model.ts";
+import { readActivity } from "../engine/io.ts";
 import type { Tokenizer } from "../engine/tokenizer.ts";
 import { fmtBytes, parseIds, peakRssBytes, writeFileAtomic } from "./common.ts";
 import {
@@ -88,6 +89,7 @@ export async function main(args: string[]): Promise<number> {
     console.error(`k3: ${dir}: ${cfg.numLayers} layers, hidden ${cfg.hiddenSize}, vocab ${cfg.vocabSize}; ready in ${loadSeconds.toFixed(2)} s`);
     console.error("step   token   seconds  expert hits   GB read   tok/s");
     let last = io();
+    const reads0 = { ...readActivity };
     const t1 = performance.now();
     const steps = await generate(opened.model, prompt, {
       gen: genOpts.gen,
@@ -149,6 +151,8 @@ export async function main(args: string[]): Promise<number> {
         trunk_layers_pinned: stats.pinnedLayers,
         io_wait_seconds: stats.ioWaitSeconds,
         io_share: stats.ioWaitSeconds / Math.max(wall, 1e-9),
+        read_busy_seconds: readActivity.busySeconds - reads0.busySeconds,
+        read_bytes: readActivity.bytes - reads0.bytes,
         memory: opened.plan ?? null,
       };
       await writeFileAtomic(values.out, JSON.stringify(report, null, 2) + "\n");

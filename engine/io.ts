@@ -79,6 +79,22 @@ function errnoText(e: number): string {
   return names[-e] ?? `errno ${-e}`;
 }
 
+/**
+ * Read activity of the whole process: bytes read and the wall-clock time during which at
+ * least one read was in flight ("busy"), so bytes / busy is the bandwidth reads achieved
+ * whatever overlapped with them.
+ */
+export const readActivity = { bytes: 0, busySeconds: 0, inflight: 0, since: 0 };
+
+function readStarted(): void {
+  if (readActivity.inflight++ === 0) readActivity.since = performance.now();
+}
+
+function readEnded(bytes: number): void {
+  readActivity.bytes += Math.max(0, bytes);
+  if (--readActivity.inflight === 0) readActivity.busySeconds += (performance.now() - readActivity.since) / 1000;
+}
+
 /** An open file read and written through k3io. */
 export class IoFile {
   private closed = false;
@@ -99,7 +115,13 @@ export class IoFile {
 
   /** Reads up to len bytes at offset into ptr; resolves to the bytes read (short only at EOF). */
   async pread(ptr: NonNullable<Deno.PointerValue>, len: number, offset: number): Promise<number> {
-    const n = Number(await io().k3io_pread(this.fd, ptr, BigInt(len), BigInt(offset)));
+    readStarted();
+    let n = -5;
+    try {
+      n = Number(await io().k3io_pread(this.fd, ptr, BigInt(len), BigInt(offset)));
+    } finally {
+      readEnded(n);
+    }
     if (n < 0) {
       throw new K3Error(`${this.path}: read of ${len} bytes at ${offset} failed: ${errnoText(n)}`);
     }
