@@ -1,0 +1,74 @@
+/**
+ * This disk, measured the way the engine reads it: O_DIRECT sequential reads (16 MB pieces,
+ * several in flight, like a streamed trunk layer) and random 17.5 MB reads (one routed
+ * expert each, up to 16 in flight, like a layer's cache misses) through engine/io.ts.
+ *
+ *   deno run -A bench/disk.ts FILE [--gb 2]
+ *
+ * @module
+ */
+
+import { kernels } from "../engine/ffi.ts";
+import { ALIGN, alignUp, IoFile } from "../engine/io.ts";
+import { NativeBuffer } from "../engine/memory.ts";
+
+export interface DiskResult {
+  direct: boolean;
+  seqGBps: number;
+  randGBps: number;
+  seqBytes: number;
+  randBytes: number;
+}
+
+/** Sequential then random O_DIRECT reads of `file` (at most `maxBytes` each). */
+export async function measureDisk(file: string, maxBytes = 2e9, opts: { piece?: number; depth?: number; randReads?: number; randDepth?: number } = {}): Promise<DiskResult> {
+  const k = kernels();
+  const f = IoFile.open(file, { direct: true });
+  const piece = opts.piece ?? 16 << 20, depth = opts.depth ?? 4;
+  const expert = alignUp(17_547_264);
+  const randDepth = opts.randDepth ?? 16;
+  const bufs = Array.from({ length: Math.max(depth, randDepth) }, () => NativeBuffer.alloc(k, Math.max(piece, expert), "disk bench"));
+  try {
+    const size = f.size();
+    // Sequential: `depth` pieces in flight, in order.
+    const seqBytes = Math.min(Math.floor(size / piece) * piece, Math.floor(maxBytes / piece) * piece);
+    let t0 = performance.now();
+    let next = 0;
+    const worker = async (b: NativeBuffer) => {
+      while (next < seqBytes) {
+        const off = next;
+        next += piece;
+        await f.readExact(b.ptr, piece, off);
+      }
+    };
+    await Promise.all(bufs.slice(0, depth).map(worker));
+    const seqS = (performance.now() - t0) / 1000;
+    // Random expert-sized reads at aligned offsets.
+    const n = opts.randReads ?? Math.max(randDepth, Math.floor(Math.min(maxBytes, size) / expert));
+    let seed = 12345;
+    const rand = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+    const offsets = Array.from({ length: n }, () => Math.floor((rand() * (size - expert)) / ALIGN) * ALIGN);
+    t0 = performance.now();
+    let i = 0;
+    const rworker = async (b: NativeBuffer) => {
+      while (i < offsets.length) await f.readExact(b.ptr, expert, offsets[i++]);
+    };
+    await Promise.all(bufs.slice(0, randDepth).map(rworker));
+    const randS = (performance.now() - t0) / 1000;
+    return { direct: f.direct, seqGBps: seqBytes / seqS / 1e9, randGBps: (n * expert) / randS / 1e9, seqBytes, randBytes: n * expert };
+  } finally {
+    bufs.forEach((b) => b.free());
+    f.close();
+  }
+}
+
+if (import.meta.main) {
+  const file = Deno.args[0];
+  if (!file) {
+    console.error("usage: deno run -A bench/disk.ts FILE [--gb N]");
+    Deno.exit(2);
+  }
+  const gbi = Deno.args.indexOf("--gb");
+  const r = await measureDisk(file, gbi > 0 ? Number(Deno.args[gbi + 1]) * 1e9 : 2e9);
+  console.log(`${file}: ${r.direct ? "O_DIRECT" : "buffered (O_DIRECT refused)"}; sequential ${r.seqGBps.toFixed(2)} GB/s over ${(r.seqBytes / 1e9).toFixed(2)} GB; random 17.5 MB reads ${r.randGBps.toFixed(2)} GB/s over ${(r.randBytes / 1e9).toFixed(2)} GB`);
+}
