@@ -312,6 +312,7 @@ export async function main(args: string[]): Promise<number> {
       layers: cfg.numLayers,
       capacity,
       chunk: genOpts.chunk,
+      threads: genOpts.threads,
       memory,
       log: (line) => console.error(`k3: ${line}`),
       onProgress: (what, d, n) => progress(what, d, n),
