@@ -57,6 +57,15 @@
 #else
 #define K3_INLINE static inline
 #endif
+/* Fully unroll a loop over the (at most 4) rows of a tile so its accumulators live in
+ * registers instead of memory. */
+#if defined(__clang__)
+#define K3_UNROLL4 _Pragma("unroll 4")
+#elif defined(__GNUC__)
+#define K3_UNROLL4 _Pragma("GCC unroll 4")
+#else
+#define K3_UNROLL4
+#endif
 
 /* ---------------------------------------------------------------- ISA selection */
 
@@ -464,6 +473,7 @@ K3_INLINE void mx_rows(const uint8_t *const *p, const uint8_t *const *s, int nr,
   for (int k = 0; k < nr; k++) acc[k] = v16_zero();
   for (int g = 0; g < ngroups; g++) {
     v16 x0 = v16_load(x + 32 * g), x1 = v16_load(x + 32 * g + 16);
+    K3_UNROLL4
     for (int k = 0; k < nr; k++) {
       if (s[k][g] == 255) continue;
       acc[k] = mx_group(acc[k], v16_load_e2m1(p[k] + 16 * g), v16_load_e2m1(p[k] + 16 * g + 8), x0,
@@ -495,14 +505,17 @@ K3_INLINE void mx_rows_tok(const uint8_t *const *p, const uint8_t *const *s, int
     for (int t = 0; t < nt; t++) {
       const float *xt = x + (size_t)t * cols + 32 * g0;
       v16 a[4];
+      K3_UNROLL4
       for (int k = 0; k < nr; k++) a[k] = acc[t][k];
       for (int i = 0; i < gn; i++) {
         v16 x0 = v16_load(xt + 32 * i), x1 = v16_load(xt + 32 * i + 16);
+        K3_UNROLL4
         for (int k = 0; k < nr; k++) {
           if (scl[k][i] == 0.0f) continue;
           a[k] = mx_group(a[k], v16_load(dec[k][i]), v16_load(dec[k][i] + 16), x0, x1, scl[k][i]);
         }
       }
+      K3_UNROLL4
       for (int k = 0; k < nr; k++) acc[t][k] = a[k];
     }
   }
