@@ -42,7 +42,8 @@ const COMMANDS: Record<string, { about: string; load: () => Promise<Command> }> 
 
 export const USAGE = `k3 ${VERSION}: Kimi K3 on one CPU
 
-usage: k3 <command> [options]      (k3 <command> --help for its options)
+usage: k3 <command> [options]      (k3 <command> --help, or k3 help <command>, for its options)
+       k3 <model_dir> [options]     (short for k3 run <model_dir> [options])
 
 commands:
 ${Object.entries(COMMANDS).map(([n, c]) => `  ${n.padEnd(12)}${c.about}`).join("\n")}
@@ -55,10 +56,27 @@ environment: K3_LIB=PATH  kernel library to load instead of the built-in one
 exit codes: 0 ok, 1 runtime failure, 2 usage or unreadable config, 4 output unsound
 `;
 
+function isDirectory(path: string): boolean {
+  try {
+    return Deno.statSync(path).isDirectory;
+  } catch {
+    return false;
+  }
+}
+
 /** Runs the CLI with `args`; returns the exit code. Never throws. */
 export async function cli(args: string[]): Promise<number> {
   try {
     const [cmd, ...rest] = args;
+    if (cmd === "help" && rest.length > 0) {
+      if (rest.length === 1 && Object.hasOwn(COMMANDS, rest[0])) {
+        return await cli([rest[0], "--help"]);
+      }
+      throw new K3Error(
+        `help: no command ${JSON.stringify(rest.join(" "))} (see k3 --help)`,
+        EXIT.usage,
+      );
+    }
     if (cmd === undefined || cmd === "--help" || cmd === "-h" || cmd === "help") {
       console.log(USAGE);
       return cmd === undefined ? EXIT.usage : EXIT.ok;
@@ -79,9 +97,15 @@ export async function cli(args: string[]): Promise<number> {
     if (cmd.startsWith("-")) {
       throw new K3Error(`unknown option ${JSON.stringify(cmd)} (see k3 --help)`, EXIT.usage);
     }
+    if (!Object.hasOwn(COMMANDS, cmd) && isDirectory(cmd)) return await cli(["run", ...args]);
     const entry = Object.hasOwn(COMMANDS, cmd) ? COMMANDS[cmd] : undefined;
     if (!entry) {
-      throw new K3Error(`unknown command ${JSON.stringify(cmd)} (see k3 --help)`, EXIT.usage);
+      throw new K3Error(
+        cmd.includes("/")
+          ? `${cmd}: no such model directory (see k3 --help)`
+          : `unknown command ${JSON.stringify(cmd)} (see k3 --help)`,
+        EXIT.usage,
+      );
     }
     let command: Command;
     try {

@@ -85,6 +85,24 @@ Deno.test("every subcommand has --help (exit 0, usage on stdout, no model needed
   }
 });
 
+Deno.test("k3 <model_dir> is short for k3 run <model_dir>; k3 help <command>", async () => {
+  const short = await k3([TINY, "--ids", "1,2,3", "--gen", "2"]);
+  const run = await k3(["run", TINY, "--ids", "1,2,3", "--gen", "2"]);
+  assert.equal(short.code, 0, short.stderr);
+  assert.equal(short.stdout, run.stdout);
+  assertOneLine(await k3([TINY, "--gen", "2"]), 2, /a prompt is required/, "short form, no prompt");
+  assertOneLine(
+    await k3(["tests/nowhere", "--ids", "1"]),
+    2,
+    /tests\/nowhere: no such model directory/,
+    "missing dir",
+  );
+  const help = await k3(["help", "batch"]);
+  assert.equal(help.code, 0);
+  assert.match(help.stdout, /usage: k3 batch/);
+  assertOneLine(await k3(["help", "nope"]), 2, /help: no command "nope"/, "help nope");
+});
+
 Deno.test("unknown command or top-level option: exit 2", async () => {
   assertOneLine(
     await k3(["frobnicate"]),
