@@ -39,8 +39,14 @@
  * the final tree, is done in scalar code on the stored lanes, shared by every ISA. So the
  * SIMD paths cannot reorder anything; they only change how lanes are computed.
  *
- * Batching: k3_matmul computes a tile of up to 4 rows x 8 tokens so each weight row is read
- * from memory once per 8 tokens; the per-row order above does not depend on the tile.
+ * Batching: k3_matmul and k3_matmul_mxfp4 compute tiles of up to 4 rows x 8 tokens so each
+ * weight row is read from memory once per 8 tokens (MXFP4 decodes a chunk of the tile's rows
+ * once into an L1 buffer and reuses it for every token). The per-row order above does not
+ * depend on the tile, ntok or the row range.
+ *
+ * Edge conventions: k3_argmax returns -1 when n <= 0 or every value is NaN; in
+ * k3_router_topk a NaN selection score ranks as -inf; k3_rmsnorm accepts w == NULL.
+ * NaN payloads are not part of the contract (which NaN propagates may differ by ISA).
  */
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200112L /* posix_memalign */
@@ -51,6 +57,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(_WIN32)
+#include <malloc.h> /* _aligned_malloc */
+#endif
 
 #if defined(__GNUC__)
 #define K3_INLINE static inline __attribute__((always_inline))

@@ -622,6 +622,7 @@ Deno.test("kernels: SIMD builds are bit-identical to scalar", () => {
     assert(others.length > 0 || Deno.build.arch !== "x86_64", "no SIMD build to compare");
     const cases = allCases();
     for (const [name, k] of others) {
+      if (name !== "native") assertEquals(isa(k), name, `libk3-${name} reports its ISA`);
       for (const c of cases) {
         const a = c.run(scalar), b = c.run(k);
         a.forEach((buf, i) => sameBytes(b[i], buf, `${name} (${isa(k)}) ${c.name} out ${i}`));
