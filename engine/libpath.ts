@@ -9,7 +9,9 @@
  *     can read it but `dlopen` cannot open it. Its bytes are copied to a per-user cache
  *     directory (`$XDG_CACHE_HOME/k3`, else `~/.cache/k3`) as `lib-<sha256 prefix>.so`,
  *     written atomically (temporary sibling, then rename), reused while its content hash
- *     matches and re-extracted when it does not (a corrupt or truncated copy).
+ *     matches and re-extracted when it does not (a corrupt or truncated copy). When the
+ *     binary carries per-ISA builds (libk3-avx512/avx2/scalar), the fastest one this CPU
+ *     runs is chosen (a binary built on one x86 machine runs on another).
  *
  * Everything here takes its inputs as parameters so each step is testable without a
  * compiled binary.
@@ -21,7 +23,11 @@ import { createHash } from "node:crypto";
 import { K3Error } from "./errors.ts";
 
 /** File extension of shared libraries on this OS. */
-export const LIB_EXT = Deno.build.os === "darwin" ? "dylib" : Deno.build.os === "windows" ? "dll" : "so";
+export const LIB_EXT = Deno.build.os === "darwin"
+  ? "dylib"
+  : Deno.build.os === "windows"
+  ? "dll"
+  : "so";
 
 /** File name of the kernel library. */
 export const LIB_NAME = `libk3.${LIB_EXT}`;
@@ -46,11 +52,17 @@ export function sha256Hex(bytes: Uint8Array): string {
 }
 
 /** The per-user cache directory for extracted libraries. */
-export function cacheDir(env: (name: string) => string | undefined = (n) => Deno.env.get(n)): string {
+export function cacheDir(
+  env: (name: string) => string | undefined = (n) => Deno.env.get(n),
+): string {
   const xdg = env("XDG_CACHE_HOME");
   if (xdg && xdg.startsWith("/")) return `${xdg}/k3`;
   const home = env("HOME") ?? env("USERPROFILE");
-  if (!home) throw new K3Error("cannot find a cache directory for the kernel library: set XDG_CACHE_HOME or HOME (or K3_LIB)");
+  if (!home) {
+    throw new K3Error(
+      "cannot find a cache directory for the kernel library: set XDG_CACHE_HOME or HOME (or K3_LIB)",
+    );
+  }
   return `${home}/.cache/k3`;
 }
 
@@ -77,7 +89,9 @@ export function extractLibrary(bytes: Uint8Array, dir: string): Extracted {
   const hash = sha256Hex(bytes);
   const path = `${dir}/lib-${hash.slice(0, HASH_PREFIX)}.${LIB_EXT}`;
   const existing = readIfExists(path);
-  if (existing && existing.length === bytes.length && sha256Hex(existing) === hash) return { path, action: "reused" };
+  if (existing && existing.length === bytes.length && sha256Hex(existing) === hash) {
+    return { path, action: "reused" };
+  }
   try {
     Deno.mkdirSync(dir, { recursive: true, mode: 0o700 });
     const tmp = `${path}.tmp-${Deno.pid}-${crypto.randomUUID().slice(0, 8)}`;
@@ -91,7 +105,11 @@ export function extractLibrary(bytes: Uint8Array, dir: string): Extracted {
       throw e;
     }
   } catch (e) {
-    throw new K3Error(`cannot extract the kernel library to ${dir}: ${(e as Error).message} (set XDG_CACHE_HOME or K3_LIB)`);
+    throw new K3Error(
+      `cannot extract the kernel library to ${dir}: ${
+        (e as Error).message
+      } (set XDG_CACHE_HOME or K3_LIB)`,
+    );
   }
   return { path, action: existing ? "rewritten" : "written" };
 }
@@ -102,6 +120,8 @@ export interface Resolution {
   source: "env" | "checkout" | "embedded";
   /** For embedded: what happened in the cache. */
   action?: Extracted["action"];
+  /** For embedded: which build was chosen. */
+  file?: string;
 }
 
 /** Inputs of `resolveLibrary` (defaults: this process). */
@@ -113,6 +133,9 @@ export interface ResolveOptions {
   standalone?: boolean;
   /** Override of the cache directory. */
   cacheDir?: string;
+  /** CPU flags and architecture (default: this machine's). */
+  cpuFlags?: Set<string>;
+  arch?: string;
 }
 
 /** Finds (and if needed extracts) the kernel library. Throws a K3Error when there is none. */
@@ -126,14 +149,64 @@ export function resolveLibrary(opts: ResolveOptions = {}): Resolution {
     try {
       if (Deno.statSync(modulePath).isFile) return { path: modulePath, source: "checkout" };
     } catch { /* fall through to the error */ }
-    throw new K3Error(`kernel library not found at ${modulePath}: build it with \`make -C kernels\` (or set K3_LIB)`);
+    throw new K3Error(
+      `kernel library not found at ${modulePath}: build it with \`make -C kernels\` (or set K3_LIB)`,
+    );
   }
+  // A binary may carry several builds (deno task compile embeds the x86 variants): take the
+  // fastest one this CPU can run, so a binary built on an AVX-512 machine still runs on an
+  // AVX2 one. Every path gives the same bits, so the choice never changes a token.
+  const dir = modulePath.slice(0, modulePath.lastIndexOf("/"));
+  const embedded = (file: string) => {
+    try {
+      return Deno.statSync(`${dir}/${file}`).isFile;
+    } catch {
+      return false;
+    }
+  };
+  const file =
+    chooseEmbedded(embedded, opts.cpuFlags ?? cpuFlags(), opts.arch ?? Deno.build.arch) ??
+      modulePath.slice(dir.length + 1);
   let bytes: Uint8Array;
   try {
-    bytes = Deno.readFileSync(modulePath);
+    bytes = Deno.readFileSync(`${dir}/${file}`);
   } catch (e) {
-    throw new K3Error(`this k3 binary has no embedded kernel library (${modulePath}: ${(e as Error).message}); rebuild it with \`deno task compile\` or set K3_LIB`);
+    throw new K3Error(
+      `this k3 binary has no embedded kernel library (${dir}/${file}: ${
+        (e as Error).message
+      }); rebuild it with \`deno task compile\` or set K3_LIB`,
+    );
   }
   const x = extractLibrary(bytes, opts.cacheDir ?? cacheDir(env));
-  return { path: x.path, source: "embedded", action: x.action };
+  return { path: x.path, source: "embedded", action: x.action, file };
+}
+
+/** Per-ISA builds of `make -C kernels variants`, fastest first, with the CPU flags each needs. */
+export const VARIANTS = [
+  { file: `libk3-avx512.${LIB_EXT}`, needs: ["avx512f", "avx512bw", "avx512vl", "avx512dq"] },
+  { file: `libk3-avx2.${LIB_EXT}`, needs: ["avx2"] },
+  { file: `libk3-scalar.${LIB_EXT}`, needs: [] as string[] },
+];
+
+/**
+ * The embedded build to use on x86-64: the first variant that is embedded and that the CPU
+ * can run; undefined (use the native libk3) when there are none or on other architectures.
+ */
+export function chooseEmbedded(
+  embedded: (file: string) => boolean,
+  flags: Set<string>,
+  arch: string,
+): string | undefined {
+  if (arch !== "x86_64") return undefined;
+  return VARIANTS.find((v) => embedded(v.file) && v.needs.every((f) => flags.has(f)))?.file;
+}
+
+/** The CPU feature flags (/proc/cpuinfo; empty when unreadable, which selects scalar). */
+export function cpuFlags(): Set<string> {
+  try {
+    const t = Deno.readTextFileSync("/proc/cpuinfo");
+    return new Set((t.match(/^(?:flags|Features)\s*:\s*(.+)$/m)?.[1] ?? "").split(/\s+/));
+  } catch {
+    return new Set();
+  }
 }

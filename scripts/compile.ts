@@ -27,8 +27,14 @@ export const PERMISSIONS = [
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 const EXT = Deno.build.os === "darwin" ? "dylib" : Deno.build.os === "windows" ? "dll" : "so";
 
-/** Files deno compile cannot find by following imports. */
-export const INCLUDES = [`kernels/build/libk3.${EXT}`, "engine/pool_worker.ts"];
+/** Files deno compile cannot find by following imports: the native kernel library, the
+ * per-ISA builds this machine could make (the binary picks what the running CPU supports,
+ * engine/libpath.ts), and the compute worker. Missing ones are skipped. */
+export const INCLUDES = [
+  `kernels/build/libk3.${EXT}`,
+  ...["avx512", "avx2", "scalar"].map((v) => `kernels/build/libk3-${v}.${EXT}`),
+  "engine/pool_worker.ts",
+];
 
 /** The deno compile argument list. */
 export function compileArgs(output: string): string[] {
@@ -84,10 +90,13 @@ async function main(args: string[]): Promise<number> {
       return 1;
     }
   }
-  const make = await new Deno.Command("make", { args: ["-s", "-C", "kernels"], cwd: ROOT })
+  const make = await new Deno.Command("make", {
+    args: ["-s", "-C", "kernels", "all", "variants"],
+    cwd: ROOT,
+  })
     .output();
   if (!make.success) {
-    console.error("compile: building the kernel library failed (make -C kernels)");
+    console.error("compile: building the kernel library failed (make -C kernels all variants)");
     await Deno.stderr.write(make.stderr);
     return 1;
   }

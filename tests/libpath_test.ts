@@ -9,6 +9,7 @@ import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import {
   cacheDir,
+  chooseEmbedded,
   extractLibrary,
   HASH_PREFIX,
   LIB_EXT,
@@ -140,6 +141,53 @@ Deno.test("resolve in a compiled binary: the embedded file is extracted to the c
   );
 });
 
+Deno.test("embedded builds: the fastest the CPU runs (x86-64), else the native one", () => {
+  const all = (_: string) => true;
+  const avx512 = new Set(["avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"]);
+  assert.equal(chooseEmbedded(all, avx512, "x86_64"), `libk3-avx512.${LIB_EXT}`);
+  assert.equal(
+    chooseEmbedded(all, new Set(["avx2", "avx512f"]), "x86_64"),
+    `libk3-avx2.${LIB_EXT}`,
+  );
+  assert.equal(chooseEmbedded(all, new Set(["sse4_2"]), "x86_64"), `libk3-scalar.${LIB_EXT}`);
+  assert.equal(
+    chooseEmbedded((f) => !f.includes("avx512"), avx512, "x86_64"),
+    `libk3-avx2.${LIB_EXT}`,
+  );
+  assert.equal(chooseEmbedded(() => false, avx512, "x86_64"), undefined);
+  assert.equal(chooseEmbedded(all, new Set(["asimd"]), "aarch64"), undefined);
+});
+
+Deno.test("resolve in a compiled binary with per-ISA builds: picks by CPU flags, extracts that one", async () => {
+  await using dir = await tempDir();
+  const build = `${dir.path}/vfs/kernels/build`;
+  await Deno.mkdir(build, { recursive: true });
+  await Deno.copyFile(LIB, `${build}/libk3.${LIB_EXT}`);
+  const variants: Record<string, Uint8Array> = {};
+  for (const v of ["avx512", "avx2", "scalar"]) {
+    variants[v] = new TextEncoder().encode(`stand-in ${v} build`);
+    await Deno.writeFile(`${build}/libk3-${v}.${LIB_EXT}`, variants[v]);
+  }
+  const env = envOf({ XDG_CACHE_HOME: `${dir.path}/xdg` });
+  const at = (flags: string[], arch = "x86_64") =>
+    resolveLibrary({
+      env,
+      modulePath: `${build}/libk3.${LIB_EXT}`,
+      standalone: true,
+      cpuFlags: new Set(flags),
+      arch,
+    });
+  const r = at(["avx2"]);
+  assert.equal(r.file, `libk3-avx2.${LIB_EXT}`);
+  assert.deepEqual(await Deno.readFile(r.path), variants.avx2);
+  assert.deepEqual(await Deno.readFile(at([]).path), variants.scalar);
+  assert.deepEqual(
+    await Deno.readFile(at(["avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"]).path),
+    variants.avx512,
+  );
+  assert.equal(at(["asimd"], "aarch64").file, `libk3.${LIB_EXT}`);
+});
+
 Deno.test("CLI: a bad K3_LIB is one line and exit 1", async () => {
   const out = await k3(["run", `${ROOT}/tests/fixtures/tiny`, "--ids", "1,2", "--gen", "1"], {
     env: { K3_LIB: "/nonexistent/libk3.so" },
@@ -172,11 +220,16 @@ Deno.test("deno task compile: the library is embedded verbatim (with the deno bi
   assert.match(res.stderr, /kernels\/build\/libk3\.\w+/);
   // deno compile lists the embedded files as a tree: no node_modules in it.
   const tree = res.stderr.replace(/\x1b\[[0-9;]*m/g, "");
-  assert.match(tree, /[├└]─+\s*kernels\/build\/libk3/);
-  assert.doesNotMatch(tree, /[├└]─+\s*node_modules/, "no npm packages in the binary");
+  assert.match(tree, /^[│├└─┬\s]*kernels\b/m);
+  assert.doesNotMatch(tree, /^[│├└─┬\s]*node_modules/m, "no npm packages in the binary");
   const bin = await Deno.readFile(out);
-  const lib = await Deno.readFile(LIB);
-  assert.ok(indexOf(bin, lib) > 0, "libk3 bytes inside the binary");
+  for (const f of [`libk3.${LIB_EXT}`, `libk3-scalar.${LIB_EXT}`]) {
+    assert.match(res.stderr, new RegExp(`--include kernels/build/${f}`));
+    assert.ok(
+      indexOf(bin, await Deno.readFile(`${ROOT}/kernels/build/${f}`)) > 0,
+      `${f} bytes inside the binary`,
+    );
+  }
 });
 
 Deno.test("deno task compile without denort: a clear message naming DENORT_BIN, exit 1", async () => {
