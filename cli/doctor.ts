@@ -15,9 +15,10 @@ import { statfsSync } from "node:fs";
 import { EXIT, usageError } from "../engine/errors.ts";
 import { isaName, type Kernels, kernels } from "../engine/ffi.ts";
 import { IoFile } from "../engine/io.ts";
-import { PRESETS } from "../engine/plan.ts";
+import { memAvailable } from "../engine/plan.ts";
 import { fmtBytes, intFlag, parseFlags } from "./common.ts";
 import { progress } from "./progress.ts";
+import { releasedPlan } from "./presets.ts";
 
 export const USAGE = `usage: k3 doctor [--dir PATH] [--size-mb N]
 
@@ -27,13 +28,14 @@ engine reads (17.5 MB aligned random reads with O_DIRECT at depth 1 and 16, and 
 sequential reads) on a temporary file it writes under PATH and removes. Then the command
 to run next.
 
-exit codes: 0 the model can run here; 1 it cannot (under ${4} GB available memory, too
-little disk, or no loadable kernel library); 2 usage error.
+exit codes: 0 the model can run here; 1 it cannot (not enough memory for even the
+smallest plan, too little disk, or no loadable kernel library); 2 usage error.
 
   --dir PATH     the disk that holds (or will hold) the checkpoint and packed trunk
                  (default: the current directory)
   --size-mb N    size of the temporary test file in MiB (default 1024, 64..65536);
                  larger is slower and more accurate
+  --positions N  context (prompt + generated) to size the memory plan for (default 4096)
   --no-read      skip the read-speed test (writes nothing)
   -h, --help     this help
 `;
@@ -42,10 +44,9 @@ little disk, or no loadable kernel library); 2 usage error.
 export const CHECKPOINT_BYTES = 1_560_936_091_448;
 /** The packed trunk (`k3 pack`). */
 export const TRUNK_BYTES = 113.5e9;
-/** Below this much available memory nothing runs. */
-export const MIN_AVAILABLE = 4e9;
-/** Memory beyond a preset's trunk + cache: runtime, buffers, a short KV cache (GB). */
-export const HEADROOM_GB = 1;
+/** The shortest context worth running: below what the ultra plan needs for this many
+ * positions, the machine cannot run the model at all. */
+export const MIN_POSITIONS = 256;
 /** One routed expert's read: 3 x 3072 x 3584 MXFP4 weights = 17,547,264 bytes (17.5 MB,
  * a multiple of 4096). */
 export const EXPERT_READ = 17_547_264;
@@ -54,18 +55,31 @@ export const EXPERT_READ = 17_547_264;
 export interface Facts {
   memAvailable?: number;
   memTotal?: number;
+  /** What the smallest plan (ultra, MIN_POSITIONS) needs, runtime included. */
+  minNeed?: number;
   diskFree?: number;
   /** --dir already holds a checkpoint (model.safetensors.index.json). */
   hasCheckpoint: boolean;
   kernelError?: string;
 }
 
-/** The largest fixed preset whose trunk + cache + headroom fits in `available` bytes. */
-export function fittingPreset(available: number): (typeof PRESETS)[number] | undefined {
-  const fits = PRESETS.filter((p) =>
-    p.name !== "auto" && (p.trunkGB + p.cacheGB + HEADROOM_GB) * 1e9 <= available
-  );
-  return fits.sort((a, b) => b.trunkGB + b.cacheGB - (a.trunkGB + a.cacheGB))[0];
+/** What each fixed preset's memory plan needs for the full K3 (packed trunk) at
+ * `positions`, runtime overhead included; the plan of engine/plan.ts, as k3 presets shows. */
+export function presetNeeds(positions: number): { name: string; bytes: number }[] {
+  const out: { name: string; bytes: number }[] = [];
+  for (const name of ["ultra", "laptop", "desktop", "workstation", "server", "max"]) {
+    const p = releasedPlan(name, positions);
+    if (typeof p !== "string") out.push({ name, bytes: p.totalBytes + p.overheadBytes });
+  }
+  return out;
+}
+
+/** The preset with the largest plan that fits in `available` bytes. */
+export function fittingPreset(
+  available: number,
+  needs: { name: string; bytes: number }[],
+): { name: string; bytes: number } | undefined {
+  return needs.filter((n) => n.bytes <= available).sort((a, b) => b.bytes - a.bytes)[0];
 }
 
 /** Bytes of disk the model still needs at --dir. */
@@ -77,11 +91,13 @@ export function diskNeeded(hasCheckpoint: boolean): number {
 export function problems(f: Facts): string[] {
   const out: string[] = [];
   if (f.kernelError) out.push(`no loadable kernel library: ${f.kernelError}`);
-  if (f.memAvailable !== undefined && f.memAvailable < MIN_AVAILABLE) {
+  if (f.memAvailable !== undefined && f.minNeed !== undefined && f.memAvailable < f.minNeed) {
     out.push(
-      `only ${fmtBytes(f.memAvailable)} of memory available; the smallest preset (ultra) needs ${
-        MIN_AVAILABLE / 1e9
-      } GB`,
+      `only ${
+        fmtBytes(f.memAvailable)
+      } of memory available; the smallest plan (--preset ultra, ${MIN_POSITIONS} positions) needs ${
+        fmtBytes(f.minNeed)
+      }`,
     );
   }
   if (f.diskFree !== undefined && f.diskFree < diskNeeded(f.hasCheckpoint)) {
@@ -97,17 +113,13 @@ export function problems(f: Facts): string[] {
   return out;
 }
 
-/** /proc/meminfo fields, in bytes. */
-function meminfo(): { available?: number; total?: number } {
+/** MemTotal from /proc/meminfo, in bytes. */
+function memTotal(): number | undefined {
   try {
-    const t = Deno.readTextFileSync("/proc/meminfo");
-    const get = (k: string) => {
-      const m = t.match(new RegExp(`^${k}:\\s+(\\d+) kB`, "m"));
-      return m ? Number(m[1]) * 1024 : undefined;
-    };
-    return { available: get("MemAvailable"), total: get("MemTotal") };
+    const m = Deno.readTextFileSync("/proc/meminfo").match(/^MemTotal:\s+(\d+) kB/m);
+    return m ? Number(m[1]) * 1024 : undefined;
   } catch {
-    return {};
+    return undefined;
   }
 }
 
@@ -212,6 +224,7 @@ export async function main(args: string[]): Promise<number> {
   const { values, positionals } = parseFlags("doctor", args, {
     dir: { type: "string" },
     "size-mb": { type: "string" },
+    positions: { type: "string" },
     "no-read": { type: "boolean" },
     help: { type: "boolean", short: "h" },
   }, false);
@@ -222,6 +235,7 @@ export async function main(args: string[]): Promise<number> {
   void positionals;
   const dir = values.dir ?? ".";
   const sizeMb = intFlag("size-mb", values["size-mb"], 1024, 64, 65536);
+  const positions = intFlag("positions", values.positions, 4096, 1, 32768 + 4096);
   if (values["no-read"] && values["size-mb"] !== undefined) {
     throw usageError("doctor: --size-mb and --no-read conflict: choose one");
   }
@@ -266,21 +280,35 @@ export async function main(args: string[]): Promise<number> {
     line("kernels", `NOT LOADABLE: ${facts.kernelError}`);
   }
 
-  // Memory.
-  const mem = meminfo();
-  facts.memAvailable = mem.available;
-  facts.memTotal = mem.total;
-  const fit = mem.available === undefined ? undefined : fittingPreset(mem.available);
-  if (mem.available === undefined) {
+  // Memory: the engine's own memory plan for the full model at each preset.
+  facts.memAvailable = memAvailable();
+  facts.memTotal = memTotal();
+  const needs = presetNeeds(positions);
+  facts.minNeed = presetNeeds(MIN_POSITIONS).find((n) => n.name === "ultra")?.bytes;
+  const fit = facts.memAvailable === undefined
+    ? undefined
+    : fittingPreset(facts.memAvailable, needs);
+  if (facts.memAvailable === undefined) {
     line("memory", "unknown (no /proc/meminfo); choose a preset with k3 presets");
   } else {
+    const next = needs.find((n) => n.bytes > facts.memAvailable!);
     line(
       "memory",
-      `${fmtBytes(mem.available)} available of ${fmtBytes(mem.total ?? 0)}; ` +
+      `${fmtBytes(facts.memAvailable)} available of ${
+        fmtBytes(facts.memTotal ?? 0)
+      }; at ${positions} positions ` +
         (fit
-          ? `fits preset ${fit.name} (trunk ${fit.trunkGB} GB + expert cache ${fit.cacheGB} GB + ~${HEADROOM_GB} GB runtime)`
-          : "fits no preset"),
+          ? `fits --preset ${fit.name} (plan ${fmtBytes(fit.bytes)} with the runtime)`
+          : "fits no preset") +
+        (next ? `; ${next.name} would need ${fmtBytes(next.bytes)}` : ""),
     );
+    if (!fit && facts.minNeed !== undefined && facts.memAvailable >= facts.minNeed) {
+      warnings.push(
+        `only --preset ultra with a short context fits (${MIN_POSITIONS} positions: ${
+          fmtBytes(facts.minNeed)
+        })`,
+      );
+    }
   }
 
   // Disk.
@@ -334,18 +362,21 @@ export async function main(args: string[]): Promise<number> {
         warnings.push(
           "without O_DIRECT the reads above were served from the page cache (the file was just written): they measure memory, not the disk",
         );
-      } else {warnings.push(
-          `a ${sizeMb} MiB file can sit in the drive's own cache; the 1.56 TB checkpoint cannot, so a larger --size-mb is closer to the truth`,
-        );}
+      } else {
+        warnings.push(
+          `a ${sizeMb} MiB file can sit in the drive's own cache; the 1.56 TB checkpoint cannot, ` +
+            "so a larger --size-mb is closer to the truth",
+        );
+      }
       const perToken = 16 * 92 * EXPERT_READ; // worst case: every routed expert of every layer missed
-      if (sp.random16 !== undefined) {
+      const best = Math.max(sp.random1 ?? 0, sp.random16 ?? 0);
+      if (best > 0) {
         line(
           "",
-          `at that rate an all-miss token (16 experts x 92 layers = ${
+          `at the better of those rates an all-miss token (16 experts x 92 layers = ${
             fmtBytes(perToken)
-          }) reads in ${
-            (perToken / sp.random16).toFixed(1)
-          } s; the expert cache and prefetch cut this`,
+          }) ` +
+            `reads in ${(perToken / best).toFixed(1)} s; the expert cache and prefetch cut this`,
         );
       }
     }
@@ -361,7 +392,8 @@ export async function main(args: string[]): Promise<number> {
     return EXIT.runtime;
   }
   const preset = fit?.name ?? "ultra";
-  console.log(`\nverdict: this machine can run Kimi K3 with --preset ${preset}. Next:`);
+  const ctx = fit ? "" : ` (keep prompt + --gen under ${MIN_POSITIONS} positions)`;
+  console.log(`\nverdict: this machine can run Kimi K3 with --preset ${preset}${ctx}. Next:`);
   if (!facts.hasCheckpoint) {
     console.log(
       `  download the checkpoint (96 shards, ${

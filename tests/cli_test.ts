@@ -6,7 +6,7 @@
  */
 
 import assert from "node:assert/strict";
-import { diskNeeded, fittingPreset, problems, TRUNK_BYTES } from "../cli/doctor.ts";
+import { diskNeeded, fittingPreset, presetNeeds, problems, TRUNK_BYTES } from "../cli/doctor.ts";
 import { fmtDuration, progressLine } from "../cli/progress.ts";
 import { copyDir, k3, type Output, ROOT, tempDir, TINY } from "./helpers.ts";
 
@@ -238,10 +238,13 @@ Deno.test("k3 doctor --size-mb 64: every section, a verdict that matches the exi
   assert.deepEqual(left, [], "the temporary file is removed");
 });
 
-Deno.test("doctor verdict: under 4 GB, too little disk, no kernels -> cannot run; presets by memory", () => {
-  const ok = { memAvailable: 30e9, diskFree: 2e12, hasCheckpoint: false };
+Deno.test("doctor verdict: too little memory for the smallest plan, too little disk, no kernels -> cannot run; presets by the engine's plan", () => {
+  const ok = { memAvailable: 30e9, minNeed: 4.1e9, diskFree: 2e12, hasCheckpoint: false };
   assert.deepEqual(problems(ok), []);
-  assert.match(problems({ ...ok, memAvailable: 3.9e9 })[0], /only 3\.90 GB of memory available/);
+  assert.match(
+    problems({ ...ok, memAvailable: 3.9e9 })[0],
+    /only 3\.90 GB of memory available; the smallest plan \(--preset ultra, 256 positions\) needs 4\.10 GB/,
+  );
   assert.match(problems({ ...ok, diskFree: 1e12 })[0], /the checkpoint .* need/);
   assert.deepEqual(problems({ ...ok, diskFree: 200e9, hasCheckpoint: true }), []);
   assert.match(
@@ -250,12 +253,40 @@ Deno.test("doctor verdict: under 4 GB, too little disk, no kernels -> cannot run
   );
   assert.match(problems({ ...ok, kernelError: "nope" })[0], /no loadable kernel library: nope/);
   assert.equal(diskNeeded(true), TRUNK_BYTES);
-  assert.equal(fittingPreset(3e9), undefined);
-  assert.equal(fittingPreset(4.5e9)?.name, "ultra");
-  assert.equal(fittingPreset(8e9)?.name, "laptop");
-  assert.equal(fittingPreset(32e9)?.name, "desktop");
-  assert.equal(fittingPreset(128e9)?.name, "server");
-  assert.equal(fittingPreset(1e12)?.name, "max");
+  // The needs come from engine/plan.ts (the same numbers k3 presets prints), growing by preset.
+  const needs = presetNeeds(4096);
+  assert.deepEqual(needs.map((n) => n.name), [
+    "ultra",
+    "laptop",
+    "desktop",
+    "workstation",
+    "server",
+    "max",
+  ]);
+  for (let i = 1; i < needs.length; i++) {
+    assert.ok(needs[i].bytes > needs[i - 1].bytes, needs[i].name);
+  }
+  assert.ok(presetNeeds(256)[0].bytes < needs[0].bytes, "a shorter context needs less");
+  assert.equal(fittingPreset(needs[0].bytes - 1, needs), undefined);
+  assert.equal(fittingPreset(needs[0].bytes, needs)?.name, "ultra");
+  assert.equal(fittingPreset(needs[2].bytes + 1, needs)?.name, "desktop");
+  assert.equal(fittingPreset(1e13, needs)?.name, "max");
+});
+
+Deno.test("k3 doctor: not enough memory for even the smallest plan -> exit 1 with the reason", async () => {
+  const out = await k3(["doctor", "--dir", TINY, "--no-read"], {
+    env: { K3_MEM_AVAILABLE_GB: "3" },
+  });
+  assert.equal(out.code, 1, out.stdout + out.stderr);
+  assert.match(out.stdout, /^memory +3\.00 GB available .* fits no preset/m);
+  assert.match(out.stdout, /^PROBLEM +only 3\.00 GB of memory available; the smallest plan/m);
+  assert.match(out.stdout, /verdict: this machine cannot run Kimi K3/);
+  assertOneLine(
+    await k3(["doctor", "--positions", "0"]),
+    2,
+    /--positions: 0 is out of range/,
+    "positions 0",
+  );
 });
 
 Deno.test("progress line: done/total, rate or MB/s, ETA, then the total time", () => {
