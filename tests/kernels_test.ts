@@ -29,9 +29,10 @@ function assertEquals<T>(a: T, b: T, msg = ""): void {
 }
 
 function buildVariants(): void {
-  const out = new Deno.Command("make", { args: ["-s", "-C", KDIR, "variants"] }).outputSync();
+  const out = new Deno.Command("make", { args: ["-s", "-C", KDIR, "all", "variants"] })
+    .outputSync();
   if (!out.success) {
-    throw new Error("make variants failed:\n" + new TextDecoder().decode(out.stderr));
+    throw new Error("make all variants failed:\n" + new TextDecoder().decode(out.stderr));
   }
 }
 
