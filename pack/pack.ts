@@ -125,11 +125,13 @@ export async function packTrunk(
     ];
     const conv = NativeBuffer.alloc(k, stage, "pack conversion");
     const inputs = new Map<string, IoFile>();
-    const input = (f: string) => {
-      let h = inputs.get(f);
-      if (!h) inputs.set(f, h = IoFile.open(f));
+    const input = (f: string, direct: boolean) => {
+      const key = `${direct ? "d" : "b"}:${f}`;
+      let h = inputs.get(key);
+      if (!h) inputs.set(key, h = IoFile.open(f, { direct }));
       return h;
     };
+    const reader = new RangeReader(k);
     let pending: Promise<void> | undefined;
     let written = 0;
     let lastLog = t0;
@@ -158,7 +160,7 @@ export async function packTrunk(
         },
       };
       for (const r of [...layout.layers, layout.finals, layout.embed, layout.head]) {
-        await packRegion(k, r, bufs, conv, input, sink);
+        await packRegion(k, r, bufs, conv, input, reader, sink);
       }
       if (pending) await pending;
       pending = undefined;
@@ -172,6 +174,7 @@ export async function packTrunk(
       for (const f of inputs.values()) f.close();
       bufs.forEach((b) => b.free());
       conv.free();
+      reader.free();
     }
     out.close();
     progress(true);
@@ -222,7 +225,8 @@ async function packRegion(
   r: PackRegion,
   bufs: NativeBuffer[],
   conv: NativeBuffer,
-  input: (f: string) => IoFile,
+  input: (f: string, direct: boolean) => IoFile,
+  reader: RangeReader,
   sink: { next: number; write: (buf: NativeBuffer, len: number, off: number) => Promise<void> },
 ): Promise<void> {
   const stage = bufs[0].bytes;
@@ -253,44 +257,85 @@ async function packRegion(
   };
   for (const t of r.tensors) {
     await pad(t.entry.offset);
-    const src = t.src, f = input(src.file);
+    const src = t.src;
     const widen = t.entry.bytes !== src.bytes; // BF16/F16 -> F32
+    if (!widen) {
+      // Stored as is: stream the bytes through the reader (reads ahead) into staging.
+      for await (const piece of reader.range(input(src.file, true), src.offset, src.bytes)) {
+        let at = 0;
+        while (at < piece.length) {
+          const n = Math.min(piece.length - at, stage - pos);
+          bufs[cur].u8.set(piece.subarray(at, at + n), pos);
+          at += n;
+          pos += n;
+          regionPos += n;
+          if (pos === stage) await flush();
+        }
+      }
+      continue;
+    }
+    // Widened (vectors, F16 matrices): pieces read into `conv`, converted into staging.
+    const f = input(src.file, false);
     const inSize = src.dtype === "F32" ? 4 : 2;
     let done = 0; // source bytes consumed
     while (done < src.bytes) {
       const space = stage - pos;
-      if (!widen) {
-        const n = Math.min(src.bytes - done, space);
-        await f.readExact(bufs[cur].at(pos), n, src.offset + done);
-        pos += n;
-        regionPos += n;
-        done += n;
-      } else {
-        const elems = Math.min(
-          (src.bytes - done) / inSize,
-          Math.floor(space / 4),
-          Math.floor(conv.bytes / inSize),
-        );
-        if (elems > 0) {
-          await f.readExact(conv.ptr, elems * inSize, src.offset + done);
-          if (src.dtype === "BF16") k.k3_bf16_to_f32(conv.ptr, bufs[cur].at(pos), elems);
-          else k.k3_f16_to_f32(conv.ptr, bufs[cur].at(pos), elems);
-          pos += elems * 4;
-          regionPos += elems * 4;
-          done += elems * inSize;
-        }
-      }
-      if (stage - pos < 4) {
-        // Fill the last few bytes with zero only if nothing fits; otherwise flush now.
-        if (pos < stage) {
-          // can only happen when widening leaves < 4 bytes: cannot split an element
-          throw new Error("internal: staging buffer not a multiple of 4");
-        }
-        await flush();
-      }
+      const elems = Math.min((src.bytes - done) / inSize, Math.floor(space / 4), Math.floor(conv.bytes / inSize));
+      await f.readExact(conv.ptr, elems * inSize, src.offset + done);
+      if (src.dtype === "BF16") k.k3_bf16_to_f32(conv.ptr, bufs[cur].at(pos), elems);
+      else k.k3_f16_to_f32(conv.ptr, bufs[cur].at(pos), elems);
+      pos += elems * 4;
+      regionPos += elems * 4;
+      done += elems * inSize;
+      if (pos === stage) await flush();
     }
   }
   await pad(r.region.size);
   if (pos > 0) await flush();
   r.region.hash = hasher.hex();
+}
+
+/**
+ * Streams a byte range of a file as pieces, in order, with `depth` aligned reads of
+ * `chunk` bytes in flight ahead of the consumer (O_DIRECT when the file has it). A piece
+ * is valid until the consumer asks for the next one.
+ */
+export class RangeReader {
+  private readonly bufs: NativeBuffer[];
+
+  constructor(k: Kernels, readonly chunk = 16 << 20, readonly depth = 4) {
+    this.bufs = Array.from({ length: depth }, () => NativeBuffer.alloc(k, chunk + 2 * ALIGN, "pack read-ahead"));
+  }
+
+  async *range(f: IoFile, offset: number, len: number): AsyncGenerator<Uint8Array> {
+    const start = f.direct ? Math.floor(offset / ALIGN) * ALIGN : offset;
+    const end = offset + len;
+    const nchunks = Math.ceil((end - start) / this.chunk);
+    const inflight: (Promise<number> | undefined)[] = new Array(this.depth);
+    const issue = (i: number) => {
+      const cs = start + i * this.chunk;
+      const want = Math.min(this.chunk, end - cs);
+      const len = f.direct ? Math.ceil(want / ALIGN) * ALIGN : want;
+      inflight[i % this.depth] = f.pread(this.bufs[i % this.depth].ptr, len, cs);
+    };
+    try {
+      for (let i = 0; i < Math.min(this.depth, nchunks); i++) issue(i);
+      for (let i = 0; i < nchunks; i++) {
+        const n = await inflight[i % this.depth]!;
+        inflight[i % this.depth] = undefined;
+        const cs = start + i * this.chunk;
+        const from = Math.max(cs, offset) - cs;
+        const to = Math.min(cs + this.chunk, end) - cs;
+        if (n < to) throw new K3Error(`${f.path}: short read at byte ${cs + n} (the file ends before the tensor does)`);
+        yield this.bufs[i % this.depth].u8.subarray(from, to);
+        if (i + this.depth < nchunks) issue(i + this.depth);
+      }
+    } finally {
+      await Promise.allSettled(inflight.filter((p) => p !== undefined));
+    }
+  }
+
+  free(): void {
+    this.bufs.forEach((b) => b.free());
+  }
 }
