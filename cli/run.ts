@@ -119,7 +119,7 @@ export async function main(args: string[]): Promise<number> {
     );
     if (weights.ioStats) {
       console.error(
-        `k3: read ${fmtBytes(stats.trunkBytes)} trunk, ${fmtBytes(stats.expertBytes)} experts; expert cache hit rate ${lookups ? ((100 * stats.expertHits) / lookups).toFixed(1) : "0.0"}%; ` +
+        `k3: read ${fmtBytes(stats.trunkBytes)} trunk, ${fmtBytes(stats.expertBytes)} experts (${fmtBytes(Math.round(stats.trunkBytes / ids.length))} + ${fmtBytes(Math.round(stats.expertBytes / ids.length))} per token); expert cache hit rate ${lookups ? ((100 * stats.expertHits) / lookups).toFixed(1) : "0.0"}%; ` +
           `${stats.pinnedLayers} trunk layers pinned; I/O wait ${((100 * stats.ioWaitSeconds) / Math.max(wall, 1e-9)).toFixed(1)}% of wall clock`,
       );
     }

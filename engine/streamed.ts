@@ -8,6 +8,11 @@
  * Every path runs the same kernels on the same bytes in the same order as
  * ResidentWeights, so the tokens and logits are identical at every budget.
  *
+ * Checks: pinned layers, the final vectors and a resident embedding/head are checked
+ * against their full k3h64 when read; every streamed trunk layer gets the cheap check
+ * (first and last 4 KiB). Streamed embedding rows and lm_head chunks (ultra) are not
+ * checked per read (no per-row hashes in the manifest); `k3 pack --verify` covers them.
+ *
  * `openWeights` makes the memory plan (plan.ts), prints it, refuses it when it does not fit
  * in MemAvailable, and only then allocates.
  *
@@ -194,7 +199,6 @@ export class StreamedWeights implements WeightSource {
     ckpt: Checkpoint,
     plan: MemoryPlan,
     trunkFile: TrunkFile | undefined,
-    mem: MemoryOptions,
   ): Promise<StreamedWeights> {
     const w = new StreamedWeights(k, cfg);
     try {
@@ -411,7 +415,7 @@ export async function openWeights(
       const weights = await ResidentWeights.load(k, cfg, ckpt, { onLayer: opts.onLayer });
       return { weights, plan, chunk: opts.chunk, close: () => Promise.resolve(weights.free()) };
     }
-    const weights = await StreamedWeights.open(k, cfg, ckpt, plan, trunkFile, mem);
+    const weights = await StreamedWeights.open(k, cfg, ckpt, plan, trunkFile);
     const tf = trunkFile;
     trunkFile = undefined;
     return {
