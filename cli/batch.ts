@@ -14,6 +14,7 @@ import { loadConfig } from "../engine/config.ts";
 import { EXIT, K3Error, usageError } from "../engine/errors.ts";
 import { generate } from "../engine/generate.ts";
 import { firstLayers, openModel } from "../engine/load.ts";
+import type { IoStats } from "../engine/model.ts";
 import { Tokenizer } from "../engine/tokenizer.ts";
 import { fmtBytes, parseIds, peakRssBytes } from "./common.ts";
 import { fmtDuration, progress } from "./progress.ts";
@@ -42,7 +43,9 @@ input, one JSON object per line (blank lines are ignored):
   stop_ids  ids to stop after (default: --stop-id)
 output, one JSON object per finished prompt, appended and fsync'ed as it finishes:
   {"id", "prompt_ids", "generated_ids", "generated_text" (null without a tokenizer),
-   "stopped", "seconds", "seconds_per_token", "first_token_seconds"}
+   "stopped", "seconds", "seconds_per_token", "first_token_seconds"; with memory
+   flags also "trunk_bytes_read", "expert_bytes_read", "expert_cache_hit_rate",
+   "io_wait_seconds"}
 A rerun with the same --output skips ids already there, so a killed run resumes where it
 stopped. Malformed input lines are reported (FILE:LINE: why) and skipped; the others run.
 
@@ -196,6 +199,18 @@ export async function readDone(
   return { done, cutBytes, lines: done.size };
 }
 
+/** Bytes read and expert-cache hits of one prompt (streamed weights only). */
+function ioDelta(a?: IoStats, b?: IoStats): Record<string, number> {
+  if (!a || !b) return {};
+  const hits = b.expertHits - a.expertHits, lookups = hits + b.expertMisses - a.expertMisses;
+  return {
+    trunk_bytes_read: b.trunkBytes - a.trunkBytes,
+    expert_bytes_read: b.expertBytes - a.expertBytes,
+    expert_cache_hit_rate: lookups ? hits / lookups : 0,
+    io_wait_seconds: b.ioWaitSeconds - a.ioWaitSeconds,
+  };
+}
+
 /** Writes all of `data` (write may be partial). */
 function writeAll(f: Deno.FsFile, data: Uint8Array): void {
   let off = 0;
@@ -327,6 +342,7 @@ export async function main(args: string[]): Promise<number> {
     const t1 = performance.now();
     try {
       for (const [n, job] of todo.entries()) {
+        const io0 = opened.model.weights.ioStats?.();
         const steps = await generate(opened.model, job.promptIds, {
           gen: job.gen,
           incremental: genOpts.incremental,
@@ -343,6 +359,7 @@ export async function main(args: string[]): Promise<number> {
           seconds,
           seconds_per_token: seconds / ids.length,
           first_token_seconds: steps[0]?.seconds ?? 0,
+          ...ioDelta(io0, opened.model.weights.ioStats?.()),
         };
         writeAll(out, enc.encode(JSON.stringify(result) + "\n"));
         out.syncSync();

@@ -43,7 +43,9 @@ export function moduleLibraryPath(): string {
 
 /** True inside a binary produced by `deno compile`. */
 export function isStandalone(): boolean {
-  return (Deno.build as { standalone?: boolean }).standalone === true;
+  // Deno.build.standalone where the runtime has it; else the embedded file system's root.
+  return (Deno.build as { standalone?: boolean }).standalone === true ||
+    /\/deno-compile-[^/]+\//.test(import.meta.url);
 }
 
 /** Hex SHA-256 of `bytes`. */
