@@ -118,6 +118,7 @@ async function main(args: string[]): Promise<number> {
           `  unzip it here, and run:  DENORT_BIN=$PWD/denort deno task compile`,
       );
       const first = stderr.split("\n").find((l) => /error/i.test(l));
+      // deno-lint-ignore no-control-regex
       if (first) console.error(`  (deno said: ${first.replace(/\x1b\[[0-9;]*m/g, "").trim()})`);
     } else {
       await Deno.stderr.write(out.stderr);

@@ -219,6 +219,7 @@ Deno.test("deno task compile: the library is embedded verbatim (with the deno bi
   );
   assert.match(res.stderr, /kernels\/build\/libk3\.\w+/);
   // deno compile lists the embedded files as a tree: no node_modules in it.
+  // deno-lint-ignore no-control-regex
   const tree = res.stderr.replace(/\x1b\[[0-9;]*m/g, "");
   assert.match(tree, /^[│├└─┬\s]*kernels\b/m);
   assert.doesNotMatch(tree, /^[│├└─┬\s]*node_modules/m, "no npm packages in the binary");
