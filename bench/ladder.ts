@@ -22,7 +22,7 @@ import { expertSlotBytes } from "../engine/plan.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 const { values } = parseArgs({ args: Deno.args, options: { model: { type: "string" }, gen: { type: "string" }, keep: { type: "boolean" } } });
-const GEN = Number(values.gen ?? 3);
+const GEN = Number(values.gen ?? 4);
 
 async function sh(cmd: string, args: string[], env?: Record<string, string>): Promise<{ code: number; out: string; err: string; seconds: number }> {
   const t0 = performance.now();
@@ -52,12 +52,8 @@ try {
   const shards = [...Deno.readDirSync(model)].filter((e) => e.name.endsWith(".safetensors")).map((e) => `${model}/${e.name}`).sort();
   const shardBytes = shards.map((f) => Deno.statSync(f).size);
 
-  // Raw disk, the way the engine reads it.
-  const big = shards[shardBytes.indexOf(Math.max(...shardBytes))];
-  const disk = await measureDisk(big, 2e9);
-  log(`disk: sequential ${disk.seqGBps.toFixed(2)} GB/s, random 17.5 MB ${disk.randGBps.toFixed(2)} GB/s (${disk.direct ? "O_DIRECT" : "buffered"})`);
-
   // Pack vs a plain copy, both from a cold page cache and both synced.
+  const big0 = shards[shardBytes.indexOf(Math.max(...shardBytes))];
   for (const f of shards) await uncache(f);
   const p = await k3(["pack", model, trunk]);
   if (p.code !== 0) throw new Error(p.err);
@@ -65,11 +61,19 @@ try {
   const packSec = Number(p.err.match(/in ([\d.]+) s \(/)![1]);
   const packGBps = m.data.bytes / packSec / 1e9;
   for (const f of shards) await uncache(f);
-  const copy = await sh("sh", ["-c", `cp '${big}' '${tmp}/copy' && sync -d '${tmp}/copy'`]);
-  const copyGBps = Deno.statSync(big).size / copy.seconds / 1e9;
+  const copy = await sh("sh", ["-c", `cp '${big0}' '${tmp}/copy' && sync -d '${tmp}/copy'`]);
+  const copyGBps = Deno.statSync(big0).size / copy.seconds / 1e9;
   await Deno.remove(`${tmp}/copy`);
   log(`pack ${(m.data.bytes / 1e9).toFixed(2)} GB in ${packSec.toFixed(1)} s (${packGBps.toFixed(2)} GB/s); cp+sync ${copyGBps.toFixed(2)} GB/s`);
 
+  // Raw disk, the way the engine reads it, on the files it reads: sequential on the packed
+  // trunk (16 MB pieces, 8 in flight, as a streamed layer), random 17.5 MB reads (16 in
+  // flight, as a layer's expert misses) on the biggest shard.
+  const big = shards[shardBytes.indexOf(Math.max(...shardBytes))];
+  const seq = await measureDisk(`${trunk}/trunk.bin`, 3e9, { depth: 8, randReads: 16 });
+  const rnd = await measureDisk(big, 2e9);
+  const disk = { direct: seq.direct && rnd.direct, seqGBps: seq.seqGBps, randGBps: rnd.randGBps };
+  log(`disk: sequential ${disk.seqGBps.toFixed(2)} GB/s, random 17.5 MB ${disk.randGBps.toFixed(2)} GB/s (${disk.direct ? "O_DIRECT" : "buffered"})`);
   const sizes = m.layer.map((r) => r.size);
   const largest = Math.max(...sizes);
   const trunkTotal = sizes.reduce((a, b) => a + b, 0);
@@ -89,7 +93,7 @@ try {
     ["resident (no flags)", []],
   ];
   const rows: string[] = [];
-  const header = "| budget | trunk GB | cache GB | pinned | slots | s/token | peak RSS GB | plan GB | RSS-plan MB | trunk GB/tok | expert GB/tok | hit rate | I/O share | read GB/s | /seq raw | /rand raw |";
+  const header = "| budget | trunk GB | cache GB | pinned | slots | s/token | first s | peak RSS GB | plan GB | RSS-plan MB | trunk GB/tok | expert GB/tok | hit rate | I/O share | read GB/s | /seq raw | /rand raw |";
   rows.push(header, "|" + header.split("|").slice(1, -1).map(() => "---").join("|") + "|");
   const overheads: number[] = [];
   for (const [name, flags] of rungs) {
@@ -98,7 +102,7 @@ try {
     if (r.code !== 0) {
       const why = r.err.trim().split("\n").pop();
       log(`${name}: refused or failed (${r.code}): ${why}`);
-      rows.push(`| ${name} | ${flags.includes("--trunk-gb") ? flags[flags.indexOf("--trunk-gb") + 1] : "all"} | | | | exit ${r.code}: ${why?.replace(/\|/g, "/")} | | | | | | | | | | |`);
+      rows.push(`| ${name} | ${flags.includes("--trunk-gb") ? flags[flags.indexOf("--trunk-gb") + 1] : "all"} | | | | exit ${r.code}: ${why?.replace(/\|/g, "/")} | | | | | | | | | | | |`);
       continue;
     }
     const j = JSON.parse(Deno.readTextFileSync(out));
@@ -107,16 +111,18 @@ try {
     const over = j.peak_rss_bytes - plan.totalBytes;
     overheads.push(over);
     const lookups = j.expert_cache_hits + j.expert_cache_misses;
+    // Decode s/token: steps after the first (the first also warms pages and workers).
+    const decode = n > 1 ? j.step_seconds.slice(1).reduce((x: number, y: number) => x + y, 0) / (n - 1) : j.seconds_per_token;
     const readGBps = j.read_busy_seconds > 0 ? j.read_bytes / j.read_busy_seconds / GB : 0;
     rows.push(
       `| ${name} | ${plan.trunk.budgetBytes === null ? "all" : (plan.trunk.budgetBytes / GB).toFixed(2)} | ${plan.experts.resident ? "all" : ((plan.experts.slots * plan.experts.slotBytes) / GB).toFixed(2)} | ` +
-        `${plan.trunk.pinned.length}/${plan.trunk.layers} | ${plan.experts.slots} | ${j.seconds_per_token.toFixed(2)} | ${(j.peak_rss_bytes / GB).toFixed(2)} | ${(plan.totalBytes / GB).toFixed(2)} | ${(over / 1e6).toFixed(0)} | ` +
+        `${plan.trunk.pinned.length}/${plan.trunk.layers} | ${plan.experts.slots} | ${decode.toFixed(2)} | ${j.step_seconds[0].toFixed(1)} | ${(j.peak_rss_bytes / GB).toFixed(2)} | ${(plan.totalBytes / GB).toFixed(2)} | ${(over / 1e6).toFixed(0)} | ` +
         `${(j.trunk_bytes_read / n / GB).toFixed(2)} | ${(j.expert_bytes_read / n / GB).toFixed(2)} | ${lookups ? ((100 * j.expert_cache_hits) / lookups).toFixed(0) + "%" : "-"} | ` +
         `${(100 * j.io_share).toFixed(0)}% | ${readGBps ? readGBps.toFixed(2) : "-"} | ${readGBps ? (readGBps / disk.seqGBps).toFixed(2) : "-"} | ${readGBps ? (readGBps / disk.randGBps).toFixed(2) : "-"} |`,
     );
-    log(`${name}: ${j.seconds_per_token.toFixed(2)} s/token, peak RSS ${(j.peak_rss_bytes / GB).toFixed(2)} GB (plan ${(plan.totalBytes / GB).toFixed(2)} GB)`);
+    log(`${name}: ${decode.toFixed(2)} s/token (decode), peak RSS ${(j.peak_rss_bytes / GB).toFixed(2)} GB (plan ${(plan.totalBytes / GB).toFixed(2)} GB)`);
   }
-  console.log(`\nK3 real-width slice: 3 layers (dense, KDA+MoE, MLA+MoE), 64 experts/layer top-16, vocab 32768; ${GEN} tokens per run from a 1-token prompt (so every forward is one token).`);
+  console.log(`\nK3 real-width slice: 3 layers (dense, KDA+MoE, MLA+MoE), 64 experts/layer top-16, vocab 32768; ${GEN} tokens per run from a 1-token prompt (every forward is one token); s/token = mean of the decode steps after the first; per-token GB = totals / tokens.`);
   console.log(`load average while running (2 cores, shared with other work): ${Deno.loadavg().map((x) => x.toFixed(1)).join(" ")}`);
   console.log(`disk (${disk.direct ? "O_DIRECT" : "buffered"}): sequential ${disk.seqGBps.toFixed(2)} GB/s, random 17.5 MB reads (16 in flight) ${disk.randGBps.toFixed(2)} GB/s`);
   console.log(`pack: ${(m.data.bytes / GB).toFixed(2)} GB in ${packSec.toFixed(1)} s = ${packGBps.toFixed(2)} GB/s; plain copy (cp + fdatasync, ${(Deno.statSync(big).size / GB).toFixed(2)} GB) ${copyGBps.toFixed(2)} GB/s; ratio ${(packGBps / copyGBps).toFixed(2)}`);

@@ -277,7 +277,6 @@ export class StreamedTrunk {
           `${dir}: layer ${e.L}: checksum mismatch on a streamed read: the trunk is corrupt; re-pack it (k3 pack --force)`,
         );
       }
-      this.stats.trunkBytes += r.size;
       e.bound = bindRegion(r.tensors, ring, e.off);
     } catch (err) {
       e.error = err instanceof K3Error
@@ -308,6 +307,8 @@ export class StreamedTrunk {
     await e.settled;
     this.stats.ioWaitSeconds += (performance.now() - t0) / 1000;
     if (e.error) throw e.error;
+    // Counted when used, so a read-ahead the run never uses is not charged to a token.
+    this.stats.trunkBytes += e.size;
     return e.bound!;
   }
 
