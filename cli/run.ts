@@ -11,6 +11,7 @@ import { firstLayers, openModel } from "../engine/load.ts";
 import type { IoStats } from "../engine/model.ts";
 import { readActivity } from "../engine/io.ts";
 import type { Tokenizer } from "../engine/tokenizer.ts";
+import { progress } from "./progress.ts";
 import { fmtBytes, parseIds, peakRssBytes, writeFileAtomic } from "./common.ts";
 import {
   GENERATION_FLAGS,
@@ -80,6 +81,7 @@ export async function main(args: string[]): Promise<number> {
     threads: genOpts.threads,
     memory,
     log: (line) => console.error(`k3: ${line}`),
+    onProgress: (what, d, n) => progress(what, d, n),
   });
   const loadSeconds = (performance.now() - t0) / 1000;
   const weights = opened.model.weights;

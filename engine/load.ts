@@ -12,6 +12,7 @@ import type { MemoryOptions, MemoryPlan } from "./plan.ts";
 import { startCompute } from "./pool.ts";
 import { Checkpoint } from "./safetensors.ts";
 import { openWeights } from "./streamed.ts";
+import { checkCheckpoint } from "./weights.ts";
 
 /** The config of only the first `n` layers (the `--layers` diagnostic). */
 export function firstLayers(cfg: K3Config, n: number): K3Config {
@@ -62,6 +63,7 @@ export async function openModel(dir: string, opts: OpenOptions): Promise<OpenedM
   const k = kernels();
   const ckpt = await Checkpoint.open(dir, (d, n) => opts.onProgress?.("index", d, n));
   try {
+    checkCheckpoint(cfg, ckpt);
     const opened = await openWeights(k, fullCfg, cfg, ckpt, {
       mem: opts.memory,
       capacity: opts.capacity,

@@ -170,6 +170,26 @@ export function checkTensor(t: TensorInfo, spec: TensorSpec): void {
   }
 }
 
+/**
+ * Checks that every tensor the model binds is present with the right shape and dtype,
+ * before anything is allocated, so a bad checkpoint fails fast with the tensor named.
+ */
+export function checkCheckpoint(cfg: K3Config, ckpt: Checkpoint): void {
+  const D = cfg.hiddenSize, V = cfg.vocabSize;
+  const check = (specs: TensorSpec[]) => {
+    for (const spec of specs) checkTensor(ckpt.get(PREFIX + spec.name), spec);
+  };
+  check(globalTensors(cfg));
+  check([{ name: "embed_tokens.weight", shape: [V, D], keep: "matrix" }]);
+  checkTensor(ckpt.get(HEAD_NAME), { name: HEAD_NAME, shape: [V, D], keep: "matrix" });
+  for (let L = 0; L < cfg.numLayers; L++) {
+    check(layerTensors(cfg, L));
+    if (L >= cfg.firstKDense) {
+      for (let E = 0; E < cfg.moe.numExperts; E++) check(expertTensors(cfg, L, E));
+    }
+  }
+}
+
 /** Bytes a tensor takes once bound (after widening). */
 export function boundBytes(t: { dtype: string; bytes: number }, keep: Keep): number {
   if (keep === "u8") return t.bytes;
