@@ -82,8 +82,9 @@ export interface MemoryOptions {
 
 /**
  * Bytes the process needs beyond the plan: the Deno runtime, JIT and code, the kernel
- * library, small JS objects. Measured (bench/ladder.ts: peak RSS minus plan, largest over
- * the ladder) and used in the MemAvailable check.
+ * library, compute workers, small JS objects. Measured by bench/ladder.ts as peak RSS
+ * minus the plan on a real-width slice: 56-79 MB on every rung whose plan is fully touched
+ * (Deno 2.9, 2 compute threads). Budgeted at about twice that in the MemAvailable check.
  */
 export const FIXED_OVERHEAD_BYTES = 160e6;
 
