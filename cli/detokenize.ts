@@ -6,7 +6,8 @@
 
 import { usageError } from "../engine/errors.ts";
 import { Tokenizer } from "../engine/tokenizer.ts";
-import { type Output, parseStrict, stdout } from "./tokenize.ts";
+import { parseFlags, parseIds } from "./common.ts";
+import { type Output, stdout } from "./tokenize.ts";
 
 /** Usage text of `k3 detokenize`. */
 export const USAGE = `Usage: k3 detokenize --tok DIR --ids 1,2,3
@@ -16,30 +17,21 @@ Prints the text of comma-separated token ids (bytes that are not valid UTF-8 pri
   --ids LIST     comma-separated token ids
 `;
 
-/** Parses a comma-separated id list; a usage error (exit 2) names the bad entry. */
-export function parseIds(list: string): number[] {
-  if (list.trim() === "") return [];
-  return list.split(",").map((part) => {
-    const s = part.trim();
-    if (!/^[0-9]{1,10}$/.test(s)) throw usageError(`--ids: not a token id: ${JSON.stringify(s)}`);
-    return Number(s);
-  });
-}
-
 /** Runs `k3 detokenize`; returns the exit code, throws K3Error on failure. */
 export async function main(args: string[], out: Output = stdout): Promise<number> {
-  const opts = parseStrict(args, {
+  const opts = parseFlags("detokenize", args, {
     tok: { type: "string" },
     ids: { type: "string" },
-    help: { type: "boolean" },
-  });
+    help: { type: "boolean", short: "h" },
+  }, false).values;
   if (opts.help) {
     out.write(USAGE);
     return 0;
   }
   if (opts.tok === undefined) throw usageError("detokenize: --tok DIR is required");
   if (opts.ids === undefined) throw usageError("detokenize: --ids LIST is required");
-  const ids = parseIds(opts.ids);
-  out.write(Tokenizer.load(opts.tok).decode(ids) + "\n");
+  const tokenizer = Tokenizer.load(opts.tok);
+  const ids = parseIds("ids", opts.ids, tokenizer.vocabSize);
+  out.write(tokenizer.decode(ids) + "\n");
   return await Promise.resolve(0);
 }

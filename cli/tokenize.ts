@@ -6,10 +6,10 @@
  * @module
  */
 
-import { parseArgs } from "node:util";
-import { K3Error, usageError } from "../engine/errors.ts";
+import { usageError } from "../engine/errors.ts";
 import { Tokenizer } from "../engine/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/utf8.ts";
+import { parseFlags } from "./common.ts";
 
 /** Usage text of `k3 tokenize`. */
 export const USAGE = `Usage: k3 tokenize --tok DIR (--text TEXT | --file PATH) [--json]
@@ -35,27 +35,15 @@ export const stdout: Output = {
   },
 };
 
-/** Parses `args` strictly, turning node:util's errors into usage errors (exit 2). */
-export function parseStrict<T extends Record<string, { type: "string" | "boolean" }>>(
-  args: string[],
-  options: T,
-) {
-  try {
-    return parseArgs({ args, options, strict: true, allowPositionals: false }).values;
-  } catch (e) {
-    throw usageError((e as Error).message);
-  }
-}
-
 /** Runs `k3 tokenize`; returns the exit code, throws K3Error on failure. */
 export async function main(args: string[], out: Output = stdout): Promise<number> {
-  const opts = parseStrict(args, {
+  const opts = parseFlags("tokenize", args, {
     tok: { type: "string" },
     text: { type: "string" },
     file: { type: "string" },
     json: { type: "boolean" },
-    help: { type: "boolean" },
-  });
+    help: { type: "boolean", short: "h" },
+  }, false).values;
   if (opts.help) {
     out.write(USAGE);
     return 0;
@@ -70,7 +58,7 @@ export async function main(args: string[], out: Output = stdout): Promise<number
     try {
       bytes = await Deno.readFile(opts.file);
     } catch (e) {
-      throw new K3Error(`cannot read ${opts.file}: ${(e as Error).message}`);
+      throw usageError(`--file: cannot read ${opts.file}: ${(e as Error).message}`);
     }
     text = decodeUtf8Strict(bytes, opts.file);
   }

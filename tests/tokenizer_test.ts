@@ -329,69 +329,6 @@ for (const pair of PAIRS) {
   });
 }
 
-/**
- * Every Unicode scalar value in ten contexts, against a vocabulary made of all substrings
- * of those contexts, so that any difference in piece boundaries changes the ids. This is
- * what shows V8's Unicode tables agree with the Rust regex crate's for every property the
- * pattern uses. About 11 million contexts, ~5 minutes: run with K3_TOKENIZER_SWEEP=1
- * (e.g. after upgrading Deno).
- */
-Deno.test({
-  name: "parity sweep: every code point in 10 contexts (K3_TOKENIZER_SWEEP=1)",
-  ignore: !Deno.env.get("K3_TOKENIZER_SWEEP"),
-  fn() {
-    const contexts = (c: string) => [
-      `a${c}a`,
-      c + c,
-      ` ${c}`,
-      `${c}a`,
-      `A${c}`,
-      `${c}\n`,
-      `1${c}`,
-      `'${c}`,
-      `${c}'s`,
-      `中${c}`,
-    ];
-    const b64 = (s: string) => btoa(String.fromCharCode(...new TextEncoder().encode(s)));
-    const failures: string[] = [];
-    const BATCH = 8192;
-    for (let lo = 0; lo < 0x110000; lo += BATCH) {
-      const texts: string[] = [];
-      const tokens = new Set<string>();
-      for (let cp = lo; cp < lo + BATCH; cp++) {
-        if (cp >= 0xd800 && cp <= 0xdfff) continue;
-        for (const t of contexts(String.fromCodePoint(cp))) {
-          texts.push(t);
-          const cps = [...t];
-          for (let i = 0; i < cps.length; i++) {
-            for (let j = i + 1; j <= cps.length; j++) tokens.add(cps.slice(i, j).join(""));
-          }
-        }
-      }
-      const seen = new Set<string>();
-      const lines: string[] = [];
-      for (let b = 0; b < 256; b++) {
-        const e = btoa(String.fromCharCode(b));
-        seen.add(e);
-        lines.push(`${e} ${b}\n`);
-      }
-      for (const t of tokens) {
-        const e = b64(t);
-        if (!seen.has(e)) lines.push(`${e} ${seen.add(e).size - 1}\n`);
-      }
-      const model = lines.join("");
-      const ours = new Tokenizer(parseTiktokenModel(model));
-      const ref = new Tiktoken(model, {}, K3_PAT_STR);
-      for (const t of texts) {
-        const d = diff(t, ours.encode(t), ref.encode_ordinary(t));
-        if (d && failures.length < 20) failures.push(d);
-      }
-      ref.free();
-    }
-    assert.equal(failures.length, 0, failures.join("\n"));
-  },
-});
-
 Deno.test("pre-tokenizer: Han is split from other letters, contractions stay attached", () => {
   assert.deepEqual(pretokenize("中文English混合"), ["中文", "English", "混合"]);
   assert.deepEqual(pretokenize("They'RE here"), ["They'RE", " here"]);
