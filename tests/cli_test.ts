@@ -288,7 +288,7 @@ Deno.test("progress line: done/total, rate or MB/s, ETA, then the total time", (
 });
 
 Deno.test("the compiled binary's permissions are enough: run, batch and doctor under exactly them", async () => {
-  const { PERMISSIONS } = await import("../scripts/compile.ts");
+  const { PERMISSIONS } = await import("../cli/compile.ts");
   await using dir = await tempDir();
   const sub = (args: string[]) =>
     new Deno.Command(Deno.execPath(), {
@@ -324,7 +324,7 @@ Deno.test("deno task demo: pack to a temp dir, run a text prompt at a small budg
   const tasks = JSON.parse(await Deno.readTextFile(`${ROOT}/deno.json`)).tasks;
   const perms = (tasks.demo as string).match(/deno run (.*) scripts\/demo\.ts/)![1].split(" ");
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", ...perms, `${ROOT}/scripts/demo.ts`],
+    args: ["run", ...perms, `${ROOT}/cli/demo.ts`],
     stdout: "piped",
     stderr: "piped",
   }).output();

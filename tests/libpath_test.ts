@@ -206,7 +206,7 @@ Deno.test("deno task compile: the library is embedded verbatim (with the deno bi
   const res = await runCmd(Deno.execPath(), [
     "run",
     "-A",
-    `${ROOT}/scripts/compile.ts`,
+    `${ROOT}/cli/compile.ts`,
     "--output",
     out,
   ], {
@@ -239,7 +239,7 @@ Deno.test("deno task compile without denort: a clear message naming DENORT_BIN, 
   const res = await runCmd(Deno.execPath(), [
     "run",
     "-A",
-    `${ROOT}/scripts/compile.ts`,
+    `${ROOT}/cli/compile.ts`,
     "--output",
     `${dir.path}/k3`,
   ], {
@@ -253,7 +253,7 @@ Deno.test("deno task compile without denort: a clear message naming DENORT_BIN, 
   const bad = await runCmd(Deno.execPath(), [
     "run",
     "-A",
-    `${ROOT}/scripts/compile.ts`,
+    `${ROOT}/cli/compile.ts`,
     "--output",
     `${dir.path}/k3`,
   ], {

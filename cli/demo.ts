@@ -39,21 +39,9 @@ async function main(): Promise<number> {
   Deno.addSignalListener("SIGINT", onSigint);
   try {
     const trunk = `${tmp}/trunk`;
-    let memory = DEMO_BUDGET;
-    let packed = false;
-    try {
-      Deno.statSync(`${ROOT}/cli/pack.ts`);
-      packed = true;
-    } catch {
-      console.error(
-        "demo: note: `k3 pack` is not in this checkout yet; running without a packed trunk",
-      );
-    }
-    if (packed) {
-      const code = await step(["pack", TINY, trunk]);
-      if (code !== 0) return code;
-      memory = ["--trunk", trunk, ...DEMO_BUDGET];
-    }
+    const packCode = await step(["pack", TINY, trunk]);
+    if (packCode !== 0) return packCode;
+    const memory = ["--trunk", trunk, ...DEMO_BUDGET];
     const code = await step([
       "run",
       TINY,
