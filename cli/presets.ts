@@ -87,29 +87,32 @@ export async function main(args: string[]): Promise<number> {
     `the full 93-layer Kimi K3 with a packed trunk, ${positions} positions, per the plan:`,
     "",
   );
-  lines.push(
-    `  ${"name".padEnd(12)}${"pinned".padStart(7)}${"ring".padStart(10)}${"slots".padStart(7)}${
-      "embed+head".padStart(12)
-    }${"KV/pos".padStart(9)}${"total".padStart(10)}  trunk read/token`,
-  );
+  const head = ["name".padEnd(12), "pinned".padStart(7), "ring".padStart(10), "slots".padStart(7), "embed+head".padStart(12)];
+  head.push("KV/pos".padStart(9), "w/o KV".padStart(10), `total@${positions}`.padStart(12), "  trunk read/token");
+  lines.push("  " + head.join(""));
   for (const { preset, plan } of plans) {
     if (typeof plan === "string") {
       lines.push(`  ${preset.name.padEnd(12)}refused: ${plan}`);
       continue;
     }
-    const streamedBytes = plan.trunk.totalBytes - plan.trunk.pinnedBytes;
-    lines.push(
-      `  ${preset.name.padEnd(12)}${`${plan.trunk.pinned.length}/93`.padStart(7)}${
-        fmt(plan.trunk.ringBytes).padStart(10)
-      }${String(plan.experts.slots).padStart(7)}` +
-        `${fmt(plan.embedHead.bytes).padStart(12)}${fmt(plan.state.kvPerPosition).padStart(9)}${
-          fmt(plan.totalBytes).padStart(10)
-        }  ${fmt(streamedBytes)}`,
-    );
+    const kv = plan.state.kvPerPosition * positions;
+    const cells = [
+      preset.name.padEnd(12),
+      `${plan.trunk.pinned.length}/93`.padStart(7),
+      fmt(plan.trunk.ringBytes).padStart(10),
+      String(plan.experts.slots).padStart(7),
+      fmt(plan.embedHead.bytes).padStart(12),
+      fmt(plan.state.kvPerPosition).padStart(9),
+      fmt(plan.totalBytes - kv).padStart(10),
+      fmt(plan.totalBytes).padStart(12),
+      "  " + fmt(plan.trunk.totalBytes - plan.trunk.pinnedBytes),
+    ];
+    lines.push("  " + cells.join(""));
   }
   lines.push(
     "",
-    "  (slots: 17.55 MB routed experts; top-k 16 needs at least 17. total excludes the runtime overhead.)",
+    "  (slots: 17.55 MB routed experts, top-k 16 needs at least 17; KV: the MLA expanded cache, fp32;",
+    "   totals exclude the ~0.16 GB runtime overhead; auto is sized from this machine's MemAvailable)",
   );
   console.log(lines.join("\n"));
   return 0;

@@ -158,3 +158,15 @@ Deno.test("plan: the full K3 at each preset (pinning, ring, slots) and the pinni
   }
   assert.throws(() => pinLayers(sizes, 4 * P), /largest trunk layer/);
 });
+
+Deno.test("k3 presets and --list-presets list every preset and the full K3's plan at each; bad usage exits 2", async () => {
+  for (const args of [["presets"], ["--list-presets"]]) {
+    const out = await k3(args);
+    assert.equal(out.code, 0, out.stderr);
+    for (const name of ["ultra", "laptop", "desktop", "workstation", "server", "max", "auto"]) assert.match(out.stdout, new RegExp(`^  ${name} `, "m"));
+    assert.match(out.stdout, /^ {2}laptop +0\/93 +3\.00 GB +56 /m);
+    assert.match(out.stdout, /^ {2}server +93\/93 /m);
+  }
+  assert.equal((await k3(["presets", "extra"])).code, 2);
+  assert.equal((await k3(["presets", "--positions", "0"])).code, 2);
+});
