@@ -170,3 +170,43 @@ Deno.test("k3 presets and --list-presets list every preset and the full K3's pla
   assert.equal((await k3(["presets", "extra"])).code, 2);
   assert.equal((await k3(["presets", "--positions", "0"])).code, 2);
 });
+
+Deno.test("expert cache: in-flight reads are shared, held slots are never evicted, LRU order, publish after a full read", async () => {
+  const { ExpertCache } = await import("../engine/expert_cache.ts");
+  const { Checkpoint } = await import("../engine/safetensors.ts");
+  const { kernels } = await import("../engine/ffi.ts");
+  const cfg = await loadConfig(TINY);
+  const ckpt = await Checkpoint.open(TINY);
+  const stats = { trunkBytes: 0, expertBytes: 0, expertHits: 0, expertMisses: 0, ioWaitSeconds: 0, pinnedLayers: 0 };
+  const cache = new ExpertCache(kernels(), cfg, ckpt, 3, expertSlotBytes(expertBytesOf(cfg)), stats);
+  try {
+    // Two requests for the same experts at once: read once, the second waits.
+    const [a, b] = await Promise.all([cache.get(1, [0, 1]), cache.get(1, [0, 1])]);
+    assert.equal(stats.expertMisses, 2);
+    assert.equal(stats.expertHits, 2);
+    assert.equal(a[0].w1.packed, b[0].w1.packed);
+    const bytesAfter = stats.expertBytes;
+    // Layer 1 holds two slots, layer 2 takes the third; layer 3 cannot evict a held slot.
+    await cache.get(2, [0]);
+    await assert.rejects(cache.get(3, [0]), /cannot hold/);
+    cache.release(1);
+    cache.release(2);
+    // Least recently used goes first: touch 1:1, then 3:0 evicts 1:0.
+    await cache.get(1, [1]);
+    cache.release(1);
+    await cache.get(3, [0]);
+    cache.release(3);
+    const hits = stats.expertHits;
+    await cache.get(1, [1]);
+    assert.equal(stats.expertHits, hits + 1, "1:1 survived");
+    cache.release(1);
+    const misses = stats.expertMisses;
+    await cache.get(1, [0]);
+    assert.equal(stats.expertMisses, misses + 1, "1:0 was evicted");
+    cache.release(1);
+    assert.ok(stats.expertBytes > bytesAfter);
+  } finally {
+    await cache.close();
+    ckpt.close();
+  }
+});
