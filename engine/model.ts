@@ -53,14 +53,30 @@ export interface IoStats {
   pinnedLayers: number;
 }
 
+/**
+ * Bytes of sequence state: the KDA layers' conv histories and recurrent states (fixed) and
+ * the MLA layers' latent cache per position (the normed kv latent and the shared raw key
+ * part, fp32: 576 floats per MLA layer for the released model, ~55 KB per position for all
+ * 24 MLA layers instead of ~2.37 MB for expanded keys and values).
+ */
+export function stateBytes(cfg: K3Config): { fixed: number; perPosition: number } {
+  const { numHeads: H, headDim: d } = cfg.kda;
+  const nK = cfg.layerKinds.filter((x) => x === "kda").length;
+  const nM = cfg.numLayers - nK;
+  return {
+    fixed: 4 * nK * (3 * 3 * H * d + H * d * d),
+    perPosition: 4 * nM * (cfg.mla.kvLoraRank + cfg.mla.ropeDim),
+  };
+}
+
 /** Per-sequence state carried between forward calls (incremental decoding). */
 export class SequenceState {
   /** Number of tokens already processed. */
   pos = 0;
   /** KDA layers: conv histories of q, k, v ([C][3] each) and the recurrent state S. */
   readonly kda = new Map<number, { convQ: Vec; convK: Vec; convV: Vec; S: Vec }>();
-  /** MLA layers: expanded cache, fp32 (k_nope and v per head, k_rope shared). */
-  readonly mla = new Map<number, { knope: Vec; krope: Vec; v: Vec }>();
+  /** MLA layers: the latent cache, normed latents [pos][kvLoraRank] and raw k_rope [pos][ropeDim]. */
+  readonly mla = new Map<number, { latent: Vec; krope: Vec }>();
 
   constructor(k: Kernels, cfg: K3Config, readonly capacity: number) {
     const { numHeads: H, headDim: d } = cfg.kda;
@@ -70,11 +86,7 @@ export class SequenceState {
         const C = H * d;
         this.kda.set(L, { convQ: new Vec(k, C * 3), convK: new Vec(k, C * 3), convV: new Vec(k, C * 3), S: new Vec(k, H * d * d) });
       } else {
-        this.mla.set(L, {
-          knope: new Vec(k, capacity * m.numHeads * m.nopeDim),
-          krope: new Vec(k, capacity * Math.max(m.ropeDim, 1)),
-          v: new Vec(k, capacity * m.numHeads * m.vDim),
-        });
+        this.mla.set(L, { latent: new Vec(k, capacity * m.kvLoraRank), krope: new Vec(k, capacity * Math.max(m.ropeDim, 1)) });
       }
     });
     this.reset();
@@ -91,18 +103,9 @@ export class SequenceState {
     }
   }
 
-  /** Bytes of state per position (MLA cache) and fixed (KDA). */
-  static bytes(cfg: K3Config, capacity: number): number {
-    const { numHeads: H, headDim: d } = cfg.kda;
-    const m = cfg.mla;
-    const nK = cfg.layerKinds.filter((x) => x === "kda").length;
-    const nM = cfg.numLayers - nK;
-    return 4 * (nK * (3 * 3 * H * d + H * d * d) + nM * capacity * (m.numHeads * (m.nopeDim + m.vDim) + m.ropeDim));
-  }
-
   free(): void {
     for (const s of this.kda.values()) [s.convQ, s.convK, s.convV, s.S].forEach((v) => v.buf.free());
-    for (const s of this.mla.values()) [s.knope, s.krope, s.v].forEach((v) => v.buf.free());
+    for (const s of this.mla.values()) [s.latent, s.krope].forEach((v) => v.buf.free());
   }
 }
 
@@ -111,6 +114,31 @@ export interface ForwardStats {
   expertsUsed: number;
   /** Wall seconds spent in each layer (waits for weights included). */
   layerSeconds: Float64Array;
+}
+
+/** Widths the scratch buffers are sized by. */
+function scratchShape(cfg: K3Config) {
+  const m = cfg.mla;
+  const wide = Math.max(
+    cfg.kda.numHeads * cfg.kda.headDim, cfg.hiddenSize, cfg.denseIntermediate, cfg.moe.numShared * cfg.moe.intermediate,
+    cfg.moe.intermediate, cfg.moe.latent, cfg.moe.numExperts, m.qLoraRank, m.kvLoraRank + m.ropeDim,
+    m.numHeads * (m.nopeDim + m.ropeDim), m.numHeads * (m.kvLoraRank + m.ropeDim), m.numHeads * m.vDim,
+  );
+  return {
+    D: cfg.hiddenSize,
+    nsrc: Math.floor((cfg.numLayers - 1) / cfg.attnResBlock) + 2,
+    wide,
+    small: Math.max(cfg.kda.numHeads, cfg.kda.headDim, 1),
+  };
+}
+
+/** Bytes of the forward pass's scratch for chunks of `maxT` tokens (for the memory plan). */
+export function scratchBytes(cfg: K3Config, maxT: number, capacity: number): number {
+  const { D, nsrc, wide, small } = scratchShape(cfg);
+  const { latent, topK } = cfg.moe;
+  const floats = maxT * nsrc * D + 3 * maxT * D + 5 * maxT * wide + maxT * small +
+    Math.max(cfg.mla.numHeads, 1) * capacity + maxT * latent + maxT * topK * latent + maxT * cfg.vocabSize;
+  return 4 * floats + 8 * topK;
 }
 
 /** Scratch buffers, allocated once for up to `maxT` tokens per call. */
@@ -135,15 +163,8 @@ class Scratch {
   readonly logits: Vec; // [maxT][vocab]
 
   constructor(k: Kernels, cfg: K3Config, readonly maxT: number, capacity: number) {
-    const D = cfg.hiddenSize;
-    const nsrc = Math.floor((cfg.numLayers - 1) / cfg.attnResBlock) + 2;
+    const { D, nsrc, wide, small } = scratchShape(cfg);
     const m = cfg.mla;
-    const C = cfg.kda.numHeads * cfg.kda.headDim;
-    const wide = Math.max(
-      C, D, cfg.denseIntermediate, cfg.moe.numShared * cfg.moe.intermediate, cfg.moe.intermediate, cfg.moe.latent,
-      m.numHeads * (m.nopeDim + m.ropeDim), m.numHeads * (m.nopeDim + m.vDim), m.qLoraRank, m.kvLoraRank + m.ropeDim,
-      cfg.moe.numExperts,
-    );
     this.src = new Vec(k, maxT * nsrc * D, "attnres sources");
     this.x = new Vec(k, maxT * D);
     this.xn = new Vec(k, maxT * D);
@@ -153,7 +174,7 @@ class Scratch {
     this.t3 = new Vec(k, maxT * wide);
     this.t4 = new Vec(k, maxT * wide);
     this.t5 = new Vec(k, maxT * wide);
-    this.small = new Vec(k, maxT * Math.max(cfg.kda.numHeads, cfg.kda.headDim, 1));
+    this.small = new Vec(k, maxT * small);
     this.scores = new Vec(k, Math.max(m.numHeads, 1) * capacity);
     this.ids = new Int32Array(cfg.moe.topK);
     this.idsPtr = Deno.UnsafePointer.of(this.ids)!;
@@ -306,39 +327,38 @@ export class K3Model {
     this.compute.matmul(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, T);
   }
 
-  /** Gated MLA (NoPE) for T tokens over the expanded cache. */
+  /**
+   * Gated MLA (NoPE) for T tokens in the latent (absorbed) form: the cache holds each
+   * position's normed kv latent and raw k_rope; each head's q_nope is carried into latent
+   * space by its key up-projection, attention runs over the shared latents, and each head's
+   * value up-projection is applied to the attended latent. Same math as expanding keys and
+   * values per position, with a 576-float cache row instead of 96 x 256 + 64.
+   */
   private mla(L: number, w: BoundTensors, state: SequenceState, T: number): void {
     const { k, cfg, s } = this;
     const m = cfg.mla;
-    const H = m.numHeads;
-    const dq = m.nopeDim + m.ropeDim;
-    const dkv = m.nopeDim + m.vDim;
+    const H = m.numHeads, dc = m.kvLoraRank, dr = m.ropeDim;
+    const dq = m.nopeDim + dr;
     const n = (x: string) => `layers.${L}.self_attn.${x}`;
     const cache = state.mla.get(L)!;
-    const [qa, q, c, kv, o] = [s.t1, s.t2, s.t3, s.t4, s.t5];
+    const [qa, q, c, qlat, olat] = [s.t1, s.t2, s.t3, s.t4, s.t5];
     // q = q_b(RMSNorm(q_a x)).
     this.compute.matmul(w.matrix(n("q_a_proj.weight")), s.xn.ptr, qa.ptr, T);
     k.k3_rmsnorm(qa.ptr, w.vector(n("q_a_layernorm.weight")).ptr, qa.ptr, m.qLoraRank, T, cfg.rmsNormEps);
     this.compute.matmul(w.matrix(n("q_b_proj.weight")), qa.ptr, q.ptr, T);
-    // c = kv_a x: the latent (normed) and the shared raw key part.
-    const cw = m.kvLoraRank + m.ropeDim;
+    // c = kv_a x: the latent (normed, then cached) and the shared raw key part.
+    const cw = dc + dr;
     this.compute.matmul(w.matrix(n("kv_a_proj_with_mqa.weight")), s.xn.ptr, c.ptr, T);
-    // Norm the latent of each token into a packed [T][kvLoraRank] buffer for kv_b.
-    for (let t = 0; t < T; t++) {
-      k.k3_rmsnorm(c.at(t * cw), w.vector(n("kv_a_layernorm.weight")).ptr, qa.at(t * m.kvLoraRank), m.kvLoraRank, 1, cfg.rmsNormEps);
-    }
-    this.compute.matmul(w.matrix(n("kv_b_proj.weight")), qa.ptr, kv.ptr, T);
+    const kvb = w.matrix(n("kv_b_proj.weight"));
+    const o = qa; // q_a's output is consumed; o [T][H][vDim] reuses it
     for (let t = 0; t < T; t++) {
       const p = state.pos + t;
-      // Append this position: per head k_nope and v from kv_b, the shared k_rope from c.
-      for (let h = 0; h < H; h++) {
-        const row = t * H * dkv + h * dkv;
-        cache.knope.f.set(kv.f.subarray(row, row + m.nopeDim), (p * H + h) * m.nopeDim);
-        cache.v.f.set(kv.f.subarray(row + m.nopeDim, row + dkv), (p * H + h) * m.vDim);
-      }
-      cache.krope.f.set(c.f.subarray(t * cw + m.kvLoraRank, (t + 1) * cw), p * m.ropeDim);
-      k.k3_mla_attend(q.at(t * H * dq), cache.knope.ptr, cache.krope.ptr, cache.v.ptr, o.at(t * H * m.vDim), s.scores.ptr,
-        p + 1, H, m.nopeDim, m.ropeDim, m.vDim, 1 / Math.sqrt(dq), 0, H);
+      k.k3_rmsnorm(c.at(t * cw), w.vector(n("kv_a_layernorm.weight")).ptr, cache.latent.at(p * dc), dc, 1, cfg.rmsNormEps);
+      cache.krope.f.set(c.f.subarray(t * cw + dc, (t + 1) * cw), p * dr);
+      k.k3_mla_absorb(kvb.ptr, kvb.wtype, q.at(t * H * dq), qlat.ptr, H, m.nopeDim, dr, m.vDim, dc, 0, H);
+      k.k3_mla_attend(qlat.ptr, cache.latent.ptr, cache.krope.ptr, cache.latent.ptr, olat.ptr, s.scores.ptr,
+        p + 1, H, 1, dc, dr, dc, 1 / Math.sqrt(dq), 0, H);
+      k.k3_mla_expand(kvb.ptr, kvb.wtype, olat.ptr, o.at(t * H * m.vDim), H, m.nopeDim, m.vDim, dc, 0, H);
     }
     // Output gate, then o_proj.
     this.compute.matmul(w.matrix(n("g_proj.weight")), s.xn.ptr, c.ptr, T);

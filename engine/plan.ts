@@ -26,6 +26,7 @@
 import type { K3Config } from "./config.ts";
 import { K3Error } from "./errors.ts";
 import { layerTensors } from "./weights.ts";
+import { scratchBytes, stateBytes } from "./model.ts";
 
 /** A named memory budget, in GB (1e9 bytes). */
 export interface Preset {
@@ -156,44 +157,6 @@ export interface MemoryPlan {
   overheadBytes: number;
   availableBytes: number | null;
   notes: string[];
-}
-
-/** Bytes of the forward pass scratch for `maxT` tokens (mirrors Scratch in model.ts). */
-export function scratchBytes(cfg: K3Config, maxT: number, capacity: number): number {
-  const D = cfg.hiddenSize;
-  const nsrc = Math.floor((cfg.numLayers - 1) / cfg.attnResBlock) + 2;
-  const m = cfg.mla;
-  const C = cfg.kda.numHeads * cfg.kda.headDim;
-  const wide = Math.max(
-    C,
-    D,
-    cfg.denseIntermediate,
-    cfg.moe.numShared * cfg.moe.intermediate,
-    cfg.moe.intermediate,
-    cfg.moe.latent,
-    m.numHeads * (m.nopeDim + m.ropeDim),
-    m.numHeads * (m.nopeDim + m.vDim),
-    m.qLoraRank,
-    m.kvLoraRank + m.ropeDim,
-    cfg.moe.numExperts,
-  );
-  const floats = maxT * nsrc * D + 3 * maxT * D + 5 * maxT * wide +
-    maxT * Math.max(cfg.kda.numHeads, cfg.kda.headDim, 1) +
-    Math.max(m.numHeads, 1) * capacity + maxT * cfg.moe.latent +
-    maxT * cfg.moe.topK * cfg.moe.latent + maxT * cfg.vocabSize;
-  return 4 * floats + 8 * cfg.moe.topK;
-}
-
-/** KDA state (fixed) and MLA cache bytes per position (mirrors SequenceState.bytes). */
-export function stateBytes(cfg: K3Config): { fixed: number; perPosition: number } {
-  const { numHeads: H, headDim: d } = cfg.kda;
-  const m = cfg.mla;
-  const nK = cfg.layerKinds.filter((x) => x === "kda").length;
-  const nM = cfg.numLayers - nK;
-  return {
-    fixed: 4 * nK * (3 * 3 * H * d + H * d * d),
-    perPosition: 4 * nM * (m.numHeads * (m.nopeDim + m.vDim) + m.ropeDim),
-  };
 }
 
 /** Bytes of a routed expert (MXFP4 packed + scales of w1, w3, w2). */

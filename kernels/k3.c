@@ -686,29 +686,71 @@ void k3_kda_step(float *S, const float *q, const float *k, const float *v, const
 /* ---------------------------------------------------------------- MLA attention */
 
 void k3_mla_attend(const float *q, const float *knope, const float *krope, const float *v,
-                   float *out, float *scores, int32_t npos, int32_t nheads, int32_t dn,
-                   int32_t dr, int32_t dv, float scale, int32_t h0, int32_t h1) {
+                   float *out, float *scores, int32_t npos, int32_t nheads, int32_t kvheads,
+                   int32_t dn, int32_t dr, int32_t dv, float scale, int32_t h0, int32_t h1) {
+  (void)nheads;
   int dq = dn + dr;
-  for (int h = h0; h < h1; h++) {
-    const float *qh = q + (size_t)h * dq;
-    float *sc = scores + (size_t)h * npos, *oh = out + (size_t)h * dv;
-    float m = -INFINITY;
-    for (int s = 0; s < npos; s++) {
-      float a = dot_f32(qh, knope + ((size_t)s * nheads + h) * dn, dn);
+  /* Positions outer, heads inner, so a cache row is read once for all heads; every score
+   * and every output element still sees positions in ascending order. */
+  for (int s = 0; s < npos; s++) {
+    for (int h = h0; h < h1; h++) {
+      int kh = kvheads == 1 ? 0 : h;
+      const float *qh = q + (size_t)h * dq;
+      float a = dot_f32(qh, knope + ((size_t)s * kvheads + kh) * dn, dn);
       float b = dot_f32(qh + dn, krope + (size_t)s * dr, dr);
-      sc[s] = (a + b) * scale;
-      if (sc[s] > m) m = sc[s];
+      scores[(size_t)h * npos + s] = (a + b) * scale;
     }
+  }
+  for (int h = h0; h < h1; h++) {
+    float *sc = scores + (size_t)h * npos;
+    float m = -INFINITY;
+    for (int s = 0; s < npos; s++)
+      if (sc[s] > m) m = sc[s];
     float z = 0.0f;
     for (int s = 0; s < npos; s++) {
       sc[s] = expf(sc[s] - m);
       z = z + sc[s];
     }
-    memset(oh, 0, (size_t)dv * sizeof(float));
-    for (int s = 0; s < npos; s++) {
-      sc[s] = sc[s] / z;
-      axpy_lanes(oh, sc[s], v + ((size_t)s * nheads + h) * dv, dv);
+    for (int s = 0; s < npos; s++) sc[s] = sc[s] / z;
+    memset(out + (size_t)h * dv, 0, (size_t)dv * sizeof(float));
+  }
+  for (int s = 0; s < npos; s++) {
+    for (int h = h0; h < h1; h++) {
+      int kh = kvheads == 1 ? 0 : h;
+      axpy_lanes(out + (size_t)h * dv, scores[(size_t)h * npos + s], v + ((size_t)s * kvheads + kh) * dv, dv);
     }
+  }
+}
+
+void k3_mla_absorb(const void *kvb, int32_t wtype, const float *q, float *qlat, int32_t nheads,
+                   int32_t dn, int32_t dr, int32_t dv, int32_t dc, int32_t h0, int32_t h1) {
+  (void)nheads;
+  for (int h = h0; h < h1; h++) {
+    const float *qn = q + (size_t)h * (dn + dr);
+    float *y = qlat + (size_t)h * (dc + dr);
+    memset(y, 0, (size_t)dc * sizeof(float));
+    /* Contract 3: each y[j] is a sequential sum over the key rows i. */
+    for (int i = 0; i < dn; i++) {
+      size_t row = ((size_t)h * (dn + dv) + (size_t)i) * (size_t)dc;
+      if (wtype == K3_BF16) {
+        const uint16_t *w = (const uint16_t *)kvb + row;
+        for (int j = 0; j < dc; j++) y[j] = y[j] + bf16_f32(w[j]) * qn[i];
+      } else {
+        const float *w = (const float *)kvb + row;
+        for (int j = 0; j < dc; j++) y[j] = y[j] + w[j] * qn[i];
+      }
+    }
+    memcpy(y + dc, qn + dn, (size_t)dr * sizeof(float));
+  }
+}
+
+void k3_mla_expand(const void *kvb, int32_t wtype, const float *olat, float *out, int32_t nheads,
+                   int32_t dn, int32_t dv, int32_t dc, int32_t h0, int32_t h1) {
+  (void)nheads;
+  size_t esize = wtype == K3_BF16 ? 2 : 4;
+  for (int h = h0; h < h1; h++) {
+    const char *wv = (const char *)kvb + ((size_t)h * (dn + dv) + (size_t)dn) * (size_t)dc * esize;
+    k3_matmul(wv, wtype, olat + (size_t)h * dc, out + (size_t)h * dv, 1, dv, dc, 0, dv);
   }
 }
 

@@ -69,13 +69,27 @@ void k3_kda_step(float *S, const float *q, const float *k, const float *v, const
                  const float *alpha, float *o, int32_t d, int32_t h0, int32_t h1);
 
 /* Gated MLA (NoPE) attention of one query over positions 0..npos-1, heads [h0, h1).
- * q [nheads][dn + dr]; knope [npos][nheads][dn]; krope [npos][dr] (shared by all heads);
- * v [npos][nheads][dv]; out [nheads][dv]; scores: scratch of npos floats per head,
+ * Keys and values have kvheads heads: nheads (one per query head) or 1 (shared by all query
+ * heads, as in the latent form, where knope and v may be the same array).
+ * q [nheads][dn + dr]; knope [npos][kvheads][dn]; krope [npos][dr] (shared by all heads);
+ * v [npos][kvheads][dv]; out [nheads][dv]; scores: scratch of npos floats per head,
  * laid out [nheads][npos]. score = (q_nope.k_nope + q_rope.k_rope) * scale; softmax;
- * out = sum_s p_s v_s. */
+ * out = sum_s p_s v_s. Each cache row is read once for all heads. */
 void k3_mla_attend(const float *q, const float *knope, const float *krope, const float *v,
-                   float *out, float *scores, int32_t npos, int32_t nheads, int32_t dn,
-                   int32_t dr, int32_t dv, float scale, int32_t h0, int32_t h1);
+                   float *out, float *scores, int32_t npos, int32_t nheads, int32_t kvheads,
+                   int32_t dn, int32_t dr, int32_t dv, float scale, int32_t h0, int32_t h1);
+
+/* MLA latent form, query side, heads [h0, h1). kvb is kv_b_proj [nheads*(dn+dv)][dc] of
+ * type wtype: per head, dn key rows then dv value rows. q [nheads][dn + dr] as q_b_proj
+ * gives it. Writes qlat [nheads][dc + dr]: the head's key rows applied transposed to its
+ * q_nope (qlat[h][j] = sum_i W_k[h][i][j] q_nope[h][i], i ascending), then q_rope copied. */
+void k3_mla_absorb(const void *kvb, int32_t wtype, const float *q, float *qlat, int32_t nheads,
+                   int32_t dn, int32_t dr, int32_t dv, int32_t dc, int32_t h0, int32_t h1);
+
+/* MLA latent form, output side, heads [h0, h1): out[h] = W_v[h] olat[h], olat [nheads][dc],
+ * out [nheads][dv]; each row a dot product in the order of k3_matmul. */
+void k3_mla_expand(const void *kvb, int32_t wtype, const float *olat, float *out, int32_t nheads,
+                   int32_t dn, int32_t dv, int32_t dc, int32_t h0, int32_t h1);
 
 /* Sigmoid router: s = sigmoid(logits); choose the k experts with the largest s + bias
  * (ties to the lowest index), ids in descending order of selection score; weights =

@@ -523,6 +523,7 @@ function attnCases(seed: number): Case[] {
             P(sc),
             npos,
             nh,
+            nh,
             dn,
             dr,
             dv,
@@ -593,7 +594,96 @@ function attnCases(seed: number): Case[] {
   return cases;
 }
 
-const allCases = () => [...matmulCases(1), ...mxfp4Cases(2), ...miscCases(3), ...attnCases(4)];
+/** The MLA latent form: MQA attention over shared latents, q absorption, value expansion. */
+function mlaLatentCases(seed: number): Case[] {
+  const cases: Case[] = [];
+  const r = rng(seed);
+  for (const [nh, dn, dr, dv, dc, npos] of [[3, 16, 8, 16, 32, 5], [2, 128, 64, 128, 512, 3], [4, 7, 3, 5, 17, 9]]) {
+    for (const wtype of [0, 1]) {
+      const kvb = wtype === 0 ? r.f32(nh * (dn + dv) * dc, 0.2) : r.bf16(nh * (dn + dv) * dc, 0.2);
+      const w = (row: number, col: number) => (wtype ? bf16ToF64(kvb[row * dc + col]) : kvb[row * dc + col]);
+      const q = r.f32(nh * (dn + dr), 2), olat = r.f32(nh * dc);
+      for (const [h0, h1] of [[0, nh], [1, 2]]) {
+        cases.push({
+          name: `mla_absorb ${wtype ? "bf16" : "f32"} nh=${nh} dn=${dn} dc=${dc} [${h0},${h1})`,
+          run: (k) => {
+            const qlat = new Float32Array(nh * (dc + dr));
+            k.k3_mla_absorb(P(kvb), wtype, P(q), P(qlat), nh, dn, dr, dv, dc, h0, h1);
+            return [qlat.slice(h0 * (dc + dr), h1 * (dc + dr))];
+          },
+          ref: () => {
+            const want: number[] = [];
+            for (let h = h0; h < h1; h++) {
+              for (let j = 0; j < dc; j++) {
+                let s = 0;
+                for (let i = 0; i < dn; i++) s += w(h * (dn + dv) + i, j) * q[h * (dn + dr) + i];
+                want.push(s);
+              }
+              for (let j = 0; j < dr; j++) want.push(q[h * (dn + dr) + dn + j]);
+            }
+            return { want: [want], atol: 1e-5 * Math.sqrt(dn), rtol: 1e-4 };
+          },
+        });
+        cases.push({
+          name: `mla_expand ${wtype ? "bf16" : "f32"} nh=${nh} dv=${dv} dc=${dc} [${h0},${h1})`,
+          run: (k) => {
+            const out = new Float32Array(nh * dv);
+            k.k3_mla_expand(P(kvb), wtype, P(olat), P(out), nh, dn, dv, dc, h0, h1);
+            return [out.slice(h0 * dv, h1 * dv)];
+          },
+          ref: () => {
+            const want: number[] = [];
+            for (let h = h0; h < h1; h++) {
+              for (let j = 0; j < dv; j++) {
+                let s = 0;
+                for (let c = 0; c < dc; c++) s += w(h * (dn + dv) + dn + j, c) * olat[h * dc + c];
+                want.push(s);
+              }
+            }
+            return { want: [want], atol: 1e-5 * Math.sqrt(dc), rtol: 1e-4 };
+          },
+        });
+      }
+    }
+    // MQA: one key/value head shared by all query heads; keys and values are one array.
+    const qq = r.f32(nh * (dc + dr), 1), lat = r.f32(npos * dc, 1), kr = r.f32(npos * dr, 1);
+    const scale = 1 / Math.sqrt(dn + dr);
+    cases.push({
+      name: `mla_attend shared kv nh=${nh} dc=${dc} dr=${dr} npos=${npos}`,
+      run: (k) => {
+        const out = new Float32Array(nh * dc), sc = new Float32Array(nh * npos);
+        k.k3_mla_attend(P(qq), P(lat), P(kr), P(lat), P(out), P(sc), npos, nh, 1, dc, dr, dc, scale, 0, nh);
+        return [out, sc];
+      },
+      ref: () => {
+        const out: number[] = [], probs: number[] = [];
+        for (let h = 0; h < nh; h++) {
+          const sc: number[] = [];
+          for (let s = 0; s < npos; s++) {
+            let a = 0;
+            for (let i = 0; i < dc; i++) a += qq[h * (dc + dr) + i] * lat[s * dc + i];
+            for (let i = 0; i < dr; i++) a += qq[h * (dc + dr) + dc + i] * kr[s * dr + i];
+            sc.push(a * Math.fround(scale));
+          }
+          const m = Math.max(...sc);
+          const e = sc.map((x) => Math.exp(x - m));
+          const z = e.reduce((a, b) => a + b, 0);
+          const p = e.map((x) => x / z);
+          probs.push(...p);
+          for (let j = 0; j < dc; j++) {
+            let o = 0;
+            for (let s = 0; s < npos; s++) o += p[s] * lat[s * dc + j];
+            out.push(o);
+          }
+        }
+        return { want: [out, probs], atol: 1e-4, rtol: 1e-4 };
+      },
+    });
+  }
+  return cases;
+}
+
+const allCases = () => [...matmulCases(1), ...mxfp4Cases(2), ...miscCases(3), ...attnCases(4), ...mlaLatentCases(5)];
 
 function checkClose(
   got: ArrayLike<number>,
@@ -707,6 +797,7 @@ Deno.test("kernels: batching tokens and splitting rows/heads never change a bit"
             P(out),
             P(s),
             npos,
+            nh,
             nh,
             dn,
             dr,
@@ -868,6 +959,7 @@ const FIXTURE_OPS: Record<
         P(out),
         P(sc),
         npos,
+        nheads,
         nheads,
         dn,
         dr,

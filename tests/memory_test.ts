@@ -141,7 +141,8 @@ Deno.test("plan: the full K3 at each preset (pinning, ring, slots) and the pinni
   const laptop = plan(3, 1);
   assert.equal(laptop.trunk.pinned.length, 0);
   assert.equal(laptop.experts.slots, 56);
-  assert.ok(Math.abs(laptop.state.kvPerPosition - 2.37e6) < 0.02e6, "KV ~2.37 MB per position");
+  // The latent MLA cache: 24 MLA layers x (512 latent + 64 k_rope) fp32.
+  assert.equal(laptop.state.kvPerPosition, 24 * 576 * 4, "KV 55,296 bytes per position");
   const server = plan(110, 13);
   assert.equal(server.trunk.pinned.length, 93);
   assert.ok(Math.abs(server.trunk.totalBytes - 108.81e9) < 0.1e9, "per-layer trunk ~108.81 GB");
