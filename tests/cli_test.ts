@@ -322,7 +322,7 @@ Deno.test("the compiled binary's permissions are enough: run, batch and doctor u
 
 Deno.test("deno task demo: pack to a temp dir, run a text prompt at a small budget, report, clean up", async () => {
   const tasks = JSON.parse(await Deno.readTextFile(`${ROOT}/deno.json`)).tasks;
-  const perms = (tasks.demo as string).match(/deno run (.*) scripts\/demo\.ts/)![1].split(" ");
+  const perms = (tasks.demo as string).match(/deno run (.*) cli\/demo\.ts/)![1].split(" ");
   const out = await new Deno.Command(Deno.execPath(), {
     args: ["run", ...perms, `${ROOT}/cli/demo.ts`],
     stdout: "piped",
