@@ -111,7 +111,7 @@ export async function main(args: string[]): Promise<number> {
   }
   lines.push(
     "",
-    "  (slots: 17.55 MB routed experts, top-k 16 needs at least 17; KV: the MLA expanded cache, fp32;",
+    "  (slots: 17.55 MB routed experts, top-k 16 needs at least 17; KV: the MLA latent cache, fp32;",
     "   totals exclude the ~0.16 GB runtime overhead; auto is sized from this machine's MemAvailable)",
   );
   console.log(lines.join("\n"));

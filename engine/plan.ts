@@ -15,7 +15,7 @@
  *             O_DIRECT alignment); slots = floor(cache budget / slot), at least top-k + 1,
  *             at most every expert; no --cache-gb: every expert resident
  *   embed/head = both matrices resident, or (ultra) one row buffer + two lm_head chunks
- *   state   = KDA state (fixed) + KV per position x positions (MLA expanded cache, fp32)
+ *   state   = KDA state (fixed) + KV per position x positions (MLA latent cache, fp32)
  *   scratch = the forward pass's buffers for a prefill chunk (mirrors model.ts Scratch)
  *
  * The run is refused (exit 1) when total + FIXED_OVERHEAD exceeds MemAvailable.
