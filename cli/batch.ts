@@ -50,7 +50,8 @@ A rerun with the same --output skips ids already there, so a killed run resumes 
 stopped. Malformed input lines are reported (FILE:LINE: why) and skipped; the others run.
 
 exit codes: 0 every line done; 1 some input line was malformed (the rest ran) or a
-runtime failure; 2 usage error.
+runtime failure; 2 usage error; 4 a prompt's output was unsound (non-finite logits): the
+run stops there, results already written are kept.
 
   --input FILE      prompts, JSONL
   --output FILE     results, JSONL (created, or appended to and resumed)

@@ -6,6 +6,7 @@
  * @module
  */
 
+import { EXIT, K3Error } from "./errors.ts";
 import type { K3Model, SequenceState } from "./model.ts";
 
 /** One generated token and what it cost. */
@@ -36,6 +37,18 @@ export function argmax(x: Float32Array): number {
   return best;
 }
 
+/**
+ * Refuses logits that are not all finite: weights that passed every shape and checksum
+ * check can still hold NaN or Inf, and an argmax over them is not an answer (exit 4).
+ */
+export function checkFinite(logits: Float32Array, step: number): void {
+  for (let i = 0; i < logits.length; i++) {
+    if (!Number.isFinite(logits[i])) {
+      throw new K3Error(`output unsound: logit ${i} is ${logits[i]} at step ${step} (NaN or Inf in the weights or activations)`, EXIT.unsound);
+    }
+  }
+}
+
 /** Runs `ids` through the model in chunks of at most model.maxT; returns the last logits. */
 export async function prefill(model: K3Model, state: SequenceState, ids: number[]): Promise<Float32Array> {
   let logits: Float32Array | undefined;
@@ -55,6 +68,7 @@ export async function generate(model: K3Model, prompt: number[], opts: GenerateO
     let t0 = performance.now();
     let logits = await prefill(model, state, seq);
     for (let i = 0; i < opts.gen; i++) {
+      checkFinite(logits, i);
       opts.onLogits?.(logits);
       const token = argmax(logits);
       const step = { step: i, token, seconds: (performance.now() - t0) / 1000 };

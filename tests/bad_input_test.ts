@@ -150,6 +150,24 @@ Deno.test("overlapping tensors and duplicate names across shards: exit 1", async
   assertRefused(dup, 1, /also in/);
 });
 
+Deno.test("NaN in the weights: output unsound, exit 4, no ids printed", async () => {
+  const out = await runDamaged(async (dir) => {
+    const { file, name } = await shardWith(dir, /^language_model\.model\.norm\.weight$/);
+    const bytes = await Deno.readFile(file);
+    const n = Number(new DataView(bytes.buffer).getBigUint64(0, true));
+    const entry = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + n)))[name];
+    assert.equal(entry.dtype, "BF16");
+    // bf16 0x7FC0 is a quiet NaN: the final norm's first gain becomes NaN.
+    new DataView(bytes.buffer).setUint16(8 + n + entry.data_offsets[0], 0x7fc0, true);
+    await Deno.writeFile(file, bytes);
+  });
+  // The plan and table header come first; the error is the last line, and no ids are printed.
+  assert.equal(out.code, 4, out.stderr);
+  assert.match(out.stderr.trim().split("\n").at(-1)!, /^k3: output unsound: logit \d+ is NaN at step 0/);
+  assert.doesNotMatch(out.stderr, /\s+at .*:\d+:\d+/, "no stack trace");
+  assert.equal(out.stdout.trim(), "", "no generated ids");
+});
+
 Deno.test("config without a field: exit 2 naming it", async () => {
   const out = await runDamaged(async (dir) => {
     const cfg = JSON.parse(await Deno.readTextFile(`${dir}/config.json`));
