@@ -12,7 +12,10 @@
  */
 
 import { statfsSync } from "node:fs";
+import { loadConfig } from "../engine/config.ts";
 import { EXIT, usageError } from "../engine/errors.ts";
+import { Checkpoint } from "../engine/safetensors.ts";
+import { checkCheckpoint } from "../engine/weights.ts";
 import { isaName, type Kernels, kernels } from "../engine/ffi.ts";
 import { IoFile } from "../engine/io.ts";
 import { memAvailable } from "../engine/plan.ts";
@@ -20,7 +23,7 @@ import { fmtBytes, intFlag, parseFlags } from "./common.ts";
 import { progress } from "./progress.ts";
 import { releasedPlan } from "./presets.ts";
 
-export const USAGE = `usage: k3 doctor [--dir PATH] [--size-mb N]
+export const USAGE = `usage: k3 doctor [--dir PATH] [--size-mb N] [--checkpoint MODEL_DIR]
 
 Checks this machine for Kimi K3: CPU features and the kernels' SIMD path, available memory
 and the preset that fits, free disk at PATH, and PATH's read speed measured the way the
@@ -37,11 +40,19 @@ smallest plan, too little disk, or no loadable kernel library); 2 usage error.
                  larger is slower and more accurate
   --positions N  context (prompt + generated) to size the memory plan for (default 4096)
   --no-read      skip the read-speed test (writes nothing)
+  --checkpoint D verify a downloaded checkpoint: every shard header valid and each shard's
+                 size exactly what its header describes, every tensor the engine binds
+                 present with its shape and dtype, and, for the released Kimi K3, 96
+                 shards, 497,220 tensors and 1,560,936,091,448 bytes in all
   -h, --help     this help
 `;
 
 /** The real checkpoint: 96 shards. */
 export const CHECKPOINT_BYTES = 1_560_936_091_448;
+/** Tensors in the released checkpoint. */
+export const CHECKPOINT_TENSORS = 497_220;
+/** Shards in the released checkpoint. */
+export const CHECKPOINT_SHARDS = 96;
 /** The packed trunk (`k3 pack`). */
 export const TRUNK_BYTES = 113.5e9;
 /** The shortest context worth running: below what the ultra plan needs for this many
@@ -220,12 +231,56 @@ async function measure(k: Kernels, path: string, size: number): Promise<Speeds> 
 
 const gbps = (x?: number) => (x === undefined ? "-" : `${(x / 1e9).toFixed(2)} GB/s`);
 
+/**
+ * Verifies a checkpoint directory: headers (Checkpoint.open refuses a bad one with exit 1),
+ * shard sizes against their headers, the tensors the engine binds, and the release's
+ * totals when the config is the released shape.
+ */
+export async function verifyCheckpoint(dir: string): Promise<{ lines: string[]; problems: string[] }> {
+  const cfg = await loadConfig(dir);
+  const ckpt = await Checkpoint.open(dir, (d, n) => progress("headers", d, n));
+  try {
+    const problems: string[] = [];
+    const sizes = await ckpt.shardSizes();
+    const total = sizes.reduce((a, s) => a + s.bytes, 0);
+    for (const s of sizes) {
+      if (s.bytes !== s.described) {
+        problems.push(`${s.file}: ${s.bytes} bytes, but its header describes ${s.described}`);
+      }
+    }
+    try {
+      checkCheckpoint(cfg, ckpt);
+    } catch (e) {
+      problems.push((e as Error).message);
+    }
+    const released = cfg.numLayers === 93 && cfg.hiddenSize === 7168 && cfg.moe.numExperts === 896;
+    if (released) {
+      const want: [string, number, number][] = [
+        ["shards", sizes.length, CHECKPOINT_SHARDS],
+        ["tensors", ckpt.tensors.size, CHECKPOINT_TENSORS],
+        ["bytes", total, CHECKPOINT_BYTES],
+      ];
+      for (const [what, got, expected] of want) {
+        if (got !== expected) problems.push(`${dir}: ${got.toLocaleString("en-US")} ${what}, the release has ${expected.toLocaleString("en-US")}`);
+      }
+    }
+    const lines = [
+      `${dir}: ${sizes.length} shards, ${total.toLocaleString("en-US")} bytes, ${ckpt.tensors.size.toLocaleString("en-US")} tensors; ` +
+      (problems.length ? `${problems.length} problem(s)` : released ? "the released Kimi K3, complete" : "complete (not the released shape)"),
+    ];
+    return { lines, problems };
+  } finally {
+    ckpt.close();
+  }
+}
+
 export async function main(args: string[]): Promise<number> {
   const { values, positionals } = parseFlags("doctor", args, {
     dir: { type: "string" },
     "size-mb": { type: "string" },
     positions: { type: "string" },
     "no-read": { type: "boolean" },
+    checkpoint: { type: "string" },
     help: { type: "boolean", short: "h" },
   }, false);
   if (values.help) {
@@ -376,13 +431,18 @@ export async function main(args: string[]): Promise<number> {
           `at the better of those rates an all-miss token (16 experts x 92 layers = ${
             fmtBytes(perToken)
           }) ` +
-            `reads in ${(perToken / best).toFixed(1)} s; the expert cache and prefetch cut this`,
+            `reads in ${(perToken / best).toFixed(1)} s; the expert cache cuts this`,
         );
       }
     }
   }
 
   const bad = problems(facts);
+  if (values.checkpoint !== undefined) {
+    const found = await verifyCheckpoint(values.checkpoint);
+    found.lines.forEach((l, i) => line(i === 0 ? "model" : "", l));
+    bad.push(...found.problems);
+  }
   for (const w of warnings) line("note", w);
   if (bad.length) {
     for (const p of bad) line("PROBLEM", p);

@@ -120,6 +120,21 @@ export class Checkpoint {
 
   private constructor(readonly dir: string, readonly shards: string[], readonly tensors: Map<string, TensorInfo>) {}
 
+  /**
+   * Each shard's size against the size its own header describes (8 + header + the end of
+   * its last tensor): a complete download matches exactly.
+   */
+  async shardSizes(): Promise<{ file: string; bytes: number; described: number }[]> {
+    const described = new Map<string, number>();
+    for (const t of this.tensors.values()) described.set(t.file, Math.max(described.get(t.file) ?? 0, t.offset + t.bytes));
+    const out = [];
+    for (const file of this.shards) {
+      const bytes = (await Deno.stat(file)).size;
+      out.push({ file, bytes, described: described.get(file) ?? bytes });
+    }
+    return out;
+  }
+
   /** Indexes every `*.safetensors` in `dir` (sorted by name; names are never assumed). */
   static async open(dir: string, onShard?: (done: number, total: number) => void): Promise<Checkpoint> {
     let shards: string[];

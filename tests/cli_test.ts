@@ -346,3 +346,23 @@ Deno.test("deno task demo: pack to a temp dir, run a text prompt at a small budg
   const plain = await k3(["run", TINY, "--prompt", "Once upon a time", "--gen", "16"]);
   assert.equal(stdout.split("\n")[0], plain.stdout.split("\n")[0]);
 });
+
+Deno.test("k3 doctor --checkpoint: a complete checkpoint passes, a shard longer than its header is a problem", async () => {
+  const good = await k3(["doctor", "--no-read", "--dir", TINY, "--checkpoint", TINY]);
+  assert.match(good.stdout, /^model +.*tiny: 3 shards, [\d,]+ bytes, 919 tensors; complete \(not the released shape\)$/m);
+  assert.doesNotMatch(good.stdout, /PROBLEM .*header describes/);
+  await using dir = await tempDir();
+  await copyDir(TINY, dir.path);
+  const shard = `${dir.path}/model-00002-of-00003.safetensors`;
+  const f = await Deno.open(shard, { append: true });
+  await f.write(new Uint8Array(100));
+  f.close();
+  const bad = await k3(["doctor", "--no-read", "--dir", dir.path, "--checkpoint", dir.path]);
+  assert.equal(bad.code, 1);
+  assert.match(bad.stdout, /PROBLEM +.*model-00002-of-00003\.safetensors: \d+ bytes, but its header describes \d+/);
+  // A truncated shard is refused outright by the header check (exit 1, one line).
+  await Deno.truncate(shard, (await Deno.stat(shard)).size - 5000);
+  const cut = await k3(["doctor", "--no-read", "--dir", dir.path, "--checkpoint", dir.path]);
+  assert.equal(cut.code, 1);
+  assert.match(cut.stderr, /past the end of the file/);
+});
