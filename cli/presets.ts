@@ -48,6 +48,7 @@ export function releasedPlan(preset: string, positions: number): MemoryPlan | st
   }
 }
 
+// deno-lint-ignore require-await -- every subcommand returns a Promise for the dispatcher
 export async function main(args: string[]): Promise<number> {
   const { values, positionals } = parseFlags("presets", args, {
     positions: { type: "string" },

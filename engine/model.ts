@@ -293,7 +293,6 @@ export class K3Model {
     const { k, cfg, s } = this;
     const { numHeads: H, headDim: d, gateLowerBound } = cfg.kda;
     const C = H * d;
-    const D = cfg.hiddenSize;
     const n = (x: string) => `layers.${L}.self_attn.${x}`;
     const st = state.kda.get(L)!;
     const [q, kk, v, f, o] = [s.t1, s.t2, s.t3, s.t4, s.t5];

@@ -20,7 +20,6 @@
  */
 
 import { configFingerprint, type K3Config } from "./config.ts";
-import { K3Error } from "./errors.ts";
 import { ExpertCache } from "./expert_cache.ts";
 import { expertBytes } from "./experts.ts";
 import type { Kernels } from "./ffi.ts";

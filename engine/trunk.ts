@@ -22,7 +22,7 @@ import { NativeBuffer } from "./memory.ts";
 import type { IoStats } from "./model.ts";
 import { BoundTensors, type F32, layerTensors, type Matrix } from "./weights.ts";
 import {
-  DATA_FILE,
+  openTrunkData,
   readManifest,
   type Region,
   type TensorEntry,
@@ -127,21 +127,7 @@ export class TrunkFile {
         throw new K3Error(`${dir}: layer ${L}: tensor table does not match the model; re-pack it`);
       }
     }
-    let f: IoFile;
-    try {
-      f = IoFile.open(`${dir}/${DATA_FILE}`, { direct: true });
-    } catch (e) {
-      throw new K3Error(`${dir}: trunk data missing: ${(e as Error).message}`);
-    }
-    const size = f.size();
-    if (size !== m.data.bytes) {
-      f.close();
-      throw new K3Error(
-        `${dir}/${DATA_FILE}: ${
-          size < m.data.bytes ? "truncated" : "too long"
-        }: ${size} bytes, the manifest says ${m.data.bytes}; re-pack it`,
-      );
-    }
+    const f = openTrunkData(dir, m);
     return new TrunkFile(dir, m, f, k);
   }
 

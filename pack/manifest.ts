@@ -30,7 +30,7 @@
 import { type K3Config } from "../engine/config.ts";
 import { K3Error } from "../engine/errors.ts";
 import type { Kernels } from "../engine/ffi.ts";
-import { ALIGN, alignUp, hashHex } from "../engine/io.ts";
+import { ALIGN, alignUp, hashHex, IoFile } from "../engine/io.ts";
 import { NativeBuffer } from "../engine/memory.ts";
 import type { Checkpoint, TensorInfo } from "../engine/safetensors.ts";
 import {
@@ -284,4 +284,24 @@ export async function weightSample(
   } finally {
     buf.free();
   }
+}
+
+/** Opens a trunk's data file and checks its length against the manifest. */
+export function openTrunkData(dir: string, m: TrunkManifest, direct = true): IoFile {
+  let f: IoFile;
+  try {
+    f = IoFile.open(`${dir}/${DATA_FILE}`, { direct });
+  } catch (e) {
+    throw new K3Error(`${dir}: trunk data missing: ${(e as Error).message}`);
+  }
+  const size = f.size();
+  if (size !== m.data.bytes) {
+    f.close();
+    throw new K3Error(
+      `${dir}/${DATA_FILE}: ${
+        size < m.data.bytes ? "truncated" : "too long"
+      }: ${size} bytes, the manifest says ${m.data.bytes}; re-pack it`,
+    );
+  }
+  return f;
 }

@@ -9,30 +9,10 @@
 import { configFingerprint, loadConfig } from "../engine/config.ts";
 import { K3Error } from "../engine/errors.ts";
 import { kernels } from "../engine/ffi.ts";
-import { ALIGN, Hasher, hashHex, IoFile } from "../engine/io.ts";
+import { ALIGN, Hasher, hashHex } from "../engine/io.ts";
 import { NativeBuffer } from "../engine/memory.ts";
-import { DATA_FILE, readManifest, type Region, type TrunkManifest, weightSample } from "./manifest.ts";
+import { openTrunkData, readManifest, type Region, type TrunkManifest, weightSample } from "./manifest.ts";
 import { Checkpoint } from "../engine/safetensors.ts";
-
-/** Opens a trunk's data file and checks its length against the manifest. */
-export function openTrunkData(dir: string, m: TrunkManifest, direct = true): IoFile {
-  let f: IoFile;
-  try {
-    f = IoFile.open(`${dir}/${DATA_FILE}`, { direct });
-  } catch (e) {
-    throw new K3Error(`${dir}: trunk data missing: ${(e as Error).message}`);
-  }
-  const size = f.size();
-  if (size !== m.data.bytes) {
-    f.close();
-    throw new K3Error(
-      `${dir}/${DATA_FILE}: ${
-        size < m.data.bytes ? "truncated" : "too long"
-      }: ${size} bytes, the manifest says ${m.data.bytes}; re-pack it`,
-    );
-  }
-  return f;
-}
 
 /** Refuses a trunk whose fingerprint is not the model's. */
 export async function checkFingerprint(dir: string, m: TrunkManifest, modelDir: string): Promise<void> {
