@@ -7,7 +7,7 @@
  * layer 0 of width 33792) with 4 layers: 0 dense KDA, 1-2 MoE KDA, 3 MoE MLA. The vocabulary
  * is cut to 32768 to keep the file small; the head cost scales with it.
  *
- *   deno run -A bench/layer_bench.ts [--keep DIR] [--tokens N]
+ *   deno run -A bench/layers.ts [--keep DIR] [--tokens N]
  *
  * @module
  */
