@@ -198,22 +198,10 @@ export function boundBytes(t: { dtype: string; bytes: number }, keep: Keep): num
   return elems * 4;
 }
 
-/**
- * Converts raw tensor bytes (already in native memory at `src`) into their bound form at
- * `dst` (which may equal src when no conversion is needed). Returns the bound dtype code.
- */
-export function convertTensor(k: Kernels, dtype: string, keep: Keep, src: Deno.PointerValue, dst: Deno.PointerValue, elems: number): void {
-  if (keep === "u8" || dtype === "F32" || (keep === "matrix" && dtype === "BF16")) {
-    if (src !== dst) throw new Error("convertTensor: no conversion needed, src must equal dst");
-    return;
-  }
-  if (dtype === "BF16") k.k3_bf16_to_f32(src, dst, elems);
-  else k.k3_f16_to_f32(src, dst, elems);
-}
-
-/** Weight type code of a bound matrix stored as `dtype`. */
-export function boundWtype(dtype: string): number {
-  return dtype === "BF16" ? WTYPE.bf16 : WTYPE.f32;
+/** Widens n BF16 or F16 elements at `src` to F32 at `dst`. */
+function widen(k: Kernels, dtype: string, src: Deno.PointerValue, dst: Deno.PointerValue, n: number): void {
+  if (dtype === "BF16") k.k3_bf16_to_f32(src, dst, n);
+  else k.k3_f16_to_f32(src, dst, n);
 }
 
 /** A set of bound tensors of one layer (or of the globals), by short name. */
@@ -238,8 +226,9 @@ export class BoundTensors {
 }
 
 /**
- * Reads and binds the given tensors from the checkpoint, one native buffer each.
- * `prefix` is prepended to spec names.
+ * Reads and binds the given tensors from the checkpoint, one native buffer each (tensors
+ * that need widening are read into a temporary buffer first). `prefix` is prepended to
+ * spec names.
  */
 export async function loadTensors(k: Kernels, ckpt: Checkpoint, specs: TensorSpec[], prefix = PREFIX): Promise<BoundTensors> {
   const matrices = new Map<string, Matrix>();
@@ -249,38 +238,28 @@ export async function loadTensors(k: Kernels, ckpt: Checkpoint, specs: TensorSpe
     for (const spec of specs) {
       const t = ckpt.get(prefix + spec.name);
       checkTensor(t, spec);
-      const raw = NativeBuffer.alloc(k, t.bytes, t.name);
-      owned.push(raw);
-      await ckpt.read(t, raw.u8);
-      bindInto(k, t.dtype, spec, raw, matrices, vectors, owned);
+      let bound = NativeBuffer.alloc(k, t.bytes, t.name);
+      owned.push(bound);
+      await ckpt.read(t, bound.u8);
+      const widened = boundBytes(t, spec.keep) !== t.bytes;
+      if (widened) {
+        const raw = owned.pop()!;
+        const elems = t.bytes / 2;
+        bound = NativeBuffer.alloc(k, elems * 4, t.name);
+        owned.push(bound);
+        widen(k, t.dtype, raw.ptr, bound.ptr, elems);
+        raw.free();
+      }
+      if (spec.keep === "matrix") {
+        const wtype = widened || t.dtype === "F32" ? WTYPE.f32 : WTYPE.bf16;
+        matrices.set(spec.name, { ptr: bound.ptr, wtype, rows: spec.shape[0], cols: spec.shape[1] });
+      } else if (spec.keep === "vector") {
+        vectors.set(spec.name, { ptr: bound.ptr, f: bound.f32() });
+      }
     }
   } catch (e) {
     for (const b of owned) b.free();
     throw e;
   }
   return new BoundTensors(matrices, vectors, owned);
-}
-
-/** Binds one tensor whose raw bytes are in `raw`, widening into a new buffer if needed. */
-export function bindInto(
-  k: Kernels,
-  dtype: string,
-  spec: TensorSpec,
-  raw: NativeBuffer,
-  matrices: Map<string, Matrix>,
-  vectors: Map<string, F32>,
-  owned: NativeBuffer[],
-): void {
-  const elems = raw.bytes / (dtype === "F32" ? 4 : dtype === "U8" ? 1 : 2);
-  let bound = raw;
-  if (boundBytes({ dtype, bytes: raw.bytes }, spec.keep) !== raw.bytes) {
-    bound = NativeBuffer.alloc(k, elems * 4, spec.name);
-    owned.push(bound);
-    convertTensor(k, dtype, spec.keep, raw.ptr, bound.ptr, elems);
-  }
-  if (spec.keep === "matrix") {
-    matrices.set(spec.name, { ptr: bound.ptr, wtype: bound === raw ? boundWtype(dtype) : WTYPE.f32, rows: spec.shape[0], cols: spec.shape[1] });
-  } else if (spec.keep === "vector") {
-    vectors.set(spec.name, { ptr: bound.ptr, f: bound.f32() });
-  }
 }
