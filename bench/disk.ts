@@ -2,17 +2,17 @@
  * This disk, measured the way the engine reads it: O_DIRECT sequential reads (readPieces
  * into a 1 GB region: 16 MB pieces, 8 in flight, like a streamed trunk layer) and random
  * 17.5 MB reads (one routed expert each, 16 in flight, like a layer's cache misses) through
- * engine/io.ts, into buffers already faulted in.
+ * engine/native/io.ts, into buffers already faulted in.
  *
  *   deno run -A bench/disk.ts FILE [--gb 2]
  *
  * @module
  */
 
-import { kernels } from "../engine/ffi.ts";
-import { ALIGN, alignUp, IoFile } from "../engine/io.ts";
-import { NativeBuffer } from "../engine/memory.ts";
-import { readPieces } from "../engine/trunk.ts";
+import { kernels } from "../engine/native/ffi.ts";
+import { ALIGN, alignUp, IoFile } from "../engine/native/io.ts";
+import { NativeBuffer } from "../engine/native/memory.ts";
+import { readPieces } from "../engine/weights/trunk.ts";
 
 export interface DiskResult {
   direct: boolean;

@@ -11,7 +11,7 @@
  *
  * @module
  */
-import { openKernels, symbols } from "../engine/ffi.ts";
+import { openKernels, symbols } from "../engine/native/ffi.ts";
 
 type K = Deno.DynamicLibrary<typeof symbols>["symbols"];
 

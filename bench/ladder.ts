@@ -17,8 +17,8 @@
 
 import { parseArgs } from "node:util";
 import { measureDisk } from "./disk.ts";
-import { readManifest } from "../pack/manifest.ts";
-import { expertSlotBytes } from "../engine/plan.ts";
+import { readManifest } from "../engine/weights/manifest.ts";
+import { expertSlotBytes } from "../engine/weights/plan.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 const { values } = parseArgs({ args: Deno.args, options: { model: { type: "string" }, gen: { type: "string" }, keep: { type: "boolean" } } });

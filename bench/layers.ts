@@ -13,8 +13,8 @@
  */
 
 import { parseArgs } from "node:util";
-import { openModel } from "../engine/load.ts";
-import { prefill } from "../engine/generate.ts";
+import { openModel } from "../engine/weights/load.ts";
+import { prefill } from "../engine/generate/generate.ts";
 
 const { values } = parseArgs({ args: Deno.args, options: { keep: { type: "string" }, tokens: { type: "string" } } });
 const tokens = Number(values.tokens ?? 5);

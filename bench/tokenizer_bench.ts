@@ -10,8 +10,8 @@
  */
 
 import { Tiktoken } from "tiktoken";
-import { K3_PAT_STR } from "../engine/pretokenize.ts";
-import { parseTiktokenModel, Tokenizer } from "../engine/tokenizer.ts";
+import { K3_PAT_STR } from "../engine/text/pretokenize.ts";
+import { parseTiktokenModel, Tokenizer } from "../engine/text/tokenizer.ts";
 
 const ROOT = new URL("../", import.meta.url).pathname;
 const RUNS = 7;

@@ -11,8 +11,8 @@
  */
 
 import { Tiktoken } from "tiktoken";
-import { K3_PAT_STR } from "../engine/pretokenize.ts";
-import { parseTiktokenModel, Tokenizer } from "../engine/tokenizer.ts";
+import { K3_PAT_STR } from "../engine/text/pretokenize.ts";
+import { parseTiktokenModel, Tokenizer } from "../engine/text/tokenizer.ts";
 
 function diff(text: string, ours: number[], ref: ArrayLike<number>): string {
   const a = Array.from(ref);

@@ -10,12 +10,12 @@
  * @module
  */
 
-import { loadConfig } from "../engine/config.ts";
+import { loadConfig } from "../engine/model/config.ts";
 import { EXIT, K3Error, usageError } from "../engine/errors.ts";
-import { generate } from "../engine/generate.ts";
-import { firstLayers, openModel } from "../engine/load.ts";
-import type { IoStats } from "../engine/model.ts";
-import { Tokenizer } from "../engine/tokenizer.ts";
+import { generate } from "../engine/generate/generate.ts";
+import { firstLayers, openModel } from "../engine/weights/load.ts";
+import type { IoStats } from "../engine/model/model.ts";
+import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { fmtBytes, parseIds, peakRssBytes } from "./common.ts";
 import { fmtDuration, progress } from "./progress.ts";
 import {

@@ -29,11 +29,11 @@ const EXT = Deno.build.os === "darwin" ? "dylib" : Deno.build.os === "windows" ?
 
 /** Files deno compile cannot find by following imports: the native kernel library, the
  * per-ISA builds this machine could make (the binary picks what the running CPU supports,
- * engine/libpath.ts), and the compute worker. Missing ones are skipped. */
+ * engine/native/libpath.ts), and the compute worker. Missing ones are skipped. */
 export const INCLUDES = [
   `kernels/build/libk3.${EXT}`,
   ...["avx512", "avx2", "scalar"].map((v) => `kernels/build/libk3-${v}.${EXT}`),
-  "engine/pool_worker.ts",
+  "engine/native/pool_worker.ts",
 ];
 
 /** The deno compile argument list. */

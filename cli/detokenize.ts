@@ -5,7 +5,7 @@
  */
 
 import { usageError } from "../engine/errors.ts";
-import { Tokenizer } from "../engine/tokenizer.ts";
+import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { parseFlags, parseIds } from "./common.ts";
 import { type Output, stdout } from "./tokenize.ts";
 

@@ -12,13 +12,13 @@
  */
 
 import { statfsSync } from "node:fs";
-import { loadConfig } from "../engine/config.ts";
+import { loadConfig } from "../engine/model/config.ts";
 import { EXIT, usageError } from "../engine/errors.ts";
-import { Checkpoint } from "../engine/safetensors.ts";
-import { checkCheckpoint } from "../engine/weights.ts";
-import { isaName, type Kernels, kernels } from "../engine/ffi.ts";
-import { IoFile } from "../engine/io.ts";
-import { memAvailable } from "../engine/plan.ts";
+import { Checkpoint } from "../engine/weights/safetensors.ts";
+import { checkCheckpoint } from "../engine/model/weights.ts";
+import { isaName, type Kernels, kernels } from "../engine/native/ffi.ts";
+import { IoFile } from "../engine/native/io.ts";
+import { memAvailable } from "../engine/weights/plan.ts";
 import { fmtBytes, intFlag, parseFlags } from "./common.ts";
 import { progress } from "./progress.ts";
 import { releasedPlan } from "./presets.ts";
@@ -75,7 +75,7 @@ export interface Facts {
 }
 
 /** What each fixed preset's memory plan needs for the full K3 (packed trunk) at
- * `positions`, runtime overhead included; the plan of engine/plan.ts, as k3 presets shows. */
+ * `positions`, runtime overhead included; the plan of engine/weights/plan.ts, as k3 presets shows. */
 export function presetNeeds(positions: number): { name: string; bytes: number }[] {
   const out: { name: string; bytes: number }[] = [];
   for (const name of ["ultra", "laptop", "desktop", "workstation", "server", "max"]) {

@@ -14,7 +14,7 @@ import {
   type MemoryPlan,
   PRESETS,
   releasedK3,
-} from "../engine/plan.ts";
+} from "../engine/weights/plan.ts";
 import { parseFlags } from "./common.ts";
 
 export const USAGE = `usage: k3 presets [--positions N] [--json]

@@ -4,13 +4,13 @@
  * @module
  */
 
-import { loadConfig } from "../engine/config.ts";
+import { loadConfig } from "../engine/model/config.ts";
 import { usageError } from "../engine/errors.ts";
-import { generate, type Step } from "../engine/generate.ts";
-import { firstLayers, openModel } from "../engine/load.ts";
-import type { IoStats } from "../engine/model.ts";
-import { readActivity } from "../engine/io.ts";
-import type { Tokenizer } from "../engine/tokenizer.ts";
+import { generate, type Step } from "../engine/generate/generate.ts";
+import { firstLayers, openModel } from "../engine/weights/load.ts";
+import type { IoStats } from "../engine/model/model.ts";
+import { readActivity } from "../engine/native/io.ts";
+import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { progress } from "./progress.ts";
 import { fmtBytes, parseIds, peakRssBytes, writeFileAtomic } from "./common.ts";
 import {

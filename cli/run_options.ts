@@ -7,9 +7,9 @@
 
 import type { ParseArgsConfig } from "node:util";
 import { usageError } from "../engine/errors.ts";
-import { type MemoryOptions, PRESETS } from "../engine/plan.ts";
-import { Tokenizer } from "../engine/tokenizer.ts";
-import { decodeUtf8Strict } from "../engine/utf8.ts";
+import { type MemoryOptions, PRESETS } from "../engine/weights/plan.ts";
+import { Tokenizer } from "../engine/text/tokenizer.ts";
+import { decodeUtf8Strict } from "../engine/text/utf8.ts";
 import { intFlag, numFlag, parseFlags, parseIds } from "./common.ts";
 
 /** Flags of the memory budget; applied in command-line order (a later one overrides). */

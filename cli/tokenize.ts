@@ -7,8 +7,8 @@
  */
 
 import { usageError } from "../engine/errors.ts";
-import { Tokenizer } from "../engine/tokenizer.ts";
-import { decodeUtf8Strict } from "../engine/utf8.ts";
+import { Tokenizer } from "../engine/text/tokenizer.ts";
+import { decodeUtf8Strict } from "../engine/text/utf8.ts";
 import { parseFlags } from "./common.ts";
 
 /** Usage text of `k3 tokenize`. */

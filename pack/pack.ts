@@ -15,12 +15,12 @@
  * @module
  */
 
-import { configFingerprint, loadConfig } from "../engine/config.ts";
+import { configFingerprint, loadConfig } from "../engine/model/config.ts";
 import { K3Error } from "../engine/errors.ts";
-import { type Kernels, kernels } from "../engine/ffi.ts";
-import { ALIGN, Hasher, hashHex, IoFile } from "../engine/io.ts";
-import { NativeBuffer } from "../engine/memory.ts";
-import { Checkpoint } from "../engine/safetensors.ts";
+import { type Kernels, kernels } from "../engine/native/ffi.ts";
+import { ALIGN, Hasher, hashHex, IoFile } from "../engine/native/io.ts";
+import { NativeBuffer } from "../engine/native/memory.ts";
+import { Checkpoint } from "../engine/weights/safetensors.ts";
 import {
   DATA_FILE,
   FORMAT,
@@ -31,7 +31,7 @@ import {
   type TrunkManifest,
   VERSION,
   weightSample,
-} from "./manifest.ts";
+} from "../engine/weights/manifest.ts";
 
 export interface PackOptions {
   force?: boolean;

@@ -6,13 +6,13 @@
  * @module
  */
 
-import { configFingerprint, loadConfig } from "../engine/config.ts";
+import { configFingerprint, loadConfig } from "../engine/model/config.ts";
 import { K3Error } from "../engine/errors.ts";
-import { kernels } from "../engine/ffi.ts";
-import { ALIGN, Hasher, hashHex } from "../engine/io.ts";
-import { NativeBuffer } from "../engine/memory.ts";
-import { openTrunkData, readManifest, type Region, type TrunkManifest, weightSample } from "./manifest.ts";
-import { Checkpoint } from "../engine/safetensors.ts";
+import { kernels } from "../engine/native/ffi.ts";
+import { ALIGN, Hasher, hashHex } from "../engine/native/io.ts";
+import { NativeBuffer } from "../engine/native/memory.ts";
+import { openTrunkData, readManifest, type Region, type TrunkManifest, weightSample } from "../engine/weights/manifest.ts";
+import { Checkpoint } from "../engine/weights/safetensors.ts";
 
 /** Refuses a trunk whose fingerprint is not the model's. */
 export async function checkFingerprint(dir: string, m: TrunkManifest, modelDir: string): Promise<void> {

@@ -243,7 +243,7 @@ Deno.test("doctor verdict: too little memory for the smallest plan, too little d
   );
   assert.match(problems({ ...ok, kernelError: "nope" })[0], /no loadable kernel library: nope/);
   assert.equal(diskNeeded(true), TRUNK_BYTES);
-  // The needs come from engine/plan.ts (the same numbers k3 presets prints), growing by preset.
+  // The needs come from engine/weights/plan.ts (the same numbers k3 presets prints), growing by preset.
   const needs = presetNeeds(4096);
   assert.deepEqual(needs.map((n) => n.name), [
     "ultra",

@@ -8,8 +8,8 @@
  */
 
 import assert from "node:assert/strict";
-import { argmax, generate, teacherForce } from "../engine/generate.ts";
-import { openModel } from "../engine/load.ts";
+import { argmax, generate, teacherForce } from "../engine/generate/generate.ts";
+import { openModel } from "../engine/weights/load.ts";
 import { python, readReference, tempDir, TINY } from "./helpers.ts";
 
 /** Max |a - b| over two logit arrays. */

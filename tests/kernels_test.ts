@@ -9,7 +9,7 @@
  *
  * @module
  */
-import { openKernels, symbols } from "../engine/ffi.ts";
+import { openKernels, symbols } from "../engine/native/ffi.ts";
 
 type Lib = Deno.DynamicLibrary<typeof symbols>;
 type K = Lib["symbols"];

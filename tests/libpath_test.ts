@@ -1,5 +1,5 @@
 /**
- * The kernel-library loader (engine/libpath.ts): resolution order, and every step of the
+ * The kernel-library loader (engine/native/libpath.ts): resolution order, and every step of the
  * embedded-library path of a compiled `k3` (hash, extract, reuse, corrupt cache), run
  * here without `deno compile` by pointing the loader at a real file as if it were the
  * embedded one.
@@ -16,8 +16,8 @@ import {
   moduleLibraryPath,
   resolveLibrary,
   sha256Hex,
-} from "../engine/libpath.ts";
-import { openKernels } from "../engine/ffi.ts";
+} from "../engine/native/libpath.ts";
+import { openKernels } from "../engine/native/ffi.ts";
 import { k3, ROOT, runCmd, tempDir } from "./helpers.ts";
 
 const envOf = (vars: Record<string, string>) => (name: string) => vars[name];

@@ -6,13 +6,13 @@
  */
 
 import assert from "node:assert/strict";
-import { generate, teacherForce } from "../engine/generate.ts";
-import { openModel } from "../engine/load.ts";
-import type { MemoryOptions } from "../engine/plan.ts";
-import { expertBytesOf, expertSlotBytes, makePlan, estimatedInput, releasedK3, pinLayers } from "../engine/plan.ts";
-import { loadConfig } from "../engine/config.ts";
+import { generate, teacherForce } from "../engine/generate/generate.ts";
+import { openModel } from "../engine/weights/load.ts";
+import type { MemoryOptions } from "../engine/weights/plan.ts";
+import { expertBytesOf, expertSlotBytes, makePlan, estimatedInput, releasedK3, pinLayers } from "../engine/weights/plan.ts";
+import { loadConfig } from "../engine/model/config.ts";
 import { packTrunk } from "../pack/pack.ts";
-import { readManifest } from "../pack/manifest.ts";
+import { readManifest } from "../engine/weights/manifest.ts";
 import { k3, readReference, tempDir, TINY } from "./helpers.ts";
 
 const ref = await readReference(`${TINY}/reference.json`);
@@ -173,9 +173,9 @@ Deno.test("k3 presets and --list-presets list every preset and the full K3's pla
 });
 
 Deno.test("expert cache: in-flight reads are shared, held slots are never evicted, LRU order, publish after a full read", async () => {
-  const { ExpertCache } = await import("../engine/expert_cache.ts");
-  const { Checkpoint } = await import("../engine/safetensors.ts");
-  const { kernels } = await import("../engine/ffi.ts");
+  const { ExpertCache } = await import("../engine/weights/expert_cache.ts");
+  const { Checkpoint } = await import("../engine/weights/safetensors.ts");
+  const { kernels } = await import("../engine/native/ffi.ts");
   const cfg = await loadConfig(TINY);
   const ckpt = await Checkpoint.open(TINY);
   const stats = { trunkBytes: 0, expertBytes: 0, expertHits: 0, expertMisses: 0, ioWaitSeconds: 0, pinnedLayers: 0 };

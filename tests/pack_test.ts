@@ -6,11 +6,11 @@
 
 import assert from "node:assert/strict";
 import { packTrunk } from "../pack/pack.ts";
-import { DATA_FILE, MANIFEST_FILE, readManifest } from "../pack/manifest.ts";
+import { DATA_FILE, MANIFEST_FILE, readManifest } from "../engine/weights/manifest.ts";
 import { verifyTrunk } from "../pack/verify.ts";
-import { Checkpoint } from "../engine/safetensors.ts";
-import { layerTensors } from "../engine/weights.ts";
-import { loadConfig } from "../engine/config.ts";
+import { Checkpoint } from "../engine/weights/safetensors.ts";
+import { layerTensors } from "../engine/model/weights.ts";
+import { loadConfig } from "../engine/model/config.ts";
 import { k3, python, readReference, tempDir, TINY } from "./helpers.ts";
 
 const quiet = { log: null };

@@ -9,10 +9,10 @@
 import assert from "node:assert/strict";
 import { Tiktoken } from "tiktoken";
 import { K3Error } from "../engine/errors.ts";
-import { K3_PAT_STR, pretokenize } from "../engine/pretokenize.ts";
-import { type AddedToken, parseTiktokenModel, Tokenizer } from "../engine/tokenizer.ts";
-import { decodeUtf8Strict, firstInvalidUtf8 } from "../engine/utf8.ts";
-import { chatPrompt, stopIds } from "../engine/chat.ts";
+import { K3_PAT_STR, pretokenize } from "../engine/text/pretokenize.ts";
+import { type AddedToken, parseTiktokenModel, Tokenizer } from "../engine/text/tokenizer.ts";
+import { decodeUtf8Strict, firstInvalidUtf8 } from "../engine/text/utf8.ts";
+import { chatPrompt, stopIds } from "../engine/text/chat.ts";
 import { main as tokenizeMain } from "../cli/tokenize.ts";
 import { main as detokenizeMain } from "../cli/detokenize.ts";
 import { K3_NAMED_ADDED, trainTinyVocab } from "./fixtures/train_tiny_vocab.ts";

@@ -8,15 +8,15 @@
  * product has the same bits whatever T is, so chunking never changes a token.
  *
  * Weights come from a `WeightSource` (all resident, or streamed and cached: see
- * weights.ts and experts.ts); the sequence's recurrent state lives in `SequenceState`.
+ * ../weights/streamed.ts and ../weights/expert_cache.ts); the sequence's recurrent state lives in `SequenceState`.
  *
  * @module
  */
 
 import type { K3Config } from "./config.ts";
-import type { Kernels } from "./ffi.ts";
-import { Vec } from "./memory.ts";
-import { type Compute, serialCompute } from "./pool.ts";
+import type { Kernels } from "../native/ffi.ts";
+import { Vec } from "../native/memory.ts";
+import { type Compute, serialCompute } from "../native/pool.ts";
 import type { BoundTensors, Expert, F32, Matrix } from "./weights.ts";
 
 /** Where the forward pass gets its weights. Implementations may read from disk. */

@@ -9,7 +9,7 @@
  * @module
  */
 
-import { K3Error } from "./errors.ts";
+import { K3Error } from "../errors.ts";
 
 /** Bytes per element of the dtypes safetensors defines. */
 export const DTYPE_BYTES: Record<string, number> = {

@@ -27,12 +27,12 @@
  * @module
  */
 
-import { type K3Config } from "../engine/config.ts";
-import { K3Error } from "../engine/errors.ts";
-import type { Kernels } from "../engine/ffi.ts";
-import { ALIGN, alignUp, hashHex, IoFile } from "../engine/io.ts";
-import { NativeBuffer } from "../engine/memory.ts";
-import type { Checkpoint, TensorInfo } from "../engine/safetensors.ts";
+import { type K3Config } from "../model/config.ts";
+import { K3Error } from "../errors.ts";
+import type { Kernels } from "../native/ffi.ts";
+import { ALIGN, alignUp, hashHex, IoFile } from "../native/io.ts";
+import { NativeBuffer } from "../native/memory.ts";
+import type { Checkpoint, TensorInfo } from "./safetensors.ts";
 import {
   checkTensor,
   globalTensors,
@@ -41,7 +41,7 @@ import {
   layerTensors,
   PREFIX,
   type TensorSpec,
-} from "../engine/weights.ts";
+} from "../model/weights.ts";
 
 export const FORMAT = "k3-trunk";
 export const VERSION = 1;

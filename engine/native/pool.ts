@@ -12,7 +12,7 @@
  */
 
 import { type Kernels, libraryPath } from "./ffi.ts";
-import type { Matrix, Mxfp4 } from "./weights.ts";
+import type { Matrix, Mxfp4 } from "../model/weights.ts";
 
 type Ptr = NonNullable<Deno.PointerValue>;
 

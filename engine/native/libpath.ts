@@ -20,7 +20,7 @@
  */
 
 import { createHash } from "node:crypto";
-import { K3Error } from "./errors.ts";
+import { K3Error } from "../errors.ts";
 
 /** File extension of shared libraries on this OS. */
 export const LIB_EXT = Deno.build.os === "darwin"
@@ -38,7 +38,7 @@ export const HASH_PREFIX = 16;
 /** Where the library sits relative to this module: in a checkout, and embedded in a binary
  * (deno compile keeps the checkout's layout in its embedded file system). */
 export function moduleLibraryPath(): string {
-  return decodeURIComponent(new URL(`../kernels/build/${LIB_NAME}`, import.meta.url).pathname);
+  return decodeURIComponent(new URL(`../../kernels/build/${LIB_NAME}`, import.meta.url).pathname);
 }
 
 /** True inside a binary produced by `deno compile`. */

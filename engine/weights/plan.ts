@@ -23,10 +23,10 @@
  * @module
  */
 
-import type { K3Config } from "./config.ts";
-import { K3Error } from "./errors.ts";
-import { layerTensors } from "./weights.ts";
-import { scratchBytes, stateBytes } from "./model.ts";
+import type { K3Config } from "../model/config.ts";
+import { K3Error } from "../errors.ts";
+import { layerTensors } from "../model/weights.ts";
+import { scratchBytes, stateBytes } from "../model/model.ts";
 
 /** A named memory budget, in GB (1e9 bytes). */
 export interface Preset {

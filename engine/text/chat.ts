@@ -12,7 +12,7 @@
  * @module
  */
 
-import { usageError } from "./errors.ts";
+import { usageError } from "../errors.ts";
 import type { Tokenizer } from "./tokenizer.ts";
 
 /** Who speaks a message. */

@@ -6,12 +6,12 @@
  * @module
  */
 
-import type { K3Config } from "./config.ts";
+import type { K3Config } from "../model/config.ts";
 import { type ExpertLocation, expertView, locateExpert, readExpert } from "./experts.ts";
-import type { Kernels } from "./ffi.ts";
-import { NativeBuffer } from "./memory.ts";
-import type { WeightSource } from "./model.ts";
-import type { Compute } from "./pool.ts";
+import type { Kernels } from "../native/ffi.ts";
+import { NativeBuffer } from "../native/memory.ts";
+import type { WeightSource } from "../model/model.ts";
+import type { Compute } from "../native/pool.ts";
 import type { Checkpoint } from "./safetensors.ts";
 import {
   type BoundTensors,
@@ -24,7 +24,7 @@ import {
   type Matrix,
   PREFIX,
   type TensorSpec,
-} from "./weights.ts";
+} from "../model/weights.ts";
 
 /** Embedding and lm_head bound as matrices, plus the final vectors. */
 export interface Globals {

@@ -19,13 +19,13 @@
  * @module
  */
 
-import { configFingerprint, type K3Config } from "./config.ts";
+import { configFingerprint, type K3Config } from "../model/config.ts";
 import { ExpertCache } from "./expert_cache.ts";
 import { expertBytes } from "./experts.ts";
-import type { Kernels } from "./ffi.ts";
-import { ALIGN, alignUp, IoFile } from "./io.ts";
-import { NativeBuffer } from "./memory.ts";
-import type { IoStats, WeightSource } from "./model.ts";
+import type { Kernels } from "../native/ffi.ts";
+import { ALIGN, alignUp, IoFile } from "../native/io.ts";
+import { NativeBuffer } from "../native/memory.ts";
+import type { IoStats, WeightSource } from "../model/model.ts";
 import {
   checkFits,
   formatPlan,
@@ -39,7 +39,7 @@ import {
 import { embedRow, loadGlobals, ResidentWeights } from "./resident.ts";
 import type { Checkpoint } from "./safetensors.ts";
 import { bindRegion, StreamedTrunk, TrunkFile } from "./trunk.ts";
-import { weightSample } from "../pack/manifest.ts";
+import { weightSample } from "./manifest.ts";
 import {
   boundBytes,
   type BoundTensors,
@@ -51,7 +51,7 @@ import {
   loadTensors,
   type Matrix,
   PREFIX,
-} from "./weights.ts";
+} from "../model/weights.ts";
 
 /** A matrix whose rows are read from a file on demand (ultra). */
 interface StreamedMatrix {

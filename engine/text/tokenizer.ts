@@ -12,7 +12,7 @@
  * @module
  */
 
-import { EXIT, K3Error, usageError } from "./errors.ts";
+import { EXIT, K3Error, usageError } from "../errors.ts";
 import { k3Pattern } from "./pretokenize.ts";
 
 /** Options of {@link Tokenizer.encode}. */

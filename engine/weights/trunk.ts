@@ -1,6 +1,6 @@
 /**
  * The trunk (every layer's dense tensors) when it does not all stay in memory: a packed
- * trunk (pack/manifest.ts) with some layers pinned and the rest streamed through a ring.
+ * trunk (manifest.ts) with some layers pinned and the rest streamed through a ring.
  *
  * Pinned layers are read once at start-up and their full k3h64 checksum is checked. The
  * ring is one arena used as a FIFO of variable-size layer regions: streamed layers are
@@ -14,20 +14,20 @@
  * @module
  */
 
-import type { K3Config } from "./config.ts";
-import { K3Error } from "./errors.ts";
-import { type Kernels, WTYPE } from "./ffi.ts";
-import { ALIGN, hashHex, IoFile } from "./io.ts";
-import { NativeBuffer } from "./memory.ts";
-import type { IoStats } from "./model.ts";
-import { BoundTensors, type F32, layerTensors, type Matrix } from "./weights.ts";
+import type { K3Config } from "../model/config.ts";
+import { K3Error } from "../errors.ts";
+import { type Kernels, WTYPE } from "../native/ffi.ts";
+import { ALIGN, hashHex, IoFile } from "../native/io.ts";
+import { NativeBuffer } from "../native/memory.ts";
+import type { IoStats } from "../model/model.ts";
+import { BoundTensors, type F32, layerTensors, type Matrix } from "../model/weights.ts";
 import {
   openTrunkData,
   readManifest,
   type Region,
   type TensorEntry,
   type TrunkManifest,
-} from "../pack/manifest.ts";
+} from "./manifest.ts";
 
 /**
  * Reads a big region as 16 MB pieces, `depth` in flight at once (the device works on several

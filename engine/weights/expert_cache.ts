@@ -18,15 +18,15 @@
  * @module
  */
 
-import type { K3Config } from "./config.ts";
-import { K3Error } from "./errors.ts";
+import type { K3Config } from "../model/config.ts";
+import { K3Error } from "../errors.ts";
 import { type ExpertLocation, expertView, locateExpert } from "./experts.ts";
-import type { Kernels } from "./ffi.ts";
-import { IoFile } from "./io.ts";
-import { NativeBuffer } from "./memory.ts";
-import type { IoStats } from "./model.ts";
+import type { Kernels } from "../native/ffi.ts";
+import { IoFile } from "../native/io.ts";
+import { NativeBuffer } from "../native/memory.ts";
+import type { IoStats } from "../model/model.ts";
 import type { Checkpoint } from "./safetensors.ts";
-import type { Expert } from "./weights.ts";
+import type { Expert } from "../model/weights.ts";
 
 interface Slot {
   buf: NativeBuffer;

@@ -4,15 +4,15 @@
  * @module
  */
 
-import { type K3Config, loadConfig } from "./config.ts";
-import { usageError } from "./errors.ts";
-import { kernels, type Kernels } from "./ffi.ts";
-import { K3Model } from "./model.ts";
+import { type K3Config, loadConfig } from "../model/config.ts";
+import { usageError } from "../errors.ts";
+import { kernels, type Kernels } from "../native/ffi.ts";
+import { K3Model } from "../model/model.ts";
 import type { MemoryOptions, MemoryPlan } from "./plan.ts";
-import { startCompute } from "./pool.ts";
+import { startCompute } from "../native/pool.ts";
 import { Checkpoint } from "./safetensors.ts";
 import { openWeights } from "./streamed.ts";
-import { checkCheckpoint } from "./weights.ts";
+import { checkCheckpoint } from "../model/weights.ts";
 
 /** The config of only the first `n` layers (the `--layers` diagnostic). */
 export function firstLayers(cfg: K3Config, n: number): K3Config {

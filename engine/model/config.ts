@@ -7,7 +7,7 @@
  * @module
  */
 
-import { K3Error, EXIT } from "./errors.ts";
+import { K3Error, EXIT } from "../errors.ts";
 
 /** Which attention a layer uses. */
 export type AttentionKind = "kda" | "mla";

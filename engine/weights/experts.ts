@@ -7,11 +7,11 @@
  * @module
  */
 
-import type { K3Config } from "./config.ts";
-import { K3Error } from "./errors.ts";
-import type { NativeBuffer } from "./memory.ts";
+import type { K3Config } from "../model/config.ts";
+import { K3Error } from "../errors.ts";
+import type { NativeBuffer } from "../native/memory.ts";
 import type { Checkpoint, TensorInfo } from "./safetensors.ts";
-import { checkTensor, type Expert, expertTensors, PREFIX } from "./weights.ts";
+import { checkTensor, type Expert, expertTensors, PREFIX } from "../model/weights.ts";
 
 /** Where one expert's bytes are, and where each tensor lands inside a slot. */
 export interface ExpertLocation {

@@ -9,7 +9,7 @@
  */
 
 import type { Kernels } from "./ffi.ts";
-import { K3Error } from "./errors.ts";
+import { K3Error } from "../errors.ts";
 
 /** One native allocation. */
 export class NativeBuffer {

@@ -15,7 +15,7 @@
  */
 
 import { defaultLibraryPath } from "./ffi.ts";
-import { K3Error } from "./errors.ts";
+import { K3Error } from "../errors.ts";
 
 const P = "pointer" as const;
 const I = "i32" as const;

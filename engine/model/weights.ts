@@ -10,10 +10,10 @@
  */
 
 import type { K3Config } from "./config.ts";
-import { K3Error } from "./errors.ts";
-import { type Kernels, WTYPE } from "./ffi.ts";
-import { NativeBuffer } from "./memory.ts";
-import type { Checkpoint, TensorInfo } from "./safetensors.ts";
+import { K3Error } from "../errors.ts";
+import { type Kernels, WTYPE } from "../native/ffi.ts";
+import { NativeBuffer } from "../native/memory.ts";
+import type { Checkpoint, TensorInfo } from "../weights/safetensors.ts";
 
 export const PREFIX = "language_model.model.";
 export const HEAD_NAME = "language_model.lm_head.weight";

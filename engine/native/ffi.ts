@@ -8,7 +8,7 @@
  * @module
  */
 
-import { K3Error } from "./errors.ts";
+import { K3Error } from "../errors.ts";
 import { resolveLibrary } from "./libpath.ts";
 
 const P = "pointer" as const;
@@ -52,7 +52,7 @@ export const WTYPE = { f32: 0, bf16: 1 } as const;
 /**
  * The library to load when no path is given (engine/libpath.ts): K3_LIB, else the
  * checkout's kernels/build, else the copy embedded in a compiled binary, extracted to the
- * cache dir. Anything that dlopens libk3 for its own symbols (engine/io.ts) uses this.
+ * cache dir. Anything that dlopens libk3 for its own symbols (engine/native/io.ts) uses this.
  */
 export function defaultLibraryPath(): string {
   return resolveLibrary().path;

@@ -6,8 +6,8 @@
  * @module
  */
 
-import { EXIT, K3Error } from "./errors.ts";
-import type { K3Model, SequenceState } from "./model.ts";
+import { EXIT, K3Error } from "../errors.ts";
+import type { K3Model, SequenceState } from "../model/model.ts";
 
 /** One generated token and what it cost. */
 export interface Step {

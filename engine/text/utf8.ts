@@ -5,7 +5,7 @@
  * @module
  */
 
-import { EXIT, K3Error } from "./errors.ts";
+import { EXIT, K3Error } from "../errors.ts";
 
 const strictDecoder = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 const encoder = new TextEncoder();
