@@ -23,7 +23,11 @@ export interface DiskResult {
 }
 
 /** Sequential then random O_DIRECT reads of `file` (at most `maxBytes` each). */
-export async function measureDisk(file: string, maxBytes = 2e9, opts: { piece?: number; depth?: number; randReads?: number; randDepth?: number } = {}): Promise<DiskResult> {
+export async function measureDisk(
+  file: string,
+  maxBytes = 2e9,
+  opts: { piece?: number; depth?: number; randReads?: number; randDepth?: number } = {},
+): Promise<DiskResult> {
   const k = kernels();
   const f = IoFile.open(file, { direct: true });
   const piece = opts.piece ?? 16 << 20, depth = opts.depth ?? 8;
@@ -61,7 +65,13 @@ export async function measureDisk(file: string, maxBytes = 2e9, opts: { piece?: 
     };
     await Promise.all(bufs.slice(0, randDepth).map(rworker));
     const randS = (performance.now() - t0) / 1000;
-    return { direct: f.direct, seqGBps: seqBytes / seqS / 1e9, randGBps: (n * expert) / randS / 1e9, seqBytes, randBytes: n * expert };
+    return {
+      direct: f.direct,
+      seqGBps: seqBytes / seqS / 1e9,
+      randGBps: (n * expert) / randS / 1e9,
+      seqBytes,
+      randBytes: n * expert,
+    };
   } finally {
     bufs.forEach((b) => b.free());
     f.close();
@@ -76,5 +86,9 @@ if (import.meta.main) {
   }
   const gbi = Deno.args.indexOf("--gb");
   const r = await measureDisk(file, gbi > 0 ? Number(Deno.args[gbi + 1]) * 1e9 : 2e9);
-  console.log(`${file}: ${r.direct ? "O_DIRECT" : "buffered (O_DIRECT refused)"}; sequential ${r.seqGBps.toFixed(2)} GB/s over ${(r.seqBytes / 1e9).toFixed(2)} GB; random 17.5 MB reads ${r.randGBps.toFixed(2)} GB/s over ${(r.randBytes / 1e9).toFixed(2)} GB`);
+  console.log(
+    `${file}: ${r.direct ? "O_DIRECT" : "buffered (O_DIRECT refused)"}; sequential ${r.seqGBps.toFixed(2)} GB/s over ${
+      (r.seqBytes / 1e9).toFixed(2)
+    } GB; random 17.5 MB reads ${r.randGBps.toFixed(2)} GB/s over ${(r.randBytes / 1e9).toFixed(2)} GB`,
+  );
 }

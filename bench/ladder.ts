@@ -21,17 +21,30 @@ import { readManifest } from "../engine/weights/manifest.ts";
 import { expertSlotBytes } from "../engine/weights/plan.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
-const { values } = parseArgs({ args: Deno.args, options: { model: { type: "string" }, gen: { type: "string" }, keep: { type: "boolean" } } });
+const { values } = parseArgs({
+  args: Deno.args,
+  options: { model: { type: "string" }, gen: { type: "string" }, keep: { type: "boolean" } },
+});
 const GEN = Number(values.gen ?? 4);
 
-async function sh(cmd: string, args: string[], env?: Record<string, string>): Promise<{ code: number; out: string; err: string; seconds: number }> {
+async function sh(
+  cmd: string,
+  args: string[],
+  env?: Record<string, string>,
+): Promise<{ code: number; out: string; err: string; seconds: number }> {
   const t0 = performance.now();
   const o = await new Deno.Command(cmd, { args, cwd: ROOT, env, stdout: "piped", stderr: "piped" }).output();
   const dec = new TextDecoder();
-  return { code: o.code, out: dec.decode(o.stdout), err: dec.decode(o.stderr), seconds: (performance.now() - t0) / 1000 };
+  return {
+    code: o.code,
+    out: dec.decode(o.stdout),
+    err: dec.decode(o.stderr),
+    seconds: (performance.now() - t0) / 1000,
+  };
 }
 /** k3 with a private copy of the kernel library (others may rebuild kernels/build meanwhile). */
-const k3 = (args: string[]) => sh(Deno.execPath(), ["run", "-A", `${ROOT}/main.ts`, ...args], { K3_LIB: `${tmp}/libk3.so` });
+const k3 = (args: string[]) =>
+  sh(Deno.execPath(), ["run", "-A", `${ROOT}/main.ts`, ...args], { K3_LIB: `${tmp}/libk3.so` });
 /** Drops a file from the page cache (GNU dd), so copies and packs read the disk. */
 const uncache = (f: string) => sh("dd", [`if=${f}`, "iflag=nocache", "count=0", "status=none"]);
 const log = (s: string) => console.error(`ladder: ${s}`);
@@ -45,11 +58,24 @@ const trunk = `${tmp}/trunk`;
 try {
   if (!values.model) {
     log("generating the real-width slice (3 layers, 64 experts, vocab 32768)...");
-    const g = await sh("python3", [`${ROOT}/tests/oracle/gen_model.py`, model, "--preset", "real", "--layers", "3", "--experts", "64", "--vocab", "32768"]);
+    const g = await sh("python3", [
+      `${ROOT}/tests/oracle/gen_model.py`,
+      model,
+      "--preset",
+      "real",
+      "--layers",
+      "3",
+      "--experts",
+      "64",
+      "--vocab",
+      "32768",
+    ]);
     if (g.code !== 0) throw new Error(g.err);
     log(`generated in ${g.seconds.toFixed(0)} s`);
   }
-  const shards = [...Deno.readDirSync(model)].filter((e) => e.name.endsWith(".safetensors")).map((e) => `${model}/${e.name}`).sort();
+  const shards = [...Deno.readDirSync(model)].filter((e) => e.name.endsWith(".safetensors")).map((e) =>
+    `${model}/${e.name}`
+  ).sort();
   const shardBytes = shards.map((f) => Deno.statSync(f).size);
 
   // Pack vs a plain copy, both from a cold page cache and both synced.
@@ -64,7 +90,11 @@ try {
   const copy = await sh("sh", ["-c", `cp '${big0}' '${tmp}/copy' && sync -d '${tmp}/copy'`]);
   const copyGBps = Deno.statSync(big0).size / copy.seconds / 1e9;
   await Deno.remove(`${tmp}/copy`);
-  log(`pack ${(m.data.bytes / 1e9).toFixed(2)} GB in ${packSec.toFixed(1)} s (${packGBps.toFixed(2)} GB/s); cp+sync ${copyGBps.toFixed(2)} GB/s`);
+  log(
+    `pack ${(m.data.bytes / 1e9).toFixed(2)} GB in ${packSec.toFixed(1)} s (${packGBps.toFixed(2)} GB/s); cp+sync ${
+      copyGBps.toFixed(2)
+    } GB/s`,
+  );
 
   // Raw disk, the way the engine reads it, on the files it reads: sequential on the packed
   // trunk (16 MB pieces, 8 in flight, as a streamed layer), random 17.5 MB reads (16 in
@@ -73,7 +103,11 @@ try {
   const seq = await measureDisk(`${trunk}/trunk.bin`, 3e9, { depth: 8, randReads: 16 });
   const rnd = await measureDisk(big, 2e9);
   const disk = { direct: seq.direct && rnd.direct, seqGBps: seq.seqGBps, randGBps: rnd.randGBps };
-  log(`disk: sequential ${disk.seqGBps.toFixed(2)} GB/s, random 17.5 MB ${disk.randGBps.toFixed(2)} GB/s (${disk.direct ? "O_DIRECT" : "buffered"})`);
+  log(
+    `disk: sequential ${disk.seqGBps.toFixed(2)} GB/s, random 17.5 MB ${disk.randGBps.toFixed(2)} GB/s (${
+      disk.direct ? "O_DIRECT" : "buffered"
+    })`,
+  );
   const sizes = m.layer.map((r) => r.size);
   const largest = Math.max(...sizes);
   const trunkTotal = sizes.reduce((a, b) => a + b, 0);
@@ -85,7 +119,16 @@ try {
   const allExperts = (cfg.num_hidden_layers - 1) * cfg.num_experts;
   const GB = 1e9, gb = (b: number) => (Math.ceil(b / 1e3) / 1e6).toFixed(6); // never rounds a budget down
   const rungs: [string, string[]][] = [
-    ["floor, ultra", ["--trunk", trunk, "--preset", "ultra", "--trunk-gb", gb(largest), "--cache-gb", gb((topK + 1) * slot)]],
+    ["floor, ultra", [
+      "--trunk",
+      trunk,
+      "--preset",
+      "ultra",
+      "--trunk-gb",
+      gb(largest),
+      "--cache-gb",
+      gb((topK + 1) * slot),
+    ]],
     ["floor", ["--trunk", trunk, "--trunk-gb", gb(largest), "--cache-gb", gb((topK + 1) * slot)]],
     ["2-layer ring", ["--trunk", trunk, "--trunk-gb", gb(pair), "--cache-gb", gb(40 * slot)]],
     ["trunk pinned", ["--trunk", trunk, "--trunk-gb", gb(trunkTotal), "--cache-gb", gb(40 * slot)]],
@@ -93,7 +136,8 @@ try {
     ["resident (no flags)", []],
   ];
   const rows: string[] = [];
-  const header = "| budget | trunk GB | cache GB | pinned | slots | s/token | first s | peak RSS GB | plan GB | RSS-plan MB | trunk GB/tok | expert GB/tok | hit rate | I/O share | read GB/s | /seq raw | /rand raw | /seq warm | /rand warm |";
+  const header =
+    "| budget | trunk GB | cache GB | pinned | slots | s/token | first s | peak RSS GB | plan GB | RSS-plan MB | trunk GB/tok | expert GB/tok | hit rate | I/O share | read GB/s | /seq raw | /rand raw | /seq warm | /rand warm |";
   rows.push(header, "|" + header.split("|").slice(1, -1).map(() => "---").join("|") + "|");
   const overheads: number[] = [];
   const pending: ((w: { seq: number; rnd: number }) => string)[] = [];
@@ -103,7 +147,11 @@ try {
     if (r.code !== 0) {
       const why = r.err.trim().split("\n").pop();
       log(`${name}: refused or failed (${r.code}): ${why}`);
-      pending.push(() => `| ${name} | ${flags.includes("--trunk-gb") ? flags[flags.indexOf("--trunk-gb") + 1] : "all"} | | | | exit ${r.code}: ${why?.replace(/\|/g, "/")} | | | | | | | | | | | | | |`);
+      pending.push(() =>
+        `| ${name} | ${
+          flags.includes("--trunk-gb") ? flags[flags.indexOf("--trunk-gb") + 1] : "all"
+        } | | | | exit ${r.code}: ${why?.replace(/\|/g, "/")} | | | | | | | | | | | | | |`
+      );
       continue;
     }
     const j = JSON.parse(Deno.readTextFileSync(out));
@@ -113,27 +161,71 @@ try {
     overheads.push(over);
     const lookups = j.expert_cache_hits + j.expert_cache_misses;
     // Decode s/token: steps after the first (the first also warms pages and workers).
-    const decode = n > 1 ? j.step_seconds.slice(1).reduce((x: number, y: number) => x + y, 0) / (n - 1) : j.seconds_per_token;
+    const decode = n > 1
+      ? j.step_seconds.slice(1).reduce((x: number, y: number) => x + y, 0) / (n - 1)
+      : j.seconds_per_token;
     const readGBps = j.read_busy_seconds > 0 ? j.read_bytes / j.read_busy_seconds / GB : 0;
     pending.push((w: { seq: number; rnd: number }) =>
-      `| ${name} | ${plan.trunk.budgetBytes === null ? "all" : (plan.trunk.budgetBytes / GB).toFixed(2)} | ${plan.experts.resident ? "all" : ((plan.experts.slots * plan.experts.slotBytes) / GB).toFixed(2)} | ` +
-        `${plan.trunk.pinned.length}/${plan.trunk.layers} | ${plan.experts.slots} | ${decode.toFixed(2)} | ${j.step_seconds[0].toFixed(1)} | ${(j.peak_rss_bytes / GB).toFixed(2)} | ${(plan.totalBytes / GB).toFixed(2)} | ${(over / 1e6).toFixed(0)} | ` +
-        `${(j.trunk_bytes_read / n / GB).toFixed(2)} | ${(j.expert_bytes_read / n / GB).toFixed(2)} | ${lookups ? ((100 * j.expert_cache_hits) / lookups).toFixed(0) + "%" : "-"} | ` +
-        `${(100 * j.io_share).toFixed(0)}% | ${readGBps ? readGBps.toFixed(2) : "-"} | ${readGBps ? (readGBps / disk.seqGBps).toFixed(2) : "-"} | ${readGBps ? (readGBps / disk.randGBps).toFixed(2) : "-"} | ${readGBps ? (readGBps / w.seq).toFixed(2) : "-"} | ${readGBps ? (readGBps / w.rnd).toFixed(2) : "-"} |`
+      `| ${name} | ${plan.trunk.budgetBytes === null ? "all" : (plan.trunk.budgetBytes / GB).toFixed(2)} | ${
+        plan.experts.resident ? "all" : ((plan.experts.slots * plan.experts.slotBytes) / GB).toFixed(2)
+      } | ` +
+      `${plan.trunk.pinned.length}/${plan.trunk.layers} | ${plan.experts.slots} | ${decode.toFixed(2)} | ${
+        j.step_seconds[0].toFixed(1)
+      } | ${(j.peak_rss_bytes / GB).toFixed(2)} | ${(plan.totalBytes / GB).toFixed(2)} | ${
+        (over / 1e6).toFixed(0)
+      } | ` +
+      `${(j.trunk_bytes_read / n / GB).toFixed(2)} | ${(j.expert_bytes_read / n / GB).toFixed(2)} | ${
+        lookups ? ((100 * j.expert_cache_hits) / lookups).toFixed(0) + "%" : "-"
+      } | ` +
+      `${(100 * j.io_share).toFixed(0)}% | ${readGBps ? readGBps.toFixed(2) : "-"} | ${
+        readGBps ? (readGBps / disk.seqGBps).toFixed(2) : "-"
+      } | ${readGBps ? (readGBps / disk.randGBps).toFixed(2) : "-"} | ${
+        readGBps ? (readGBps / w.seq).toFixed(2) : "-"
+      } | ${readGBps ? (readGBps / w.rnd).toFixed(2) : "-"} |`
     );
-    log(`${name}: ${decode.toFixed(2)} s/token (decode), peak RSS ${(j.peak_rss_bytes / GB).toFixed(2)} GB (plan ${(plan.totalBytes / GB).toFixed(2)} GB)`);
+    log(
+      `${name}: ${decode.toFixed(2)} s/token (decode), peak RSS ${(j.peak_rss_bytes / GB).toFixed(2)} GB (plan ${
+        (plan.totalBytes / GB).toFixed(2)
+      } GB)`,
+    );
   }
   // The same measurement again now that the host has seen these files: on a VM the host's
   // page cache can serve O_DIRECT reads, so this is the fair yardstick for the read path.
   const seq2 = await measureDisk(`${trunk}/trunk.bin`, 3e9, { depth: 8, randReads: 16 });
   const rnd2 = await measureDisk(big, 2e9);
-  log(`disk again after the ladder: sequential ${seq2.seqGBps.toFixed(2)} GB/s, random ${rnd2.randGBps.toFixed(2)} GB/s`);
-  console.log(`\nK3 real-width slice: 3 layers (dense, KDA+MoE, MLA+MoE), 64 experts/layer top-16, vocab 32768; ${GEN} tokens per run from a 1-token prompt (every forward is one token); s/token = mean of the decode steps after the first; per-token GB = totals / tokens.`);
-  console.log(`load average while running (2 cores, shared with other work): ${Deno.loadavg().map((x) => x.toFixed(1)).join(" ")}`);
-  console.log(`disk (${disk.direct ? "O_DIRECT" : "buffered"}): sequential ${disk.seqGBps.toFixed(2)} GB/s, random 17.5 MB reads (16 in flight) ${disk.randGBps.toFixed(2)} GB/s`);
-  console.log(`disk again after the ladder (same files, same pattern; host cache warm): sequential ${seq2.seqGBps.toFixed(2)} GB/s, random ${rnd2.randGBps.toFixed(2)} GB/s`);
-  console.log(`pack: ${(m.data.bytes / GB).toFixed(2)} GB in ${packSec.toFixed(1)} s = ${packGBps.toFixed(2)} GB/s; plain copy (cp + fdatasync, ${(Deno.statSync(big).size / GB).toFixed(2)} GB) ${copyGBps.toFixed(2)} GB/s; ratio ${(packGBps / copyGBps).toFixed(2)}`);
-  console.log(`fixed overhead (peak RSS - plan): max ${(Math.max(...overheads) / 1e6).toFixed(0)} MB, min ${(Math.min(...overheads) / 1e6).toFixed(0)} MB\n`);
+  log(
+    `disk again after the ladder: sequential ${seq2.seqGBps.toFixed(2)} GB/s, random ${rnd2.randGBps.toFixed(2)} GB/s`,
+  );
+  console.log(
+    `\nK3 real-width slice: 3 layers (dense, KDA+MoE, MLA+MoE), 64 experts/layer top-16, vocab 32768; ${GEN} tokens per run from a 1-token prompt (every forward is one token); s/token = mean of the decode steps after the first; per-token GB = totals / tokens.`,
+  );
+  console.log(
+    `load average while running (2 cores, shared with other work): ${
+      Deno.loadavg().map((x) => x.toFixed(1)).join(" ")
+    }`,
+  );
+  console.log(
+    `disk (${disk.direct ? "O_DIRECT" : "buffered"}): sequential ${
+      disk.seqGBps.toFixed(2)
+    } GB/s, random 17.5 MB reads (16 in flight) ${disk.randGBps.toFixed(2)} GB/s`,
+  );
+  console.log(
+    `disk again after the ladder (same files, same pattern; host cache warm): sequential ${
+      seq2.seqGBps.toFixed(2)
+    } GB/s, random ${rnd2.randGBps.toFixed(2)} GB/s`,
+  );
+  console.log(
+    `pack: ${(m.data.bytes / GB).toFixed(2)} GB in ${packSec.toFixed(1)} s = ${
+      packGBps.toFixed(2)
+    } GB/s; plain copy (cp + fdatasync, ${(Deno.statSync(big).size / GB).toFixed(2)} GB) ${
+      copyGBps.toFixed(2)
+    } GB/s; ratio ${(packGBps / copyGBps).toFixed(2)}`,
+  );
+  console.log(
+    `fixed overhead (peak RSS - plan): max ${(Math.max(...overheads) / 1e6).toFixed(0)} MB, min ${
+      (Math.min(...overheads) / 1e6).toFixed(0)
+    } MB\n`,
+  );
   for (const f of pending) rows.push(f({ seq: seq2.seqGBps, rnd: rnd2.randGBps }));
   console.log(rows.join("\n"));
 } finally {

@@ -27,7 +27,20 @@ try {
   } catch {
     console.error(`generating a real-width 4-layer slice in ${dir} ...`);
     const gen = new Deno.Command("python3", {
-      args: [`${root}tests/oracle/gen_model.py`, dir, "--preset", "real", "--layers", "4", "--experts", "32", "--vocab", "32768", "--full-attn", "4"],
+      args: [
+        `${root}tests/oracle/gen_model.py`,
+        dir,
+        "--preset",
+        "real",
+        "--layers",
+        "4",
+        "--experts",
+        "32",
+        "--vocab",
+        "32768",
+        "--full-attn",
+        "4",
+      ],
       stderr: "inherit",
       stdout: "null",
     });
@@ -76,7 +89,11 @@ try {
   }
   const a = median(rows[0].total), b = median(rows[1].total);
   console.log(`| all | 4 layers + head (vocab 32768) | ${a.toFixed(3)} | ${b.toFixed(3)} | ${(a / b).toFixed(2)} |`);
-  console.log(`| prefill | 8 tokens, one chunk | ${rows[0].prefill.toFixed(3)} | ${rows[1].prefill.toFixed(3)} | ${(rows[0].prefill / rows[1].prefill).toFixed(2)} |`);
+  console.log(
+    `| prefill | 8 tokens, one chunk | ${rows[0].prefill.toFixed(3)} | ${rows[1].prefill.toFixed(3)} | ${
+      (rows[0].prefill / rows[1].prefill).toFixed(2)
+    } |`,
+  );
 } finally {
   if (!values.keep) await Deno.remove(dir, { recursive: true });
 }

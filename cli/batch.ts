@@ -29,8 +29,7 @@ import {
   tokenizerDir,
 } from "./run_options.ts";
 
-export const USAGE =
-  `usage: k3 batch <model_dir> --input PROMPTS.jsonl --output RESULTS.jsonl [options]
+export const USAGE = `usage: k3 batch <model_dir> --input PROMPTS.jsonl --output RESULTS.jsonl [options]
 
 Greedy generation for every prompt of a JSONL file, opening the model once.
 
@@ -117,9 +116,7 @@ export function parseJob(
   const hasPrompt = o.prompt !== undefined, hasIds = o.ids !== undefined;
   if (hasPrompt === hasIds) {
     throw new Error(
-      hasPrompt
-        ? `give one of "prompt" and "ids", not both`
-        : `a "prompt" (text) or "ids" (token ids) is required`,
+      hasPrompt ? `give one of "prompt" and "ids", not both` : `a "prompt" (text) or "ids" (token ids) is required`,
     );
   }
   let promptIds: number[];
@@ -147,9 +144,7 @@ export function parseJob(
     }
     gen = o.gen;
   }
-  const stopIds = o.stop_ids === undefined
-    ? opts.stopIds
-    : idList(o.stop_ids, "stop_ids", opts.vocab);
+  const stopIds = o.stop_ids === undefined ? opts.stopIds : idList(o.stop_ids, "stop_ids", opts.vocab);
   return { line, id, key: JSON.stringify(id), promptIds, gen, stopIds };
 }
 
@@ -309,9 +304,7 @@ export async function main(args: string[]): Promise<number> {
   const todo = jobs.filter((j) => !done.has(j.key));
   console.error(
     `k3: batch: ${jobs.length} prompts in ${values.input}` +
-      (jobs.length - todo.length
-        ? `, ${jobs.length - todo.length} already in ${values.output}`
-        : "") +
+      (jobs.length - todo.length ? `, ${jobs.length - todo.length} already in ${values.output}` : "") +
       (failed ? `, ${failed} malformed lines skipped` : "") + `; ${todo.length} to run`,
   );
   let out: Deno.FsFile;
@@ -369,9 +362,7 @@ export async function main(args: string[]): Promise<number> {
         const elapsed = (performance.now() - t1) / 1000;
         const left = todo.length - n - 1;
         console.error(
-          `k3: batch: ${n + 1}/${todo.length} done (id ${job.key}: ${ids.length} tokens in ${
-            seconds.toFixed(3)
-          } s); ` +
+          `k3: batch: ${n + 1}/${todo.length} done (id ${job.key}: ${ids.length} tokens in ${seconds.toFixed(3)} s); ` +
             `${tokensDone} tokens, ${(secondsDone / tokensDone).toFixed(4)} s/token, ETA ${
               left ? fmtDuration((elapsed / (n + 1)) * left) : "0 s"
             }`,

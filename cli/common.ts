@@ -37,7 +37,9 @@ export function intFlag(name: string, value: string | undefined, dflt: number, m
 /** A non-negative number flag (fractions allowed), or a usage error. */
 export function numFlag(name: string, value: string, min: number, max: number): number {
   const n = Number(value);
-  if (value.trim() === "" || !Number.isFinite(n)) throw usageError(`--${name}: expected a number, got ${JSON.stringify(value)}`);
+  if (value.trim() === "" || !Number.isFinite(n)) {
+    throw usageError(`--${name}: expected a number, got ${JSON.stringify(value)}`);
+  }
   if (n < min || n > max) throw usageError(`--${name}: ${n} is out of range ${min}..${max}`);
   return n;
 }

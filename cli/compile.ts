@@ -70,9 +70,7 @@ async function main(args: string[]): Promise<number> {
     if (args[i] === "--output" || args[i] === "-o") output = args[++i];
     else {
       console.error(
-        `compile: unknown argument ${
-          JSON.stringify(args[i])
-        } (usage: deno task compile [--output PATH])`,
+        `compile: unknown argument ${JSON.stringify(args[i])} (usage: deno task compile [--output PATH])`,
       );
       return 2;
     }

@@ -116,9 +116,9 @@ export function problems(f: Facts): string[] {
       `${fmtBytes(f.diskFree)} free on the disk of --dir; ` +
         (f.hasCheckpoint
           ? `packing the trunk needs ${fmtBytes(TRUNK_BYTES)}`
-          : `the checkpoint (${fmtBytes(CHECKPOINT_BYTES)}) and its packed trunk (${
-            fmtBytes(TRUNK_BYTES)
-          }) need ${fmtBytes(diskNeeded(false))}`),
+          : `the checkpoint (${fmtBytes(CHECKPOINT_BYTES)}) and its packed trunk (${fmtBytes(TRUNK_BYTES)}) need ${
+            fmtBytes(diskNeeded(false))
+          }`),
     );
   }
   return out;
@@ -261,12 +261,22 @@ export async function verifyCheckpoint(dir: string): Promise<{ lines: string[]; 
         ["bytes", total, CHECKPOINT_BYTES],
       ];
       for (const [what, got, expected] of want) {
-        if (got !== expected) problems.push(`${dir}: ${got.toLocaleString("en-US")} ${what}, the release has ${expected.toLocaleString("en-US")}`);
+        if (got !== expected) {
+          problems.push(
+            `${dir}: ${got.toLocaleString("en-US")} ${what}, the release has ${expected.toLocaleString("en-US")}`,
+          );
+        }
       }
     }
     const lines = [
-      `${dir}: ${sizes.length} shards, ${total.toLocaleString("en-US")} bytes, ${ckpt.tensors.size.toLocaleString("en-US")} tensors; ` +
-      (problems.length ? `${problems.length} problem(s)` : released ? "the released Kimi K3, complete" : "complete (not the released shape)"),
+      `${dir}: ${sizes.length} shards, ${total.toLocaleString("en-US")} bytes, ${
+        ckpt.tensors.size.toLocaleString("en-US")
+      } tensors; ` +
+      (problems.length
+        ? `${problems.length} problem(s)`
+        : released
+        ? "the released Kimi K3, complete"
+        : "complete (not the released shape)"),
     ];
     return { lines, problems };
   } finally {
@@ -321,9 +331,7 @@ export async function main(args: string[]): Promise<number> {
     const isa = isaName(k);
     line(
       "kernels",
-      `${isa} path (${
-        isa === "scalar" ? "no SIMD: correct but slow" : "SIMD"
-      }); the same tokens on every path`,
+      `${isa} path (${isa === "scalar" ? "no SIMD: correct but slow" : "SIMD"}); the same tokens on every path`,
     );
     if (Deno.build.arch === "x86_64" && isa === "scalar" && cpu.flags.has("avx2")) {
       warnings.push(
@@ -340,28 +348,20 @@ export async function main(args: string[]): Promise<number> {
   facts.memTotal = memTotal();
   const needs = presetNeeds(positions);
   facts.minNeed = presetNeeds(MIN_POSITIONS).find((n) => n.name === "ultra")?.bytes;
-  const fit = facts.memAvailable === undefined
-    ? undefined
-    : fittingPreset(facts.memAvailable, needs);
+  const fit = facts.memAvailable === undefined ? undefined : fittingPreset(facts.memAvailable, needs);
   if (facts.memAvailable === undefined) {
     line("memory", "unknown (no /proc/meminfo); choose a preset with k3 presets");
   } else {
     const next = needs.find((n) => n.bytes > facts.memAvailable!);
     line(
       "memory",
-      `${fmtBytes(facts.memAvailable)} available of ${
-        fmtBytes(facts.memTotal ?? 0)
-      }; at ${positions} positions ` +
-        (fit
-          ? `fits --preset ${fit.name} (plan ${fmtBytes(fit.bytes)} with the runtime)`
-          : "fits no preset") +
+      `${fmtBytes(facts.memAvailable)} available of ${fmtBytes(facts.memTotal ?? 0)}; at ${positions} positions ` +
+        (fit ? `fits --preset ${fit.name} (plan ${fmtBytes(fit.bytes)} with the runtime)` : "fits no preset") +
         (next ? `; ${next.name} would need ${fmtBytes(next.bytes)}` : ""),
     );
     if (!fit && facts.minNeed !== undefined && facts.memAvailable >= facts.minNeed) {
       warnings.push(
-        `only --preset ultra with a short context fits (${MIN_POSITIONS} positions: ${
-          fmtBytes(facts.minNeed)
-        })`,
+        `only --preset ultra with a short context fits (${MIN_POSITIONS} positions: ${fmtBytes(facts.minNeed)})`,
       );
     }
   }
@@ -406,12 +406,10 @@ export async function main(args: string[]): Promise<number> {
     if (sp) {
       line(
         "reads",
-        `${
-          sp.direct ? "O_DIRECT" : "buffered (this filesystem refuses O_DIRECT)"
-        } on a ${sizeMb} MiB file: ` +
-          `17.5 MB random ${gbps(sp.random1)} at depth 1, ${
-            gbps(sp.random16)
-          } at depth 16; sequential ${gbps(sp.sequential)}; write ${gbps(sp.write)}`,
+        `${sp.direct ? "O_DIRECT" : "buffered (this filesystem refuses O_DIRECT)"} on a ${sizeMb} MiB file: ` +
+          `17.5 MB random ${gbps(sp.random1)} at depth 1, ${gbps(sp.random16)} at depth 16; sequential ${
+            gbps(sp.sequential)
+          }; write ${gbps(sp.write)}`,
       );
       if (!sp.direct) {
         warnings.push(
@@ -428,9 +426,7 @@ export async function main(args: string[]): Promise<number> {
       if (best > 0) {
         line(
           "",
-          `at the better of those rates an all-miss token (16 experts x 92 layers = ${
-            fmtBytes(perToken)
-          }) ` +
+          `at the better of those rates an all-miss token (16 experts x 92 layers = ${fmtBytes(perToken)}) ` +
             `reads in ${(perToken / best).toFixed(1)} s; the expert cache cuts this`,
         );
       }

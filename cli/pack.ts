@@ -40,9 +40,9 @@ export async function main(args: string[]): Promise<number> {
     if (values.force) throw usageError("pack: --force does not apply to --verify");
     const r = await verifyTrunk(positionals[0], { modelDir: positionals[1] });
     console.error(
-      `pack: ${positionals[0]}: all ${r.regions} regions verified (${
-        (r.bytes / 1e9).toFixed(3)
-      } GB in ${r.seconds.toFixed(1)} s)`,
+      `pack: ${positionals[0]}: all ${r.regions} regions verified (${(r.bytes / 1e9).toFixed(3)} GB in ${
+        r.seconds.toFixed(1)
+      } s)`,
     );
     console.log("ok");
     return 0;

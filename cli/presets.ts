@@ -88,7 +88,13 @@ export async function main(args: string[]): Promise<number> {
     `the full 93-layer Kimi K3 with a packed trunk, ${positions} positions, per the plan:`,
     "",
   );
-  const head = ["name".padEnd(12), "pinned".padStart(7), "ring".padStart(10), "slots".padStart(7), "embed+head".padStart(12)];
+  const head = [
+    "name".padEnd(12),
+    "pinned".padStart(7),
+    "ring".padStart(10),
+    "slots".padStart(7),
+    "embed+head".padStart(12),
+  ];
   head.push("KV/pos".padStart(9), "w/o KV".padStart(10), `total@${positions}`.padStart(12), "  trunk read/token");
   lines.push("  " + head.join(""));
   for (const { preset, plan } of plans) {

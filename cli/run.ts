@@ -43,7 +43,14 @@ ${MEMORY_HELP}
   -h, --help        this help
 `;
 
-const ZERO_IO: IoStats = { trunkBytes: 0, expertBytes: 0, expertHits: 0, expertMisses: 0, ioWaitSeconds: 0, pinnedLayers: 0 };
+const ZERO_IO: IoStats = {
+  trunkBytes: 0,
+  expertBytes: 0,
+  expertHits: 0,
+  expertMisses: 0,
+  ioWaitSeconds: 0,
+  pinnedLayers: 0,
+};
 
 export async function main(args: string[]): Promise<number> {
   const { values, positionals, tokens } = parseFlags("run", args, {
@@ -88,7 +95,11 @@ export async function main(args: string[]): Promise<number> {
   const io = () => weights.ioStats?.() ?? ZERO_IO;
   const logitRows: Float32Array[] = [];
   try {
-    console.error(`k3: ${dir}: ${cfg.numLayers} layers, hidden ${cfg.hiddenSize}, vocab ${cfg.vocabSize}; ready in ${loadSeconds.toFixed(2)} s`);
+    console.error(
+      `k3: ${dir}: ${cfg.numLayers} layers, hidden ${cfg.hiddenSize}, vocab ${cfg.vocabSize}; ready in ${
+        loadSeconds.toFixed(2)
+      } s`,
+    );
     console.error("step   token   seconds  expert hits   GB read   tok/s");
     let last = io();
     const reads0 = { ...readActivity };
@@ -104,7 +115,9 @@ export async function main(args: string[]): Promise<number> {
         const gb = (now.trunkBytes + now.expertBytes - last.trunkBytes - last.expertBytes) / 1e9;
         last = now;
         console.error(
-          `${String(s.step).padStart(4)}  ${String(s.token).padStart(6)}  ${s.seconds.toFixed(4).padStart(8)}  ${`${hits}/${hits + misses}`.padStart(11)}  ${gb.toFixed(3).padStart(8)}  ${(1 / s.seconds).toFixed(2).padStart(6)}`,
+          `${String(s.step).padStart(4)}  ${String(s.token).padStart(6)}  ${s.seconds.toFixed(4).padStart(8)}  ${
+            `${hits}/${hits + misses}`.padStart(11)
+          }  ${gb.toFixed(3).padStart(8)}  ${(1 / s.seconds).toFixed(2).padStart(6)}`,
         );
       },
     });
@@ -117,12 +130,20 @@ export async function main(args: string[]): Promise<number> {
     if (text !== undefined) console.log(text);
     const lookups = stats.expertHits + stats.expertMisses;
     console.error(
-      `k3: ${ids.length} tokens in ${wall.toFixed(3)} s (${(wall / ids.length).toFixed(4)} s/token); PEAK RSS ${fmtBytes(peak)} (quote this, not the plan)`,
+      `k3: ${ids.length} tokens in ${wall.toFixed(3)} s (${(wall / ids.length).toFixed(4)} s/token); PEAK RSS ${
+        fmtBytes(peak)
+      } (quote this, not the plan)`,
     );
     if (weights.ioStats) {
       console.error(
-        `k3: read ${fmtBytes(stats.trunkBytes)} trunk, ${fmtBytes(stats.expertBytes)} experts (${fmtBytes(Math.round(stats.trunkBytes / ids.length))} + ${fmtBytes(Math.round(stats.expertBytes / ids.length))} per token); expert cache hit rate ${lookups ? ((100 * stats.expertHits) / lookups).toFixed(1) : "0.0"}%; ` +
-          `${stats.pinnedLayers} trunk layers pinned; I/O wait ${((100 * stats.ioWaitSeconds) / Math.max(wall, 1e-9)).toFixed(1)}% of wall clock`,
+        `k3: read ${fmtBytes(stats.trunkBytes)} trunk, ${fmtBytes(stats.expertBytes)} experts (${
+          fmtBytes(Math.round(stats.trunkBytes / ids.length))
+        } + ${fmtBytes(Math.round(stats.expertBytes / ids.length))} per token); expert cache hit rate ${
+          lookups ? ((100 * stats.expertHits) / lookups).toFixed(1) : "0.0"
+        }%; ` +
+          `${stats.pinnedLayers} trunk layers pinned; I/O wait ${
+            ((100 * stats.ioWaitSeconds) / Math.max(wall, 1e-9)).toFixed(1)
+          }% of wall clock`,
       );
     }
     if (values["dump-logits"]) {

@@ -78,7 +78,11 @@ export function memoryOptions(tokens: { kind: string; name?: string; value?: str
         break;
       case "preset": {
         const p = PRESETS.find((x) => x.name === t.value);
-        if (!p) throw usageError(`--preset: unknown preset ${JSON.stringify(t.value)} (one of ${PRESETS.map((x) => x.name).join(", ")})`);
+        if (!p) {
+          throw usageError(
+            `--preset: unknown preset ${JSON.stringify(t.value)} (one of ${PRESETS.map((x) => x.name).join(", ")})`,
+          );
+        }
         mem.preset = p.name;
         if (p.name === "auto") {
           mem.trunkGB = undefined;
@@ -112,15 +116,20 @@ export function generationOptions(values: Record<string, unknown>): GenerationOp
 }
 
 /** Where a prompt comes from: exactly one of --prompt, --prompt-file, --ids. */
-export type PromptSource = { kind: "ids"; text: string } | { kind: "text"; text: string } | { kind: "file"; path: string };
+export type PromptSource = { kind: "ids"; text: string } | { kind: "text"; text: string } | {
+  kind: "file";
+  path: string;
+};
 
 /** The prompt flags, checked for exactly one. */
 export function promptSource(values: Record<string, unknown>): PromptSource {
   const given = (["prompt", "prompt-file", "ids"] as const).filter((k) => values[k] !== undefined);
   if (given.length !== 1) {
-    throw usageError(given.length === 0
-      ? "a prompt is required: one of --prompt, --prompt-file, --ids"
-      : `only one prompt source is allowed, got ${given.map((g) => "--" + g).join(" and ")}`);
+    throw usageError(
+      given.length === 0
+        ? "a prompt is required: one of --prompt, --prompt-file, --ids"
+        : `only one prompt source is allowed, got ${given.map((g) => "--" + g).join(" and ")}`,
+    );
   }
   if (values.ids !== undefined) return { kind: "ids", text: values.ids as string };
   if (values.prompt !== undefined) return { kind: "text", text: values.prompt as string };
@@ -164,7 +173,9 @@ export async function promptIds(src: PromptSource, vocab: number, tokenizer: () 
     }
     ids = tokenizer().encode(text, { allowSpecial: false });
     const bad = ids.find((id) => id >= vocab);
-    if (bad !== undefined) throw usageError(`the tokenizer produced id ${bad}, outside the model's vocabulary of ${vocab}`);
+    if (bad !== undefined) {
+      throw usageError(`the tokenizer produced id ${bad}, outside the model's vocabulary of ${vocab}`);
+    }
   }
   if (ids.length === 0) throw usageError("the prompt is empty");
   if (ids.length > 32768) throw usageError(`the prompt has ${ids.length} ids, at most 32768`);

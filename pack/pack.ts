@@ -94,8 +94,7 @@ export async function packTrunk(
       const same = old !== undefined && old.fingerprint === fingerprint &&
         old.sample === await weightSample(kernels(), cfg, ckpt) &&
         JSON.stringify(old.source.shards) === JSON.stringify(shards) &&
-        old.data.bytes === layout.bytes && (await Deno.stat(dataPath).then((s) =>
-              s.size, () => -1)) === old.data.bytes;
+        old.data.bytes === layout.bytes && (await Deno.stat(dataPath).then((s) => s.size, () => -1)) === old.data.bytes;
       if (same && !opts.force) {
         log(
           `pack: ${trunkDir} already holds the trunk of this model (${
@@ -107,9 +106,7 @@ export async function packTrunk(
       if (!same && !opts.force) {
         throw new K3Error(
           `pack: ${trunkDir} already holds ${
-            old
-              ? "a trunk of a different model or source"
-              : "trunk files that are not a complete trunk"
+            old ? "a trunk of a different model or source" : "trunk files that are not a complete trunk"
           }; pass --force to replace it`,
         );
       }
@@ -143,9 +140,7 @@ export async function packTrunk(
       log(
         `pack: ${(written / 1e9).toFixed(2)} / ${(layout.bytes / 1e9).toFixed(2)} GB (${
           ((100 * written) / layout.bytes).toFixed(0)
-        }%), ${(rate / 1e6).toFixed(0)} MB/s, ETA ${
-          ((layout.bytes - written) / Math.max(rate, 1)).toFixed(0)
-        } s`,
+        }%), ${(rate / 1e6).toFixed(0)} MB/s, ETA ${((layout.bytes - written) / Math.max(rate, 1)).toFixed(0)} s`,
       );
     };
     try {

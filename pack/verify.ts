@@ -11,7 +11,13 @@ import { K3Error } from "../engine/errors.ts";
 import { kernels } from "../engine/native/ffi.ts";
 import { ALIGN, Hasher, hashHex } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
-import { openTrunkData, readManifest, type Region, type TrunkManifest, weightSample } from "../engine/weights/manifest.ts";
+import {
+  openTrunkData,
+  readManifest,
+  type Region,
+  type TrunkManifest,
+  weightSample,
+} from "../engine/weights/manifest.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
 
 /** Refuses a trunk whose fingerprint is not the model's. */

@@ -127,7 +127,9 @@ Deno.test("overlapping tensors and duplicate names across shards: exit 1", async
   const overlap = await runDamaged(async (dir) => {
     const file = (await shards(dir))[0];
     await editHeader(file, (h) => {
-      const names = Object.keys(h).filter((n) => n !== "__metadata__").sort((a, b) => h[a].data_offsets[0] - h[b].data_offsets[0]);
+      const names = Object.keys(h).filter((n) => n !== "__metadata__").sort((a, b) =>
+        h[a].data_offsets[0] - h[b].data_offsets[0]
+      );
       const [a, b] = [h[names[0]], h[names[1]]];
       const len = b.data_offsets[1] - b.data_offsets[0];
       if (a.data_offsets[1] - a.data_offsets[0] < 2) throw new Error("fixture: first tensor too small");
@@ -175,7 +177,11 @@ Deno.test("config without a field: exit 2 naming it", async () => {
     delete cfg.text_config.linear_attn_config.gate_lower_bound;
     await Deno.writeTextFile(`${dir}/config.json`, JSON.stringify(cfg));
   });
-  assertRefused(out, 2, /text_config\.hidden_size \(missing\).*text_config\.linear_attn_config\.gate_lower_bound \(missing\)/);
+  assertRefused(
+    out,
+    2,
+    /text_config\.hidden_size \(missing\).*text_config\.linear_attn_config\.gate_lower_bound \(missing\)/,
+  );
 });
 
 Deno.test("config with a mistyped field, unreadable JSON, zero-based layer list: exit 2", async () => {

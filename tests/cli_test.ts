@@ -10,7 +10,6 @@ import { diskNeeded, fittingPreset, presetNeeds, problems, TRUNK_BYTES } from ".
 import { fmtDuration, progressLine } from "../cli/progress.ts";
 import { copyDir, k3, type Output, ROOT, tempDir, TINY } from "./helpers.ts";
 
-
 /** Exit `code` with exactly one line on stderr matching `pattern`. */
 function assertOneLine(out: Output, code: number, pattern: RegExp, what: string): void {
   assert.equal(out.code, code, `${what}: exit code (stderr: ${out.stderr})`);
@@ -349,7 +348,10 @@ Deno.test("deno task demo: pack to a temp dir, run a text prompt at a small budg
 
 Deno.test("k3 doctor --checkpoint: a complete checkpoint passes, a shard longer than its header is a problem", async () => {
   const good = await k3(["doctor", "--no-read", "--dir", TINY, "--checkpoint", TINY]);
-  assert.match(good.stdout, /^model +.*tiny: 3 shards, [\d,]+ bytes, 919 tensors; complete \(not the released shape\)$/m);
+  assert.match(
+    good.stdout,
+    /^model +.*tiny: 3 shards, [\d,]+ bytes, 919 tensors; complete \(not the released shape\)$/m,
+  );
   assert.doesNotMatch(good.stdout, /PROBLEM .*header describes/);
   await using dir = await tempDir();
   await copyDir(TINY, dir.path);

@@ -37,7 +37,11 @@ async function checkAgainstReference(dir: string, refPath: string, logitsPath: s
     // GATE 2: greedy decode, both modes.
     for (const incremental of [false, true]) {
       const steps = await generate(opened.model, ref.prompt_ids, { gen: ref.generated_ids.length, incremental });
-      assert.deepEqual(steps.map((s) => s.token), ref.generated_ids, `greedy (${incremental ? "incremental" : "full recompute"})`);
+      assert.deepEqual(
+        steps.map((s) => s.token),
+        ref.generated_ids,
+        `greedy (${incremental ? "incremental" : "full recompute"})`,
+      );
     }
     return maxDiff;
   } finally {
@@ -72,7 +76,11 @@ Deno.test("GATE 3: incremental decode equals full recompute, and chunked prefill
   assert.deepEqual(many.inc, many.full, "incremental == full recompute (chunk 7)");
   assert.deepEqual(many.full, one.full);
   for (let p = 0; p < seq.length; p++) {
-    assert.deepEqual(new Uint8Array(many.rows[p].buffer), new Uint8Array(one.rows[p].buffer), `logits at position ${p} bit-identical`);
+    assert.deepEqual(
+      new Uint8Array(many.rows[p].buffer),
+      new Uint8Array(one.rows[p].buffer),
+      `logits at position ${p} bit-identical`,
+    );
   }
   assert.equal(argmax(one.rows[0]), argmax(many.rows[0]));
 });
@@ -102,10 +110,70 @@ Deno.test("threads never change a bit: 1, 2 and 3 threads give identical logits"
 
 /** Shapes the live reference checks, chosen to differ from the tiny fixture. */
 const SHAPES: { name: string; args: string[] }[] = [
-  { name: "seed 7, block 2, 3 KDA heads, top-3, f32 weights, 1 shard", args: ["--seed", "7", "--block", "2", "--kda-heads", "3", "--topk", "3", "--float-dtype", "f32", "--shards", "1", "--layers", "9"] },
-  { name: "seed 11, block 4, 3 MLA heads, top-1, f16 weights, quant config at root", args: ["--seed", "11", "--block", "4", "--mla-heads", "3", "--topk", "1", "--float-dtype", "f16", "--quant-at-root", "--layers", "10", "--shards", "4"] },
-  { name: "seed 23, block 5, 16 experts top-4, one shared expert, hidden 96", args: ["--seed", "23", "--block", "5", "--experts", "16", "--topk", "4", "--shared", "1", "--hidden", "96", "--layers", "11", "--full-attn", "2,6,11"] },
-  { name: "seed 5, 5 layers all MLA but one, block 1", args: ["--seed", "5", "--block", "1", "--layers", "5", "--full-attn", "1,2,4,5"] },
+  {
+    name: "seed 7, block 2, 3 KDA heads, top-3, f32 weights, 1 shard",
+    args: [
+      "--seed",
+      "7",
+      "--block",
+      "2",
+      "--kda-heads",
+      "3",
+      "--topk",
+      "3",
+      "--float-dtype",
+      "f32",
+      "--shards",
+      "1",
+      "--layers",
+      "9",
+    ],
+  },
+  {
+    name: "seed 11, block 4, 3 MLA heads, top-1, f16 weights, quant config at root",
+    args: [
+      "--seed",
+      "11",
+      "--block",
+      "4",
+      "--mla-heads",
+      "3",
+      "--topk",
+      "1",
+      "--float-dtype",
+      "f16",
+      "--quant-at-root",
+      "--layers",
+      "10",
+      "--shards",
+      "4",
+    ],
+  },
+  {
+    name: "seed 23, block 5, 16 experts top-4, one shared expert, hidden 96",
+    args: [
+      "--seed",
+      "23",
+      "--block",
+      "5",
+      "--experts",
+      "16",
+      "--topk",
+      "4",
+      "--shared",
+      "1",
+      "--hidden",
+      "96",
+      "--layers",
+      "11",
+      "--full-attn",
+      "2,6,11",
+    ],
+  },
+  {
+    name: "seed 5, 5 layers all MLA but one, block 1",
+    args: ["--seed", "5", "--block", "1", "--layers", "5", "--full-attn", "1,2,4,5"],
+  },
 ];
 
 for (const shape of SHAPES) {
@@ -113,7 +181,17 @@ for (const shape of SHAPES) {
     await using dir = await tempDir();
     await python("gen_model.py", [dir.path, "--preset", "tiny", ...shape.args]);
     const prompt = "5,17,300,42,7,99,512,1,250,33";
-    await python("reference.py", [dir.path, "--ids", prompt, "--gen", "8", "--out", `${dir.path}/ref.json`, "--logits", `${dir.path}/ref.f32`]);
+    await python("reference.py", [
+      dir.path,
+      "--ids",
+      prompt,
+      "--gen",
+      "8",
+      "--out",
+      `${dir.path}/ref.json`,
+      "--logits",
+      `${dir.path}/ref.f32`,
+    ]);
     const maxDiff = await checkAgainstReference(dir.path, `${dir.path}/ref.json`, `${dir.path}/ref.f32`, 4);
     console.log(`${shape.name}: max |logit - reference| = ${maxDiff.toExponential(3)}`);
     assert.ok(maxDiff < 1e-3);

@@ -16,7 +16,11 @@ export interface Output {
 }
 
 /** Runs a command to completion and collects its output. */
-export async function runCmd(cmd: string, args: string[], opts: { cwd?: string; env?: Record<string, string>; stdin?: string } = {}): Promise<Output> {
+export async function runCmd(
+  cmd: string,
+  args: string[],
+  opts: { cwd?: string; env?: Record<string, string>; stdin?: string } = {},
+): Promise<Output> {
   const child = new Deno.Command(cmd, {
     args,
     cwd: opts.cwd ?? ROOT,

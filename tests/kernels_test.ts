@@ -825,9 +825,7 @@ Deno.test("kernels: scalar ops match an in-test float64 reference", () => {
       if (!c.ref) continue;
       const got = c.run(scalar);
       const { want, atol, rtol } = c.ref();
-      want.forEach((w, i) =>
-        checkClose(got[i] as unknown as ArrayLike<number>, w, atol, rtol, c.name)
-      );
+      want.forEach((w, i) => checkClose(got[i] as unknown as ArrayLike<number>, w, atol, rtol, c.name));
     }
   } finally {
     close();

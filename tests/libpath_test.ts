@@ -111,8 +111,7 @@ Deno.test("resolve: K3_LIB first, then the checkout, else a build hint", async (
     source: "checkout",
   });
   assert.throws(
-    () =>
-      resolveLibrary({ env: envOf({}), modulePath: `${dir.path}/missing.so`, standalone: false }),
+    () => resolveLibrary({ env: envOf({}), modulePath: `${dir.path}/missing.so`, standalone: false }),
     /not found .*make -C kernels/,
   );
   // Default arguments: this process is a checkout.

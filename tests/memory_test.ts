@@ -9,7 +9,14 @@ import assert from "node:assert/strict";
 import { generate, teacherForce } from "../engine/generate/generate.ts";
 import { openModel } from "../engine/weights/load.ts";
 import type { MemoryOptions } from "../engine/weights/plan.ts";
-import { expertBytesOf, expertSlotBytes, makePlan, estimatedInput, releasedK3, pinLayers } from "../engine/weights/plan.ts";
+import {
+  estimatedInput,
+  expertBytesOf,
+  expertSlotBytes,
+  makePlan,
+  pinLayers,
+  releasedK3,
+} from "../engine/weights/plan.ts";
 import { loadConfig } from "../engine/model/config.ts";
 import { packTrunk } from "../pack/pack.ts";
 import { readManifest } from "../engine/weights/manifest.ts";
@@ -25,9 +32,17 @@ async function runAt(memory: MemoryOptions | undefined, full = true, chunk = 16)
     const rows: Float32Array[] = [];
     await teacherForce(opened.model, seq, (_p, row) => rows.push(row.slice()));
     const greedy = async (incremental: boolean) =>
-      (await generate(opened.model, ref.prompt_ids, { gen: ref.generated_ids.length, incremental })).map((s) => s.token);
+      (await generate(opened.model, ref.prompt_ids, { gen: ref.generated_ids.length, incremental })).map((s) =>
+        s.token
+      );
     const inc = await greedy(true);
-    return { rows, full: full ? await greedy(false) : undefined, inc, plan: opened.plan, io: opened.model.weights.ioStats?.() };
+    return {
+      rows,
+      full: full ? await greedy(false) : undefined,
+      inc,
+      plan: opened.plan,
+      io: opened.model.weights.ioStats?.(),
+    };
   } finally {
     await opened.close();
   }
@@ -47,11 +62,29 @@ Deno.test("same tokens and bit-identical logits at every budget, with and withou
   const floorCache = ((cfg.moe.topK + 1) * slot) / GB;
   // [name, options, also check full recompute (slow at chunk 1: kept to a few budgets)]
   const budgets: [string, MemoryOptions, boolean?][] = [
-    ["floor (ring = largest layer, top-k+1 slots)", { trunkDir: trunk, trunkGB: largest / GB, cacheGB: floorCache }, true],
-    ["floor, ultra (embedding rows and head chunks streamed)", { trunkDir: trunk, trunkGB: largest / GB, cacheGB: floorCache, streamEmbed: true, preset: "ultra" }, true],
+    [
+      "floor (ring = largest layer, top-k+1 slots)",
+      { trunkDir: trunk, trunkGB: largest / GB, cacheGB: floorCache },
+      true,
+    ],
+    ["floor, ultra (embedding rows and head chunks streamed)", {
+      trunkDir: trunk,
+      trunkGB: largest / GB,
+      cacheGB: floorCache,
+      streamEmbed: true,
+      preset: "ultra",
+    }, true],
     ["two-layer ring, 5 slots", { trunkDir: trunk, trunkGB: (2 * largest) / GB, cacheGB: (5 * slot) / GB }],
-    ["a third pinned, 20 slots", { trunkDir: trunk, trunkGB: (total / 3 + 2 * largest) / GB, cacheGB: (20 * slot) / GB }, true],
-    ["all but a few pinned, 60 slots", { trunkDir: trunk, trunkGB: (total - 2 * largest) / GB, cacheGB: (60 * slot) / GB }],
+    ["a third pinned, 20 slots", {
+      trunkDir: trunk,
+      trunkGB: (total / 3 + 2 * largest) / GB,
+      cacheGB: (20 * slot) / GB,
+    }, true],
+    ["all but a few pinned, 60 slots", {
+      trunkDir: trunk,
+      trunkGB: (total - 2 * largest) / GB,
+      cacheGB: (60 * slot) / GB,
+    }],
     ["trunk all pinned, every expert cached", { trunkDir: trunk }],
     ["no trunk, floor cache", { cacheGB: floorCache }, true],
     ["no trunk, 11 slots, ultra", { cacheGB: (11 * slot) / GB, streamEmbed: true }],
@@ -66,12 +99,18 @@ Deno.test("same tokens and bit-identical logits at every budget, with and withou
     if (full) assert.deepEqual(r.full, ref.generated_ids, `${name}: full recompute`);
     assert.deepEqual(r.inc, ref.generated_ids, `${name}: incremental`);
     for (let p = 0; p < seq.length; p++) {
-      assert.deepEqual(new Uint8Array(r.rows[p].buffer), new Uint8Array(resident.rows[p].buffer), `${name}: logits at ${p} bit-identical`);
+      assert.deepEqual(
+        new Uint8Array(r.rows[p].buffer),
+        new Uint8Array(resident.rows[p].buffer),
+        `${name}: logits at ${p} bit-identical`,
+      );
     }
     const io = r.io!;
     console.log(
       `${name}: pinned ${r.plan.trunk.pinned.length}/13, ring ${r.plan.trunk.ringBytes} B, ${r.plan.experts.slots} slots, chunk ${r.plan.chunk}; ` +
-        `read ${io.trunkBytes} B trunk, ${io.expertBytes} B experts, hit rate ${(io.expertHits / Math.max(1, io.expertHits + io.expertMisses)).toFixed(2)}`,
+        `read ${io.trunkBytes} B trunk, ${io.expertBytes} B experts, hit rate ${
+          (io.expertHits / Math.max(1, io.expertHits + io.expertMisses)).toFixed(2)
+        }`,
     );
     if (mem.trunkDir && mem.trunkGB !== undefined) assert.ok(io.trunkBytes > 0, `${name}: streamed some trunk`);
     if (mem.cacheGB !== undefined) assert.ok(r.plan.experts.slots >= cfg.moe.topK + 1);
@@ -83,7 +122,25 @@ Deno.test("the CLI gives the reference tokens at the floor budget with a packed 
   const trunk = `${d.path}/trunk`;
   await packTrunk(TINY, trunk, { log: null });
   for (const mode of [[], ["--full-recompute"]]) {
-    const out = await k3(["run", TINY, "--ids", ref.prompt_ids.join(","), "--gen", "20", "--preset", "laptop", "--trunk", trunk, "--trunk-gb", "0.00025", "--cache-gb", "0.00003", "--out", `${d.path}/r.json`, ...mode]);
+    const out = await k3([
+      "run",
+      TINY,
+      "--ids",
+      ref.prompt_ids.join(","),
+      "--gen",
+      "20",
+      "--preset",
+      "laptop",
+      "--trunk",
+      trunk,
+      "--trunk-gb",
+      "0.00025",
+      "--cache-gb",
+      "0.00003",
+      "--out",
+      `${d.path}/r.json`,
+      ...mode,
+    ]);
     assert.equal(out.code, 0, out.stderr);
     assert.equal(out.stdout.split("\n")[0], ref.generated_ids.join(","));
     assert.match(out.stderr, /memory plan \(streamed, preset laptop/);
@@ -102,7 +159,9 @@ Deno.test("a failed expert read stops the run with exit 1 naming the layer and t
   let hit = false;
   for (const E of [5, 0, 1, 2, 3, 4, 6, 7]) {
     env.K3_FAULT_EXPERT_READ = `2:${E}`;
-    const out = await k3(["run", TINY, "--ids", ref.prompt_ids.join(","), "--gen", "3", "--cache-gb", "0.0001"], { env });
+    const out = await k3(["run", TINY, "--ids", ref.prompt_ids.join(","), "--gen", "3", "--cache-gb", "0.0001"], {
+      env,
+    });
     if (out.code === 0) continue; // this expert was never routed to
     assert.equal(out.code, 1, out.stderr);
     assert.match(out.stderr, new RegExp(`layer 2 expert ${E}: read failed: short read`));
@@ -137,7 +196,8 @@ Deno.test("memory refusals: a plan over MemAvailable, a cache below top-k + 1, a
 
 Deno.test("plan: the full K3 at each preset (pinning, ring, slots) and the pinning rule", () => {
   const k = releasedK3();
-  const plan = (trunkGB: number, cacheGB: number) => makePlan(estimatedInput(k, { trunkDir: "x", trunkGB, cacheGB, preset: "x" }, 64));
+  const plan = (trunkGB: number, cacheGB: number) =>
+    makePlan(estimatedInput(k, { trunkDir: "x", trunkGB, cacheGB, preset: "x" }, 64));
   const laptop = plan(3, 1);
   assert.equal(laptop.trunk.pinned.length, 0);
   assert.equal(laptop.experts.slots, 56);
@@ -164,7 +224,9 @@ Deno.test("k3 presets and --list-presets list every preset and the full K3's pla
   for (const args of [["presets"], ["--list-presets"]]) {
     const out = await k3(args);
     assert.equal(out.code, 0, out.stderr);
-    for (const name of ["ultra", "laptop", "desktop", "workstation", "server", "max", "auto"]) assert.match(out.stdout, new RegExp(`^  ${name} `, "m"));
+    for (const name of ["ultra", "laptop", "desktop", "workstation", "server", "max", "auto"]) {
+      assert.match(out.stdout, new RegExp(`^  ${name} `, "m"));
+    }
     assert.match(out.stdout, /^ {2}laptop +0\/93 +3\.00 GB +56 /m);
     assert.match(out.stdout, /^ {2}server +93\/93 /m);
   }

@@ -25,7 +25,9 @@ async function shuffledCopy(dst: string): Promise<void> {
   try {
     const names = [...ck.tensors.keys()];
     // A fixed permutation that scatters each layer's tensors over every shard.
-    const order = names.map((n, i) => ({ n, key: (i * 7919) % names.length })).sort((a, b) => a.key - b.key).map((x) => x.n);
+    const order = names.map((n, i) => ({ n, key: (i * 7919) % names.length })).sort((a, b) => a.key - b.key).map((x) =>
+      x.n
+    );
     const shards: string[][] = [[], [], [], []];
     order.forEach((n, i) => shards[i % 4].push(n));
     for (let s = 0; s < 4; s++) {
@@ -101,10 +103,25 @@ Deno.test("pack: a tiny staging buffer and a shuffled, scattered source give the
   assert.deepEqual(mc.layer, ma.layer);
   assert.equal(mc.fingerprint, ma.fingerprint);
   assert.equal(mc.sample, ma.sample);
-  for (const x of ["a", "b", "c"]) assert.equal((await verifyTrunk(`${d.path}/${x}`, { modelDir: TINY, log: () => {} })).regions, 16);
+  for (const x of ["a", "b", "c"]) {
+    assert.equal((await verifyTrunk(`${d.path}/${x}`, { modelDir: TINY, log: () => {} })).regions, 16);
+  }
   // The shuffled checkpoint's trunk serves the original model (same weights).
   const ref = await readReference(`${TINY}/reference.json`);
-  const out = await k3(["run", TINY, "--ids", await ids(), "--gen", "6", "--trunk", `${d.path}/c`, "--trunk-gb", "0.0006", "--cache-gb", "0.0001"]);
+  const out = await k3([
+    "run",
+    TINY,
+    "--ids",
+    await ids(),
+    "--gen",
+    "6",
+    "--trunk",
+    `${d.path}/c`,
+    "--trunk-gb",
+    "0.0006",
+    "--cache-gb",
+    "0.0001",
+  ]);
   assert.equal(out.code, 0, out.stderr);
   assert.equal(out.stdout.split("\n")[0], ref.generated_ids.slice(0, 6).join(","));
 });
@@ -134,7 +151,14 @@ Deno.test("k3 pack CLI: packs, verifies, leaves an identical trunk alone, refuse
 });
 
 Deno.test("k3 pack CLI: usage errors exit 2", async () => {
-  for (const args of [["pack"], ["pack", TINY], ["pack", "--verify"], ["pack", "a", "b", "c"], ["pack", "--bogus", "a", "b"], ["pack", "--verify", "--force", "x"]]) {
+  for (
+    const args of [["pack"], ["pack", TINY], ["pack", "--verify"], ["pack", "a", "b", "c"], [
+      "pack",
+      "--bogus",
+      "a",
+      "b",
+    ], ["pack", "--verify", "--force", "x"]]
+  ) {
     const out = await k3(args);
     assert.equal(out.code, 2, `${args.join(" ")}: ${out.stderr}`);
   }
@@ -183,7 +207,13 @@ Deno.test("a damaged or foreign trunk is refused with exit 1: flipped byte, trun
   assert.match(out.stderr, /truncated/);
 
   // A manifest (and data) from another model: another shape, and the same shape with other weights.
-  for (const [name, args, why] of [["shape", ["--layers", "5"], /different model/], ["weights", ["--seed", "9"], /different weights/]] as const) {
+  for (
+    const [name, args, why] of [["shape", ["--layers", "5"], /different model/], [
+      "weights",
+      ["--seed", "9"],
+      /different weights/,
+    ]] as const
+  ) {
     const other = `${d.path}/model-${name}`;
     await python("gen_model.py", [other, "--preset", "tiny", ...args]);
     await packTrunk(other, `${other}-trunk`, quiet);

@@ -44,7 +44,10 @@ export function argmax(x: Float32Array): number {
 export function checkFinite(logits: Float32Array, step: number): void {
   for (let i = 0; i < logits.length; i++) {
     if (!Number.isFinite(logits[i])) {
-      throw new K3Error(`output unsound: logit ${i} is ${logits[i]} at step ${step} (NaN or Inf in the weights or activations)`, EXIT.unsound);
+      throw new K3Error(
+        `output unsound: logit ${i} is ${logits[i]} at step ${step} (NaN or Inf in the weights or activations)`,
+        EXIT.unsound,
+      );
     }
   }
 }
@@ -91,7 +94,11 @@ export async function generate(model: K3Model, prompt: number[], opts: GenerateO
 }
 
 /** Teacher forcing: the argmax of the logits at every position of `ids`. */
-export async function teacherForce(model: K3Model, ids: number[], onLogits?: (pos: number, logits: Float32Array) => void): Promise<number[]> {
+export async function teacherForce(
+  model: K3Model,
+  ids: number[],
+  onLogits?: (pos: number, logits: Float32Array) => void,
+): Promise<number[]> {
   const state = model.newState();
   const V = model.cfg.vocabSize;
   const out: number[] = [];

@@ -7,7 +7,7 @@
  * @module
  */
 
-import { K3Error, EXIT } from "../errors.ts";
+import { EXIT, K3Error } from "../errors.ts";
 
 /** Which attention a layer uses. */
 export type AttentionKind = "kda" | "mla";
@@ -149,7 +149,10 @@ export function parseConfig(json: unknown, source = "config.json"): K3Config {
   const lin = new FieldReader(text.object("linear_attn_config"), "text_config.linear_attn_config.");
   // quantization_config sits in text_config in the raw release, at the root in some dumps.
   const quantSrc = isObject(text.obj.quantization_config)
-    ? { reader: new FieldReader(text.obj.quantization_config, "text_config.quantization_config."), obj: text.obj.quantization_config }
+    ? {
+      reader: new FieldReader(text.obj.quantization_config, "text_config.quantization_config."),
+      obj: text.obj.quantization_config,
+    }
     : isObject(json.quantization_config)
     ? { reader: new FieldReader(json.quantization_config, "quantization_config."), obj: json.quantization_config }
     : undefined;
@@ -240,7 +243,12 @@ export function parseConfig(json: unknown, source = "config.json"): K3Config {
   if (routerAct !== "sigmoid") bad.push(`moe_router_activation_func ${JSON.stringify(routerAct)} (only sigmoid)`);
   if (groups !== 1 || topkGroup !== 1) bad.push("grouped routing (num_expert_group/topk_group != 1) is not supported");
   if (cfg.moe.topK > cfg.moe.numExperts) bad.push("num_experts_per_token exceeds num_experts");
-  for (const [name, v] of [["routed_expert_hidden_size", cfg.moe.latent], ["moe_intermediate_size", cfg.moe.intermediate]] as const) {
+  for (
+    const [name, v] of [["routed_expert_hidden_size", cfg.moe.latent], [
+      "moe_intermediate_size",
+      cfg.moe.intermediate,
+    ]] as const
+  ) {
     if (v % 32 !== 0) bad.push(`${name} ${v} is not a multiple of 32 (MXFP4 groups)`);
   }
   if (cfg.firstKDense > numLayers) bad.push("first_k_dense_replace exceeds num_hidden_layers");

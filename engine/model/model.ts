@@ -33,7 +33,12 @@ export interface WeightSource {
   embed(id: number, dst: NonNullable<Deno.PointerValue>): Promise<void> | void;
   /** Writes the lm_head logits of T tokens, y[t*vocab + r], using `compute` for the
    * products (a streaming source may run the head chunk by chunk). */
-  head(x: NonNullable<Deno.PointerValue>, y: NonNullable<Deno.PointerValue>, ntok: number, compute: Compute): Promise<void> | void;
+  head(
+    x: NonNullable<Deno.PointerValue>,
+    y: NonNullable<Deno.PointerValue>,
+    ntok: number,
+    compute: Compute,
+  ): Promise<void> | void;
   /** Bytes read and cache behaviour so far (sources that read from disk report these). */
   ioStats?(): IoStats;
   /** model.norm, output_attn_res_norm, output_attn_res_proj. */
@@ -84,9 +89,17 @@ export class SequenceState {
     cfg.layerKinds.forEach((kind, L) => {
       if (kind === "kda") {
         const C = H * d;
-        this.kda.set(L, { convQ: new Vec(k, C * 3), convK: new Vec(k, C * 3), convV: new Vec(k, C * 3), S: new Vec(k, H * d * d) });
+        this.kda.set(L, {
+          convQ: new Vec(k, C * 3),
+          convK: new Vec(k, C * 3),
+          convV: new Vec(k, C * 3),
+          S: new Vec(k, H * d * d),
+        });
       } else {
-        this.mla.set(L, { latent: new Vec(k, capacity * m.kvLoraRank), krope: new Vec(k, capacity * Math.max(m.ropeDim, 1)) });
+        this.mla.set(L, {
+          latent: new Vec(k, capacity * m.kvLoraRank),
+          krope: new Vec(k, capacity * Math.max(m.ropeDim, 1)),
+        });
       }
     });
     this.reset();
@@ -120,9 +133,18 @@ export interface ForwardStats {
 function scratchShape(cfg: K3Config) {
   const m = cfg.mla;
   const wide = Math.max(
-    cfg.kda.numHeads * cfg.kda.headDim, cfg.hiddenSize, cfg.denseIntermediate, cfg.moe.numShared * cfg.moe.intermediate,
-    cfg.moe.intermediate, cfg.moe.latent, cfg.moe.numExperts, m.qLoraRank, m.kvLoraRank + m.ropeDim,
-    m.numHeads * (m.nopeDim + m.ropeDim), m.numHeads * (m.kvLoraRank + m.ropeDim), m.numHeads * m.vDim,
+    cfg.kda.numHeads * cfg.kda.headDim,
+    cfg.hiddenSize,
+    cfg.denseIntermediate,
+    cfg.moe.numShared * cfg.moe.intermediate,
+    cfg.moe.intermediate,
+    cfg.moe.latent,
+    cfg.moe.numExperts,
+    m.qLoraRank,
+    m.kvLoraRank + m.ropeDim,
+    m.numHeads * (m.nopeDim + m.ropeDim),
+    m.numHeads * (m.kvLoraRank + m.ropeDim),
+    m.numHeads * m.vDim,
   );
   return {
     D: cfg.hiddenSize,
@@ -223,7 +245,9 @@ export class K3Model {
     const T = ids.length;
     const D = cfg.hiddenSize;
     if (T < 1 || T > this.maxT) throw new Error(`forward: ${T} tokens, chunk limit ${this.maxT}`);
-    if (state.pos + T > state.capacity) throw new Error(`forward: position ${state.pos + T} beyond capacity ${state.capacity}`);
+    if (state.pos + T > state.capacity) {
+      throw new Error(`forward: position ${state.pos + T} beyond capacity ${state.capacity}`);
+    }
 
     // Per token, the AttnRes sources are stored back to back: [snapshots..., partial].
     // Before layer 0 the partial is the embedding and there are no snapshots.
@@ -238,8 +262,15 @@ export class K3Model {
       // 1. x = AttnRes(blocks + [partial]) when there are snapshots, else the partial.
       for (let t = 0; t < T; t++) {
         if (nblocks > 0) {
-          k.k3_attnres(srcRow(t, 0), nblocks + 1, D, w.vector(`layers.${L}.self_attention_res_norm.weight`).ptr,
-            w.vector(`layers.${L}.self_attention_res_proj.weight`).ptr, cfg.rmsNormEps, s.x.at(t * D));
+          k.k3_attnres(
+            srcRow(t, 0),
+            nblocks + 1,
+            D,
+            w.vector(`layers.${L}.self_attention_res_norm.weight`).ptr,
+            w.vector(`layers.${L}.self_attention_res_proj.weight`).ptr,
+            cfg.rmsNormEps,
+            s.x.at(t * D),
+          );
         } else {
           s.x.f.set(s.src.f.subarray(t * this.nsrc * D, t * this.nsrc * D + D), t * D);
         }
@@ -262,11 +293,25 @@ export class K3Model {
       partialEmpty = false;
       // 5. y = AttnRes(blocks + [partial]).
       for (let t = 0; t < T; t++) {
-        k.k3_attnres(srcRow(t, 0), nblocks + 1, D, w.vector(`layers.${L}.mlp_res_norm.weight`).ptr,
-          w.vector(`layers.${L}.mlp_res_proj.weight`).ptr, cfg.rmsNormEps, s.x.at(t * D));
+        k.k3_attnres(
+          srcRow(t, 0),
+          nblocks + 1,
+          D,
+          w.vector(`layers.${L}.mlp_res_norm.weight`).ptr,
+          w.vector(`layers.${L}.mlp_res_proj.weight`).ptr,
+          cfg.rmsNormEps,
+          s.x.at(t * D),
+        );
       }
       // 6. MLP of the normed y.
-      k.k3_rmsnorm(s.x.ptr, w.vector(`layers.${L}.post_attention_layernorm.weight`).ptr, s.xn.ptr, D, T, cfg.rmsNormEps);
+      k.k3_rmsnorm(
+        s.x.ptr,
+        w.vector(`layers.${L}.post_attention_layernorm.weight`).ptr,
+        s.xn.ptr,
+        D,
+        T,
+        cfg.rmsNormEps,
+      );
       if (L < cfg.firstKDense) this.denseMlp(L, w, T);
       else await this.moe(L, w, T);
       this.weights.doneWithLayer?.(L);
@@ -278,8 +323,15 @@ export class K3Model {
     // Final aggregation, norm and head, for the tokens whose logits are wanted.
     const first = allLogits ? 0 : T - 1;
     for (let t = first; t < T; t++) {
-      k.k3_attnres(srcRow(t, 0), nblocks + 1, D, this.weights.outputResNorm.ptr, this.weights.outputResProj.ptr,
-        cfg.rmsNormEps, s.x.at((t - first) * D));
+      k.k3_attnres(
+        srcRow(t, 0),
+        nblocks + 1,
+        D,
+        this.weights.outputResNorm.ptr,
+        this.weights.outputResProj.ptr,
+        cfg.rmsNormEps,
+        s.x.at((t - first) * D),
+      );
     }
     const nOut = T - first;
     k.k3_rmsnorm(s.x.ptr, this.weights.finalNorm.ptr, s.xn.ptr, D, nOut, cfg.rmsNormEps);
@@ -352,11 +404,33 @@ export class K3Model {
     const o = qa; // q_a's output is consumed; o [T][H][vDim] reuses it
     for (let t = 0; t < T; t++) {
       const p = state.pos + t;
-      k.k3_rmsnorm(c.at(t * cw), w.vector(n("kv_a_layernorm.weight")).ptr, cache.latent.at(p * dc), dc, 1, cfg.rmsNormEps);
+      k.k3_rmsnorm(
+        c.at(t * cw),
+        w.vector(n("kv_a_layernorm.weight")).ptr,
+        cache.latent.at(p * dc),
+        dc,
+        1,
+        cfg.rmsNormEps,
+      );
       cache.krope.f.set(c.f.subarray(t * cw + dc, (t + 1) * cw), p * dr);
       k.k3_mla_absorb(kvb.ptr, kvb.wtype, q.at(t * H * dq), qlat.ptr, H, m.nopeDim, dr, m.vDim, dc, 0, H);
-      k.k3_mla_attend(qlat.ptr, cache.latent.ptr, cache.krope.ptr, cache.latent.ptr, olat.ptr, s.scores.ptr,
-        p + 1, H, 1, dc, dr, dc, 1 / Math.sqrt(dq), 0, H);
+      k.k3_mla_attend(
+        qlat.ptr,
+        cache.latent.ptr,
+        cache.krope.ptr,
+        cache.latent.ptr,
+        olat.ptr,
+        s.scores.ptr,
+        p + 1,
+        H,
+        1,
+        dc,
+        dr,
+        dc,
+        1 / Math.sqrt(dq),
+        0,
+        H,
+      );
       k.k3_mla_expand(kvb.ptr, kvb.wtype, olat.ptr, o.at(t * H * m.vDim), H, m.nopeDim, m.vDim, dc, 0, H);
     }
     // Output gate, then o_proj.
@@ -366,7 +440,14 @@ export class K3Model {
   }
 
   /** SiTU-GLU MLP: down(SiTU(gate x, up x)), writing s.a. */
-  private glu(gate: Matrix, up: Matrix, down: Matrix, x: NonNullable<Deno.PointerValue>, out: NonNullable<Deno.PointerValue>, T: number): void {
+  private glu(
+    gate: Matrix,
+    up: Matrix,
+    down: Matrix,
+    x: NonNullable<Deno.PointerValue>,
+    out: NonNullable<Deno.PointerValue>,
+    T: number,
+  ): void {
     const { k, cfg, s } = this;
     this.compute.matmul(gate, x, s.t1.ptr, T);
     this.compute.matmul(up, x, s.t2.ptr, T);
@@ -376,7 +457,14 @@ export class K3Model {
 
   private denseMlp(L: number, w: BoundTensors, T: number): void {
     const n = (x: string) => `layers.${L}.mlp.${x}.weight`;
-    this.glu(w.matrix(n("gate_proj")), w.matrix(n("up_proj")), w.matrix(n("down_proj")), this.s.xn.ptr, this.s.a.ptr, T);
+    this.glu(
+      w.matrix(n("gate_proj")),
+      w.matrix(n("up_proj")),
+      w.matrix(n("down_proj")),
+      this.s.xn.ptr,
+      this.s.a.ptr,
+      T,
+    );
   }
 
   /**
@@ -397,8 +485,15 @@ export class K3Model {
     const chosen: { ids: number[]; weights: number[] }[] = [];
     const users = new Map<number, { t: number; slot: number }[]>();
     for (let t = 0; t < T; t++) {
-      k.k3_router_topk(logits.at(t * numExperts), w.vector(n("gate.e_score_correction_bias")).ptr, numExperts, topK,
-        cfg.moe.routedScaling, s.idsPtr, s.wtsPtr);
+      k.k3_router_topk(
+        logits.at(t * numExperts),
+        w.vector(n("gate.e_score_correction_bias")).ptr,
+        numExperts,
+        topK,
+        cfg.moe.routedScaling,
+        s.idsPtr,
+        s.wtsPtr,
+      );
       const ids = Array.from(s.ids);
       chosen.push({ ids, weights: Array.from(s.wts) });
       ids.forEach((e, slot) => {

@@ -64,8 +64,17 @@ export interface TensorSpec {
 export function layerTensors(cfg: K3Config, L: number): TensorSpec[] {
   const D = cfg.hiddenSize;
   const p = `layers.${L}.`;
-  const m = (name: string, rows: number, cols: number): TensorSpec => ({ name: p + name, shape: [rows, cols], keep: "matrix" });
-  const v = (name: string, shape: number[], atLeast = false): TensorSpec => ({ name: p + name, shape, keep: "vector", atLeast });
+  const m = (name: string, rows: number, cols: number): TensorSpec => ({
+    name: p + name,
+    shape: [rows, cols],
+    keep: "matrix",
+  });
+  const v = (name: string, shape: number[], atLeast = false): TensorSpec => ({
+    name: p + name,
+    shape,
+    keep: "vector",
+    atLeast,
+  });
   const specs: TensorSpec[] = [
     v("input_layernorm.weight", [D]),
     v("post_attention_layernorm.weight", [D]),
@@ -122,7 +131,11 @@ export function layerTensors(cfg: K3Config, L: number): TensorSpec[] {
       v(b + "routed_expert_norm.weight", [e.latent]),
     );
     if (S > 0) {
-      specs.push(m(b + "shared_experts.gate_proj.weight", S, D), m(b + "shared_experts.up_proj.weight", S, D), m(b + "shared_experts.down_proj.weight", D, S));
+      specs.push(
+        m(b + "shared_experts.gate_proj.weight", S, D),
+        m(b + "shared_experts.up_proj.weight", S, D),
+        m(b + "shared_experts.down_proj.weight", D, S),
+      );
     }
   }
   return specs;
@@ -142,7 +155,11 @@ export function globalTensors(cfg: K3Config): TensorSpec[] {
 export function expertTensors(cfg: K3Config, L: number, E: number): TensorSpec[] {
   const { latent, intermediate: I } = cfg.moe;
   const p = `layers.${L}.block_sparse_moe.experts.${E}.`;
-  const u8 = (name: string, rows: number, cols: number): TensorSpec => ({ name: p + name, shape: [rows, cols], keep: "u8" });
+  const u8 = (name: string, rows: number, cols: number): TensorSpec => ({
+    name: p + name,
+    shape: [rows, cols],
+    keep: "u8",
+  });
   return [
     u8("w1.weight_packed", I, latent / 2),
     u8("w1.weight_scale", I, latent / 32),
@@ -163,7 +180,9 @@ export function checkTensor(t: TensorInfo, spec: TensorSpec): void {
     ? got.length === 1 && got[0] >= want[0]
     : got.length === want.length && got.every((d, i) => d === want[i]);
   if (!shapeOk) {
-    throw new K3Error(`tensor ${t.name}: shape ${JSON.stringify(got)}, expected ${spec.atLeast ? ">= " : ""}${JSON.stringify(want)}`);
+    throw new K3Error(
+      `tensor ${t.name}: shape ${JSON.stringify(got)}, expected ${spec.atLeast ? ">= " : ""}${JSON.stringify(want)}`,
+    );
   }
   if (spec.keep === "u8" ? t.dtype !== "U8" : !FLOAT_DTYPES.has(t.dtype)) {
     throw new K3Error(`tensor ${t.name}: dtype ${t.dtype}, expected ${spec.keep === "u8" ? "U8" : "BF16, F16 or F32"}`);
@@ -206,7 +225,11 @@ function widen(k: Kernels, dtype: string, src: Deno.PointerValue, dst: Deno.Poin
 
 /** A set of bound tensors of one layer (or of the globals), by short name. */
 export class BoundTensors {
-  constructor(readonly matrices: Map<string, Matrix>, readonly vectors: Map<string, F32>, readonly owned: NativeBuffer[]) {}
+  constructor(
+    readonly matrices: Map<string, Matrix>,
+    readonly vectors: Map<string, F32>,
+    readonly owned: NativeBuffer[],
+  ) {}
 
   matrix(name: string): Matrix {
     const m = this.matrices.get(name);
@@ -230,7 +253,12 @@ export class BoundTensors {
  * that need widening are read into a temporary buffer first). `prefix` is prepended to
  * spec names.
  */
-export async function loadTensors(k: Kernels, ckpt: Checkpoint, specs: TensorSpec[], prefix = PREFIX): Promise<BoundTensors> {
+export async function loadTensors(
+  k: Kernels,
+  ckpt: Checkpoint,
+  specs: TensorSpec[],
+  prefix = PREFIX,
+): Promise<BoundTensors> {
   const matrices = new Map<string, Matrix>();
   const vectors = new Map<string, F32>();
   const owned: NativeBuffer[] = [];

@@ -75,7 +75,9 @@ export function kernels(path?: string): Kernels {
     lib = Deno.dlopen(want, symbols);
   } catch (e) {
     throw new K3Error(
-      `cannot load kernel library ${want}: ${(e as Error).message.split("\n")[0]} (build it with: make -C kernels, or set K3_LIB)`,
+      `cannot load kernel library ${want}: ${
+        (e as Error).message.split("\n")[0]
+      } (build it with: make -C kernels, or set K3_LIB)`,
     );
   }
   loaded = { path: want, lib };

@@ -51,9 +51,7 @@ export function io(): IoLib {
       lib = Deno.dlopen(path, ioSymbols).symbols;
     } catch (e) {
       throw new Error(
-        `cannot load ${path} for file I/O: ${
-          (e as Error).message
-        } (build it with: make -C kernels)`,
+        `cannot load ${path} for file I/O: ${(e as Error).message} (build it with: make -C kernels)`,
       );
     }
   }
@@ -166,9 +164,7 @@ export class IoFile {
     const n = Number(await io().k3io_pwrite(this.fd, ptr, BigInt(len), BigInt(offset)));
     if (n !== len) {
       throw new K3Error(
-        `${this.path}: write of ${len} bytes at ${offset} failed: ${
-          n < 0 ? errnoText(n) : "short write"
-        }`,
+        `${this.path}: write of ${len} bytes at ${offset} failed: ${n < 0 ? errnoText(n) : "short write"}`,
       );
     }
   }

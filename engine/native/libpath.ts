@@ -23,11 +23,7 @@ import { createHash } from "node:crypto";
 import { K3Error } from "../errors.ts";
 
 /** File extension of shared libraries on this OS. */
-export const LIB_EXT = Deno.build.os === "darwin"
-  ? "dylib"
-  : Deno.build.os === "windows"
-  ? "dll"
-  : "so";
+export const LIB_EXT = Deno.build.os === "darwin" ? "dylib" : Deno.build.os === "windows" ? "dll" : "so";
 
 /** File name of the kernel library. */
 export const LIB_NAME = `libk3.${LIB_EXT}`;
@@ -108,9 +104,7 @@ export function extractLibrary(bytes: Uint8Array, dir: string): Extracted {
     }
   } catch (e) {
     throw new K3Error(
-      `cannot extract the kernel library to ${dir}: ${
-        (e as Error).message
-      } (set XDG_CACHE_HOME or K3_LIB)`,
+      `cannot extract the kernel library to ${dir}: ${(e as Error).message} (set XDG_CACHE_HOME or K3_LIB)`,
     );
   }
   return { path, action: existing ? "rewritten" : "written" };
@@ -166,9 +160,8 @@ export function resolveLibrary(opts: ResolveOptions = {}): Resolution {
       return false;
     }
   };
-  const file =
-    chooseEmbedded(embedded, opts.cpuFlags ?? cpuFlags(), opts.arch ?? Deno.build.arch) ??
-      modulePath.slice(dir.length + 1);
+  const file = chooseEmbedded(embedded, opts.cpuFlags ?? cpuFlags(), opts.arch ?? Deno.build.arch) ??
+    modulePath.slice(dir.length + 1);
   let bytes: Uint8Array;
   try {
     bytes = Deno.readFileSync(`${dir}/${file}`);

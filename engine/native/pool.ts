@@ -78,15 +78,22 @@ export class WorkerPool implements Compute {
     for (let i = 0; i < threads - 1; i++) {
       const sab = new SharedArrayBuffer(CTRL.bytes);
       const worker = new Worker(new URL("./pool_worker.ts", import.meta.url), { type: "module" });
-      ready.push(new Promise((resolve, reject) => {
-        worker.onmessage = (e) => (e.data === "ready" ? resolve() : reject(new Error(String(e.data))));
-        worker.onerror = (e) => {
-          e.preventDefault();
-          reject(new Error(`compute worker failed: ${e.message}`));
-        };
-      }));
+      ready.push(
+        new Promise((resolve, reject) => {
+          worker.onmessage = (e) => (e.data === "ready" ? resolve() : reject(new Error(String(e.data))));
+          worker.onerror = (e) => {
+            e.preventDefault();
+            reject(new Error(`compute worker failed: ${e.message}`));
+          };
+        }),
+      );
       worker.postMessage({ sab, libPath: libraryPath() });
-      slots.push({ worker, ctrl: new Int32Array(sab), ptrs: new BigUint64Array(sab, CTRL.ptrBytes, CTRL.nptr), seq: 0 });
+      slots.push({
+        worker,
+        ctrl: new Int32Array(sab),
+        ptrs: new BigUint64Array(sab, CTRL.ptrBytes, CTRL.nptr),
+        seq: 0,
+      });
     }
     const pool = new WorkerPool(k, slots, splitMin);
     try {
@@ -111,7 +118,17 @@ export class WorkerPool implements Compute {
   }
 
   /** Splits rows evenly; the main thread takes the first share, workers the rest. */
-  private run(op: number, w: Ptr, scales: Ptr | null, wtype: number, x: Ptr, y: Ptr, ntok: number, rows: number, cols: number): void {
+  private run(
+    op: number,
+    w: Ptr,
+    scales: Ptr | null,
+    wtype: number,
+    x: Ptr,
+    y: Ptr,
+    ntok: number,
+    rows: number,
+    cols: number,
+  ): void {
     const k = this.k;
     const call = (r0: number, r1: number) =>
       op === OP.matmul

@@ -362,9 +362,7 @@ export class Tokenizer {
     this.#added = added;
     // Longest first, so that a token that prefixes another cannot shadow it.
     const contents = added.map((t) => t.content).sort((a, b) => b.length - a.length);
-    this.#specialRe = contents.length > 0
-      ? new RegExp(contents.map(escapeRegex).join("|"), "gv")
-      : null;
+    this.#specialRe = contents.length > 0 ? new RegExp(contents.map(escapeRegex).join("|"), "gv") : null;
   }
 
   /**

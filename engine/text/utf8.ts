@@ -59,9 +59,7 @@ export function decodeUtf8Strict(bytes: Uint8Array, what: string): string {
   } catch {
     const at = firstInvalidUtf8(bytes);
     throw new K3Error(
-      `${what} is not valid UTF-8: bad byte 0x${
-        bytes[at].toString(16).padStart(2, "0")
-      } at offset ${at}`,
+      `${what} is not valid UTF-8: bad byte 0x${bytes[at].toString(16).padStart(2, "0")} at offset ${at}`,
       EXIT.usage,
     );
   }

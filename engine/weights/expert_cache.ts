@@ -140,12 +140,7 @@ export class ExpertCache {
     jobs.sort((
       a,
       b,
-    ) => (a.loc.file < b.loc.file
-      ? -1
-      : a.loc.file > b.loc.file
-      ? 1
-      : a.loc.offset - b.loc.offset)
-    );
+    ) => (a.loc.file < b.loc.file ? -1 : a.loc.file > b.loc.file ? 1 : a.loc.offset - b.loc.offset));
     for (const j of jobs) {
       j.s.loading = this.read(L, j.E, j.s, j.loc);
       waits.push(j.s.loading);
@@ -172,9 +167,7 @@ export class ExpertCache {
       if (loc.contiguous) {
         const f = this.file(loc.file, true);
         const delta = await f.readSpan(s.buf.ptr, s.buf.bytes, loc.offset, loc.bytes);
-        this.stats.expertBytes += f.direct
-          ? Math.ceil((delta + loc.bytes) / 4096) * 4096
-          : loc.bytes;
+        this.stats.expertBytes += f.direct ? Math.ceil((delta + loc.bytes) / 4096) * 4096 : loc.bytes;
         s.view = expertView(this.cfg, {
           ...loc,
           slotOffsets: loc.slotOffsets.map((o) => o + delta),

@@ -6,7 +6,7 @@
 
 import { type K3Config, loadConfig } from "../model/config.ts";
 import { usageError } from "../errors.ts";
-import { kernels, type Kernels } from "../native/ffi.ts";
+import { type Kernels, kernels } from "../native/ffi.ts";
 import { K3Model } from "../model/model.ts";
 import type { MemoryOptions, MemoryPlan } from "./plan.ts";
 import { startCompute } from "../native/pool.ts";

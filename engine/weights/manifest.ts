@@ -249,9 +249,7 @@ export async function readManifest(dir: string): Promise<TrunkManifest> {
     text = await Deno.readTextFile(path);
   } catch (e) {
     throw new K3Error(
-      `${dir}: not a packed trunk (cannot read ${MANIFEST_FILE}: ${
-        (e as Error).message
-      }); make one with k3 pack`,
+      `${dir}: not a packed trunk (cannot read ${MANIFEST_FILE}: ${(e as Error).message}); make one with k3 pack`,
     );
   }
   return parseManifest(text, path);

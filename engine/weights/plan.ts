@@ -282,8 +282,7 @@ export function pinLayers(sizes: number[], budget: number): { pinned: number[]; 
   }
   const streamed = sizes.filter((_, j) => !pinned.has(j));
   const largest = Math.max(...streamed);
-  const ring =
-    Math.floor(Math.min(budget - pinnedBytes, streamed.reduce((a, b) => a + b, 0)) / ALIGN) * ALIGN;
+  const ring = Math.floor(Math.min(budget - pinnedBytes, streamed.reduce((a, b) => a + b, 0)) / ALIGN) * ALIGN;
   if (ring < largest) {
     throw new K3Error(
       `memory plan: --trunk-gb ${(budget / GB).toFixed(3)} cannot hold the largest trunk layer (${
@@ -344,9 +343,9 @@ export function makePlan(input: PlanInput): MemoryPlan {
     if (usable < floor) {
       const need = floor / 0.9 + (avail - usable / 0.9);
       throw new K3Error(
-        `memory plan: --preset auto: ${
-          (avail / GB).toFixed(2)
-        } GB available, this model needs at least ${(need / GB).toFixed(2)} GB` +
+        `memory plan: --preset auto: ${(avail / GB).toFixed(2)} GB available, this model needs at least ${
+          (need / GB).toFixed(2)
+        } GB` +
           (input.packed ? "" : " without a packed trunk; --trunk needs far less"),
       );
     }
@@ -356,11 +355,9 @@ export function makePlan(input: PlanInput): MemoryPlan {
       : trunkTotal;
     cacheBudget ??= Math.max(minCache, Math.min(totalExperts * slotBytes, usable - trunkBudget));
     notes.push(
-      `auto: ${(avail / GB).toFixed(2)} GB available -> trunk ${
-        (trunkBudget / GB).toFixed(3)
-      } GB, expert cache ${(cacheBudget / GB).toFixed(3)} GB${
-        streamEmbed && !mem.streamEmbed ? ", embedding and head streamed" : ""
-      }`,
+      `auto: ${(avail / GB).toFixed(2)} GB available -> trunk ${(trunkBudget / GB).toFixed(3)} GB, expert cache ${
+        (cacheBudget / GB).toFixed(3)
+      } GB${streamEmbed && !mem.streamEmbed ? ", embedding and head streamed" : ""}`,
     );
   }
   const embedHeadBytes = embedHeadOf(streamEmbed);
@@ -466,9 +463,7 @@ export function checkFits(plan: MemoryPlan): void {
   const need = plan.totalBytes + plan.overheadBytes;
   if (need > plan.availableBytes) {
     throw new K3Error(
-      `memory plan needs ${fmt(need)} (${fmt(plan.totalBytes)} + ${
-        fmt(plan.overheadBytes)
-      } runtime) but only ${
+      `memory plan needs ${fmt(need)} (${fmt(plan.totalBytes)} + ${fmt(plan.overheadBytes)} runtime) but only ${
         fmt(plan.availableBytes)
       } is available (MemAvailable); choose a smaller --preset, --trunk-gb or --cache-gb${
         plan.trunk.packed ? "" : ", or stream the trunk with --trunk"
@@ -498,9 +493,7 @@ export function formatPlan(p: MemoryPlan): string[] {
     t.bytes,
     t.ringBytes === 0
       ? `all ${t.layers} layers resident${t.packed ? " (pinned from the packed trunk)" : ""}`
-      : `${t.pinned.length} of ${t.layers} layers pinned (${fmt(t.pinnedBytes)}) + ring ${
-        fmt(t.ringBytes)
-      } (${
+      : `${t.pinned.length} of ${t.layers} layers pinned (${fmt(t.pinnedBytes)}) + ring ${fmt(t.ringBytes)} (${
         t.ringDepth[0] === t.ringDepth[1] ? t.ringDepth[0] : `${t.ringDepth[0]}-${t.ringDepth[1]}`
       } layers ahead) of ${fmt(t.totalBytes)}`,
   );
@@ -509,24 +502,18 @@ export function formatPlan(p: MemoryPlan): string[] {
     e.bytes,
     e.resident
       ? `all ${e.total} routed experts resident`
-      : `${e.slots} of ${e.total} slots x ${fmt(e.slotBytes)} (top-k ${e.topK}, at least ${
-        e.topK + 1
-      })`,
+      : `${e.slots} of ${e.total} slots x ${fmt(e.slotBytes)} (top-k ${e.topK}, at least ${e.topK + 1})`,
   );
   row(
     "embed+head",
     p.embedHead.bytes,
-    p.embedHead.streamed
-      ? "streamed: one embedding row + two lm_head chunks"
-      : "embedding and lm_head resident",
+    p.embedHead.streamed ? "streamed: one embedding row + two lm_head chunks" : "embedding and lm_head resident",
   );
   row("finals", p.finalsBytes, "final norm and AttnRes vectors");
   row(
     "state",
     p.state.bytes,
-    `KDA ${fmt(p.state.fixedBytes)} + KV ${
-      fmt(p.state.kvPerPosition)
-    }/position x ${p.state.positions} positions`,
+    `KDA ${fmt(p.state.fixedBytes)} + KV ${fmt(p.state.kvPerPosition)}/position x ${p.state.positions} positions`,
   );
   row("scratch", p.scratchBytes, `forward buffers for a ${p.chunk}-token chunk`);
   row(

@@ -13,10 +13,21 @@ import { K3Error } from "../errors.ts";
 
 /** Bytes per element of the dtypes safetensors defines. */
 export const DTYPE_BYTES: Record<string, number> = {
-  BOOL: 1, U8: 1, I8: 1, F8_E4M3: 1, F8_E5M2: 1,
-  I16: 2, U16: 2, F16: 2, BF16: 2,
-  I32: 4, U32: 4, F32: 4,
-  I64: 8, U64: 8, F64: 8,
+  BOOL: 1,
+  U8: 1,
+  I8: 1,
+  F8_E4M3: 1,
+  F8_E5M2: 1,
+  I16: 2,
+  U16: 2,
+  F16: 2,
+  BF16: 2,
+  I32: 4,
+  U32: 4,
+  F32: 4,
+  I64: 8,
+  U64: 8,
+  F64: 8,
 };
 
 /** Where one tensor's bytes are. */
@@ -86,7 +97,14 @@ export async function readShardHeader(file: string): Promise<TensorInfo[]> {
       const numel = (shape as number[]).reduce((a, b) => a * b, 1);
       const want = numel * DTYPE_BYTES[e.dtype as string];
       if (end - begin !== want) bad(`holds ${end - begin} bytes but ${e.dtype} ${JSON.stringify(shape)} needs ${want}`);
-      tensors.push({ name, dtype: e.dtype as string, shape: shape as number[], file, offset: dataStart + begin, bytes: end - begin });
+      tensors.push({
+        name,
+        dtype: e.dtype as string,
+        shape: shape as number[],
+        file,
+        offset: dataStart + begin,
+        bytes: end - begin,
+      });
     }
     const byOffset = [...tensors].sort((a, b) => a.offset - b.offset);
     for (let i = 1; i < byOffset.length; i++) {
@@ -126,7 +144,9 @@ export class Checkpoint {
    */
   async shardSizes(): Promise<{ file: string; bytes: number; described: number }[]> {
     const described = new Map<string, number>();
-    for (const t of this.tensors.values()) described.set(t.file, Math.max(described.get(t.file) ?? 0, t.offset + t.bytes));
+    for (const t of this.tensors.values()) {
+      described.set(t.file, Math.max(described.get(t.file) ?? 0, t.offset + t.bytes));
+    }
     const out = [];
     for (const file of this.shards) {
       const bytes = (await Deno.stat(file)).size;

@@ -84,9 +84,7 @@ class StreamedEmbedHead {
     this.row = NativeBuffer.alloc(k, alignUp(rowBytes) + 2 * ALIGN, "embedding row");
     const headRow = head.cols * esize(head.dtype);
     this.chunkRows = Math.min(head.rows, Math.max(1, Math.floor(HEAD_CHUNK_BYTES / headRow)));
-    this.chunks = [0, 1].map(() =>
-      NativeBuffer.alloc(k, alignUp(this.chunkRows * headRow) + ALIGN, "lm_head chunk")
-    );
+    this.chunks = [0, 1].map(() => NativeBuffer.alloc(k, alignUp(this.chunkRows * headRow) + ALIGN, "lm_head chunk"));
     if (head.dtype === "F16") {
       this.conv = NativeBuffer.alloc(k, this.chunkRows * head.cols * 4, "lm_head chunk (f32)");
     }

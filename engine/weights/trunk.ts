@@ -21,13 +21,7 @@ import { ALIGN, hashHex, IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import type { IoStats } from "../model/model.ts";
 import { BoundTensors, type F32, layerTensors, type Matrix } from "../model/weights.ts";
-import {
-  openTrunkData,
-  readManifest,
-  type Region,
-  type TensorEntry,
-  type TrunkManifest,
-} from "./manifest.ts";
+import { openTrunkData, readManifest, type Region, type TensorEntry, type TrunkManifest } from "./manifest.ts";
 
 /**
  * Reads a big region as 16 MB pieces, `depth` in flight at once (the device works on several
@@ -184,9 +178,7 @@ export class StreamedTrunk {
     ringBytes: number,
     private readonly stats: IoStats,
   ) {
-    this.streamed = Array.from({ length: numLayers }, (_, L) => L).filter((L) =>
-      !pinned.includes(L)
-    );
+    this.streamed = Array.from({ length: numLayers }, (_, L) => L).filter((L) => !pinned.includes(L));
     if (this.streamed.length > 0) this.ring = NativeBuffer.alloc(k, ringBytes, "trunk ring");
   }
 
