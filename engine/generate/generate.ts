@@ -1,13 +1,14 @@
 /**
- * Greedy generation on top of the forward pass: chunked prefill, then one token per step,
- * either carrying the recurrent state (incremental) or recomputing the whole sequence from
- * scratch every step (full recompute). Both give the same tokens.
+ * One sequence at a time on top of the scheduler (the one-sequence case of its loop), and
+ * teacher forcing for the oracle tests.
  *
  * @module
  */
 
-import { EXIT, K3Error } from "../errors.ts";
 import type { K3Model, SequenceState } from "../model/model.ts";
+import { argmax, Scheduler } from "./scheduler.ts";
+
+export { argmax, checkFinite } from "./scheduler.ts";
 
 /** One generated token and what it cost. */
 export interface Step {
@@ -30,28 +31,6 @@ export interface GenerateOptions {
   onStep?: (s: Step) => void;
 }
 
-/** Index of the largest logit, ties to the lowest index. */
-export function argmax(x: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
-  return best;
-}
-
-/**
- * Refuses logits that are not all finite: weights that passed every shape and checksum
- * check can still hold NaN or Inf, and an argmax over them is not an answer (exit 4).
- */
-export function checkFinite(logits: Float32Array, step: number): void {
-  for (let i = 0; i < logits.length; i++) {
-    if (!Number.isFinite(logits[i])) {
-      throw new K3Error(
-        `output unsound: logit ${i} is ${logits[i]} at step ${step} (NaN or Inf in the weights or activations)`,
-        EXIT.unsound,
-      );
-    }
-  }
-}
-
 /** Runs `ids` through the model in chunks of at most model.maxT; returns the last logits. */
 export async function prefill(model: K3Model, state: SequenceState, ids: number[]): Promise<Float32Array> {
   let logits: Float32Array | undefined;
@@ -61,35 +40,25 @@ export async function prefill(model: K3Model, state: SequenceState, ids: number[
   return logits!;
 }
 
-/** Greedy decode. Returns the generated ids and per-step timings. */
+/** Greedy decode of one sequence. Returns the generated ids and per-step timings. */
 export async function generate(model: K3Model, prompt: number[], opts: GenerateOptions): Promise<Step[]> {
   if (prompt.length === 0) throw new Error("generate: empty prompt");
-  const state = model.newState();
   const steps: Step[] = [];
-  const seq = [...prompt];
-  try {
-    let t0 = performance.now();
-    let logits = await prefill(model, state, seq);
-    for (let i = 0; i < opts.gen; i++) {
-      checkFinite(logits, i);
+  let last = performance.now();
+  await new Scheduler(model).submit({
+    prompt,
+    maxTokens: opts.gen,
+    stopIds: opts.stopIds,
+    recompute: !opts.incremental,
+    onToken: (token, logits) => {
       opts.onLogits?.(logits);
-      const token = argmax(logits);
-      const step = { step: i, token, seconds: (performance.now() - t0) / 1000 };
+      const now = performance.now();
+      const step = { step: steps.length, token, seconds: (now - last) / 1000 };
+      last = now;
       steps.push(step);
       opts.onStep?.(step);
-      seq.push(token);
-      if (opts.stopIds?.includes(token) || i === opts.gen - 1) break;
-      t0 = performance.now();
-      if (opts.incremental) {
-        logits = await model.forward(state, [token]);
-      } else {
-        state.reset();
-        logits = await prefill(model, state, seq);
-      }
-    }
-  } finally {
-    state.free();
-  }
+    },
+  });
   return steps;
 }
 

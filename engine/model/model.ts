@@ -27,8 +27,11 @@ export interface WeightSource {
   doneWithLayer?(L: number): void;
   /** Routed experts `ids` of layer L, one Expert per id in order. */
   experts(L: number, ids: number[]): Promise<Expert[]> | Expert[];
-  /** Called when the pass is done with the experts of layer L. */
+  /** Called when the pass is done with the experts of layer L (the last `experts` call). */
   doneWithExperts?(L: number): void;
+  /** How many experts one `experts` call may ask for at most (the cache's slots); a pass
+   * that needs more runs them in waves. Undefined: no limit. */
+  readonly expertSlots?: number;
   /** Writes the embedding row of `id` as f32 to `dst`. */
   embed(id: number, dst: NonNullable<Deno.PointerValue>): Promise<void> | void;
   /** Writes the lm_head logits of T tokens, y[t*vocab + r], using `compute` for the
@@ -120,6 +123,31 @@ export class SequenceState {
     for (const s of this.kda.values()) [s.convQ, s.convK, s.convV, s.S].forEach((v) => v.buf.free());
     for (const s of this.mla.values()) [s.latent, s.krope].forEach((v) => v.buf.free());
   }
+}
+
+/** One sequence's part of a forward pass: its state and its next tokens. */
+export interface Segment {
+  state: SequenceState;
+  ids: number[];
+  /** Which rows' logits the pass returns: the last token's, every token's, or none. */
+  logits: "last" | "all" | "none";
+}
+
+/** Where a segment's tokens sit among the pass's rows. */
+interface RowSpan {
+  seg: Segment;
+  r0: number;
+  n: number;
+}
+
+function rowSpans(segments: Segment[]): RowSpan[] {
+  let r = 0;
+  return segments.map((seg) => {
+    if (seg.ids.length < 1) throw new Error("forward: a segment without tokens");
+    const sp = { seg, r0: r, n: seg.ids.length };
+    r += sp.n;
+    return sp;
+  });
 }
 
 /** Counters the run report reads. */
@@ -238,21 +266,45 @@ export class K3Model {
   /**
    * Runs tokens `ids` (at most maxT) at positions state.pos.., advancing the state.
    * Returns logits of the last token, or of every token when `allLogits`, as a view
-   * [T][vocab] into scratch (valid until the next call).
+   * [T][vocab] into scratch (valid until the next call). The one-segment case of `pass`.
    */
   async forward(state: SequenceState, ids: number[], allLogits = false): Promise<Float32Array> {
+    const [logits] = await this.pass([{ state, ids, logits: allLogits ? "all" : "last" }]);
+    return logits;
+  }
+
+  /**
+   * One forward pass over several segments, each a sequence's state plus its next tokens
+   * (a prefill chunk or one decode token). Rows are the segments' tokens back to back:
+   * every projection runs once over all rows, the recurrences (KDA, conv history, MLA
+   * cache) advance per segment against its own state, routing is per row, and the experts
+   * any row chose are fetched once. Each row's arithmetic is the same whatever else is in
+   * the pass, so a sequence's logits have the same bits as when it runs alone.
+   *
+   * Returns, per segment, its wanted logits ([rows][vocab], or empty) as views into
+   * scratch, valid until the next call. Each segment's state advances by its token count.
+   */
+  async pass(segments: Segment[]): Promise<Float32Array[]> {
     const { k, cfg, s } = this;
-    const T = ids.length;
     const D = cfg.hiddenSize;
-    if (T < 1 || T > this.maxT) throw new Error(`forward: ${T} tokens, chunk limit ${this.maxT}`);
-    if (state.pos + T > state.capacity) {
-      throw new Error(`forward: position ${state.pos + T} beyond capacity ${state.capacity}`);
+    const spans = rowSpans(segments);
+    const R = spans.reduce((n, sp) => n + sp.n, 0);
+    if (R < 1 || R > this.maxT) throw new Error(`forward: ${R} rows, pass limit ${this.maxT}`);
+    const seen = new Set<SequenceState>();
+    for (const { state, ids } of segments) {
+      if (seen.has(state)) throw new Error("forward: one sequence appears twice in a pass");
+      seen.add(state);
+      if (state.pos + ids.length > state.capacity) {
+        throw new Error(`forward: position ${state.pos + ids.length} beyond capacity ${state.capacity}`);
+      }
     }
 
-    // Per token, the AttnRes sources are stored back to back: [snapshots..., partial].
+    // Per row, the AttnRes sources are stored back to back: [snapshots..., partial].
     // Before layer 0 the partial is the embedding and there are no snapshots.
     const srcRow = (t: number, i: number) => s.src.at((t * this.nsrc + i) * D);
-    for (let t = 0; t < T; t++) await this.weights.embed(ids[t], srcRow(t, 0));
+    for (const sp of spans) {
+      for (let j = 0; j < sp.n; j++) await this.weights.embed(sp.seg.ids[j], srcRow(sp.r0 + j, 0));
+    }
     let nblocks = 0;
     let partialEmpty = false;
 
@@ -260,7 +312,7 @@ export class K3Model {
       const layerStart = performance.now();
       const w = await this.weights.layer(L);
       // 1. x = AttnRes(blocks + [partial]) when there are snapshots, else the partial.
-      for (let t = 0; t < T; t++) {
+      for (let t = 0; t < R; t++) {
         if (nblocks > 0) {
           k.k3_attnres(
             srcRow(t, 0),
@@ -281,18 +333,18 @@ export class K3Model {
         partialEmpty = true;
       }
       // 3. Attention on the normed input.
-      k.k3_rmsnorm(s.x.ptr, w.vector(`layers.${L}.input_layernorm.weight`).ptr, s.xn.ptr, D, T, cfg.rmsNormEps);
-      if (cfg.layerKinds[L] === "kda") this.kda(L, w, state, T);
-      else this.mla(L, w, state, T);
+      k.k3_rmsnorm(s.x.ptr, w.vector(`layers.${L}.input_layernorm.weight`).ptr, s.xn.ptr, D, R, cfg.rmsNormEps);
+      if (cfg.layerKinds[L] === "kda") this.kda(L, w, spans, R);
+      else this.mla(L, w, spans, R);
       // 4. partial = a, or partial + a.
-      for (let t = 0; t < T; t++) {
+      for (let t = 0; t < R; t++) {
         const dst = t * this.nsrc * D + nblocks * D;
         if (partialEmpty) s.src.f.set(s.a.f.subarray(t * D, t * D + D), dst);
         else k.k3_add(srcRow(t, nblocks), s.a.at(t * D), D);
       }
       partialEmpty = false;
       // 5. y = AttnRes(blocks + [partial]).
-      for (let t = 0; t < T; t++) {
+      for (let t = 0; t < R; t++) {
         k.k3_attnres(
           srcRow(t, 0),
           nblocks + 1,
@@ -309,20 +361,24 @@ export class K3Model {
         w.vector(`layers.${L}.post_attention_layernorm.weight`).ptr,
         s.xn.ptr,
         D,
-        T,
+        R,
         cfg.rmsNormEps,
       );
-      if (L < cfg.firstKDense) this.denseMlp(L, w, T);
-      else await this.moe(L, w, T);
+      if (L < cfg.firstKDense) this.denseMlp(L, w, R);
+      else await this.moe(L, w, R);
       this.weights.doneWithLayer?.(L);
       // 7. partial += m.
-      for (let t = 0; t < T; t++) k.k3_add(srcRow(t, nblocks), s.a.at(t * D), D);
+      for (let t = 0; t < R; t++) k.k3_add(srcRow(t, nblocks), s.a.at(t * D), D);
       this.stats.layerSeconds[L] += (performance.now() - layerStart) / 1000;
     }
 
-    // Final aggregation, norm and head, for the tokens whose logits are wanted.
-    const first = allLogits ? 0 : T - 1;
-    for (let t = first; t < T; t++) {
+    // Final aggregation, norm and head, for the rows whose logits are wanted.
+    const out: number[] = [];
+    for (const sp of spans) {
+      const from = sp.seg.logits === "all" ? 0 : sp.seg.logits === "last" ? sp.n - 1 : sp.n;
+      for (let j = from; j < sp.n; j++) out.push(sp.r0 + j);
+    }
+    out.forEach((t, i) =>
       k.k3_attnres(
         srcRow(t, 0),
         nblocks + 1,
@@ -330,113 +386,125 @@ export class K3Model {
         this.weights.outputResNorm.ptr,
         this.weights.outputResProj.ptr,
         cfg.rmsNormEps,
-        s.x.at((t - first) * D),
-      );
+        s.x.at(i * D),
+      )
+    );
+    const V = cfg.vocabSize;
+    if (out.length > 0) {
+      k.k3_rmsnorm(s.x.ptr, this.weights.finalNorm.ptr, s.xn.ptr, D, out.length, cfg.rmsNormEps);
+      await this.weights.head(s.xn.ptr, s.logits.ptr, out.length, this.compute);
     }
-    const nOut = T - first;
-    k.k3_rmsnorm(s.x.ptr, this.weights.finalNorm.ptr, s.xn.ptr, D, nOut, cfg.rmsNormEps);
-    await this.weights.head(s.xn.ptr, s.logits.ptr, nOut, this.compute);
-    state.pos += T;
-    return s.logits.f.subarray(0, nOut * cfg.vocabSize);
+    let o = 0;
+    return spans.map((sp) => {
+      sp.seg.state.pos += sp.n;
+      const n = sp.seg.logits === "all" ? sp.n : sp.seg.logits === "last" ? 1 : 0;
+      o += n;
+      return s.logits.f.subarray((o - n) * V, o * V);
+    });
   }
 
-  /** Kimi Delta Attention for T tokens: projections batched, recurrence token by token. */
-  private kda(L: number, w: BoundTensors, state: SequenceState, T: number): void {
+  /** Kimi Delta Attention: projections over all rows, the recurrence row by row per segment. */
+  private kda(L: number, w: BoundTensors, spans: RowSpan[], R: number): void {
     const { k, cfg, s } = this;
     const { numHeads: H, headDim: d, gateLowerBound } = cfg.kda;
     const C = H * d;
     const n = (x: string) => `layers.${L}.self_attn.${x}`;
-    const st = state.kda.get(L)!;
     const [q, kk, v, f, o] = [s.t1, s.t2, s.t3, s.t4, s.t5];
-    this.compute.matmul(w.matrix(n("q_proj.weight")), s.xn.ptr, q.ptr, T);
-    this.compute.matmul(w.matrix(n("k_proj.weight")), s.xn.ptr, kk.ptr, T);
-    this.compute.matmul(w.matrix(n("v_proj.weight")), s.xn.ptr, v.ptr, T);
+    this.compute.matmul(w.matrix(n("q_proj.weight")), s.xn.ptr, q.ptr, R);
+    this.compute.matmul(w.matrix(n("k_proj.weight")), s.xn.ptr, kk.ptr, R);
+    this.compute.matmul(w.matrix(n("v_proj.weight")), s.xn.ptr, v.ptr, R);
     // f = f_b(f_a x): the low-rank decay input, through `small`.
-    this.compute.matmul(w.matrix(n("f_a_proj.weight")), s.xn.ptr, s.small.ptr, T);
-    this.compute.matmul(w.matrix(n("f_b_proj.weight")), s.small.ptr, f.ptr, T);
-    // beta = sigmoid(b_proj x), one per head and token.
+    this.compute.matmul(w.matrix(n("f_a_proj.weight")), s.xn.ptr, s.small.ptr, R);
+    this.compute.matmul(w.matrix(n("f_b_proj.weight")), s.small.ptr, f.ptr, R);
+    // beta = sigmoid(b_proj x), one per head and row.
     const beta = s.small;
-    this.compute.matmul(w.matrix(n("b_proj.weight")), s.xn.ptr, beta.ptr, T);
-    k.k3_sigmoid(beta.ptr, beta.ptr, T * H);
-    for (let t = 0; t < T; t++) {
-      const at = (b: Vec) => b.at(t * C);
-      // Causal short conv + SiLU (in place), then L2 norm of q and k per head.
-      k.k3_short_conv(st.convQ.ptr, w.vector(n("q_conv1d.weight")).ptr, at(q), at(q), C);
-      k.k3_short_conv(st.convK.ptr, w.vector(n("k_conv1d.weight")).ptr, at(kk), at(kk), C);
-      k.k3_short_conv(st.convV.ptr, w.vector(n("v_conv1d.weight")).ptr, at(v), at(v), C);
-      k.k3_l2norm(at(q), d, H, 1e-6);
-      k.k3_l2norm(at(kk), d, H, 1e-6);
-      // The decay alpha overwrites f; the delta rule reads o from the updated state.
-      k.k3_kda_decay(at(f), w.vector(n("A_log")).ptr, w.vector(n("dt_bias")).ptr, at(f), H, d, gateLowerBound);
-      k.k3_kda_step(st.S.ptr, at(q), at(kk), at(v), beta.at(t * H), at(f), at(o), d, 0, H);
+    this.compute.matmul(w.matrix(n("b_proj.weight")), s.xn.ptr, beta.ptr, R);
+    k.k3_sigmoid(beta.ptr, beta.ptr, R * H);
+    for (const sp of spans) {
+      const st = sp.seg.state.kda.get(L)!;
+      for (let t = sp.r0; t < sp.r0 + sp.n; t++) {
+        const at = (b: Vec) => b.at(t * C);
+        // Causal short conv + SiLU (in place), then L2 norm of q and k per head.
+        k.k3_short_conv(st.convQ.ptr, w.vector(n("q_conv1d.weight")).ptr, at(q), at(q), C);
+        k.k3_short_conv(st.convK.ptr, w.vector(n("k_conv1d.weight")).ptr, at(kk), at(kk), C);
+        k.k3_short_conv(st.convV.ptr, w.vector(n("v_conv1d.weight")).ptr, at(v), at(v), C);
+        k.k3_l2norm(at(q), d, H, 1e-6);
+        k.k3_l2norm(at(kk), d, H, 1e-6);
+        // The decay alpha overwrites f; the delta rule reads o from the updated state.
+        k.k3_kda_decay(at(f), w.vector(n("A_log")).ptr, w.vector(n("dt_bias")).ptr, at(f), H, d, gateLowerBound);
+        k.k3_kda_step(st.S.ptr, at(q), at(kk), at(v), beta.at(t * H), at(f), at(o), d, 0, H);
+      }
     }
     // Per-head RMSNorm of o, then the output gate (norm first, then gate), then o_proj.
-    k.k3_rmsnorm(o.ptr, w.vector(n("o_norm.weight")).ptr, o.ptr, d, T * H, cfg.rmsNormEps);
+    k.k3_rmsnorm(o.ptr, w.vector(n("o_norm.weight")).ptr, o.ptr, d, R * H, cfg.rmsNormEps);
     const g = f;
-    this.compute.matmul(w.matrix(n("g_proj.weight")), s.xn.ptr, g.ptr, T);
-    k.k3_sigmoid_mul(o.ptr, g.ptr, T * C);
-    this.compute.matmul(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, T);
+    this.compute.matmul(w.matrix(n("g_proj.weight")), s.xn.ptr, g.ptr, R);
+    k.k3_sigmoid_mul(o.ptr, g.ptr, R * C);
+    this.compute.matmul(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, R);
   }
 
   /**
-   * Gated MLA (NoPE) for T tokens in the latent (absorbed) form: the cache holds each
-   * position's normed kv latent and raw k_rope; each head's q_nope is carried into latent
-   * space by its key up-projection, attention runs over the shared latents, and each head's
-   * value up-projection is applied to the attended latent. Same math as expanding keys and
-   * values per position, with a 576-float cache row instead of 96 x 256 + 64.
+   * Gated MLA (NoPE) in the latent (absorbed) form: the cache holds each position's normed
+   * kv latent and raw k_rope; each head's q_nope is carried into latent space by its key
+   * up-projection, attention runs over the shared latents, and each head's value
+   * up-projection is applied to the attended latent. Same math as expanding keys and
+   * values per position, with a 576-float cache row instead of 96 x 256 + 64. Each row
+   * attends over its own segment's cache.
    */
-  private mla(L: number, w: BoundTensors, state: SequenceState, T: number): void {
+  private mla(L: number, w: BoundTensors, spans: RowSpan[], R: number): void {
     const { k, cfg, s } = this;
     const m = cfg.mla;
     const H = m.numHeads, dc = m.kvLoraRank, dr = m.ropeDim;
     const dq = m.nopeDim + dr;
     const n = (x: string) => `layers.${L}.self_attn.${x}`;
-    const cache = state.mla.get(L)!;
     const [qa, q, c, qlat, olat] = [s.t1, s.t2, s.t3, s.t4, s.t5];
     // q = q_b(RMSNorm(q_a x)).
-    this.compute.matmul(w.matrix(n("q_a_proj.weight")), s.xn.ptr, qa.ptr, T);
-    k.k3_rmsnorm(qa.ptr, w.vector(n("q_a_layernorm.weight")).ptr, qa.ptr, m.qLoraRank, T, cfg.rmsNormEps);
-    this.compute.matmul(w.matrix(n("q_b_proj.weight")), qa.ptr, q.ptr, T);
+    this.compute.matmul(w.matrix(n("q_a_proj.weight")), s.xn.ptr, qa.ptr, R);
+    k.k3_rmsnorm(qa.ptr, w.vector(n("q_a_layernorm.weight")).ptr, qa.ptr, m.qLoraRank, R, cfg.rmsNormEps);
+    this.compute.matmul(w.matrix(n("q_b_proj.weight")), qa.ptr, q.ptr, R);
     // c = kv_a x: the latent (normed, then cached) and the shared raw key part.
     const cw = dc + dr;
-    this.compute.matmul(w.matrix(n("kv_a_proj_with_mqa.weight")), s.xn.ptr, c.ptr, T);
+    this.compute.matmul(w.matrix(n("kv_a_proj_with_mqa.weight")), s.xn.ptr, c.ptr, R);
     const kvb = w.matrix(n("kv_b_proj.weight"));
-    const o = qa; // q_a's output is consumed; o [T][H][vDim] reuses it
-    for (let t = 0; t < T; t++) {
-      const p = state.pos + t;
-      k.k3_rmsnorm(
-        c.at(t * cw),
-        w.vector(n("kv_a_layernorm.weight")).ptr,
-        cache.latent.at(p * dc),
-        dc,
-        1,
-        cfg.rmsNormEps,
-      );
-      cache.krope.f.set(c.f.subarray(t * cw + dc, (t + 1) * cw), p * dr);
-      k.k3_mla_absorb(kvb.ptr, kvb.wtype, q.at(t * H * dq), qlat.ptr, H, m.nopeDim, dr, m.vDim, dc, 0, H);
-      k.k3_mla_attend(
-        qlat.ptr,
-        cache.latent.ptr,
-        cache.krope.ptr,
-        cache.latent.ptr,
-        olat.ptr,
-        s.scores.ptr,
-        p + 1,
-        H,
-        1,
-        dc,
-        dr,
-        dc,
-        1 / Math.sqrt(dq),
-        0,
-        H,
-      );
-      k.k3_mla_expand(kvb.ptr, kvb.wtype, olat.ptr, o.at(t * H * m.vDim), H, m.nopeDim, m.vDim, dc, 0, H);
+    const o = qa; // q_a's output is consumed; o [R][H][vDim] reuses it
+    for (const sp of spans) {
+      const cache = sp.seg.state.mla.get(L)!;
+      for (let j = 0; j < sp.n; j++) {
+        const t = sp.r0 + j, p = sp.seg.state.pos + j;
+        k.k3_rmsnorm(
+          c.at(t * cw),
+          w.vector(n("kv_a_layernorm.weight")).ptr,
+          cache.latent.at(p * dc),
+          dc,
+          1,
+          cfg.rmsNormEps,
+        );
+        cache.krope.f.set(c.f.subarray(t * cw + dc, (t + 1) * cw), p * dr);
+        k.k3_mla_absorb(kvb.ptr, kvb.wtype, q.at(t * H * dq), qlat.ptr, H, m.nopeDim, dr, m.vDim, dc, 0, H);
+        k.k3_mla_attend(
+          qlat.ptr,
+          cache.latent.ptr,
+          cache.krope.ptr,
+          cache.latent.ptr,
+          olat.ptr,
+          s.scores.ptr,
+          p + 1,
+          H,
+          1,
+          dc,
+          dr,
+          dc,
+          1 / Math.sqrt(dq),
+          0,
+          H,
+        );
+        k.k3_mla_expand(kvb.ptr, kvb.wtype, olat.ptr, o.at(t * H * m.vDim), H, m.nopeDim, m.vDim, dc, 0, H);
+      }
     }
     // Output gate, then o_proj.
-    this.compute.matmul(w.matrix(n("g_proj.weight")), s.xn.ptr, c.ptr, T);
-    k.k3_sigmoid_mul(o.ptr, c.ptr, T * H * m.vDim);
-    this.compute.matmul(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, T);
+    this.compute.matmul(w.matrix(n("g_proj.weight")), s.xn.ptr, c.ptr, R);
+    k.k3_sigmoid_mul(o.ptr, c.ptr, R * H * m.vDim);
+    this.compute.matmul(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, R);
   }
 
   /** SiTU-GLU MLP: down(SiTU(gate x, up x)), writing s.a. */
@@ -502,28 +570,41 @@ export class K3Model {
         users.set(e, list);
       });
     }
+    // The experts any row chose, fetched once each, in waves that fit the cache's slots.
+    // Each expert's output lands at [row][router slot][latent] and the sum below runs in
+    // each row's router order, so the number and order of waves never change a bit.
     const union = [...users.keys()].sort((a, b) => a - b);
-    const experts = await this.weights.experts(L, union);
+    const wave = Math.max(1, Math.min(union.length, this.weights.expertSlots ?? union.length));
     this.stats.expertsUsed += union.length;
-    // Run each expert on the tokens that chose it; outputs land at [t][slot][latent].
+    let pending = this.weights.experts(L, union.slice(0, wave));
+    // Shared experts at full width (into s.x) while the first wave's reads are in flight.
+    if (cfg.moe.numShared > 0) {
+      const sh = (x: string) => n(`shared_experts.${x}.weight`);
+      this.glu(w.matrix(sh("gate_proj")), w.matrix(sh("up_proj")), w.matrix(sh("down_proj")), s.xn.ptr, s.x.ptr, T);
+    }
     const I = cfg.moe.intermediate;
-    union.forEach((e, i) => {
-      const ex = experts[i];
-      const us = users.get(e)!;
-      for (let j = 0; j < us.length; j++) {
-        s.expertIn.f.set(z.f.subarray(us[j].t * latent, (us[j].t + 1) * latent), j * latent);
-      }
-      const nt = us.length;
-      this.compute.mxfp4(ex.w1, s.expertIn.ptr, s.t1.ptr, nt);
-      this.compute.mxfp4(ex.w3, s.expertIn.ptr, s.t2.ptr, nt);
-      k.k3_situ_glu(s.t1.ptr, s.t2.ptr, s.t1.ptr, nt * I, cfg.situBeta, cfg.situLinearBeta);
-      this.compute.mxfp4(ex.w2, s.t1.ptr, s.t5.ptr, nt);
-      for (let j = 0; j < nt; j++) {
-        const { t, slot } = us[j];
-        s.expertOut.f.set(s.t5.f.subarray(j * latent, (j + 1) * latent), (t * topK + slot) * latent);
-      }
-    });
-    this.weights.doneWithExperts?.(L);
+    for (let w0 = 0; w0 < union.length; w0 += wave) {
+      const ids = union.slice(w0, w0 + wave);
+      const experts = await pending;
+      ids.forEach((e, i) => {
+        const ex = experts[i];
+        const us = users.get(e)!;
+        for (let j = 0; j < us.length; j++) {
+          s.expertIn.f.set(z.f.subarray(us[j].t * latent, (us[j].t + 1) * latent), j * latent);
+        }
+        const nt = us.length;
+        this.compute.mxfp4(ex.w1, s.expertIn.ptr, s.t1.ptr, nt);
+        this.compute.mxfp4(ex.w3, s.expertIn.ptr, s.t2.ptr, nt);
+        k.k3_situ_glu(s.t1.ptr, s.t2.ptr, s.t1.ptr, nt * I, cfg.situBeta, cfg.situLinearBeta);
+        this.compute.mxfp4(ex.w2, s.t1.ptr, s.t5.ptr, nt);
+        for (let j = 0; j < nt; j++) {
+          const { t, slot } = us[j];
+          s.expertOut.f.set(s.t5.f.subarray(j * latent, (j + 1) * latent), (t * topK + slot) * latent);
+        }
+      });
+      this.weights.doneWithExperts?.(L);
+      if (w0 + wave < union.length) pending = this.weights.experts(L, union.slice(w0 + wave, w0 + 2 * wave));
+    }
     // acc = sum_j w_j e_j in router order; RMSNorm; up-projection.
     const acc = s.t3; // router logits are no longer needed
     for (let t = 0; t < T; t++) {
@@ -535,11 +616,7 @@ export class K3Model {
     }
     k.k3_rmsnorm(acc.ptr, w.vector(n("routed_expert_norm.weight")).ptr, acc.ptr, latent, T, cfg.rmsNormEps);
     this.compute.matmul(w.matrix(n("routed_expert_up_proj.weight")), acc.ptr, s.a.ptr, T);
-    // Shared experts at full width, added with no weight.
-    if (cfg.moe.numShared > 0) {
-      const sh = (x: string) => n(`shared_experts.${x}.weight`);
-      this.glu(w.matrix(sh("gate_proj")), w.matrix(sh("up_proj")), w.matrix(sh("down_proj")), s.xn.ptr, s.x.ptr, T);
-      k.k3_add(s.a.ptr, s.x.ptr, T * D);
-    }
+    // Shared experts (computed above), added with no weight.
+    if (cfg.moe.numShared > 0) k.k3_add(s.a.ptr, s.x.ptr, T * D);
   }
 }

@@ -26,8 +26,10 @@ export interface OpenOptions {
   layers?: number;
   /** Positions the sequence state must hold (prompt + generated). */
   capacity: number;
-  /** Tokens per forward call during prefill. */
+  /** Prompt tokens of one sequence per forward pass during prefill. */
   chunk?: number;
+  /** Sequences generated at once (the memory plan holds a state for each). Default 1. */
+  sequences?: number;
   /** Threads for matrix products (default: all cores). Never changes a token. */
   threads?: number;
   /** Smallest product (weight elements) worth splitting across threads (tests lower it). */
@@ -68,6 +70,7 @@ export async function openModel(dir: string, opts: OpenOptions): Promise<OpenedM
       mem: opts.memory,
       capacity: opts.capacity,
       chunk: opts.chunk ?? 16,
+      sequences: opts.sequences,
       log: opts.log,
       onLayer: (d, n) => opts.onProgress?.("load", d, n),
     });
@@ -77,7 +80,7 @@ export async function openModel(dir: string, opts: OpenOptions): Promise<OpenedM
       opts.threads ?? navigator.hardwareConcurrency,
       opts.splitMin,
     );
-    const model = new K3Model(k, cfg, weights, opened.chunk, opts.capacity, compute);
+    const model = new K3Model(k, cfg, weights, opened.passRows, opts.capacity, compute);
     return {
       k,
       cfg,

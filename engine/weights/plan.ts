@@ -115,6 +115,8 @@ export interface PlanInput {
   capacity: number;
   /** Requested prefill chunk. */
   chunk: number;
+  /** Sequences in flight at once, each with its own state (default 1). */
+  sequences?: number;
   mem: MemoryOptions;
   /** A packed trunk is given (--trunk). */
   packed: boolean;
@@ -149,10 +151,12 @@ export interface MemoryPlan {
   };
   embedHead: { streamed: boolean; bytes: number };
   finalsBytes: number;
-  state: { fixedBytes: number; kvPerPosition: number; positions: number; bytes: number };
+  state: { fixedBytes: number; kvPerPosition: number; positions: number; sequences: number; bytes: number };
   scratchBytes: number;
-  /** The prefill chunk actually used (clamped so a chunk's experts fit in the cache). */
+  /** The prefill chunk. A pass whose experts exceed the cache runs them in waves. */
   chunk: number;
+  /** Rows one forward pass holds: a prefill chunk plus one decode token of each other sequence. */
+  passRows: number;
   totalBytes: number;
   overheadBytes: number;
   availableBytes: number | null;
@@ -317,7 +321,9 @@ export function makePlan(input: PlanInput): MemoryPlan {
           ) + ALIGN)
       : input.embedBytes + input.headBytes;
   let streamEmbed = !!mem.streamEmbed;
-  const stateTotal = st.fixed + st.perPosition * input.capacity;
+  const sequences = Math.max(1, input.sequences ?? 1);
+  const stateTotal = sequences * (st.fixed + st.perPosition * input.capacity);
+  const passRows = input.chunk + sequences - 1;
 
   let trunkBudget = mem.trunkGB === undefined ? undefined : mem.trunkGB * GB;
   let cacheBudget = mem.cacheGB === undefined ? undefined : mem.cacheGB * GB;
@@ -335,7 +341,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
       0.9 *
       (avail -
         (embedHeadOf(se) + input.finalsBytes + stateTotal +
-          scratchBytes(cfg, input.chunk, input.capacity) + FIXED_OVERHEAD_BYTES));
+          scratchBytes(cfg, passRows, input.capacity) + FIXED_OVERHEAD_BYTES));
     const trunkMin = input.packed ? Math.min(trunkTotal, 2 * largest) : trunkTotal;
     if (!streamEmbed && usableWith(false) < trunkMin + minCache) streamEmbed = true;
     const usable = usableWith(streamEmbed);
@@ -401,18 +407,8 @@ export function makePlan(input: PlanInput): MemoryPlan {
     }
   }
   const expertBytes = expertsResident ? totalExperts * input.expertBytes : slots * slotBytes;
-  // A chunk's experts (union over its tokens, up to T x top-k) must all be in slots at once.
-  let chunk = input.chunk;
-  if (!expertsResident && slots < totalExperts) {
-    const fit = Math.max(1, Math.floor(slots / Math.max(topK, 1)));
-    if (fit < chunk) {
-      notes.push(
-        `prefill chunk ${chunk} -> ${fit} so that a chunk's experts (up to chunk x top-k) fit in ${slots} slots`,
-      );
-      chunk = fit;
-    }
-  }
-  const scratch = scratchBytes(cfg, chunk, input.capacity);
+  const chunk = input.chunk;
+  const scratch = scratchBytes(cfg, passRows, input.capacity);
   const trunkBytes = pinnedBytes + ring;
   const total = trunkBytes + expertBytes + embedHeadBytes + input.finalsBytes + stateTotal +
     scratch;
@@ -445,10 +441,12 @@ export function makePlan(input: PlanInput): MemoryPlan {
       fixedBytes: st.fixed,
       kvPerPosition: st.perPosition,
       positions: input.capacity,
+      sequences,
       bytes: stateTotal,
     },
     scratchBytes: scratch,
     chunk,
+    passRows,
     totalBytes: total,
     overheadBytes: FIXED_OVERHEAD_BYTES,
     availableBytes: input.available ?? null,
@@ -513,9 +511,17 @@ export function formatPlan(p: MemoryPlan): string[] {
   row(
     "state",
     p.state.bytes,
-    `KDA ${fmt(p.state.fixedBytes)} + KV ${fmt(p.state.kvPerPosition)}/position x ${p.state.positions} positions`,
+    `${p.state.sequences > 1 ? `${p.state.sequences} sequences x (` : ""}KDA ${fmt(p.state.fixedBytes)} + KV ${
+      fmt(p.state.kvPerPosition)
+    }/position x ${p.state.positions} positions${p.state.sequences > 1 ? ")" : ""}`,
   );
-  row("scratch", p.scratchBytes, `forward buffers for a ${p.chunk}-token chunk`);
+  row(
+    "scratch",
+    p.scratchBytes,
+    `forward buffers for ${p.passRows} rows a pass (a ${p.chunk}-token chunk${
+      p.passRows > p.chunk ? ` + ${p.passRows - p.chunk} decode tokens` : ""
+    })`,
+  );
   row(
     "total",
     p.totalBytes,

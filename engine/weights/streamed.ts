@@ -293,6 +293,10 @@ export class StreamedWeights implements WeightSource {
     return this.cache!.get(L, ids);
   }
 
+  get expertSlots(): number | undefined {
+    return this.cache?.size;
+  }
+
   doneWithExperts(L: number): void {
     this.cache!.release(L);
   }
@@ -352,8 +356,8 @@ function checkpointSizes(cfg: K3Config, ckpt: Checkpoint) {
 export interface OpenedWeights {
   weights: WeightSource & { close?(): Promise<void>; free?(): void };
   plan: MemoryPlan;
-  /** The prefill chunk to use (the plan may have clamped it). */
-  chunk: number;
+  /** Rows a forward pass holds (the plan's passRows). */
+  passRows: number;
   close(): Promise<void>;
 }
 
@@ -371,6 +375,8 @@ export async function openWeights(
     mem?: MemoryOptions;
     capacity: number;
     chunk: number;
+    /** Sequences in flight at once (default 1). */
+    sequences?: number;
     log?: (line: string) => void;
     onLayer?: (done: number, total: number) => void;
   },
@@ -402,6 +408,7 @@ export async function openWeights(
       expertBytes: expertBytes(cfg),
       capacity: opts.capacity,
       chunk: opts.chunk,
+      sequences: opts.sequences,
       mem,
       packed: trunkFile !== undefined,
       available: memAvailable(),
@@ -410,7 +417,7 @@ export async function openWeights(
     checkFits(plan);
     if (!streaming) {
       const weights = await ResidentWeights.load(k, cfg, ckpt, { onLayer: opts.onLayer });
-      return { weights, plan, chunk: opts.chunk, close: () => Promise.resolve(weights.free()) };
+      return { weights, plan, passRows: plan.passRows, close: () => Promise.resolve(weights.free()) };
     }
     const weights = await StreamedWeights.open(k, cfg, ckpt, plan, trunkFile);
     const tf = trunkFile;
@@ -418,7 +425,7 @@ export async function openWeights(
     return {
       weights,
       plan,
-      chunk: plan.chunk,
+      passRows: plan.passRows,
       close: async () => {
         await weights.close();
         tf?.close();

@@ -1,0 +1,305 @@
+/**
+ * The scheduler: one loop that generates for many sequences at once on one model.
+ *
+ * Each forward pass carries the next decode token of every sequence in flight plus, within
+ * the pass's row budget, the next prefill chunk of a sequence still reading its prompt
+ * (continuous batching). The pass reads each trunk weight once for all its rows and each
+ * chosen expert once (engine/model/model.ts `pass`); a sequence's logits have the same
+ * bits whatever else shares its passes, so a sequence's tokens never depend on its company.
+ *
+ * A sequence is admitted when a state slot is free (the memory plan sized the states:
+ * `maxSequences`), runs its prompt in chunks, then picks one token per pass with its own
+ * `choose` (greedy by default) until a stop id, its caller's `onToken` says stop, its
+ * token limit, or its abort signal. `k3 run` is the one-sequence use of this loop, `k3
+ * batch` feeds it from JSONL and `k3 serve` from HTTP.
+ *
+ * @module
+ */
+
+import { EXIT, K3Error } from "../errors.ts";
+import type { K3Model, Segment, SequenceState } from "../model/model.ts";
+
+/** Why a sequence ended: a stop id or stop string, its token limit, or its abort signal. */
+export type FinishReason = "stop" | "length" | "interrupted";
+
+/** One sequence to generate. */
+export interface SequenceRequest {
+  /** Token ids to prefill: the whole prompt, or the new suffix when `state` is given. */
+  prompt: number[];
+  /** Tokens to generate at most; 0 runs the prompt only. */
+  maxTokens: number;
+  /** Generation stops after emitting one of these (the id is kept in `tokens`). */
+  stopIds?: readonly number[];
+  /** Picks the next token from fp32 logits (a view valid only during the call). Default:
+   * greedy argmax, ties to the lowest id. */
+  choose?: (logits: Float32Array) => number;
+  /** Called for every generated token, in order, as soon as it exists. Return true to stop
+   * here with finish reason "stop" (stop strings are matched by the caller). */
+  onToken?: (token: number, logits: Float32Array) => boolean | void;
+  /** Prefill progress: tokens of `prompt` done so far, of `total`. */
+  onPrefill?: (done: number, total: number) => void;
+  /** Continue this state (its prefix already processed) instead of a fresh one. The
+   * scheduler owns it from here: it is freed at the end unless `keepState`. */
+  state?: SequenceState;
+  /** Hand the state back in the result instead of freeing it. */
+  keepState?: boolean;
+  /** Recompute the whole sequence from an empty state for every token (a diagnostic:
+   * gives the same tokens as carrying the state). */
+  recompute?: boolean;
+  /** Ends generation at the next pass boundary with finish reason "interrupted". */
+  signal?: AbortSignal;
+}
+
+/** What a finished sequence produced. */
+export interface SequenceResult {
+  tokens: number[];
+  finishReason: FinishReason;
+  promptTokens: number;
+  /** From admission to the first token's logits (the whole prompt's prefill). */
+  prefillSeconds: number;
+  /** From the first token to the last. */
+  decodeSeconds: number;
+  /** Per generated token: the prefill for the first, then the time since the previous. */
+  stepSeconds: number[];
+  /** The state after the last token (when `keepState`). Its position counts every token
+   * that went through the model: the prompt and all generated tokens but the last. */
+  state?: SequenceState;
+}
+
+/** Index of the largest logit, ties to the lowest index. */
+export function argmax(x: Float32Array): number {
+  let best = 0;
+  for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
+  return best;
+}
+
+/**
+ * Refuses logits that are not all finite: weights that passed every shape and checksum
+ * check can still hold NaN or Inf, and a token picked from them is not an answer (exit 4).
+ */
+export function checkFinite(logits: Float32Array, step: number): void {
+  for (let i = 0; i < logits.length; i++) {
+    if (!Number.isFinite(logits[i])) {
+      throw new K3Error(
+        `output unsound: logit ${i} is ${logits[i]} at step ${step} (NaN or Inf in the weights or activations)`,
+        EXIT.unsound,
+      );
+    }
+  }
+}
+
+/** Options of a scheduler. */
+export interface SchedulerOptions {
+  /** Sequences in flight at once (each holds a state). Default 1. */
+  maxSequences?: number;
+  /** Prompt tokens of one sequence per pass. Default: the model's row budget. */
+  chunk?: number;
+  /** Called after every pass with its segments (for progress and reports). */
+  onPass?: (info: { rows: number; sequences: number; seconds: number }) => void;
+}
+
+/** A sequence in flight. */
+class Running {
+  readonly state: SequenceState;
+  /** Tokens still to run through the model before the next logits. */
+  pending: number[];
+  readonly tokens: number[] = [];
+  readonly stepSeconds: number[] = [];
+  prefillDone = 0;
+  readonly admitted = performance.now();
+  firstAt = 0;
+  lastAt = 0;
+  done = false;
+
+  constructor(
+    readonly req: SequenceRequest,
+    state: SequenceState,
+    readonly resolve: (r: SequenceResult) => void,
+    readonly reject: (e: unknown) => void,
+  ) {
+    this.state = state;
+    this.pending = [...req.prompt];
+  }
+
+  get decoding(): boolean {
+    return this.tokens.length > 0 && !this.req.recompute;
+  }
+}
+
+/** Generation for many sequences on one model; see the module doc. */
+export class Scheduler {
+  private readonly waiting: {
+    req: SequenceRequest;
+    resolve: (r: SequenceResult) => void;
+    reject: (e: unknown) => void;
+  }[] = [];
+  private readonly running: Running[] = [];
+  private readonly maxSequences: number;
+  private readonly chunk: number;
+  private loop?: Promise<void>;
+  private failure?: unknown;
+
+  constructor(readonly model: K3Model, private readonly opts: SchedulerOptions = {}) {
+    this.maxSequences = Math.max(1, Math.min(opts.maxSequences ?? 1, model.maxT));
+    this.chunk = Math.max(1, Math.min(opts.chunk ?? model.maxT, model.maxT));
+  }
+
+  /** Sequences waiting for a state slot. */
+  get queued(): number {
+    return this.waiting.length;
+  }
+
+  /** Sequences in flight. */
+  get active(): number {
+    return this.running.length;
+  }
+
+  /** Queues a sequence; resolves when it finishes, rejects (K3Error) when it fails. */
+  submit(req: SequenceRequest): Promise<SequenceResult> {
+    if (this.failure) return Promise.reject(this.failure);
+    if (req.prompt.length === 0 && !req.state) return Promise.reject(new Error("scheduler: empty prompt"));
+    if (req.recompute && req.state) return Promise.reject(new Error("scheduler: recompute starts from an empty state"));
+    if (req.prompt.length === 0 && req.maxTokens > 0) {
+      return Promise.reject(new Error("scheduler: nothing to prefill before the first token"));
+    }
+    const capacity = this.model.capacity;
+    const need = (req.state?.pos ?? 0) + req.prompt.length + Math.max(0, req.maxTokens - 1);
+    if (need > capacity) {
+      return Promise.reject(
+        new K3Error(`sequence needs ${need} positions; the model was opened for ${capacity}`),
+      );
+    }
+    return new Promise((resolve, reject) => {
+      this.waiting.push({ req, resolve, reject });
+      this.loop ??= this.run().finally(() => (this.loop = undefined));
+    });
+  }
+
+  /** Waits until every submitted sequence has finished. */
+  async close(): Promise<void> {
+    while (this.loop) await this.loop;
+  }
+
+  private admit(): void {
+    while (this.waiting.length > 0 && this.running.length < this.maxSequences) {
+      const { req, resolve, reject } = this.waiting.shift()!;
+      const seq = new Running(req, req.state ?? this.model.newState(), resolve, reject);
+      this.running.push(seq);
+      if (req.prompt.length === 0) this.finish(seq, "length"); // a state handed back as is
+    }
+  }
+
+  private finish(seq: Running, reason: FinishReason): void {
+    if (seq.done) return;
+    seq.done = true;
+    this.running.splice(this.running.indexOf(seq), 1);
+    const now = performance.now();
+    const result: SequenceResult = {
+      tokens: seq.tokens,
+      finishReason: reason,
+      promptTokens: seq.req.prompt.length,
+      prefillSeconds: ((seq.firstAt || now) - seq.admitted) / 1000,
+      decodeSeconds: seq.firstAt ? (seq.lastAt - seq.firstAt) / 1000 : 0,
+      stepSeconds: seq.stepSeconds,
+    };
+    if (seq.req.keepState) result.state = seq.state;
+    else seq.state.free();
+    seq.resolve(result);
+  }
+
+  private fail(seq: Running, e: unknown): void {
+    if (seq.done) return;
+    seq.done = true;
+    this.running.splice(this.running.indexOf(seq), 1);
+    seq.state.free();
+    seq.reject(e);
+  }
+
+  /** The next pass: every decoding sequence's token, then prefill chunks while rows remain. */
+  private nextPass(): { seq: Running; seg: Segment }[] {
+    const pass: { seq: Running; seg: Segment }[] = [];
+    let rows = 0;
+    for (const seq of this.running) {
+      if (!seq.decoding) continue;
+      pass.push({ seq, seg: { state: seq.state, ids: seq.pending.splice(0), logits: "last" } });
+      rows++;
+    }
+    for (const seq of this.running) {
+      if (seq.decoding) continue;
+      const n = Math.min(seq.pending.length, this.chunk, this.model.maxT - rows);
+      if (n <= 0) continue;
+      const ids = seq.pending.splice(0, n);
+      const last = seq.pending.length === 0 && seq.req.maxTokens > 0;
+      pass.push({ seq, seg: { state: seq.state, ids, logits: last ? "last" : "none" } });
+      rows += n;
+    }
+    return pass;
+  }
+
+  private async run(): Promise<void> {
+    while (this.waiting.length > 0 || this.running.length > 0) {
+      this.admit();
+      for (const seq of [...this.running]) if (seq.req.signal?.aborted) this.finish(seq, "interrupted");
+      const pass = this.nextPass();
+      if (pass.length === 0) {
+        if (this.running.length > 0) throw new Error("internal: scheduler built an empty pass");
+        continue;
+      }
+      const t0 = performance.now();
+      let logits: Float32Array[];
+      try {
+        logits = await this.model.pass(pass.map((p) => p.seg));
+      } catch (e) {
+        // A failed pass (a bad read, a refused trunk) ends every sequence: their states
+        // are mid-layer and nothing computed after it could be trusted.
+        this.failure = e;
+        for (const seq of [...this.running]) this.fail(seq, e);
+        for (const w of this.waiting.splice(0)) w.reject(e);
+        return;
+      }
+      const now = performance.now();
+      this.opts.onPass?.({
+        rows: pass.reduce((n, p) => n + p.seg.ids.length, 0),
+        sequences: pass.length,
+        seconds: (now - t0) / 1000,
+      });
+      pass.forEach(({ seq, seg }, i) => {
+        if (seq.done) return;
+        if (!seq.decoding && seq.tokens.length === 0) {
+          seq.prefillDone += seg.ids.length;
+          seq.req.onPrefill?.(Math.min(seq.prefillDone, seq.req.prompt.length), seq.req.prompt.length);
+        }
+        if (seg.logits === "none") {
+          if (seq.pending.length === 0) this.finish(seq, "length"); // prompt only
+          return;
+        }
+        try {
+          this.step(seq, logits[i], now);
+        } catch (e) {
+          this.fail(seq, e);
+        }
+      });
+    }
+  }
+
+  /** Picks and hands out one token of `seq`; ends it or queues the token for the next pass. */
+  private step(seq: Running, logits: Float32Array, now: number): void {
+    const { req } = seq;
+    checkFinite(logits, seq.tokens.length);
+    const token = (req.choose ?? argmax)(logits);
+    seq.stepSeconds.push((now - (seq.lastAt || seq.admitted)) / 1000);
+    seq.firstAt ||= now;
+    seq.lastAt = now;
+    seq.tokens.push(token);
+    const stopByCaller = req.onToken?.(token, logits) === true;
+    if (stopByCaller || req.stopIds?.includes(token)) return this.finish(seq, "stop");
+    if (seq.tokens.length >= req.maxTokens) return this.finish(seq, "length");
+    if (req.signal?.aborted) return this.finish(seq, "interrupted");
+    if (req.recompute) {
+      seq.state.reset();
+      seq.pending = [...req.prompt, ...seq.tokens];
+    } else {
+      seq.pending = [token];
+    }
+  }
+}
