@@ -103,3 +103,29 @@ export function chatPrompt(
 export function stopIds(tok: Tokenizer): number[] {
   return [tok.specialId("<|end_of_msg|>"), tok.specialId("[EOS]")];
 }
+
+const CLOSE_THINK = "<|close|>think<|sep|>";
+const OPEN_RESPONSE = "<|open|>response<|sep|>";
+const CLOSE_RESPONSE = "<|close|>response<|sep|>";
+
+/**
+ * Splits generated assistant text (decoded with its markup) into reasoning (the think
+ * channel) and content (the response channel), as vLLM's kimi_k3 reasoning parser does.
+ * With `thinking` the prompt opened the think channel, so the text starts in it and
+ * reasoning runs to `<|close|>think<|sep|>` (all of it when that never came); without,
+ * the text starts in the response channel. Content ends at `<|close|>response<|sep|>`;
+ * what follows (the message's closing markup) is neither.
+ */
+export function splitChannels(text: string, thinking: boolean): { reasoning: string; content: string } {
+  let reasoning = "";
+  let rest = text;
+  if (thinking) {
+    const end = text.indexOf(CLOSE_THINK);
+    if (end < 0) return { reasoning: text, content: "" };
+    reasoning = text.slice(0, end);
+    rest = text.slice(end + CLOSE_THINK.length);
+    if (rest.startsWith(OPEN_RESPONSE)) rest = rest.slice(OPEN_RESPONSE.length);
+  }
+  const end = rest.indexOf(CLOSE_RESPONSE);
+  return { reasoning, content: end < 0 ? rest : rest.slice(0, end) };
+}

@@ -1,0 +1,574 @@
+/**
+ * The OpenAI wire format `k3 serve` speaks: request validation (400s in OpenAI's error
+ * shape, naming the offending `param`), and the response, chunk and error bodies of
+ * `/v1/chat/completions` and `/v1/completions`.
+ *
+ * Pure functions of JSON values: nothing here touches the model, so the fuzz tests can
+ * throw thousands of bodies at it quickly.
+ *
+ * Semantics follow OpenAI where it defines them (temperature defaults to 1, completions'
+ * max_tokens to 16, unknown fields are ignored) and vLLM where OpenAI does not (top_k,
+ * min_p, chat_template_kwargs, reasoning_content).
+ *
+ * @module
+ */
+
+import type { ChatMessage } from "../engine/text/chat.ts";
+import { EFFORTS, splitChannels } from "../engine/text/chat.ts";
+
+/** An error answered as `{"error": {message, type, param, code}}` with an HTTP status. */
+export class ApiError extends Error {
+  /** An error with its HTTP status, the request field at fault, and OpenAI's code and type. */
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly param: string | null = null,
+    readonly code: string | null = null,
+    readonly type: string = status >= 500 ? "server_error" : "invalid_request_error",
+  ) {
+    super(message);
+    this.name = "ApiError";
+  }
+}
+
+/** OpenAI's error body. */
+export function errorBody(
+  e: ApiError,
+): { error: { message: string; type: string; param: string | null; code: string | null } } {
+  return { error: { message: e.message, type: e.type, param: e.param, code: e.code } };
+}
+
+/** Sampling fields of a request (seed undefined: the server picks one). */
+export interface RequestSampling {
+  /** 0 = greedy; default 1. */
+  temperature: number;
+  /** Nucleus mass kept; default 1 (all). */
+  topP: number;
+  /** Most likely tokens kept; 0 = all. */
+  topK: number;
+  /** Tokens below minP times the top probability dropped; default 0. */
+  minP: number;
+  /** The sampler's seed; undefined: the server picks one. */
+  seed?: number;
+}
+
+/** Fields both endpoints share. */
+export interface CommonRequest {
+  /** The requested model name, when given. */
+  model?: string;
+  /** Tokens to generate at most; undefined: the endpoint's default. */
+  maxTokens?: number;
+  /** Which field set maxTokens (for a 400 that names it). */
+  maxTokensParam: "max_tokens" | "max_completion_tokens";
+  /** How the next token is picked. */
+  sampling: RequestSampling;
+  /** Stop strings (never emitted). */
+  stop: string[];
+  /** Answer as server-sent events. */
+  stream: boolean;
+  /** stream_options.include_usage. */
+  includeUsage: boolean;
+}
+
+/** A validated `/v1/chat/completions` request. */
+export interface ChatRequest extends CommonRequest {
+  /** Which endpoint. */
+  kind: "chat";
+  /** The conversation, developer messages as system messages. */
+  messages: ChatMessage[];
+  /** chat_template_kwargs.thinking (default true: the think channel opens first). */
+  thinking: boolean;
+  /** chat_template_kwargs.thinking_effort. */
+  effort?: string;
+}
+
+/** A validated `/v1/completions` request. */
+export interface CompletionRequest extends CommonRequest {
+  /** Which endpoint. */
+  kind: "completion";
+  /** Text (encoded without special tokens) or token ids. */
+  prompt: string | number[];
+}
+
+/** Stop strings per request at most (OpenAI allows 4; vLLM more). */
+export const MAX_STOPS = 16;
+
+type Json = Record<string, unknown>;
+
+function typeName(v: unknown): string {
+  return v === null ? "null" : Array.isArray(v) ? "array" : typeof v;
+}
+
+function bad(param: string, message: string, code: string | null = null): ApiError {
+  return new ApiError(400, message, param, code);
+}
+
+/** Reads optional fields of a JSON object, each checked with a 400 naming the field. */
+class Fields {
+  constructor(readonly obj: Json, readonly prefix = "") {}
+  #name(k: string): string {
+    return this.prefix + k;
+  }
+  /** Present and not null (OpenAI treats null as absent). */
+  has(k: string): boolean {
+    return this.obj[k] !== undefined && this.obj[k] !== null;
+  }
+  string(k: string): string | undefined {
+    const v = this.obj[k];
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "string") throw bad(this.#name(k), `'${this.#name(k)}' must be a string, got ${typeName(v)}`);
+    return v;
+  }
+  boolean(k: string): boolean | undefined {
+    const v = this.obj[k];
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "boolean") throw bad(this.#name(k), `'${this.#name(k)}' must be a boolean, got ${typeName(v)}`);
+    return v;
+  }
+  number(k: string, min: number, max: number, minOpen = false): number | undefined {
+    const v = this.obj[k];
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "number" || !Number.isFinite(v)) {
+      throw bad(this.#name(k), `'${this.#name(k)}' must be a number, got ${typeName(v)}`);
+    }
+    if (v < min || v > max || (minOpen && v === min)) {
+      throw bad(this.#name(k), `'${this.#name(k)}' must be in ${minOpen ? "(" : "["}${min}, ${max}], got ${v}`);
+    }
+    return v;
+  }
+  integer(k: string, min: number, max: number): number | undefined {
+    const v = this.obj[k];
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "number" || !Number.isSafeInteger(v)) {
+      throw bad(
+        this.#name(k),
+        `'${this.#name(k)}' must be an integer, got ${typeName(v) === "number" ? v : typeName(v)}`,
+      );
+    }
+    if (v < min || v > max) throw bad(this.#name(k), `'${this.#name(k)}' must be in [${min}, ${max}], got ${v}`);
+    return v;
+  }
+  object(k: string): Fields | undefined {
+    const v = this.obj[k];
+    if (v === undefined || v === null) return undefined;
+    if (typeName(v) !== "object") throw bad(this.#name(k), `'${this.#name(k)}' must be an object, got ${typeName(v)}`);
+    return new Fields(v as Json, this.#name(k) + ".");
+  }
+  /** Refuses a field k3 does not implement, unless it holds one of the `harmless` values. */
+  refuse(k: string, why: string, harmless: unknown[] = []): void {
+    const v = this.obj[k];
+    if (v === undefined || v === null || harmless.some((h) => h === v)) return;
+    if (Array.isArray(v) && v.length === 0 && harmless.some((h) => Array.isArray(h))) return;
+    if (
+      typeName(v) === "object" && Object.keys(v as Json).length === 0 && harmless.some((h) => typeName(h) === "object")
+    ) {
+      return;
+    }
+    throw bad(this.#name(k), `'${this.#name(k)}' is not supported by k3 serve: ${why}`, "unsupported_parameter");
+  }
+}
+
+function asObject(body: unknown): Fields {
+  if (typeName(body) !== "object") {
+    throw new ApiError(400, `the request body must be a JSON object, got ${typeName(body)}`);
+  }
+  return new Fields(body as Json);
+}
+
+function stops(f: Fields): string[] {
+  const v = f.obj.stop;
+  if (v === undefined || v === null) return [];
+  const list = typeof v === "string" ? [v] : v;
+  if (!Array.isArray(list)) throw bad("stop", `'stop' must be a string or an array of strings, got ${typeName(v)}`);
+  if (list.length > MAX_STOPS) throw bad("stop", `'stop' has ${list.length} strings, at most ${MAX_STOPS}`);
+  list.forEach((s, i) => {
+    if (typeof s !== "string") throw bad(`stop[${i}]`, `'stop[${i}]' must be a string, got ${typeName(s)}`);
+    if (s === "") throw bad(`stop[${i}]`, `'stop[${i}]' must not be empty`);
+  });
+  return list as string[];
+}
+
+/** The fields chat and completions share, validated. */
+function common(f: Fields): CommonRequest {
+  const model = f.string("model");
+  const n = f.integer("n", 1, 128);
+  if (n !== undefined && n !== 1) throw bad("n", `'n' must be 1: k3 serve generates one choice per request, got ${n}`);
+  const maxTokens = f.integer("max_tokens", 1, Number.MAX_SAFE_INTEGER);
+  const maxCompletion = f.integer("max_completion_tokens", 1, Number.MAX_SAFE_INTEGER);
+  const stream = f.boolean("stream") ?? false;
+  const opts = f.object("stream_options");
+  if (opts && !stream) throw bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
+  const includeUsage = opts?.boolean("include_usage") ?? false;
+  f.refuse("logprobs", "log probabilities are not returned", [false, 0]);
+  f.refuse("top_logprobs", "log probabilities are not returned", [0]);
+  f.refuse("logit_bias", "logit biases are not applied", [{}]);
+  f.refuse("presence_penalty", "penalties are not applied", [0]);
+  f.refuse("frequency_penalty", "penalties are not applied", [0]);
+  f.refuse("repetition_penalty", "penalties are not applied", [1]);
+  return {
+    model,
+    // max_completion_tokens is the newer name; when both are given it wins, as in OpenAI.
+    maxTokens: maxCompletion ?? maxTokens,
+    maxTokensParam: maxCompletion !== undefined ? "max_completion_tokens" : "max_tokens",
+    sampling: {
+      temperature: f.number("temperature", 0, 2) ?? 1,
+      topP: f.number("top_p", 0, 1, true) ?? 1,
+      // vLLM: -1 (and 0 here) mean no top-k.
+      topK: Math.max(f.integer("top_k", -1, 1 << 30) ?? 0, 0),
+      minP: f.number("min_p", 0, 1) ?? 0,
+      seed: f.integer("seed", Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER),
+    },
+    stop: stops(f),
+    stream,
+    includeUsage,
+  };
+}
+
+/** The text of a message's content: a string, or an array of text parts (images refused). */
+function messageText(v: unknown, param: string): string {
+  if (typeof v === "string") return v;
+  if (!Array.isArray(v)) {
+    throw bad(param, `'${param}' must be a string or an array of content parts, got ${typeName(v)}`);
+  }
+  return v.map((part, j) => {
+    const p = `${param}[${j}]`;
+    if (typeName(part) !== "object") throw bad(p, `'${p}' must be an object, got ${typeName(part)}`);
+    const type = (part as Json).type;
+    if (type === "text") {
+      const text = (part as Json).text;
+      if (typeof text !== "string") throw bad(`${p}.text`, `'${p}.text' must be a string, got ${typeName(text)}`);
+      return text;
+    }
+    if (type === "image_url" || type === "input_image" || type === "image") {
+      throw bad(p, `'${p}' is an image: k3 serve takes text only`, "unsupported_parameter");
+    }
+    throw bad(`${p}.type`, `'${p}.type' must be "text", got ${JSON.stringify(type ?? null)}`);
+  }).join("");
+}
+
+function message(v: unknown, i: number): ChatMessage {
+  const p = `messages[${i}]`;
+  if (typeName(v) !== "object") throw bad(p, `'${p}' must be an object, got ${typeName(v)}`);
+  const f = new Fields(v as Json, `${p}.`);
+  const role = f.string("role");
+  if (role === undefined) throw bad(`${p}.role`, `'${p}.role' is required`);
+  if (role === "tool" || role === "function") {
+    throw bad(
+      `${p}.role`,
+      `'${p}.role' ${JSON.stringify(role)} is not supported: k3 serve has no tool calling`,
+      "unsupported_parameter",
+    );
+  }
+  if (!["system", "developer", "user", "assistant"].includes(role)) {
+    throw bad(
+      `${p}.role`,
+      `'${p}.role' must be one of system, developer, user, assistant, got ${JSON.stringify(role)}`,
+    );
+  }
+  f.refuse("tool_calls", "k3 serve has no tool calling", [[]]);
+  f.refuse("function_call", "k3 serve has no tool calling");
+  const content = (v as Json).content;
+  let text: string;
+  if (content === undefined || content === null) {
+    if (role !== "assistant") throw bad(`${p}.content`, `'${p}.content' is required`);
+    text = "";
+  } else {
+    text = messageText(content, `${p}.content`);
+  }
+  const msg: ChatMessage = { role: role === "developer" ? "system" : role as ChatMessage["role"], content: text };
+  if (role === "assistant") {
+    // vLLM's name for the think channel; `reasoning` is what some clients send back.
+    const reasoning = f.string("reasoning_content") ?? f.string("reasoning");
+    if (reasoning !== undefined) msg.reasoning = reasoning;
+  }
+  return msg;
+}
+
+/** Validates a `/v1/chat/completions` body; throws ApiError(400) naming the bad field. */
+export function parseChatRequest(body: unknown): ChatRequest {
+  const f = asObject(body);
+  const raw = f.obj.messages;
+  if (raw === undefined || raw === null) throw bad("messages", "'messages' is required");
+  if (!Array.isArray(raw)) throw bad("messages", `'messages' must be an array, got ${typeName(raw)}`);
+  if (raw.length === 0) throw bad("messages", "'messages' must not be empty");
+  const messages = raw.map(message);
+  f.refuse("tools", "k3 serve has no tool calling", [[]]);
+  f.refuse("tool_choice", "k3 serve has no tool calling", ["none"]);
+  f.refuse("functions", "k3 serve has no tool calling", [[]]);
+  f.refuse("function_call", "k3 serve has no tool calling", ["none"]);
+  f.refuse("response_format", "structured output is not enforced", [{}]);
+  const rf = f.obj.response_format;
+  if (typeName(rf) === "object" && (rf as Json).type !== undefined && (rf as Json).type !== "text") {
+    throw bad("response_format", "'response_format' is not supported by k3 serve: only text", "unsupported_parameter");
+  }
+  const kw = f.object("chat_template_kwargs");
+  const thinking = kw?.boolean("thinking") ?? kw?.boolean("enable_thinking") ?? true;
+  const effort = kw?.string("thinking_effort") ?? f.string("reasoning_effort");
+  if (effort !== undefined && !(EFFORTS as readonly string[]).includes(effort)) {
+    const param = kw?.has("thinking_effort") ? "chat_template_kwargs.thinking_effort" : "reasoning_effort";
+    throw bad(param, `'${param}' must be one of ${EFFORTS.join(", ")}, got ${JSON.stringify(effort)}`);
+  }
+  return { kind: "chat", ...common(f), messages, thinking, effort };
+}
+
+/** Validates a `/v1/completions` body (prompt: text or ids below `vocab`). */
+export function parseCompletionRequest(body: unknown, vocab: number): CompletionRequest {
+  const f = asObject(body);
+  let raw = f.obj.prompt;
+  if (raw === undefined || raw === null) throw bad("prompt", "'prompt' is required");
+  // A list holding one prompt (text or ids) is that prompt; more would be a batch.
+  if (Array.isArray(raw) && raw.length === 1 && (typeof raw[0] === "string" || Array.isArray(raw[0]))) raw = raw[0];
+  let prompt: string | number[];
+  if (typeof raw === "string") {
+    if (raw === "") throw bad("prompt", "'prompt' must not be empty");
+    prompt = raw;
+  } else if (Array.isArray(raw)) {
+    if (raw.length === 0) throw bad("prompt", "'prompt' must not be empty");
+    if (raw.every((x) => typeof x === "string" || Array.isArray(x))) {
+      throw bad("prompt", `'prompt' holds ${raw.length} prompts: k3 serve takes one per request`);
+    }
+    raw.forEach((id, i) => {
+      if (typeof id !== "number" || !Number.isInteger(id) || id < 0 || id >= vocab) {
+        throw bad(`prompt[${i}]`, `'prompt[${i}]' must be a token id in [0, ${vocab - 1}], got ${JSON.stringify(id)}`);
+      }
+    });
+    prompt = raw as number[];
+  } else {
+    throw bad("prompt", `'prompt' must be a string or an array of token ids, got ${typeName(raw)}`);
+  }
+  f.refuse("echo", "the prompt is not echoed", [false]);
+  f.refuse("suffix", "insertion is not supported", [""]);
+  const bestOf = f.integer("best_of", 1, 128);
+  if (bestOf !== undefined && bestOf !== 1) throw bad("best_of", `'best_of' must be 1, got ${bestOf}`);
+  return { kind: "completion", ...common(f), prompt };
+}
+
+/** Token counts of a response. */
+export interface Usage {
+  /** Tokens of the prompt (the rendered chat, for chat). */
+  prompt_tokens: number;
+  /** Tokens generated, a final stop id included. */
+  completion_tokens: number;
+  /** The sum. */
+  total_tokens: number;
+}
+
+/** Usage from prompt and completion token counts. */
+export function usage(prompt: number, completion: number): Usage {
+  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+}
+
+/** OpenAI's finish reasons; an interrupted sequence is never answered as finished. */
+export type OpenAIFinish = "stop" | "length";
+
+/** The OpenAI finish reason of a finished (not interrupted) sequence. */
+export function finishReason(r: "stop" | "length" | "interrupted"): OpenAIFinish {
+  if (r === "interrupted") throw new Error("an interrupted sequence has no OpenAI finish reason");
+  return r;
+}
+
+/** What identifies one response and its chunks. */
+export interface ResponseHead {
+  /** chatcmpl-... or cmpl-..., the same in every chunk. */
+  id: string;
+  /** Unix seconds. */
+  created: number;
+  /** The served model name. */
+  model: string;
+}
+
+/** `chat.completion`: a whole chat answer. */
+export interface ChatCompletion extends ResponseHead {
+  /** Always "chat.completion". */
+  object: "chat.completion";
+  /** The one choice. */
+  choices: {
+    index: 0;
+    message: { role: "assistant"; content: string; reasoning_content: string | null; refusal: null };
+    logprobs: null;
+    finish_reason: OpenAIFinish;
+  }[];
+  /** Token counts. */
+  usage: Usage;
+}
+
+/** `chat.completion.chunk`: one server-sent event of a streamed chat answer. */
+export interface ChatChunk extends ResponseHead {
+  /** Always "chat.completion.chunk". */
+  object: "chat.completion.chunk";
+  /** The one choice's delta (none in the usage chunk). */
+  choices: { index: 0; delta: ChatDelta; logprobs: null; finish_reason: OpenAIFinish | null }[];
+  /** null on every chunk but the last when stream_options.include_usage; absent otherwise. */
+  usage?: Usage | null;
+}
+
+/** `text_completion`: a whole completion, or one chunk of a streamed one. */
+export interface Completion extends ResponseHead {
+  /** Always "text_completion". */
+  object: "text_completion";
+  /** The one choice (none in the usage chunk). */
+  choices: { index: 0; text: string; logprobs: null; finish_reason: OpenAIFinish | null }[];
+  /** Token counts (null or absent on stream chunks before the last). */
+  usage?: Usage | null;
+}
+
+/** `GET /v1/models`. */
+export interface ModelList {
+  /** Always "list". */
+  object: "list";
+  /** The one served model. */
+  data: { id: string; object: "model"; created: number; owned_by: string }[];
+}
+
+/** A non-streamed chat completion. */
+export function chatCompletion(
+  h: ResponseHead,
+  out: { content: string; reasoning: string | null; finish: OpenAIFinish; usage: Usage },
+): ChatCompletion {
+  return {
+    id: h.id,
+    object: "chat.completion" as const,
+    created: h.created,
+    model: h.model,
+    choices: [{
+      index: 0,
+      message: { role: "assistant" as const, content: out.content, reasoning_content: out.reasoning, refusal: null },
+      logprobs: null,
+      finish_reason: out.finish,
+    }],
+    usage: out.usage,
+  };
+}
+
+/** The delta of one chat chunk. */
+export interface ChatDelta {
+  /** "assistant", on the first chunk only. */
+  role?: "assistant";
+  /** Response-channel text. */
+  content?: string;
+  /** Think-channel text. */
+  reasoning_content?: string;
+}
+
+/** One streamed chat chunk; `usage` is null on every chunk but the last when usage was asked. */
+export function chatChunk(
+  h: ResponseHead,
+  delta: ChatDelta,
+  finish: OpenAIFinish | null,
+  includeUsage: boolean,
+): ChatChunk {
+  return {
+    id: h.id,
+    object: "chat.completion.chunk" as const,
+    created: h.created,
+    model: h.model,
+    choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
+    ...(includeUsage ? { usage: null } : {}),
+  };
+}
+
+/** The last chunk of a stream that asked for usage: no choices, the usage. */
+export function usageChunk(
+  h: ResponseHead,
+  object: "chat.completion.chunk" | "text_completion",
+  u: Usage,
+): ChatChunk | Completion {
+  return { id: h.id, object, created: h.created, model: h.model, choices: [], usage: u };
+}
+
+/** A non-streamed completion. */
+export function completion(h: ResponseHead, out: { text: string; finish: OpenAIFinish; usage: Usage }): Completion {
+  return {
+    id: h.id,
+    object: "text_completion" as const,
+    created: h.created,
+    model: h.model,
+    choices: [{ index: 0, text: out.text, logprobs: null, finish_reason: out.finish }],
+    usage: out.usage,
+  };
+}
+
+/** One streamed completion chunk. */
+export function completionChunk(
+  h: ResponseHead,
+  text: string,
+  finish: OpenAIFinish | null,
+  includeUsage: boolean,
+): Completion {
+  return {
+    id: h.id,
+    object: "text_completion" as const,
+    created: h.created,
+    model: h.model,
+    choices: [{ index: 0, text, logprobs: null, finish_reason: finish }],
+    ...(includeUsage ? { usage: null } : {}),
+  };
+}
+
+/** `GET /v1/models`. */
+export function modelList(name: string, created: number): ModelList {
+  return { object: "list" as const, data: [{ id: name, object: "model" as const, created, owned_by: "k3" }] };
+}
+
+/** One server-sent event carrying `data` (JSON, or the literal [DONE]). */
+export function sse(data: unknown): string {
+  return `data: ${data === "[DONE]" ? data : JSON.stringify(data)}\n\n`;
+}
+
+const MARKUP_OPENERS = ["<|open|>", "<|close|>"];
+
+/**
+ * Turns a chat's generated text, arriving piece by piece, into `reasoning_content` and
+ * `content` deltas. Text is held back while a markup tag (`<|close|>think<|sep|>` ...) is
+ * still incomplete, so no delta ever carries part of the markup and the concatenated
+ * deltas equal {@link splitChannels} of the whole text.
+ */
+export class ChannelStream {
+  #raw = "";
+  #reasoning = "";
+  #content = "";
+  /** `thinking`: the prompt opened the think channel (see {@link splitChannels}). */
+  constructor(readonly thinking: boolean) {}
+
+  /** Adds generated text; returns the delta now safe to send (null when there is none). */
+  push(text: string): ChatDelta | null {
+    this.#raw += text;
+    return this.#delta(this.#safe());
+  }
+
+  /** The rest, when generation has ended. */
+  end(): ChatDelta | null {
+    return this.#delta(this.#raw);
+  }
+
+  /** The whole split so far (what was sent plus what is held back). */
+  get split(): { reasoning: string; content: string } {
+    return splitChannels(this.#raw, this.thinking);
+  }
+
+  /** The raw text up to an unfinished tag (or a trailing prefix of a tag opener). */
+  #safe(): string {
+    const raw = this.#raw;
+    const open = Math.max(...MARKUP_OPENERS.map((m) => raw.lastIndexOf(m)));
+    if (open >= 0 && raw.indexOf("<|sep|>", open) < 0) return raw.slice(0, open);
+    for (let k = Math.min(raw.length, 8); k > 0; k--) {
+      const tail = raw.slice(raw.length - k);
+      if (MARKUP_OPENERS.some((m) => m.startsWith(tail))) return raw.slice(0, raw.length - k);
+    }
+    return raw;
+  }
+
+  #delta(text: string): ChatDelta | null {
+    const { reasoning, content } = splitChannels(text, this.thinking);
+    const delta: ChatDelta = {};
+    if (reasoning.length > this.#reasoning.length && reasoning.startsWith(this.#reasoning)) {
+      delta.reasoning_content = reasoning.slice(this.#reasoning.length);
+      this.#reasoning = reasoning;
+    }
+    if (content.length > this.#content.length && content.startsWith(this.#content)) {
+      delta.content = content.slice(this.#content.length);
+      this.#content = content;
+    }
+    return delta.reasoning_content === undefined && delta.content === undefined ? null : delta;
+  }
+}
