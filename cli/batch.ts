@@ -12,7 +12,7 @@
 
 import { loadConfig } from "../engine/model/config.ts";
 import { EXIT, K3Error, usageError } from "../engine/errors.ts";
-import { generate } from "../engine/generate/generate.ts";
+import { Scheduler, type SequenceResult } from "../engine/generate/scheduler.ts";
 import { firstLayers, openModel } from "../engine/weights/load.ts";
 import type { IoStats } from "../engine/model/model.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
@@ -54,6 +54,9 @@ run stops there, results already written are kept.
 
   --input FILE      prompts, JSONL
   --output FILE     results, JSONL (created, or appended to and resumed)
+  --parallel N|auto prompts generated at once, sharing every pass's trunk and expert
+                    reads (default auto: as many as the memory plan holds, up to 16);
+                    results are written in finishing order
 ${GENERATION_HELP}
 ${MEMORY_HELP}
   -h, --help        this help
@@ -207,6 +210,18 @@ function ioDelta(a?: IoStats, b?: IoStats): Record<string, number> {
   };
 }
 
+/** `--parallel auto` takes the most prompts at once that the memory plan holds, up to this. */
+const MAX_AUTO_PARALLEL = 16;
+
+/** `--parallel N` (1..256), or undefined for auto (the default). */
+function parallelOption(v: string | undefined): number | undefined {
+  if (v === undefined || v === "auto") return undefined;
+  if (!/^\d+$/.test(v) || Number(v) < 1 || Number(v) > 256) {
+    throw usageError(`--parallel: expected auto or an integer 1..256, got ${JSON.stringify(v)}`);
+  }
+  return Number(v);
+}
+
 /** Writes all of `data` (write may be partial). */
 function writeAll(f: Deno.FsFile, data: Uint8Array): void {
   let off = 0;
@@ -217,6 +232,7 @@ export async function main(args: string[]): Promise<number> {
   const { values, positionals, tokens } = parseFlags("batch", args, {
     input: { type: "string" },
     output: { type: "string" },
+    parallel: { type: "string" },
     ...GENERATION_FLAGS,
     ...MEMORY_FLAGS,
     help: { type: "boolean", short: "h" },
@@ -235,6 +251,7 @@ export async function main(args: string[]): Promise<number> {
   }
   const dir = positionals[0];
   const genOpts = generationOptions(values);
+  const parallel = parallelOption(values.parallel);
   const memory = memoryOptions(tokens);
   let cfg = await loadConfig(dir);
   if (genOpts.layers !== undefined) cfg = firstLayers(cfg, genOpts.layers);
@@ -321,54 +338,84 @@ export async function main(args: string[]): Promise<number> {
       layers: cfg.numLayers,
       capacity,
       chunk: genOpts.chunk,
+      sequences: Math.min(parallel ?? MAX_AUTO_PARALLEL, todo.length),
+      autoSequences: parallel === undefined,
       threads: genOpts.threads,
       memory,
       log: (line) => console.error(`k3: ${line}`),
       onProgress: (what, d, n) => progress(what, d, n),
     });
+    const inFlight = opened.plan.state.sequences;
     console.error(
-      `k3: ${dir}: ${cfg.numLayers} layers, hidden ${cfg.hiddenSize}, vocab ${cfg.vocabSize}; capacity ${capacity} positions; ready in ${
-        ((performance.now() - t0) / 1000).toFixed(2)
-      } s`,
+      `k3: ${dir}: ${cfg.numLayers} layers, hidden ${cfg.hiddenSize}, vocab ${cfg.vocabSize}; capacity ${capacity} positions; ${inFlight} ${
+        inFlight === 1 ? "prompt" : "prompts"
+      } at a time; ready in ${((performance.now() - t0) / 1000).toFixed(2)} s`,
     );
     const enc = new TextEncoder();
-    let tokensDone = 0, secondsDone = 0;
+    const weights = opened.model.weights;
+    const io = () => weights.ioStats?.();
+    const io0 = io();
+    let tokensDone = 0, finished = 0;
     const t1 = performance.now();
+    const scheduler = new Scheduler(opened.model, { maxSequences: inFlight, chunk: opened.plan.chunk });
+    // A prompt whose output is unsound stops the run: the others are interrupted and not
+    // written (they would resume on a rerun), results already written stay.
+    const stop = new AbortController();
+    let unsound: unknown;
+    const write = (job: Job, r: SequenceResult, ioAtAdmit: IoStats | undefined) => {
+      const ids = r.tokens;
+      const seconds = r.prefillSeconds + r.decodeSeconds;
+      const result = {
+        id: job.id,
+        prompt_ids: job.promptIds,
+        generated_ids: ids,
+        generated_text: tokenizer ? tokenizer.decode(ids) : null,
+        stopped: r.finishReason === "stop",
+        seconds,
+        seconds_per_token: seconds / Math.max(ids.length, 1),
+        first_token_seconds: r.prefillSeconds,
+        ...ioDelta(ioAtAdmit, io()),
+      };
+      writeAll(out, enc.encode(JSON.stringify(result) + "\n"));
+      out.syncSync();
+      finished++;
+      tokensDone += ids.length;
+      const elapsed = (performance.now() - t1) / 1000;
+      const now = io();
+      const bytes = now && io0 ? now.trunkBytes + now.expertBytes - io0.trunkBytes - io0.expertBytes : 0;
+      const left = todo.length - finished;
+      console.error(
+        `k3: batch: ${finished}/${todo.length} done (id ${job.key}: ${ids.length} tokens in ${
+          seconds.toFixed(3)
+        } s); ` +
+          `${tokensDone} tokens, ${(tokensDone / elapsed).toFixed(2)} tok/s` +
+          (now ? `, ${fmtBytes(Math.round(bytes / Math.max(tokensDone, 1)))} read/token` : "") +
+          `, ETA ${left ? fmtDuration((elapsed / finished) * left) : "0 s"}`,
+      );
+    };
     try {
-      for (const [n, job] of todo.entries()) {
-        const io0 = opened.model.weights.ioStats?.();
-        const steps = await generate(opened.model, job.promptIds, {
-          gen: job.gen,
-          incremental: genOpts.incremental,
+      await Promise.all(todo.map((job) => {
+        let ioAtAdmit: IoStats | undefined;
+        return scheduler.submit({
+          prompt: job.promptIds,
+          maxTokens: job.gen,
           stopIds: job.stopIds,
-        });
-        const ids = steps.map((s) => s.token);
-        const seconds = steps.reduce((a, s) => a + s.seconds, 0);
-        const result = {
-          id: job.id,
-          prompt_ids: job.promptIds,
-          generated_ids: ids,
-          generated_text: tokenizer ? tokenizer.decode(ids) : null,
-          stopped: ids.length > 0 && job.stopIds.includes(ids[ids.length - 1]),
-          seconds,
-          seconds_per_token: seconds / ids.length,
-          first_token_seconds: steps[0]?.seconds ?? 0,
-          ...ioDelta(io0, opened.model.weights.ioStats?.()),
-        };
-        writeAll(out, enc.encode(JSON.stringify(result) + "\n"));
-        out.syncSync();
-        tokensDone += ids.length;
-        secondsDone += seconds;
-        const elapsed = (performance.now() - t1) / 1000;
-        const left = todo.length - n - 1;
-        console.error(
-          `k3: batch: ${n + 1}/${todo.length} done (id ${job.key}: ${ids.length} tokens in ${seconds.toFixed(3)} s); ` +
-            `${tokensDone} tokens, ${(secondsDone / tokensDone).toFixed(4)} s/token, ETA ${
-              left ? fmtDuration((elapsed / (n + 1)) * left) : "0 s"
-            }`,
+          recompute: !genOpts.incremental,
+          signal: stop.signal,
+          onAdmit: () => (ioAtAdmit = io()),
+        }).then(
+          (r) => {
+            if (r.finishReason !== "interrupted") write(job, r, ioAtAdmit);
+          },
+          (e) => {
+            unsound ??= e;
+            stop.abort();
+          },
         );
-      }
+      }));
+      if (unsound) throw unsound;
     } finally {
+      await scheduler.close();
       await opened.close();
     }
     const wall = (performance.now() - t1) / 1000;

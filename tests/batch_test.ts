@@ -34,14 +34,15 @@ async function results(path: string): Promise<Result[]> {
 
 const byId = (rs: Result[]) => new Map(rs.map((r) => [JSON.stringify(r.id), r]));
 
-Deno.test("batch: killed mid-run (SIGKILL), rerun: the union equals an uninterrupted run", async () => {
+Deno.test("batch: killed mid-run (SIGKILL) with --parallel 4, rerun: the union equals an uninterrupted one-at-a-time run", async () => {
   await using dir = await tempDir();
   const input = `${dir.path}/prompts.jsonl`;
   await Deno.writeTextFile(input, workload());
 
-  const full = await k3(["batch", TINY, "--input", input, "--output", `${dir.path}/full.jsonl`]);
+  const full = await k3(["batch", TINY, "--input", input, "--output", `${dir.path}/full.jsonl`, "--parallel", "1"]);
   assert.equal(full.code, 0, full.stderr);
-  assert.match(full.stderr, /40\/40 done .* tokens, [\d.]+ s\/token, ETA/);
+  assert.match(full.stderr, /1 prompt at a time/);
+  assert.match(full.stderr, /40\/40 done .* tokens, [\d.]+ tok\/s, ETA/);
   const ref = await results(`${dir.path}/full.jsonl`);
   assert.equal(ref.length, 40);
   for (const r of ref) {
@@ -63,6 +64,8 @@ Deno.test("batch: killed mid-run (SIGKILL), rerun: the union equals an uninterru
       input,
       "--output",
       out,
+      "--parallel",
+      "4",
     ],
     stdout: "null",
     stderr: "null",
@@ -87,8 +90,9 @@ Deno.test("batch: killed mid-run (SIGKILL), rerun: the union equals an uninterru
   // A torn line, as a kill in the middle of a write would leave it.
   await Deno.writeTextFile(out, '{"id":"p38","prompt_ids":[1,', { append: true });
 
-  const rerun = await k3(["batch", TINY, "--input", input, "--output", out]);
+  const rerun = await k3(["batch", TINY, "--input", input, "--output", out, "--parallel", "4"]);
   assert.equal(rerun.code, 0, rerun.stderr);
+  assert.match(rerun.stderr, /4 prompts at a time/);
   assert.match(rerun.stderr, /cut a torn last line/);
   assert.match(rerun.stderr, new RegExp(`${before} already in .*; ${40 - before} to run`));
   const union = await results(out);

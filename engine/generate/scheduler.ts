@@ -36,6 +36,8 @@ export interface SequenceRequest {
   /** Called for every generated token, in order, as soon as it exists. Return true to stop
    * here with finish reason "stop" (stop strings are matched by the caller). */
   onToken?: (token: number, logits: Float32Array) => boolean | void;
+  /** Called when the sequence is admitted (gets its state and joins the passes). */
+  onAdmit?: () => void;
   /** Prefill progress: tokens of `prompt` done so far, of `total`. */
   onPrefill?: (done: number, total: number) => void;
   /** Continue this state (its prefix already processed) instead of a fresh one. The
@@ -185,6 +187,7 @@ export class Scheduler {
       const { req, resolve, reject } = this.waiting.shift()!;
       const seq = new Running(req, req.state ?? this.model.newState(), resolve, reject);
       this.running.push(seq);
+      req.onAdmit?.();
       if (req.prompt.length === 0) this.finish(seq, "length"); // a state handed back as is
     }
   }

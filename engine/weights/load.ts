@@ -30,6 +30,8 @@ export interface OpenOptions {
   chunk?: number;
   /** Sequences generated at once (the memory plan holds a state for each). Default 1. */
   sequences?: number;
+  /** Take the most sequences up to `sequences` that fit the memory plan. */
+  autoSequences?: boolean;
   /** Threads for matrix products (default: all cores). Never changes a token. */
   threads?: number;
   /** Smallest product (weight elements) worth splitting across threads (tests lower it). */
@@ -71,6 +73,7 @@ export async function openModel(dir: string, opts: OpenOptions): Promise<OpenedM
       capacity: opts.capacity,
       chunk: opts.chunk ?? 16,
       sequences: opts.sequences,
+      autoSequences: opts.autoSequences,
       log: opts.log,
       onLayer: (d, n) => opts.onProgress?.("load", d, n),
     });

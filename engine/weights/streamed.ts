@@ -19,6 +19,7 @@
  * @module
  */
 
+import { EXIT, K3Error, usageError } from "../errors.ts";
 import { configFingerprint, type K3Config } from "../model/config.ts";
 import { ExpertCache } from "./expert_cache.ts";
 import { expertBytes } from "./experts.ts";
@@ -352,6 +353,30 @@ function checkpointSizes(cfg: K3Config, ckpt: Checkpoint) {
   };
 }
 
+/**
+ * The plan for `want` sequences; with `auto`, for the most sequences up to `want` that fit.
+ * When `want` (explicit) does not fit but fewer would, that is a usage error naming the
+ * largest that fits; when not even one fits, the plan's own refusal stands.
+ */
+export function fitSequences(planFor: (n: number) => MemoryPlan, want: number, auto: boolean): MemoryPlan {
+  let firstError: unknown;
+  for (let n = want; n >= 1; n--) {
+    try {
+      const plan = planFor(n);
+      if (n === want || auto) return plan;
+      throw usageError(
+        `--parallel ${want} does not fit the memory plan (${
+          (firstError as Error).message
+        }); the largest that fits is ${n}`,
+      );
+    } catch (e) {
+      if (e instanceof K3Error && e.exitCode === EXIT.usage && n < want) throw e;
+      firstError ??= e;
+    }
+  }
+  throw firstError;
+}
+
 /** What `openWeights` opened. */
 export interface OpenedWeights {
   weights: WeightSource & { close?(): Promise<void>; free?(): void };
@@ -377,6 +402,8 @@ export async function openWeights(
     chunk: number;
     /** Sequences in flight at once (default 1). */
     sequences?: number;
+    /** Take the largest number of sequences up to `sequences` that fits the plan. */
+    autoSequences?: boolean;
     log?: (line: string) => void;
     onLayer?: (done: number, total: number) => void;
   },
@@ -402,19 +429,23 @@ export async function openWeights(
         finalsBytes: trunkFile.manifest.finals.size,
       }
       : checkpointSizes(cfg, ckpt);
-    const plan = makePlan({
-      cfg,
-      ...sizes,
-      expertBytes: expertBytes(cfg),
-      capacity: opts.capacity,
-      chunk: opts.chunk,
-      sequences: opts.sequences,
-      mem,
-      packed: trunkFile !== undefined,
-      available: memAvailable(),
-    });
+    const planFor = (sequences: number) => {
+      const plan = makePlan({
+        cfg,
+        ...sizes,
+        expertBytes: expertBytes(cfg),
+        capacity: opts.capacity,
+        chunk: opts.chunk,
+        sequences,
+        mem,
+        packed: trunkFile !== undefined,
+        available: memAvailable(),
+      });
+      checkFits(plan);
+      return plan;
+    };
+    const plan = fitSequences(planFor, opts.sequences ?? 1, opts.autoSequences ?? false);
     if (opts.log) { for (const line of formatPlan(plan)) opts.log(line); }
-    checkFits(plan);
     if (!streaming) {
       const weights = await ResidentWeights.load(k, cfg, ckpt, { onLayer: opts.onLayer });
       return { weights, plan, passRows: plan.passRows, close: () => Promise.resolve(weights.free()) };
