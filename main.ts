@@ -5,7 +5,7 @@
  * @module
  */
 
-import { EXIT, K3Error } from "./engine/errors.ts";
+import { EXIT, K3Error, oneLine } from "./engine/errors.ts";
 
 export const VERSION = "0.1.0";
 
@@ -123,7 +123,7 @@ export async function cli(args: string[]): Promise<number> {
       return e.exitCode;
     }
     const err = e as Error;
-    console.error(`k3: internal error: ${err?.message ?? String(e)}`);
+    console.error(`k3: internal error: ${oneLine(String(err?.message ?? e))}`);
     if (Deno.env.get("K3_DEBUG")) console.error(err?.stack);
     return EXIT.runtime;
   }

@@ -15,10 +15,24 @@ export const EXIT = {
   unsound: 4,
 } as const;
 
+/**
+ * `s` as one printable line: control characters (newlines, carriage returns, escapes, the
+ * Unicode line and paragraph separators) become visible escapes such as `\n`, so user data
+ * quoted in a message (a tensor name, V8's JSON.parse excerpt) can never forge extra
+ * `k3:` lines or move the cursor.
+ */
+export function oneLine(s: string): string {
+  // deno-lint-ignore no-control-regex
+  return s.replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g, (c) => {
+    const named: Record<string, string> = { "\n": "\\n", "\r": "\\r", "\t": "\\t" };
+    return named[c] ?? `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`;
+  });
+}
+
 /** An error the CLI prints as one line and turns into an exit code. */
 export class K3Error extends Error {
   constructor(message: string, readonly exitCode: number = EXIT.runtime) {
-    super(message);
+    super(oneLine(message));
     this.name = "K3Error";
   }
 }

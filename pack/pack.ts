@@ -18,14 +18,16 @@
 import { configFingerprint, loadConfig } from "../engine/model/config.ts";
 import { K3Error } from "../engine/errors.ts";
 import { type Kernels, kernels } from "../engine/native/ffi.ts";
-import { ALIGN, Hasher, hashHex, IoFile } from "../engine/native/io.ts";
+import { ALIGN, Hasher, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
+import { checkAccounted } from "../engine/weights/load.ts";
 import {
   DATA_FILE,
   FORMAT,
   MANIFEST_FILE,
   type PackRegion,
+  PIECE_BYTES,
   planLayout,
   readManifest,
   type TrunkManifest,
@@ -37,6 +39,8 @@ export interface PackOptions {
   force?: boolean;
   /** Staging buffer bytes (multiple of 4096). */
   stageBytes?: number;
+  /** Bytes per hashed piece (multiple of 4096; default PIECE_BYTES). */
+  pieceBytes?: number;
   /** Progress line sink (stderr by default); null silences it. */
   log?: ((line: string) => void) | null;
 }
@@ -69,6 +73,10 @@ export async function packTrunk(
   if (stage % ALIGN !== 0 || stage < ALIGN) {
     throw new Error("stageBytes must be a positive multiple of 4096");
   }
+  const piece = opts.pieceBytes ?? PIECE_BYTES;
+  if (piece % ALIGN !== 0 || piece < ALIGN) {
+    throw new Error("pieceBytes must be a positive multiple of 4096");
+  }
   const cfg = await loadConfig(modelDir);
   const fingerprint = await configFingerprint(cfg);
   const ckpt = await Checkpoint.open(modelDir);
@@ -79,6 +87,7 @@ export async function packTrunk(
         bytes: (await Deno.stat(f)).size,
       })),
     );
+    checkAccounted(cfg, ckpt);
     const layout = planLayout(cfg, ckpt);
 
     // An existing trunk: identical source -> nothing to do; different -> only with --force.
@@ -155,7 +164,7 @@ export async function packTrunk(
         },
       };
       for (const r of [...layout.layers, layout.finals, layout.embed, layout.head]) {
-        await packRegion(k, r, bufs, conv, input, reader, sink);
+        await packRegion(k, r, bufs, conv, input, reader, sink, piece);
       }
       if (pending) await pending;
       pending = undefined;
@@ -186,6 +195,7 @@ export async function packTrunk(
       source: { dir: modelDir, shards },
       data: { file: DATA_FILE, bytes: layout.bytes, align: ALIGN },
       checksum: "k3h64",
+      piece,
       layer: layout.layers.map((r) => r.region),
       finals: layout.finals.region,
       embed: layout.embed.region,
@@ -223,17 +233,28 @@ async function packRegion(
   input: (f: string, direct: boolean) => IoFile,
   reader: RangeReader,
   sink: { next: number; write: (buf: NativeBuffer, len: number, off: number) => Promise<void> },
+  piece: number,
 ): Promise<void> {
   const stage = bufs[0].bytes;
   const hasher = new Hasher();
   // Start in the buffer the previous region did not end in (its write may be in flight).
-  let cur = sink.next, pos = 0, regionPos = 0, fileOff = r.region.offset, first = true;
+  let cur = sink.next, pos = 0, regionPos = 0, fileOff = r.region.offset;
+  // The hash of the current piece, fed the staged bytes split at piece boundaries.
+  let pieceHasher = new Hasher(), pieceFill = 0;
   const flush = async () => {
     const b = bufs[cur];
     hasher.update(b.ptr, pos);
-    if (first) r.region.head4k = hashHex(b.ptr, ALIGN);
-    first = false;
-    if (regionPos === r.region.size) r.region.tail4k = hashHex(b.at(pos - ALIGN), ALIGN);
+    for (let at = 0; at < pos;) {
+      const n = Math.min(pos - at, piece - pieceFill);
+      pieceHasher.update(b.at(at), n);
+      at += n;
+      pieceFill += n;
+      if (pieceFill === piece || regionPos - pos + at === r.region.size) {
+        r.region.pieces.push(pieceHasher.hex());
+        pieceHasher = new Hasher();
+        pieceFill = 0;
+      }
+    }
     await sink.write(b, pos, fileOff);
     fileOff += pos;
     cur ^= 1;

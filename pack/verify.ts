@@ -1,7 +1,8 @@
 /**
- * `k3 pack --verify`: re-reads every region of a packed trunk and checks its k3h64 hash
- * (and the first/last-4-KiB hashes the streamer checks), with two buffers so the next
- * read runs while the current one is hashed. Optionally checks the trunk belongs to a model.
+ * `k3 pack --verify`: checks the manifest completely, then re-reads every region of a
+ * packed trunk and checks each piece's k3h64 (what every run checks on every read) and the
+ * region's whole hash, with two buffers so the next read runs while the current one is
+ * hashed. Optionally checks the trunk belongs to a model.
  *
  * @module
  */
@@ -9,12 +10,14 @@
 import { configFingerprint, loadConfig } from "../engine/model/config.ts";
 import { K3Error } from "../engine/errors.ts";
 import { kernels } from "../engine/native/ffi.ts";
-import { ALIGN, Hasher, hashHex } from "../engine/native/io.ts";
+import { Hasher } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import {
+  checkLayout,
+  DATA_FILE,
   openTrunkData,
   readManifest,
-  type Region,
+  regionsOf,
   type TrunkManifest,
   weightSample,
 } from "../engine/weights/manifest.ts";
@@ -48,56 +51,48 @@ export interface VerifyResult {
   seconds: number;
 }
 
-/** Checks every region; throws K3Error (exit 1) naming the first bad one. */
+/**
+ * Checks the manifest completely (structure always; against the model's config and weights
+ * when `modelDir` is given), then every piece of every region against its k3h64 and each
+ * region's whole hash. Throws K3Error (exit 1) naming the first bad one.
+ */
 export async function verifyTrunk(
   dir: string,
-  opts: { modelDir?: string; log?: (s: string) => void; bufBytes?: number } = {},
+  opts: { modelDir?: string; log?: (s: string) => void } = {},
 ): Promise<VerifyResult> {
   const log = opts.log ?? ((s: string) => console.error(s));
   const m = await readManifest(dir);
-  if (opts.modelDir) await checkFingerprint(dir, m, opts.modelDir);
+  if (opts.modelDir) {
+    checkLayout(m, await loadConfig(opts.modelDir), dir);
+    await checkFingerprint(dir, m, opts.modelDir);
+  }
   const f = openTrunkData(dir, m);
   const k = kernels();
-  const B = opts.bufBytes ?? 64 * 1024 * 1024;
-  const bufs = [NativeBuffer.alloc(k, B, "verify"), NativeBuffer.alloc(k, B, "verify")];
+  const bufs = [NativeBuffer.alloc(k, m.piece, "verify"), NativeBuffer.alloc(k, m.piece, "verify")];
   const t0 = performance.now();
   let done = 0, lastLog = t0;
-  const regions: [string, Region][] = [
-    ...m.layer.map((r, i) => [`layer ${i}`, r] as [string, Region]),
-    ["finals", m.finals],
-    ["embed", m.embed],
-    ["head", m.head],
-  ];
-  let inflight: Promise<number> | undefined;
+  const regions = regionsOf(m);
+  let inflight: Promise<{ n: number; hash?: string }> | undefined;
   try {
     for (const [what, r] of regions) {
       const h = new Hasher();
-      const pieces: [number, number][] = [];
-      for (let at = 0; at < r.size; at += B) pieces.push([at, Math.min(B, r.size - at)]);
-      let cur = 0;
-      inflight = f.pread(bufs[0].ptr, pieces[0][1], r.offset);
-      for (let i = 0; i < pieces.length; i++) {
-        const n = await inflight;
-        inflight = undefined;
-        const [at, len] = pieces[i];
-        if (n !== len) throw new K3Error(`${dir}: ${what}: short read`);
-        const b = bufs[cur];
-        if (i + 1 < pieces.length) {
-          inflight = f.pread(bufs[cur ^ 1].ptr, pieces[i + 1][1], r.offset + pieces[i + 1][0]);
-        }
-        h.update(b.ptr, len);
-        if (at === 0 && hashHex(b.ptr, ALIGN) !== r.head4k) {
+      const n = r.pieces.length;
+      const len = (i: number) => Math.min(m.piece, r.size - i * m.piece);
+      const read = (i: number) => f.preadHashed(bufs[i % 2].ptr, len(i), r.offset + i * m.piece);
+      inflight = read(0);
+      for (let i = 0; i < n; i++) {
+        const got = await inflight!;
+        inflight = i + 1 < n ? read(i + 1) : undefined;
+        if (got.n !== len(i)) throw new K3Error(`${dir}: ${what}: short read: the trunk data is truncated; re-pack it`);
+        if (got.hash !== r.pieces[i]) {
           throw new K3Error(
-            `${dir}: ${what}: checksum mismatch in its first 4 KiB: the trunk is corrupt; re-pack it`,
+            `${dir}: ${what}: checksum mismatch in piece ${i} (bytes ${
+              r.offset + i * m.piece
+            }.. of ${DATA_FILE}): the trunk is corrupt; re-pack it`,
           );
         }
-        if (at + len === r.size && hashHex(b.at(len - ALIGN), ALIGN) !== r.tail4k) {
-          throw new K3Error(
-            `${dir}: ${what}: checksum mismatch in its last 4 KiB: the trunk is corrupt; re-pack it`,
-          );
-        }
-        cur ^= 1;
-        done += len;
+        h.update(bufs[i % 2].ptr, len(i));
+        done += len(i);
         if (performance.now() - lastLog > 1000) {
           lastLog = performance.now();
           log(`verify: ${(done / 1e9).toFixed(2)} / ${(m.data.bytes / 1e9).toFixed(2)} GB`);
@@ -110,7 +105,7 @@ export async function verifyTrunk(
       }
     }
   } finally {
-    if (inflight) await inflight.catch(() => 0);
+    if (inflight) await inflight.catch(() => undefined);
     bufs.forEach((b) => b.free());
     f.close();
   }

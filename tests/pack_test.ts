@@ -67,7 +67,7 @@ Deno.test("pack: layout is aligned, layers hold layerTensors in order, routed ex
   const m = r.manifest;
   const cfg = await loadConfig(TINY);
   assert.equal(m.format, "k3-trunk");
-  assert.equal(m.version, 1);
+  assert.equal(m.version, 2);
   assert.equal(m.layer.length, cfg.numLayers);
   assert.equal(m.source.shards.length, 3);
   let end = 0;
@@ -173,7 +173,7 @@ Deno.test("a damaged or foreign trunk is refused with exit 1: flipped byte, trun
   const run = (trunk: string, budget: string[] = []) =>
     k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", trunk, ...budget]);
 
-  // A flipped byte in the middle of layer 5: caught when pinned (full checksum) and by --verify.
+  // A flipped byte in the middle of layer 5: caught when pinned (piece checksums) and by --verify.
   const flip = `${d.path}/flip`;
   await Deno.mkdir(flip);
   await Deno.copyFile(`${t}/${MANIFEST_FILE}`, `${flip}/${MANIFEST_FILE}`);
@@ -186,13 +186,13 @@ Deno.test("a damaged or foreign trunk is refused with exit 1: flipped byte, trun
   out = await k3(["pack", "--verify", flip]);
   assert.equal(out.code, 1);
   assert.match(out.stderr, /layer 5: checksum mismatch/);
-  // A flipped byte in a streamed layer's first page: the cheap check on the streamed read.
+  // A flipped byte in a streamed layer's first page: caught on the streamed read.
   const bad2 = data.slice();
   bad2[m.layer[7].offset + 100] ^= 0x01;
   await Deno.writeFile(`${flip}/${DATA_FILE}`, bad2);
   out = await run(flip, ["--trunk-gb", "0.0006", "--cache-gb", "0.0001"]);
   assert.equal(out.code, 1, out.stderr);
-  assert.match(out.stderr, /layer 7: checksum mismatch on a streamed read/);
+  assert.match(out.stderr, /layer 7 \(streamed\): checksum mismatch in piece 0/);
 
   // Truncated data file.
   const trunc = `${d.path}/trunc`;

@@ -51,6 +51,12 @@ export interface K3Config {
   quantGroup: number;
 }
 
+/** Sanity bounds (the released model: 93 layers, width 7168, vocabulary 163,840). */
+const MAX_LAYERS = 4096;
+const MAX_WIDTH = 1 << 16;
+const MAX_VOCAB = 1 << 22;
+const MAX_INTERMEDIATE = 1 << 20;
+
 class FieldReader {
   problems: string[] = [];
   constructor(readonly obj: Record<string, unknown>, readonly prefix: string) {}
@@ -63,11 +69,12 @@ class FieldReader {
     return this.obj[name];
   }
 
-  int(name: string, min = 0): number {
+  /** An integer in [min, max]: every size gets a sane range before anything is sized by it. */
+  int(name: string, min: number, max: number): number {
     const v = this.raw(name);
     if (v === undefined) return 0;
-    if (typeof v !== "number" || !Number.isInteger(v) || v < min) {
-      this.problems.push(`${this.prefix}${name} (expected an integer >= ${min}, got ${JSON.stringify(v)})`);
+    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < min || v > max) {
+      this.problems.push(`${this.prefix}${name} (expected an integer in ${min}..${max}, got ${JSON.stringify(v)})`);
       return 0;
     }
     return v;
@@ -106,8 +113,8 @@ class FieldReader {
   intList(name: string): number[] {
     const v = this.raw(name);
     if (v === undefined) return [];
-    if (!Array.isArray(v) || !v.every((x) => typeof x === "number" && Number.isInteger(x))) {
-      this.problems.push(`${this.prefix}${name} (expected a list of integers)`);
+    if (!Array.isArray(v) || v.length > MAX_LAYERS || !v.every((x) => Number.isSafeInteger(x))) {
+      this.problems.push(`${this.prefix}${name} (expected a list of at most ${MAX_LAYERS} integers)`);
       return [];
     }
     return v as number[];
@@ -157,42 +164,42 @@ export function parseConfig(json: unknown, source = "config.json"): K3Config {
     ? { reader: new FieldReader(json.quantization_config, "quantization_config."), obj: json.quantization_config }
     : undefined;
 
-  const numLayers = text.int("num_hidden_layers", 1);
+  const numLayers = text.int("num_hidden_layers", 1, MAX_LAYERS);
   const cfg: K3Config = {
-    hiddenSize: text.int("hidden_size", 1),
+    hiddenSize: text.int("hidden_size", 1, MAX_WIDTH),
     numLayers,
-    vocabSize: text.int("vocab_size", 1),
+    vocabSize: text.int("vocab_size", 1, MAX_VOCAB),
     rmsNormEps: text.num("rms_norm_eps"),
     layerKinds: [],
     kda: {
-      numHeads: lin.int("num_heads", 1),
-      headDim: lin.int("head_dim", 1),
-      convKernel: lin.int("short_conv_kernel_size", 1),
+      numHeads: lin.int("num_heads", 1, 4096),
+      headDim: lin.int("head_dim", 1, 4096),
+      convKernel: lin.int("short_conv_kernel_size", 1, 64),
       gateLowerBound: lin.num("gate_lower_bound"),
     },
     mla: {
-      numHeads: text.int("num_attention_heads", 1),
-      qLoraRank: text.int("q_lora_rank", 1),
-      kvLoraRank: text.int("kv_lora_rank", 1),
-      nopeDim: text.int("qk_nope_head_dim", 1),
-      ropeDim: text.int("qk_rope_head_dim", 0),
-      vDim: text.int("v_head_dim", 1),
+      numHeads: text.int("num_attention_heads", 1, 4096),
+      qLoraRank: text.int("q_lora_rank", 1, MAX_WIDTH),
+      kvLoraRank: text.int("kv_lora_rank", 1, MAX_WIDTH),
+      nopeDim: text.int("qk_nope_head_dim", 1, 4096),
+      ropeDim: text.int("qk_rope_head_dim", 0, 4096),
+      vDim: text.int("v_head_dim", 1, 4096),
     },
     moe: {
-      numExperts: text.int("num_experts", 1),
-      topK: text.int("num_experts_per_token", 1),
-      numShared: text.int("num_shared_experts", 0),
-      latent: text.int("routed_expert_hidden_size", 1),
-      intermediate: text.int("moe_intermediate_size", 1),
+      numExperts: text.int("num_experts", 1, MAX_WIDTH),
+      topK: text.int("num_experts_per_token", 1, 1024),
+      numShared: text.int("num_shared_experts", 0, 64),
+      latent: text.int("routed_expert_hidden_size", 1, MAX_WIDTH),
+      intermediate: text.int("moe_intermediate_size", 1, MAX_INTERMEDIATE),
       routedScaling: text.num("routed_scaling_factor"),
     },
-    firstKDense: text.int("first_k_dense_replace", 0),
-    denseIntermediate: text.int("intermediate_size", 1),
-    attnResBlock: text.int("attn_res_block_size", 1),
+    firstKDense: text.int("first_k_dense_replace", 0, MAX_LAYERS),
+    denseIntermediate: text.int("intermediate_size", 1, MAX_INTERMEDIATE),
+    attnResBlock: text.int("attn_res_block_size", 1, MAX_LAYERS),
     situBeta: text.num("activation_situ_beta"),
     situLinearBeta: text.num("activation_situ_linear_beta"),
-    bosId: root.int("bos_token_id", 0),
-    eosId: root.int("eos_token_id", 0),
+    bosId: root.int("bos_token_id", 0, MAX_VOCAB),
+    eosId: root.int("eos_token_id", 0, MAX_VOCAB),
     quantGroup: 0,
   };
   const fullAttn = lin.intList("full_attn_layers");
@@ -201,8 +208,8 @@ export function parseConfig(json: unknown, source = "config.json"): K3Config {
   const renormalize = text.bool("moe_renormalize");
   const latentNorm = text.bool("latent_moe_use_norm");
   const routerAct = text.str("moe_router_activation_func");
-  const groups = text.int("num_expert_group", 1);
-  const topkGroup = text.int("topk_group", 1);
+  const groups = text.int("num_expert_group", 1, MAX_WIDTH);
+  const topkGroup = text.int("topk_group", 1, MAX_WIDTH);
   const problems = [...root.problems, ...text.problems, ...lin.problems];
   if (!quantSrc) {
     problems.push("text_config.quantization_config (missing)");
@@ -252,7 +259,10 @@ export function parseConfig(json: unknown, source = "config.json"): K3Config {
     if (v % 32 !== 0) bad.push(`${name} ${v} is not a multiple of 32 (MXFP4 groups)`);
   }
   if (cfg.firstKDense > numLayers) bad.push("first_k_dense_replace exceeds num_hidden_layers");
-  if (!(cfg.rmsNormEps > 0)) bad.push("rms_norm_eps must be > 0");
+  if (!(cfg.rmsNormEps > 0 && cfg.rmsNormEps < 1)) bad.push("rms_norm_eps must be in (0, 1)");
+  for (const [name, id] of [["bos_token_id", cfg.bosId], ["eos_token_id", cfg.eosId]] as const) {
+    if (id >= cfg.vocabSize) bad.push(`${name} ${id} is outside the vocabulary (vocab_size ${cfg.vocabSize})`);
+  }
   if (bad.length) throw new K3Error(`${source}: unsupported model config: ${bad.join("; ")}`, EXIT.usage);
   return cfg;
 }

@@ -30,6 +30,7 @@ export const ioSymbols = {
   k3io_pwrite: { parameters: [I, P, "u64", "u64"], result: "i64", nonblocking: true },
   k3io_sync: { parameters: [I], result: I, nonblocking: true },
   k3io_truncate: { parameters: [I, "u64"], result: I },
+  k3io_pread_check: { parameters: [I, P, "u64", "u64", "u64", I, P], result: "i64", nonblocking: true },
   k3io_hash: { parameters: [P, "u64"], result: "u64" },
   k3io_hash_init: { parameters: [P], result: "void" },
   k3io_hash_update: { parameters: [P, P, "u64"], result: I },
@@ -124,6 +125,32 @@ export class IoFile {
       throw new K3Error(`${this.path}: read of ${len} bytes at ${offset} failed: ${errnoText(n)}`);
     }
     return n;
+  }
+
+  /**
+   * Reads like `pread` and computes the k3h64 of the bytes read on the same I/O thread
+   * (so verifying costs the JS thread nothing). Resolves to the bytes read and, when all
+   * `len` were read, their hash as 16 hex digits.
+   */
+  async preadHashed(
+    ptr: NonNullable<Deno.PointerValue>,
+    len: number,
+    offset: number,
+  ): Promise<{ n: number; hash?: string }> {
+    const out = new BigUint64Array(3);
+    readStarted();
+    let n = -5;
+    try {
+      n = Number(
+        await io().k3io_pread_check(this.fd, ptr, BigInt(len), BigInt(offset), 0n, 1, Deno.UnsafePointer.of(out)),
+      );
+    } finally {
+      readEnded(n);
+    }
+    if (n < 0) {
+      throw new K3Error(`${this.path}: read of ${len} bytes at ${offset} failed: ${errnoText(n)}`);
+    }
+    return { n, hash: n === len ? out[2].toString(16).padStart(16, "0") : undefined };
   }
 
   /** Reads exactly len bytes (or throws naming the file and the shortfall). */

@@ -5,14 +5,48 @@
  */
 
 import { type K3Config, loadConfig } from "../model/config.ts";
-import { usageError } from "../errors.ts";
+import { EXIT, K3Error, usageError } from "../errors.ts";
 import { type Kernels, kernels } from "../native/ffi.ts";
 import { K3Model } from "../model/model.ts";
 import type { MemoryOptions, MemoryPlan } from "./plan.ts";
 import { startCompute } from "../native/pool.ts";
 import { Checkpoint } from "./safetensors.ts";
 import { openWeights } from "./streamed.ts";
-import { checkCheckpoint } from "../model/weights.ts";
+import { checkCheckpoint, expertTensors, globalTensors, HEAD_NAME, layerTensors, PREFIX } from "../model/weights.ts";
+
+/** The part of the checkpoint that is the language model (vision tensors are ignored). */
+const LM_PREFIX = "language_model.";
+
+/**
+ * Refuses (exit 2) a config that leaves a language-model tensor of the checkpoint unused
+ * (e.g. `num_shared_experts: 0` beside shared-expert tensors, or too few layers): the
+ * engine would run a different model than the checkpoint holds. `cfg` is the whole
+ * model's config (not a --layers prefix).
+ */
+export function checkAccounted(cfg: K3Config, ckpt: Checkpoint, source = `${ckpt.dir}/config.json`): void {
+  const used = new Set<string>([PREFIX + "embed_tokens.weight", HEAD_NAME]);
+  for (const t of globalTensors(cfg)) used.add(PREFIX + t.name);
+  for (let L = 0; L < cfg.numLayers; L++) {
+    for (const t of layerTensors(cfg, L)) used.add(PREFIX + t.name);
+    if (L >= cfg.firstKDense) {
+      for (let E = 0; E < cfg.moe.numExperts; E++) for (const t of expertTensors(cfg, L, E)) used.add(PREFIX + t.name);
+    }
+  }
+  const unused: string[] = [];
+  for (const name of ckpt.tensors.keys()) {
+    if (name.startsWith(LM_PREFIX) && !used.has(name)) unused.push(name);
+  }
+  if (unused.length > 0) {
+    throw new K3Error(
+      `${source}: cannot read the model config with confidence: the checkpoint has ${unused.length} language-model tensor${
+        unused.length > 1 ? "s" : ""
+      } this config does not use (first: ${
+        JSON.stringify(unused.sort()[0])
+      }); check num_hidden_layers, num_shared_experts, num_experts and first_k_dense_replace`,
+      EXIT.usage,
+    );
+  }
+}
 
 /** The config of only the first `n` layers (the `--layers` diagnostic). */
 export function firstLayers(cfg: K3Config, n: number): K3Config {
@@ -68,6 +102,7 @@ export async function openModel(dir: string, opts: OpenOptions): Promise<OpenedM
   const ckpt = await Checkpoint.open(dir, (d, n) => opts.onProgress?.("index", d, n));
   try {
     checkCheckpoint(cfg, ckpt);
+    checkAccounted(fullCfg, ckpt);
     const opened = await openWeights(k, fullCfg, cfg, ckpt, {
       mem: opts.memory,
       capacity: opts.capacity,

@@ -20,9 +20,15 @@
  *   but different model is refused too), `layers` count, `hidden`, `vocab`, `source` {dir, shards [{name,
  *   bytes}]}, `data` {file, bytes, align}, `checksum` "k3h64" (kernels/k3io.h), and the
  *   regions `layer[]`, `finals`, `embed`, `head`, each {offset, size (padded), bytes
- *   (unpadded), hash (k3h64 of all `size` bytes), head4k / tail4k (k3h64 of the first and
- *   last 4096 bytes: the cheap check on every streamed read), tensors [{name, dtype
- *   ("BF16" | "F32"), keep, shape, offset (in the region), bytes}]}.
+ *   (unpadded), hash (k3h64 of all `size` bytes), pieces (k3h64 of each `piece`-byte piece
+ *   of the region, the last one shorter: checked on every read that brings a piece in,
+ *   streamed or pinned), tensors [{name, dtype ("BF16" | "F32"), keep, shape, offset (in
+ *   the region), bytes}]}, and `piece` (bytes per hashed piece, a multiple of 4096).
+ *
+ * Version 2 added the per-piece hashes; a version 1 trunk is refused with the advice to
+ * re-pack. Nothing in a manifest is trusted: `checkLayout` recomputes the whole layout
+ * (region offsets and sizes, every tensor's offset, bytes, dtype and shape) and refuses any
+ * difference, before any byte of the data file is bound to a kernel.
  *
  * @module
  */
@@ -44,7 +50,9 @@ import {
 } from "../model/weights.ts";
 
 export const FORMAT = "k3-trunk";
-export const VERSION = 1;
+export const VERSION = 2;
+/** Bytes per hashed piece: the unit of every trunk read and its checksum. */
+export const PIECE_BYTES = 16 << 20;
 export const DATA_FILE = "trunk.bin";
 export const MANIFEST_FILE = "manifest.json";
 /** Tensor alignment inside a region. */
@@ -72,8 +80,8 @@ export interface Region {
   /** Bytes of content before padding. */
   bytes: number;
   hash: string;
-  head4k: string;
-  tail4k: string;
+  /** k3h64 of each `piece`-byte piece of the region's `size` bytes (the last shorter). */
+  pieces: string[];
   tensors: TensorEntry[];
 }
 
@@ -89,6 +97,8 @@ export interface TrunkManifest {
   source: { dir: string; shards: { name: string; bytes: number }[] };
   data: { file: string; bytes: number; align: number };
   checksum: "k3h64";
+  /** Bytes per hashed piece. */
+  piece: number;
   layer: Region[];
   finals: Region;
   embed: Region;
@@ -150,8 +160,7 @@ function region(
       size,
       bytes: at,
       hash: "",
-      head4k: "",
-      tail4k: "",
+      pieces: [],
       tensors: tensors.map((t) => t.entry),
     },
     tensors,
@@ -191,54 +200,155 @@ export function planLayout(
 }
 
 const HEX16 = /^[0-9a-f]{16}$/;
+const isObj = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
+/** The largest number of layers, width or vocabulary a manifest may claim (sanity bounds). */
+const MAX_DIM = 1 << 24;
 
-/** Parses and structurally validates a manifest (K3Error exit 1 naming the problem). */
-export function parseManifest(text: string, path: string): TrunkManifest {
-  const bad = (why: string): never => {
-    throw new K3Error(`${path}: not a usable k3 trunk manifest: ${why}`);
-  };
-  let m: TrunkManifest;
-  try {
-    m = JSON.parse(text);
-  } catch (e) {
-    return bad(`invalid JSON (${(e as Error).message})`);
-  }
-  if (typeof m !== "object" || m === null) bad("not an object");
-  if (m.format !== FORMAT) {
-    bad(`format ${JSON.stringify(m.format)}, expected ${JSON.stringify(FORMAT)}`);
-  }
-  if (m.version !== VERSION) {
-    bad(`version ${JSON.stringify(m.version)}, this k3 reads version ${VERSION} (re-pack it)`);
-  }
-  if (typeof m.fingerprint !== "string") bad("no fingerprint");
-  if (typeof m.sample !== "string" || !HEX16.test(m.sample)) bad("no weight sample hash");
-  if (!Array.isArray(m.layer) || m.layer.length !== m.layers) {
-    bad("layer table does not match the layer count");
-  }
-  if (!m.data || typeof m.data.bytes !== "number" || m.data.align !== ALIGN) {
-    bad("bad data section");
-  }
-  const regions: [string, Region][] = [
+/** The regions of a manifest in file order, named. */
+export function regionsOf(m: TrunkManifest): [string, Region][] {
+  return [
     ...m.layer.map((r, i) => [`layer ${i}`, r] as [string, Region]),
     ["finals", m.finals],
     ["embed", m.embed],
     ["head", m.head],
   ];
-  for (const [what, r] of regions) {
-    const ok = r && Number.isSafeInteger(r.offset) && Number.isSafeInteger(r.size) &&
-      r.offset % ALIGN === 0 && r.size % ALIGN === 0 &&
-      r.size > 0 && r.offset + r.size <= m.data.bytes && HEX16.test(r.hash) &&
-      HEX16.test(r.head4k) && HEX16.test(r.tail4k) &&
-      Array.isArray(r.tensors) && r.tensors.every((t) =>
-        typeof t.name === "string" && (t.dtype === "BF16" || t.dtype === "F32") &&
-        Number.isSafeInteger(t.offset) && Number.isSafeInteger(t.bytes) &&
-        t.offset + t.bytes <= r.size && Array.isArray(t.shape)
-      );
-    if (!ok) {
-      bad(`${what}: bad region entry`);
+}
+
+/**
+ * Parses a manifest and checks its whole structure (K3Error exit 1 naming the problem):
+ * every field typed, the regions back to back from offset 0 in file order and exactly
+ * covering `data.bytes`, each region's size its content padded to 4096, one piece hash per
+ * `piece` bytes, and inside every region the tensors back to back at 64-byte-aligned
+ * offsets, each `bytes` equal to its shape times its dtype's size (vectors F32). The
+ * layout is thereby fully determined by the tensor shapes and dtypes, which `checkLayout`
+ * compares with the model's config.
+ */
+export function parseManifest(text: string, path: string): TrunkManifest {
+  const bad = (why: string): never => {
+    throw new K3Error(`${path}: not a usable k3 trunk manifest: ${why}`);
+  };
+  let j: unknown;
+  try {
+    j = JSON.parse(text);
+  } catch (e) {
+    return bad(`invalid JSON (${(e as Error).message})`);
+  }
+  if (!isObj(j)) return bad("not an object");
+  if (j.format !== FORMAT) {
+    bad(`format ${JSON.stringify(j.format)}, expected ${JSON.stringify(FORMAT)}`);
+  }
+  if (j.version !== VERSION) {
+    bad(
+      `version ${
+        JSON.stringify(j.version)
+      }, this k3 reads version ${VERSION} (per-piece checksums); re-pack it with k3 pack --force`,
+    );
+  }
+  const m = j as unknown as TrunkManifest;
+  const int = (v: unknown, min: number, max: number) =>
+    Number.isSafeInteger(v) && (v as number) >= min && (v as number) <= max;
+  if (typeof m.fingerprint !== "string" || !/^[0-9a-f]{32}$/.test(m.fingerprint)) bad("no fingerprint");
+  if (typeof m.sample !== "string" || !HEX16.test(m.sample)) bad("no weight sample hash");
+  if (m.checksum !== "k3h64") bad(`checksum ${JSON.stringify(m.checksum)}, expected "k3h64"`);
+  if (!int(m.layers, 1, MAX_DIM) || !int(m.hidden, 1, MAX_DIM) || !int(m.vocab, 1, MAX_DIM)) {
+    bad("layers, hidden and vocab must be positive integers");
+  }
+  if (!int(m.piece, ALIGN, 1 << 30) || m.piece % ALIGN !== 0) {
+    bad(`piece ${JSON.stringify(m.piece)} is not a multiple of ${ALIGN}`);
+  }
+  if (
+    !isObj(m.data) || m.data.file !== DATA_FILE || !int(m.data.bytes, 0, Number.MAX_SAFE_INTEGER) ||
+    m.data.align !== ALIGN
+  ) {
+    bad("bad data section");
+  }
+  if (!Array.isArray(m.layer) || m.layer.length !== m.layers) {
+    bad("layer table does not match the layer count");
+  }
+  let at = 0;
+  for (const [what, r] of regionsOf(m)) {
+    const rb = (why: string) => bad(`${what}: ${why}`);
+    if (!isObj(r)) return rb("not an object");
+    if (r.offset !== at) rb(`offset ${JSON.stringify(r.offset)}, expected ${at} (regions are back to back)`);
+    if (!int(r.bytes, 1, Number.MAX_SAFE_INTEGER)) rb(`bytes ${JSON.stringify(r.bytes)}`);
+    if (r.size !== Math.max(ALIGN, alignUp(r.bytes))) {
+      rb(`size ${JSON.stringify(r.size)}, expected its bytes padded to ${ALIGN}`);
+    }
+    if (typeof r.hash !== "string" || !HEX16.test(r.hash)) rb("bad hash");
+    const npieces = Math.ceil(r.size / m.piece);
+    if (
+      !Array.isArray(r.pieces) || r.pieces.length !== npieces ||
+      !r.pieces.every((h) => typeof h === "string" && HEX16.test(h))
+    ) {
+      rb(`needs ${npieces} piece hashes`);
+    }
+    if (!Array.isArray(r.tensors) || r.tensors.length === 0) return rb("no tensor table");
+    let end = 0;
+    for (const [i, t] of r.tensors.entries()) {
+      const tb = (why: string) => rb(`tensor ${i}: ${why}`);
+      if (!isObj(t) || typeof t.name !== "string" || t.name.length === 0 || t.name.length > 256) return tb("bad name");
+      if (t.keep !== "matrix" && t.keep !== "vector") tb(`keep ${JSON.stringify(t.keep)}`);
+      if (t.dtype !== "F32" && (t.dtype !== "BF16" || t.keep !== "matrix")) {
+        tb(`dtype ${JSON.stringify(t.dtype)} for a ${t.keep}`);
+      }
+      if (
+        !Array.isArray(t.shape) || t.shape.length < 1 || t.shape.length > 4 || !t.shape.every((d) => int(d, 1, MAX_DIM))
+      ) {
+        tb(`bad shape ${JSON.stringify(t.shape)}`);
+      }
+      const want = t.shape.reduce((a, b) => a * b, 1) * (t.dtype === "F32" ? 4 : 2);
+      if (t.bytes !== want) {
+        tb(`bytes ${JSON.stringify(t.bytes)}, but ${t.dtype} ${JSON.stringify(t.shape)} takes ${want}`);
+      }
+      const off = Math.ceil(end / TENSOR_ALIGN) * TENSOR_ALIGN;
+      if (t.offset !== off) tb(`offset ${JSON.stringify(t.offset)}, expected ${off}`);
+      end = off + want;
+    }
+    if (r.bytes !== end) rb(`bytes ${r.bytes}, but its tensors end at ${end}`);
+    at += r.size;
+  }
+  if (m.data.bytes !== at) bad(`data.bytes ${m.data.bytes}, but the regions end at ${at}`);
+  return m;
+}
+
+/**
+ * Checks a parsed manifest against the model's config: every region used holds exactly
+ * the tensors the config implies (names, order, keep, shapes), with the bound dtype a
+ * kernel reads. With parseManifest this pins every byte range the engine binds.
+ */
+export function checkLayout(m: TrunkManifest, cfg: K3Config, dir: string): void {
+  const bad = (why: string): never => {
+    throw new K3Error(`${dir}: the trunk manifest does not match the model: ${why}; re-pack it with k3 pack --force`);
+  };
+  if (m.layers < cfg.numLayers || m.hidden !== cfg.hiddenSize || m.vocab !== cfg.vocabSize) {
+    bad(`${m.layers} layers, hidden ${m.hidden}, vocab ${m.vocab}`);
+  }
+  const D = cfg.hiddenSize, V = cfg.vocabSize;
+  const want: [string, Region, TensorSpec[]][] = [
+    ...Array.from(
+      { length: cfg.numLayers },
+      (_, L) => [`layer ${L}`, m.layer[L], layerTensors(cfg, L)] as [string, Region, TensorSpec[]],
+    ),
+    ["finals", m.finals, globalTensors(cfg)],
+    ["embed", m.embed, [{ name: "embed_tokens.weight", shape: [V, D], keep: "matrix" }]],
+    ["head", m.head, [{ name: HEAD_NAME, shape: [V, D], keep: "matrix" }]],
+  ];
+  for (const [what, r, specs] of want) {
+    if (r.tensors.length !== specs.length) bad(`${what}: ${r.tensors.length} tensors, the model has ${specs.length}`);
+    for (const [i, s] of specs.entries()) {
+      const t = r.tensors[i];
+      const shapeOk = s.atLeast
+        ? t.shape.length === 1 && t.shape[0] >= s.shape[0]
+        : t.shape.length === s.shape.length && t.shape.every((d, k) => d === s.shape[k]);
+      if (t.name !== s.name || t.keep !== s.keep || !shapeOk) {
+        bad(
+          `${what}: tensor ${i} is ${JSON.stringify(t.name)} ${t.keep} ${JSON.stringify(t.shape)}, expected ${
+            JSON.stringify(s.name)
+          } ${s.keep} ${s.atLeast ? ">= " : ""}${JSON.stringify(s.shape)}`,
+        );
+      }
     }
   }
-  return m;
 }
 
 /** Reads `<dir>/manifest.json`. */

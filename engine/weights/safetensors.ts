@@ -106,12 +106,16 @@ export async function readShardHeader(file: string): Promise<TensorInfo[]> {
         bytes: end - begin,
       });
     }
-    const byOffset = [...tensors].sort((a, b) => a.offset - b.offset);
-    for (let i = 1; i < byOffset.length; i++) {
-      const prev = byOffset[i - 1], cur = byOffset[i];
-      if (cur.bytes > 0 && prev.offset + prev.bytes > cur.offset) {
-        fail(`tensor ${cur.name} overlaps tensor ${prev.name}`);
+    // Zero-size tensors hold no bytes and overlap nothing; every other tensor must start at
+    // or after the furthest end seen so far (not just the previous tensor's end, which a
+    // zero-size tensor placed between two overlapping ones would hide).
+    const byOffset = tensors.filter((t) => t.bytes > 0).sort((a, b) => a.offset - b.offset);
+    let furthest: TensorInfo | undefined;
+    for (const cur of byOffset) {
+      if (furthest && furthest.offset + furthest.bytes > cur.offset) {
+        fail(`tensor ${cur.name} overlaps tensor ${furthest.name}`);
       }
+      if (!furthest || cur.offset + cur.bytes > furthest.offset + furthest.bytes) furthest = cur;
     }
     return tensors;
   } finally {

@@ -2,13 +2,14 @@
  * The trunk (every layer's dense tensors) when it does not all stay in memory: a packed
  * trunk (manifest.ts) with some layers pinned and the rest streamed through a ring.
  *
- * Pinned layers are read once at start-up and their full k3h64 checksum is checked. The
+ * Every read, pinned or streamed, checks each piece against its k3h64 in the manifest on
+ * the I/O thread that read it (readPieces). Pinned layers are read once at start-up. The
  * ring is one arena used as a FIFO of variable-size layer regions: streamed layers are
  * read ahead in the order the forward pass uses them (wrapping to the next token's first
  * streamed layer), as many as fit, while the current layer computes. A layer's space is
  * reused only after `done(L)` (the forward pass's doneWithLayer), so the layer being
  * computed is never overwritten, and a layer is handed out only after its read fully
- * succeeded and passed the cheap check (k3h64 of its first and last 4 KiB). A failed
+ * succeeded and every piece matched. A failed
  * check stops the run (exit 1) naming the layer.
  *
  * @module
@@ -17,15 +18,32 @@
 import type { K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
 import { type Kernels, WTYPE } from "../native/ffi.ts";
-import { ALIGN, hashHex, IoFile } from "../native/io.ts";
+import type { IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import type { IoStats } from "../model/model.ts";
-import { BoundTensors, type F32, layerTensors, type Matrix } from "../model/weights.ts";
-import { openTrunkData, readManifest, type Region, type TensorEntry, type TrunkManifest } from "./manifest.ts";
+import { BoundTensors, type F32, type Matrix } from "../model/weights.ts";
+import {
+  checkLayout,
+  DATA_FILE,
+  openTrunkData,
+  readManifest,
+  type Region,
+  type TensorEntry,
+  type TrunkManifest,
+} from "./manifest.ts";
+
+/** A piece of a region whose bytes did not match its checksum. */
+export class PieceMismatch extends Error {
+  constructor(readonly index: number, readonly at: number) {
+    super(`piece ${index} (region bytes ${at}..) does not match its checksum`);
+  }
+}
 
 /**
- * Reads a big region as 16 MB pieces, `depth` in flight at once (the device works on several
- * requests together; one huge pread is slower). Resolves to the bytes read.
+ * Reads a big region as `piece`-byte pieces, `depth` in flight at once (the device works on
+ * several requests together; one huge pread is slower). With `hashes` (one k3h64 per
+ * piece, from the manifest) every piece is hashed on the I/O thread that read it and a
+ * mismatch rejects with PieceMismatch. Resolves to the bytes read.
  */
 export async function readPieces(
   f: IoFile,
@@ -34,6 +52,7 @@ export async function readPieces(
   offset: number,
   piece = 16 << 20,
   depth = 8,
+  hashes?: readonly string[],
 ): Promise<number> {
   let next = 0, total = 0;
   let failure: unknown;
@@ -42,10 +61,18 @@ export async function readPieces(
       const at = next;
       next += piece;
       const want = Math.min(piece, len - at);
+      const dst = at === 0 ? ptr : Deno.UnsafePointer.offset(ptr, at)!;
       try {
-        const n = await f.pread(at === 0 ? ptr : Deno.UnsafePointer.offset(ptr, at)!, want, offset + at);
-        total += n;
-        if (n < want) return; // end of file: the caller sees the short total
+        if (hashes) {
+          const r = await f.preadHashed(dst, want, offset + at);
+          total += r.n;
+          if (r.n < want) return; // end of file: the caller sees the short total
+          if (r.hash !== hashes[at / piece]) throw new PieceMismatch(at / piece, at);
+        } else {
+          const n = await f.pread(dst, want, offset + at);
+          total += n;
+          if (n < want) return;
+        }
       } catch (e) {
         failure = e;
       }
@@ -54,6 +81,39 @@ export async function readPieces(
   await Promise.all(Array.from({ length: Math.min(depth, Math.ceil(len / piece)) }, worker));
   if (failure !== undefined) throw failure;
   return total;
+}
+
+/**
+ * Reads region `r` of a trunk into `ptr`, every piece verified against the manifest.
+ * Throws K3Error (exit 1) naming the trunk, `what` and the bad piece.
+ */
+export async function readRegionVerified(
+  dir: string,
+  f: IoFile,
+  m: TrunkManifest,
+  what: string,
+  r: Region,
+  ptr: NonNullable<Deno.PointerValue>,
+): Promise<void> {
+  let n: number;
+  try {
+    n = await readPieces(f, ptr, r.size, r.offset, m.piece, 8, r.pieces);
+  } catch (e) {
+    if (e instanceof PieceMismatch) {
+      throw new K3Error(
+        `${dir}: ${what}: checksum mismatch in piece ${e.index} (bytes ${
+          r.offset + e.at
+        }.. of ${DATA_FILE}): the trunk is corrupt; re-pack it (k3 pack --force)`,
+      );
+    }
+    if (e instanceof K3Error) throw e;
+    throw new K3Error(`${dir}: ${what}: read failed: ${(e as Error).message}`);
+  }
+  if (n !== r.size) {
+    throw new K3Error(
+      `${dir}: ${what}: short read (${n} of ${r.size} bytes): the trunk data is truncated; re-pack it`,
+    );
+  }
 }
 
 /** Bound tensors over a region's bytes at `base` (nothing owned: the region buffer is). */
@@ -110,41 +170,26 @@ export class TrunkFile {
         `${dir}: this trunk was packed from different weights (weight sample ${m.sample}, the model has ${sample}); re-pack it with k3 pack`,
       );
     }
-    if (m.layers < cfg.numLayers || m.hidden !== cfg.hiddenSize || m.vocab !== cfg.vocabSize) {
-      throw new K3Error(
-        `${dir}: trunk shape (${m.layers} layers, hidden ${m.hidden}, vocab ${m.vocab}) does not match the model`,
-      );
-    }
-    for (let L = 0; L < cfg.numLayers; L++) {
-      const want = layerTensors(cfg, L).map((s) => s.name).join(",");
-      if (m.layer[L].tensors.map((t) => t.name).join(",") !== want) {
-        throw new K3Error(`${dir}: layer ${L}: tensor table does not match the model; re-pack it`);
-      }
-    }
+    checkLayout(m, cfg, dir);
     const f = openTrunkData(dir, m);
     return new TrunkFile(dir, m, f, k);
   }
 
-  /** Reads a whole region into a new buffer and checks its full checksum. */
+  /** Reads a whole region into a new buffer, every piece checked against its checksum. */
   async readVerified(what: string, r: Region): Promise<NativeBuffer> {
     const buf = NativeBuffer.alloc(this.k, r.size, `trunk ${what}`);
     try {
-      const n = await readPieces(this.file, buf.ptr, r.size, r.offset);
-      if (n !== r.size) {
-        throw new K3Error(
-          `${this.dir}: ${what}: short read (${n} of ${r.size} bytes): the trunk data is truncated; re-pack it`,
-        );
-      }
-      if (hashHex(buf.ptr, r.size) !== r.hash) {
-        throw new K3Error(
-          `${this.dir}: ${what}: checksum mismatch: the trunk is corrupt; re-pack it (k3 pack --force)`,
-        );
-      }
+      await this.readInto(what, r, buf.ptr);
       return buf;
     } catch (e) {
       buf.free();
       throw e;
     }
+  }
+
+  /** Reads region `r` to `ptr`, every piece checked against its checksum. */
+  readInto(what: string, r: Region, ptr: NonNullable<Deno.PointerValue>): Promise<void> {
+    return readRegionVerified(this.dir, this.file, this.manifest, what, r, ptr);
   }
 
   close(): void {
@@ -241,20 +286,7 @@ export class StreamedTrunk {
     const ring = this.ring!;
     const dir = this.trunk.dir;
     try {
-      const n = await readPieces(this.trunk.file, ring.at(e.off), r.size, r.offset);
-      if (n !== r.size) {
-        throw new K3Error(
-          `${dir}: layer ${e.L}: short read (${n} of ${r.size} bytes): the trunk data is truncated; re-pack it`,
-        );
-      }
-      if (
-        hashHex(ring.at(e.off), ALIGN) !== r.head4k ||
-        hashHex(ring.at(e.off + r.size - ALIGN), ALIGN) !== r.tail4k
-      ) {
-        throw new K3Error(
-          `${dir}: layer ${e.L}: checksum mismatch on a streamed read: the trunk is corrupt; re-pack it (k3 pack --force)`,
-        );
-      }
+      await this.trunk.readInto(`layer ${e.L} (streamed)`, r, ring.at(e.off));
       e.bound = bindRegion(r.tensors, ring, e.off);
     } catch (err) {
       e.error = err instanceof K3Error
