@@ -20,7 +20,9 @@ export type Role = "system" | "user" | "assistant";
 
 /** One message of a conversation. */
 export interface ChatMessage {
+  /** Who speaks. */
   role: Role;
+  /** The message text (for the assistant: its response channel). */
   content: string;
   /** Assistant reasoning, rendered in the think channel. */
   reasoning?: string;
@@ -61,6 +63,32 @@ class Builder {
   }
 }
 
+/** Checks an effort level; throws usageError (exit 2) for anything else. */
+function checkEffort(effort: string): void {
+  if (!(EFFORTS as readonly string[]).includes(effort)) {
+    throw usageError(`thinking effort must be one of ${EFFORTS.join(", ")}, not ${effort}`);
+  }
+}
+
+function addMessage(b: Builder, m: ChatMessage): void {
+  if (!["system", "user", "assistant"].includes(m.role)) {
+    throw usageError(`unknown chat role ${JSON.stringify(m.role)}`);
+  }
+  b.open("message", ` role="${m.role}"`);
+  if (m.role === "assistant") {
+    if (m.reasoning !== undefined) b.open("think").user(m.reasoning).close("think");
+    b.open("response").user(m.content).close("response");
+  } else {
+    b.user(m.content);
+  }
+  b.close("message").control("<|end_of_msg|>");
+}
+
+function addGenerationPrompt(b: Builder, thinking: boolean): void {
+  b.open("message", ' role="assistant"');
+  b.open(thinking ? "think" : "response");
+}
+
 /**
  * Ids of a chat prompt: the messages, then the generation prompt for the assistant's
  * reply. Throws usageError (exit 2) for an unknown role or effort.
@@ -73,29 +101,38 @@ export function chatPrompt(
   const b = new Builder(tok);
   if (options.bos) b.control("[BOS]");
   if (options.effort !== undefined) {
-    if (!(EFFORTS as readonly string[]).includes(options.effort)) {
-      throw usageError(
-        `thinking effort must be one of ${EFFORTS.join(", ")}, not ${options.effort}`,
-      );
-    }
+    checkEffort(options.effort);
     b.open("message", ' role="system" type="thinking-effort"').user(options.effort)
       .close("message").control("<|end_of_msg|>");
   }
-  for (const m of messages) {
-    if (!["system", "user", "assistant"].includes(m.role)) {
-      throw usageError(`unknown chat role ${JSON.stringify(m.role)}`);
-    }
-    b.open("message", ` role="${m.role}"`);
-    if (m.role === "assistant") {
-      if (m.reasoning !== undefined) b.open("think").user(m.reasoning).close("think");
-      b.open("response").user(m.content).close("response");
-    } else {
-      b.user(m.content);
-    }
-    b.close("message").control("<|end_of_msg|>");
+  for (const m of messages) addMessage(b, m);
+  addGenerationPrompt(b, options.thinking !== false);
+  return b.ids;
+}
+
+/**
+ * Ids that continue a conversation whose tokens so far end with a generated reply: the
+ * markup that closes what the reply left open (from {@link ChannelSplitter.left};
+ * nothing when it ended with `<|end_of_msg|>`), the new messages, and the generation
+ * prompt. Appending these to the kept state prefills only the new turn.
+ */
+export function continuePrompt(
+  tok: Tokenizer,
+  left: { open: readonly string[]; ended: boolean },
+  messages: readonly ChatMessage[],
+  thinking: boolean,
+): number[] {
+  const b = new Builder(tok);
+  const open = left.ended ? [] : left.open;
+  for (const tag of [...open].reverse()) {
+    // A reply cut inside its think channel still gets its (empty) response channel, as
+    // chatPrompt renders an assistant message with reasoning.
+    if (tag === "think") b.close("think").open("response").close("response");
+    else b.close(tag);
   }
-  b.open("message", ' role="assistant"');
-  b.open(options.thinking === false ? "response" : "think");
+  if (!left.ended) b.control("<|end_of_msg|>");
+  for (const m of messages) addMessage(b, m);
+  addGenerationPrompt(b, thinking);
   return b.ids;
 }
 
@@ -128,4 +165,158 @@ export function splitChannels(text: string, thinking: boolean): { reasoning: str
   }
   const end = rest.indexOf(CLOSE_RESPONSE);
   return { reasoning, content: end < 0 ? rest : rest.slice(0, end) };
+}
+
+/** A piece of generated assistant text and the channel it belongs to. */
+export interface ChannelText {
+  /** think = reasoning, response = the reply's content. */
+  channel: "think" | "response";
+  /** The text (markup removed). */
+  text: string;
+}
+
+const MARKUP = /^<\|(open|close)\|>([^<]{0,64}?)<\|sep\|>/;
+const ENDS = ["<|end_of_msg|>", "[EOS]"];
+const OPENERS = ["<|open|>", "<|close|>", ...ENDS];
+/** An open or close marker whose `<|sep|>` has not arrived yet. */
+const PARTIAL = /^<\|(open|close)\|>[^<]{0,64}(<(\|(s(e(p(\|)?)?)?)?)?)?$/;
+
+/**
+ * Splits generated assistant text into its channels as it arrives: markup
+ * (`<|open|>think<|sep|>`, `<|close|>response<|sep|>`, `<|end_of_msg|>`, ...) is consumed,
+ * text that could still be the start of markup is held back, and everything else comes
+ * out tagged with the channel it is in. Text after the message ends is dropped.
+ */
+export class ChannelSplitter {
+  #buf = "";
+  /** Tags open now, outermost first (the generation prompt opened message and a channel). */
+  readonly #open: string[];
+  #ended = false;
+
+  /** `thinking`: whether the generation prompt opened the think channel (else response). */
+  constructor(thinking: boolean) {
+    this.#open = ["message", thinking ? "think" : "response"];
+  }
+
+  /** What the reply left open so far, for {@link continuePrompt}. */
+  get left(): { open: readonly string[]; ended: boolean } {
+    return { open: [...this.#open], ended: this.#ended };
+  }
+
+  #channel(): "think" | "response" | undefined {
+    const top = this.#open[this.#open.length - 1];
+    return top === "think" || top === "response" ? top : undefined;
+  }
+
+  #emit(out: ChannelText[], text: string): void {
+    const channel = this.#channel();
+    if (text === "" || this.#ended || channel === undefined) return;
+    const last = out[out.length - 1];
+    if (last?.channel === channel) last.text += text;
+    else out.push({ channel, text });
+  }
+
+  /** Feeds generated text; returns the pieces now known to be channel text. */
+  push(text: string): ChannelText[] {
+    const out: ChannelText[] = [];
+    this.#buf += text;
+    let from = 0;
+    scan: while (from < this.#buf.length) {
+      for (let p = from; p < this.#buf.length; p++) {
+        const c = this.#buf[p];
+        if (c !== "<" && c !== "[") continue;
+        const rest = this.#buf.slice(p);
+        const end = ENDS.find((e) => rest.startsWith(e));
+        const m = end ? null : MARKUP.exec(rest);
+        if (end || m) {
+          this.#emit(out, this.#buf.slice(0, p));
+          if (end) {
+            this.#ended = true;
+            this.#open.length = 0;
+          } else this.#tag(m![1] as "open" | "close", m![2].trim());
+          this.#buf = this.#buf.slice(p + (end ?? m![0]).length);
+          from = 0;
+          continue scan;
+        }
+        if (OPENERS.some((o) => o.startsWith(rest)) || PARTIAL.test(rest)) {
+          // Could still become markup: hold it.
+          this.#emit(out, this.#buf.slice(0, p));
+          this.#buf = rest;
+          return out;
+        }
+      }
+      break;
+    }
+    this.#emit(out, this.#buf);
+    this.#buf = "";
+    return out;
+  }
+
+  #tag(kind: "open" | "close", tag: string): void {
+    const name = tag.split(/\s/, 1)[0];
+    if (kind === "open") this.#open.push(name);
+    else {
+      const i = this.#open.lastIndexOf(name);
+      if (i >= 0) this.#open.length = i;
+    }
+  }
+
+  /** The text still held back, as channel text (call when generation ends). */
+  flush(): ChannelText[] {
+    const out: ChannelText[] = [];
+    this.#emit(out, this.#buf);
+    this.#buf = "";
+    return out;
+  }
+}
+
+/** The fields a history line may hold. */
+const HISTORY_FIELDS = new Set(["role", "content", "reasoning"]);
+
+/**
+ * Parses a chat history: JSONL, one message per line (`role`, `content`, and `reasoning`
+ * for assistant turns only), blank lines ignored. Strict: anything else is a usage error
+ * (exit 2) naming `what:LINE`.
+ */
+export function parseHistory(text: string, what: string): ChatMessage[] {
+  const out: ChatMessage[] = [];
+  text.split("\n").forEach((line, i) => {
+    if (line.trim() === "") return;
+    const bad = (why: string) => usageError(`${what}:${i + 1}: ${why}`);
+    let v: unknown;
+    try {
+      v = JSON.parse(line);
+    } catch (e) {
+      throw bad(`not JSON (${(e as Error).message})`);
+    }
+    if (typeof v !== "object" || v === null || Array.isArray(v)) throw bad("expected a JSON object");
+    const o = v as Record<string, unknown>;
+    const unknown = Object.keys(o).find((k) => !HISTORY_FIELDS.has(k));
+    if (unknown !== undefined) throw bad(`unknown field ${JSON.stringify(unknown)} (fields: role, content, reasoning)`);
+    if (o.role !== "system" && o.role !== "user" && o.role !== "assistant") {
+      throw bad(`"role" must be "system", "user" or "assistant", got ${JSON.stringify(o.role)}`);
+    }
+    if (typeof o.content !== "string") throw bad(`"content" must be a string`);
+    const m: ChatMessage = { role: o.role, content: o.content };
+    if (o.reasoning !== undefined) {
+      if (o.role !== "assistant") throw bad(`"reasoning" is only for assistant messages`);
+      if (typeof o.reasoning !== "string") throw bad(`"reasoning" must be a string`);
+      m.reasoning = o.reasoning;
+    }
+    out.push(m);
+  });
+  return out;
+}
+
+/** A history as JSONL, one message per line (what {@link parseHistory} reads). */
+export function formatHistory(messages: readonly ChatMessage[]): string {
+  return messages.map((m) =>
+    JSON.stringify(
+      m.reasoning === undefined ? { role: m.role, content: m.content } : {
+        role: m.role,
+        content: m.content,
+        reasoning: m.reasoning,
+      },
+    ) + "\n"
+  ).join("");
 }

@@ -1,0 +1,291 @@
+/**
+ * Saved sequence states (`--save-state`, `--load-state`, chat's `--state`): the exact
+ * prefix a state represents, so a later run continues it instead of prefilling again.
+ *
+ * Layout (little-endian):
+ *   0   8 bytes  magic "K3STATE\n"
+ *   8   u32      version (1)
+ *   12  u32      header length H
+ *   16  H bytes  header, UTF-8 JSON: format, version, config (fingerprint of the config the
+ *                state was made with), weights (k3h64 of the weight sample), layers, pos,
+ *                tokens (exactly pos ids), kda and mla (layer indices), payload_bytes, meta
+ *   ..  payload  float32: each KDA layer in order (convQ, convK, convV, S: fixed size),
+ *                then each MLA layer (latent [pos][kvLoraRank], krope [pos][ropeDim])
+ *   end 32 bytes SHA-256 of everything before it
+ * Written to a temporary sibling, fsync'ed, renamed into place.
+ *
+ * Loading checks, in this order, before one byte reaches a native buffer: length, magic,
+ * version, header JSON, declared length against the file, checksum, then every header
+ * field against the model (fingerprints, layer lists, pos within capacity, token ids in
+ * the vocabulary, payload size from the config). Each damage is one K3Error line.
+ *
+ * A KDA state cannot be rewound (its recurrent state folds every token in), so a saved
+ * state is only ever reused for its exact token prefix.
+ *
+ * @module
+ */
+
+import { createHash } from "node:crypto";
+import { configFingerprint, type K3Config } from "../model/config.ts";
+import { K3Error } from "../errors.ts";
+import type { K3Model, SequenceState } from "../model/model.ts";
+import type { OpenedModel } from "../weights/load.ts";
+import { weightSample } from "../weights/manifest.ts";
+
+const MAGIC = new TextEncoder().encode("K3STATE\n");
+/** The state file version this build writes and reads. */
+export const STATE_VERSION = 1;
+const PREFIX = 16;
+const DIGEST = 32;
+
+/** What identifies a model for a saved state: its config and a sample of its weights. */
+export interface ModelFingerprint {
+  /** configFingerprint of the config as opened. */
+  config: string;
+  /** weightSample (k3h64) of the layers in use. */
+  weights: string;
+}
+
+/** The fingerprint of an opened model (config as opened, --layers included). */
+export async function modelFingerprint(opened: OpenedModel): Promise<ModelFingerprint> {
+  return {
+    config: await configFingerprint(opened.cfg),
+    weights: await weightSample(opened.k, opened.cfg, opened.ckpt),
+  };
+}
+
+/** The header of a state file. */
+export interface StateHeader {
+  /** Always "k3-state". */
+  format: "k3-state";
+  /** Same as the binary prefix's version. */
+  version: number;
+  /** {@link ModelFingerprint.config} of the model that made it. */
+  config: string;
+  /** {@link ModelFingerprint.weights} of the model that made it. */
+  weights: string;
+  /** Layers of the config it was made with. */
+  layers: number;
+  /** Positions processed. */
+  pos: number;
+  /** The token prefix the state represents (pos ids). */
+  tokens: number[];
+  /** KDA layer indices, in payload order. */
+  kda: number[];
+  /** MLA layer indices, in payload order. */
+  mla: number[];
+  /** Bytes of float32 payload after the header. */
+  payload_bytes: number;
+  /** Free-form data of the writer (chat: which history the state belongs to). */
+  meta: Record<string, unknown>;
+}
+
+/** A loaded state: the native state filled in, and what it represents. */
+export interface LoadedState {
+  /** A fresh state of the model, filled in (pos = tokens.length). */
+  state: SequenceState;
+  /** The token prefix it represents. */
+  tokens: number[];
+  /** The writer's meta data. */
+  meta: Record<string, unknown>;
+}
+
+function layersOf(cfg: K3Config, kind: "kda" | "mla"): number[] {
+  return cfg.layerKinds.flatMap((k, L) => (k === kind ? [L] : []));
+}
+
+/** Floats of each KDA layer's fixed state, and of one MLA position. */
+function sizes(cfg: K3Config): { kdaFloats: number; latent: number; rope: number } {
+  const C = cfg.kda.numHeads * cfg.kda.headDim;
+  return {
+    kdaFloats: 3 * 3 * C + cfg.kda.numHeads * cfg.kda.headDim * cfg.kda.headDim,
+    latent: cfg.mla.kvLoraRank,
+    rope: cfg.mla.ropeDim,
+  };
+}
+
+/** Payload bytes of a state of `pos` positions. */
+export function payloadBytes(cfg: K3Config, pos: number): number {
+  const s = sizes(cfg);
+  return 4 * (layersOf(cfg, "kda").length * s.kdaFloats + layersOf(cfg, "mla").length * pos * (s.latent + s.rope));
+}
+
+/** The native views a state's payload is made of, in file order. */
+function regions(model: K3Model, state: SequenceState, pos: number): Uint8Array[] {
+  const { latent, rope } = sizes(model.cfg);
+  const out: Uint8Array[] = [];
+  for (const L of layersOf(model.cfg, "kda")) {
+    const s = state.kda.get(L)!;
+    for (const v of [s.convQ, s.convK, s.convV, s.S]) out.push(v.buf.u8.subarray(0, v.length * 4));
+  }
+  for (const L of layersOf(model.cfg, "mla")) {
+    const s = state.mla.get(L)!;
+    out.push(s.latent.buf.u8.subarray(0, pos * latent * 4));
+    out.push(s.krope.buf.u8.subarray(0, pos * rope * 4));
+  }
+  return out;
+}
+
+/**
+ * Writes `state` (which has processed exactly `tokens`) atomically: a temporary sibling,
+ * fsync'ed, then renamed over `path`.
+ */
+export async function saveState(
+  path: string,
+  model: K3Model,
+  state: SequenceState,
+  tokens: readonly number[],
+  fp: ModelFingerprint,
+  meta: Record<string, unknown> = {},
+): Promise<void> {
+  if (tokens.length !== state.pos) {
+    throw new Error(`saveState: ${tokens.length} tokens for a state at position ${state.pos}`);
+  }
+  const cfg = model.cfg;
+  const header: StateHeader = {
+    format: "k3-state",
+    version: STATE_VERSION,
+    config: fp.config,
+    weights: fp.weights,
+    layers: cfg.numLayers,
+    pos: state.pos,
+    tokens: [...tokens],
+    kda: layersOf(cfg, "kda"),
+    mla: layersOf(cfg, "mla"),
+    payload_bytes: payloadBytes(cfg, state.pos),
+    meta,
+  };
+  const json = new TextEncoder().encode(JSON.stringify(header));
+  const prefix = new Uint8Array(PREFIX);
+  prefix.set(MAGIC);
+  const dv = new DataView(prefix.buffer);
+  dv.setUint32(8, STATE_VERSION, true);
+  dv.setUint32(12, json.length, true);
+  const parts = [prefix, json, ...regions(model, state, state.pos)];
+  const hash = createHash("sha256");
+  for (const p of parts) hash.update(p);
+  parts.push(new Uint8Array(hash.digest()));
+
+  const tmp = `${path}.tmp-${Deno.pid}-${Date.now()}`;
+  let f: Deno.FsFile | undefined;
+  try {
+    f = await Deno.open(tmp, { write: true, create: true, truncate: true });
+    for (const p of parts) {
+      let off = 0;
+      while (off < p.length) off += await f.write(p.subarray(off));
+    }
+    await f.sync();
+    f.close();
+    f = undefined;
+    await Deno.rename(tmp, path);
+  } catch (e) {
+    f?.close();
+    await Deno.remove(tmp).catch(() => {});
+    throw new K3Error(`cannot write state ${path}: ${(e as Error).message}`);
+  }
+}
+
+/** A state file read and checked for layout and checksum; `at` is where the payload starts. */
+export interface StateFile {
+  /** The parsed header (fields not yet checked against a model). */
+  header: StateHeader;
+  /** The whole file. */
+  bytes: Uint8Array;
+  /** Offset of the payload. */
+  at: number;
+}
+
+/** Reads a state file and checks everything that needs no model: layout, version, checksum. */
+export async function readStateFile(path: string): Promise<StateFile> {
+  let bytes: Uint8Array;
+  try {
+    bytes = await Deno.readFile(path);
+  } catch (e) {
+    throw new K3Error(`cannot read state ${path}: ${(e as Error).message}`);
+  }
+  const bad = (why: string) => new K3Error(`state ${path}: ${why}; refusing it`);
+  if (bytes.length < PREFIX) {
+    if (bytes.length === 0 || !MAGIC.subarray(0, bytes.length).every((b, i) => b === bytes[i])) {
+      throw bad("not a k3 state file");
+    }
+    throw bad(`truncated (${bytes.length} bytes)`);
+  }
+  if (!MAGIC.every((b, i) => b === bytes[i])) throw bad("not a k3 state file");
+  const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const version = dv.getUint32(8, true);
+  if (version !== STATE_VERSION) {
+    throw bad(`version ${version}; this k3 reads version ${STATE_VERSION}`);
+  }
+  const H = dv.getUint32(12, true);
+  if (PREFIX + H + DIGEST > bytes.length) throw bad(`truncated (${bytes.length} bytes, the header alone needs ${H})`);
+  let header: StateHeader;
+  try {
+    header = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(bytes.subarray(PREFIX, PREFIX + H)));
+  } catch {
+    throw bad("corrupt header (not JSON)");
+  }
+  if (typeof header !== "object" || header === null || Array.isArray(header)) throw bad("corrupt header");
+  const pb = header.payload_bytes;
+  if (!Number.isSafeInteger(pb) || pb < 0) throw bad("corrupt header (payload_bytes)");
+  const want = PREFIX + H + pb + DIGEST;
+  if (bytes.length < want) throw bad(`truncated (${bytes.length} bytes, its header says ${want})`);
+  if (bytes.length > want) throw bad(`too long (${bytes.length} bytes, its header says ${want})`);
+  const digest = createHash("sha256").update(bytes.subarray(0, want - DIGEST)).digest();
+  if (!new Uint8Array(digest).every((b, i) => b === bytes[want - DIGEST + i])) {
+    throw bad("corrupt (checksum mismatch)");
+  }
+  return { header, bytes, at: PREFIX + H };
+}
+
+const sameList = (a: unknown, b: number[]) =>
+  Array.isArray(a) && a.length === b.length && a.every((x, i) => x === b[i]);
+
+/**
+ * Loads a state file for `model`: every field is checked against the model before the
+ * fresh state's native buffers are written. Throws K3Error (one line) for any damage, a
+ * different model, or more positions than the model was opened for.
+ */
+export async function loadState(path: string, model: K3Model, fp: ModelFingerprint): Promise<LoadedState> {
+  const { header: h, bytes, at } = await readStateFile(path);
+  const bad = (why: string) => new K3Error(`state ${path}: ${why}; refusing it`);
+  const cfg = model.cfg;
+  if (h.format !== "k3-state" || h.version !== STATE_VERSION) throw bad("corrupt header (format or version)");
+  if (h.config !== fp.config || h.layers !== cfg.numLayers) {
+    throw bad(
+      `saved with a different model config (fingerprint ${
+        String(h.config)
+      }, ${h.layers} layers; this model has ${fp.config}, ${cfg.numLayers} layers)`,
+    );
+  }
+  if (h.weights !== fp.weights) {
+    throw bad(`saved with different weights (weight sample ${String(h.weights)}, this model has ${fp.weights})`);
+  }
+  if (!sameList(h.kda, layersOf(cfg, "kda")) || !sameList(h.mla, layersOf(cfg, "mla"))) {
+    throw bad("corrupt header (layer lists do not match the config)");
+  }
+  if (!Number.isSafeInteger(h.pos) || h.pos < 0) throw bad("corrupt header (pos)");
+  if (h.pos > model.capacity) {
+    throw bad(`holds ${h.pos} positions, more than the ${model.capacity} this model was opened for`);
+  }
+  if (!Array.isArray(h.tokens) || h.tokens.length !== h.pos) throw bad("corrupt header (tokens do not match pos)");
+  const badId = h.tokens.find((t) => !Number.isInteger(t) || t < 0 || t >= cfg.vocabSize);
+  if (badId !== undefined) throw bad(`corrupt header (token ${JSON.stringify(badId)} outside the vocabulary)`);
+  if (h.payload_bytes !== payloadBytes(cfg, h.pos)) {
+    throw bad("corrupt header (payload size does not match the config)");
+  }
+  if (typeof h.meta !== "object" || h.meta === null || Array.isArray(h.meta)) throw bad("corrupt header (meta)");
+
+  const state = model.newState();
+  try {
+    let off = at;
+    for (const r of regions(model, state, h.pos)) {
+      r.set(bytes.subarray(off, off + r.length));
+      off += r.length;
+    }
+    state.pos = h.pos;
+  } catch (e) {
+    state.free();
+    throw e;
+  }
+  return { state, tokens: h.tokens, meta: h.meta };
+}
