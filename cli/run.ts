@@ -1,18 +1,30 @@
 /**
- * `k3 run <model_dir>`: greedy generation with a report.
+ * `k3 run <model_dir>`: generation from one prompt, the text streamed to stdout as tokens
+ * arrive, with a report; sampling, stop strings, saved states and clean interruption.
  *
  * @module
  */
 
 import { loadConfig } from "../engine/model/config.ts";
 import { usageError } from "../engine/errors.ts";
-import { generate, type Step } from "../engine/generate/generate.ts";
+import { Scheduler } from "../engine/generate/scheduler.ts";
+import { makeSampler } from "../engine/generate/sampling.ts";
+import { StopMatcher } from "../engine/generate/stops.ts";
+import {
+  loadState,
+  type LoadedState,
+  modelFingerprint,
+  readStateFile,
+  saveState,
+  type StateFile,
+} from "../engine/generate/state_file.ts";
 import { firstLayers, openModel } from "../engine/weights/load.ts";
 import type { IoStats } from "../engine/model/model.ts";
 import { readActivity } from "../engine/native/io.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { progress } from "./progress.ts";
 import { fmtBytes, parseIds, peakRssBytes, writeFileAtomic } from "./common.ts";
+import { EXIT_INTERRUPTED, Interrupts, writeStdout } from "./interrupt.ts";
 import {
   GENERATION_FLAGS,
   GENERATION_HELP,
@@ -24,21 +36,34 @@ import {
   parseFlags,
   promptIds,
   promptSource,
+  SAMPLING_FLAGS,
+  samplingHelp,
+  samplingOptions,
   tokenizerDir,
 } from "./run_options.ts";
 
 export const USAGE = `usage: k3 run <model_dir> (--prompt TEXT | --prompt-file PATH | --ids 1,2,3) [options]
 
-Greedy generation. The generated ids go to stdout (and the text, when a tokenizer is
-available); a per-step table and the summary go to stderr.
+Generation from one prompt. The text goes to stdout as tokens arrive (the ids, without a
+tokenizer); a per-step table and the summary go to stderr. Ctrl-C (SIGINT) or SIGTERM stops
+cleanly: what was generated is printed, --out is written with finish_reason
+"interrupted", exit 130.
 
 prompt (exactly one):
   --prompt TEXT     text, encoded with the tokenizer (special tokens are not recognised)
   --prompt-file P   a UTF-8 file, read verbatim
   --ids LIST        token ids, comma-separated (no tokenizer needed)
 ${GENERATION_HELP}
+${samplingHelp("default: greedy")}
+output:
+  --json            stdout: one JSON object per token {"index","id","text","seconds"},
+                    then {"finish_reason","generated_ids","generated_text","prompt_tokens"}
   --dump-logits F   write the logits of every step, float32 little-endian [steps][vocab]
   --out FILE        write a JSON report (atomically)
+saved states (exact prefixes only: a KDA state cannot be rewound):
+  --save-state F    after the prompt and any generation, save the sequence state to F
+                    (--gen 0 runs the prompt only)
+  --load-state F    continue the state saved in F; the prompt is the suffix to add
 ${MEMORY_HELP}
   -h, --help        this help
 `;
@@ -52,13 +77,50 @@ const ZERO_IO: IoStats = {
   pinnedLayers: 0,
 };
 
+/** Writes stdout as tokens arrive: text (stop strings held back and cut), ids, or JSON lines. */
+class Output {
+  readonly #matcher?: StopMatcher;
+  text = "";
+  #n = 0;
+
+  constructor(tokenizer: Tokenizer | undefined, stops: string[], readonly json: boolean) {
+    if (tokenizer) this.#matcher = new StopMatcher(tokenizer, stops);
+  }
+
+  /** Emits one token; true when a stop string matched. */
+  token(id: number, seconds: number): boolean {
+    const r = this.#matcher?.push(id);
+    if (r) this.text += r.text;
+    if (this.json) {
+      writeStdout(JSON.stringify({ index: this.#n, id, text: r ? r.text : null, seconds }) + "\n");
+    } else if (r) writeStdout(r.text);
+    else writeStdout((this.#n > 0 ? "," : "") + id);
+    this.#n++;
+    return r?.stopped ?? false;
+  }
+
+  /** The held-back text, then the end of the output. */
+  end(summary: Record<string, unknown>): void {
+    const rest = this.#matcher?.flush() ?? "";
+    this.text += rest;
+    if (this.json) {
+      if (rest) writeStdout(JSON.stringify({ index: this.#n, id: null, text: rest, seconds: 0 }) + "\n");
+      writeStdout(JSON.stringify({ ...summary, generated_text: this.#matcher ? this.text : null }) + "\n");
+    } else writeStdout(rest + "\n");
+  }
+}
+
 export async function main(args: string[]): Promise<number> {
   const { values, positionals, tokens } = parseFlags("run", args, {
     prompt: { type: "string" },
     "prompt-file": { type: "string" },
     ids: { type: "string" },
     ...GENERATION_FLAGS,
+    ...SAMPLING_FLAGS,
     ...MEMORY_FLAGS,
+    json: { type: "boolean" },
+    "save-state": { type: "string" },
+    "load-state": { type: "string" },
     "dump-logits": { type: "string" },
     out: { type: "string" },
     help: { type: "boolean", short: "h" },
@@ -70,20 +132,30 @@ export async function main(args: string[]): Promise<number> {
   if (positionals.length !== 1) throw usageError("run: expected exactly one <model_dir> (see k3 run --help)");
   const dir = positionals[0];
   const source = promptSource(values);
-  const genOpts = generationOptions(values);
+  const genOpts = generationOptions(values, values["save-state"] !== undefined ? 0 : 1);
+  const sampling = samplingOptions(values);
   const memory = memoryOptions(tokens);
+  if ((values["save-state"] || values["load-state"]) && !genOpts.incremental) {
+    throw usageError("--save-state and --load-state carry the state: they cannot be used with --full-recompute");
+  }
   let cfg = await loadConfig(dir);
   if (genOpts.layers !== undefined) cfg = firstLayers(cfg, genOpts.layers);
   let tokenizer: Tokenizer | undefined;
   const getTokenizer = () => (tokenizer ??= needTokenizer(dir, genOpts.tokDir, "--prompt"));
   const prompt = await promptIds(source, cfg.vocabSize, getTokenizer);
   const stopIds = genOpts.stopIds.map((s) => parseIds("stop-id", s, cfg.vocabSize)[0]);
+  if (genOpts.stops.length > 0) tokenizer ??= needTokenizer(dir, genOpts.tokDir, "--stop");
   if (!tokenizer && tokenizerDir(dir, genOpts.tokDir)) getTokenizer();
+  // A saved state is checked for layout and checksum before the model is opened: its
+  // length decides the capacity.
+  let stateFile: StateFile | undefined;
+  if (values["load-state"] !== undefined) stateFile = await readStateFile(values["load-state"]);
+  const prefix = stateFile && Number.isSafeInteger(stateFile.header.pos) ? Math.max(0, stateFile.header.pos) : 0;
 
   const t0 = performance.now();
   const opened = await openModel(dir, {
     layers: cfg.numLayers,
-    capacity: prompt.length + genOpts.gen,
+    capacity: prefix + prompt.length + genOpts.gen,
     chunk: genOpts.chunk,
     threads: genOpts.threads,
     memory,
@@ -94,51 +166,86 @@ export async function main(args: string[]): Promise<number> {
   const weights = opened.model.weights;
   const io = () => weights.ioStats?.() ?? ZERO_IO;
   const logitRows: Float32Array[] = [];
+  const interrupts = new Interrupts();
+  let loaded: LoadedState | undefined;
   try {
+    const fp = stateFile || values["save-state"] ? await modelFingerprint(opened) : undefined;
+    if (stateFile) loaded = await loadState(stateFile, opened.model, fp!);
     console.error(
       `k3: ${dir}: ${cfg.numLayers} layers, hidden ${cfg.hiddenSize}, vocab ${cfg.vocabSize}; ready in ${
         loadSeconds.toFixed(2)
-      } s`,
+      } s` + (loaded ? `; continuing a saved state of ${loaded.tokens.length} tokens` : ""),
     );
     console.error("step   token   seconds  expert hits   GB read   tok/s");
     let last = io();
     const reads0 = { ...readActivity };
     const t1 = performance.now();
-    const steps = await generate(opened.model, prompt, {
-      gen: genOpts.gen,
-      incremental: genOpts.incremental,
+    let tLast = t1, stepCount = 0;
+    const output = new Output(tokenizer, genOpts.stops, values.json === true);
+    const scheduler = new Scheduler(opened.model, { chunk: genOpts.chunk });
+    const state = loaded?.state;
+    loaded = undefined; // the scheduler owns it now
+    const result = await scheduler.submit({
+      prompt,
+      maxTokens: genOpts.gen,
       stopIds,
-      onLogits: values["dump-logits"] ? (row) => logitRows.push(row.slice()) : undefined,
-      onStep: (s: Step) => {
-        const now = io();
-        const hits = now.expertHits - last.expertHits, misses = now.expertMisses - last.expertMisses;
-        const gb = (now.trunkBytes + now.expertBytes - last.trunkBytes - last.expertBytes) / 1e9;
-        last = now;
+      choose: makeSampler(sampling),
+      recompute: !genOpts.incremental,
+      state,
+      keepState: values["save-state"] !== undefined,
+      signal: interrupts.signal,
+      onToken: (token, logits) => {
+        if (values["dump-logits"]) logitRows.push(logits.slice());
+        const now = performance.now(), seconds = (now - tLast) / 1000;
+        tLast = now;
+        const io1 = io();
+        const hits = io1.expertHits - last.expertHits, misses = io1.expertMisses - last.expertMisses;
+        const gb = (io1.trunkBytes + io1.expertBytes - last.trunkBytes - last.expertBytes) / 1e9;
+        last = io1;
         console.error(
-          `${String(s.step).padStart(4)}  ${String(s.token).padStart(6)}  ${s.seconds.toFixed(4).padStart(8)}  ${
-            `${hits}/${hits + misses}`.padStart(11)
-          }  ${gb.toFixed(3).padStart(8)}  ${(1 / s.seconds).toFixed(2).padStart(6)}`,
+          `${String(stepCount).padStart(4)}  ${
+            String(token).padStart(6)
+          }  ${seconds.toFixed(4).padStart(8)}  ${`${hits}/${hits + misses}`.padStart(11)}  ${
+            gb.toFixed(3).padStart(8)
+          }  ${(1 / seconds).toFixed(2).padStart(6)}`,
         );
+        stepCount++;
+        return output.token(token, seconds);
       },
     });
     const wall = (performance.now() - t1) / 1000;
-    const ids = steps.map((s) => s.token);
-    const text = tokenizer?.decode(ids);
+    const ids = result.tokens;
+    output.end({ finish_reason: result.finishReason, generated_ids: ids, prompt_tokens: prompt.length });
+    if (values["save-state"]) {
+      // The state has seen the prompt and every generated token but the last: fold the
+      // last one in, so the file is the whole prefix.
+      let st = result.state!;
+      if (ids.length > 0) {
+        st = (await scheduler.submit({ prompt: [ids[ids.length - 1]], maxTokens: 0, state: st, keepState: true }))
+          .state!;
+      }
+      try {
+        const all = [...(stateFile?.header.tokens ?? []), ...prompt, ...ids];
+        await saveState(values["save-state"], opened.model, st, all, fp!);
+        console.error(`k3: saved the state of ${all.length} tokens to ${values["save-state"]}`);
+      } finally {
+        st.free();
+      }
+    }
+    const n = Math.max(ids.length, 1);
     const peak = peakRssBytes();
     const stats = io();
-    console.log(ids.join(","));
-    if (text !== undefined) console.log(text);
     const lookups = stats.expertHits + stats.expertMisses;
     console.error(
-      `k3: ${ids.length} tokens in ${wall.toFixed(3)} s (${(wall / ids.length).toFixed(4)} s/token); PEAK RSS ${
-        fmtBytes(peak)
-      } (quote this, not the plan)`,
+      `k3: ${ids.length} tokens in ${wall.toFixed(3)} s (${(wall / n).toFixed(4)} s/token), finish_reason ${
+        result.finishReason
+      }; PEAK RSS ${fmtBytes(peak)} (quote this, not the plan)`,
     );
     if (weights.ioStats) {
       console.error(
         `k3: read ${fmtBytes(stats.trunkBytes)} trunk, ${fmtBytes(stats.expertBytes)} experts (${
-          fmtBytes(Math.round(stats.trunkBytes / ids.length))
-        } + ${fmtBytes(Math.round(stats.expertBytes / ids.length))} per token); expert cache hit rate ${
+          fmtBytes(Math.round(stats.trunkBytes / n))
+        } + ${fmtBytes(Math.round(stats.expertBytes / n))} per token); expert cache hit rate ${
           lookups ? ((100 * stats.expertHits) / lookups).toFixed(1) : "0.0"
         }%; ` +
           `${stats.pinnedLayers} trunk layers pinned; I/O wait ${
@@ -156,18 +263,24 @@ export async function main(args: string[]): Promise<number> {
         model_dir: dir,
         prompt_ids: prompt,
         generated_ids: ids,
-        generated_text: text ?? null,
+        generated_text: tokenizer ? output.text : null,
+        finish_reason: result.finishReason,
         incremental: genOpts.incremental,
+        sampling,
+        stop: genOpts.stops,
+        loaded_state_tokens: stateFile ? stateFile.header.pos : null,
         layers: cfg.numLayers,
         load_seconds: loadSeconds,
         wall_seconds: wall,
-        seconds_per_token: wall / ids.length,
-        step_seconds: steps.map((s) => s.seconds),
+        prefill_seconds: result.prefillSeconds,
+        decode_seconds: result.decodeSeconds,
+        seconds_per_token: ids.length ? wall / ids.length : 0,
+        step_seconds: result.stepSeconds,
         peak_rss_bytes: peak,
         trunk_bytes_read: stats.trunkBytes,
         expert_bytes_read: stats.expertBytes,
-        trunk_bytes_per_token: stats.trunkBytes / ids.length,
-        expert_bytes_per_token: stats.expertBytes / ids.length,
+        trunk_bytes_per_token: stats.trunkBytes / n,
+        expert_bytes_per_token: stats.expertBytes / n,
         expert_cache_hits: stats.expertHits,
         expert_cache_misses: stats.expertMisses,
         expert_cache_hit_rate: lookups ? stats.expertHits / lookups : 0,
@@ -180,8 +293,10 @@ export async function main(args: string[]): Promise<number> {
       };
       await writeFileAtomic(values.out, JSON.stringify(report, null, 2) + "\n");
     }
-    return 0;
+    return result.finishReason === "interrupted" ? EXIT_INTERRUPTED : 0;
   } finally {
+    interrupts.dispose();
+    loaded?.state.free();
     await opened.close();
   }
 }

@@ -187,6 +187,8 @@ export async function saveState(
 
 /** A state file read and checked for layout and checksum; `at` is where the payload starts. */
 export interface StateFile {
+  /** Where it was read from. */
+  path: string;
   /** The parsed header (fields not yet checked against a model). */
   header: StateHeader;
   /** The whole file. */
@@ -234,19 +236,23 @@ export async function readStateFile(path: string): Promise<StateFile> {
   if (!new Uint8Array(digest).every((b, i) => b === bytes[want - DIGEST + i])) {
     throw bad("corrupt (checksum mismatch)");
   }
-  return { header, bytes, at: PREFIX + H };
+  return { path, header, bytes, at: PREFIX + H };
 }
 
 const sameList = (a: unknown, b: number[]) =>
   Array.isArray(a) && a.length === b.length && a.every((x, i) => x === b[i]);
 
 /**
- * Loads a state file for `model`: every field is checked against the model before the
+ * Loads a state file (a path, or one {@link readStateFile} already read) for `model`: every field is checked against the model before the
  * fresh state's native buffers are written. Throws K3Error (one line) for any damage, a
  * different model, or more positions than the model was opened for.
  */
-export async function loadState(path: string, model: K3Model, fp: ModelFingerprint): Promise<LoadedState> {
-  const { header: h, bytes, at } = await readStateFile(path);
+export async function loadState(
+  file: string | StateFile,
+  model: K3Model,
+  fp: ModelFingerprint,
+): Promise<LoadedState> {
+  const { path, header: h, bytes, at } = typeof file === "string" ? await readStateFile(file) : file;
   const bad = (why: string) => new K3Error(`state ${path}: ${why}; refusing it`);
   const cfg = model.cfg;
   if (h.format !== "k3-state" || h.version !== STATE_VERSION) throw bad("corrupt header (format or version)");
