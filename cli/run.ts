@@ -11,8 +11,8 @@ import { Scheduler } from "../engine/generate/scheduler.ts";
 import { makeSampler } from "../engine/generate/sampling.ts";
 import { StopMatcher } from "../engine/generate/stops.ts";
 import {
-  loadState,
   type LoadedState,
+  loadState,
   modelFingerprint,
   readStateFile,
   saveState,
@@ -203,11 +203,9 @@ export async function main(args: string[]): Promise<number> {
         const gb = (io1.trunkBytes + io1.expertBytes - last.trunkBytes - last.expertBytes) / 1e9;
         last = io1;
         console.error(
-          `${String(stepCount).padStart(4)}  ${
-            String(token).padStart(6)
-          }  ${seconds.toFixed(4).padStart(8)}  ${`${hits}/${hits + misses}`.padStart(11)}  ${
-            gb.toFixed(3).padStart(8)
-          }  ${(1 / seconds).toFixed(2).padStart(6)}`,
+          `${String(stepCount).padStart(4)}  ${String(token).padStart(6)}  ${seconds.toFixed(4).padStart(8)}  ${
+            `${hits}/${hits + misses}`.padStart(11)
+          }  ${gb.toFixed(3).padStart(8)}  ${(1 / seconds).toFixed(2).padStart(6)}`,
         );
         stepCount++;
         return output.token(token, seconds);
@@ -220,6 +218,8 @@ export async function main(args: string[]): Promise<number> {
       // The state has seen the prompt and every generated token but the last: fold the
       // last one in, so the file is the whole prefix.
       let st = result.state!;
+      // close() first: a submit while the finished loop is still unwinding would wait forever.
+      await scheduler.close();
       if (ids.length > 0) {
         st = (await scheduler.submit({ prompt: [ids[ids.length - 1]], maxTokens: 0, state: st, keepState: true }))
           .state!;
@@ -237,9 +237,9 @@ export async function main(args: string[]): Promise<number> {
     const stats = io();
     const lookups = stats.expertHits + stats.expertMisses;
     console.error(
-      `k3: ${ids.length} tokens in ${wall.toFixed(3)} s (${(wall / n).toFixed(4)} s/token), finish_reason ${
-        result.finishReason
-      }; PEAK RSS ${fmtBytes(peak)} (quote this, not the plan)`,
+      `k3: ${ids.length} tokens in ${wall.toFixed(3)} s (${
+        (wall / n).toFixed(4)
+      } s/token), finish_reason ${result.finishReason}; PEAK RSS ${fmtBytes(peak)} (quote this, not the plan)`,
     );
     if (weights.ioStats) {
       console.error(

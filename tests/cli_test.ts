@@ -338,12 +338,12 @@ Deno.test("deno task demo: pack to a temp dir, run a text prompt at a small budg
   assert.match(stderr, /memory plan/);
   assert.match(stderr, /^step +token +seconds/m);
   assert.match(stderr, /16 tokens in .* PEAK RSS/);
-  assert.match(stdout, /^\d+(,\d+){15}\n/, "the generated ids");
+  assert.ok(stdout.length > 1 && stdout.endsWith("\n"), "the generated text");
   const tmp = stderr.match(/removed (\S+)\./)![1];
   await assert.rejects(() => Deno.stat(tmp), Deno.errors.NotFound);
   // The same ids as a plain resident run.
   const plain = await k3(["run", TINY, "--prompt", "Once upon a time", "--gen", "16"]);
-  assert.equal(stdout.split("\n")[0], plain.stdout.split("\n")[0]);
+  assert.equal(stdout, plain.stdout);
 });
 
 Deno.test("k3 doctor --checkpoint: a complete checkpoint passes, a shard longer than its header is a problem", async () => {

@@ -44,6 +44,12 @@ export function k3(args: string[], opts: { env?: Record<string, string>; stdin?:
   return runCmd(Deno.execPath(), ["run", "--allow-all", `${ROOT}/main.ts`, ...args], opts);
 }
 
+/** The generated ids of `k3 run --json` (its last stdout line is the summary). */
+export function jsonIds(stdout: string): number[] {
+  const lines = stdout.trimEnd().split("\n");
+  return JSON.parse(lines[lines.length - 1]).generated_ids;
+}
+
 /** Runs a Python oracle script; throws with its stderr if it fails. */
 export async function python(script: string, args: string[]): Promise<string> {
   const out = await runCmd("python3", [`${ORACLE}/${script}`, ...args]);

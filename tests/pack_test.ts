@@ -11,7 +11,7 @@ import { verifyTrunk } from "../pack/verify.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
 import { layerTensors } from "../engine/model/weights.ts";
 import { loadConfig } from "../engine/model/config.ts";
-import { k3, python, readReference, tempDir, TINY } from "./helpers.ts";
+import { jsonIds, k3, python, readReference, tempDir, TINY } from "./helpers.ts";
 
 const quiet = { log: null };
 
@@ -121,9 +121,10 @@ Deno.test("pack: a tiny staging buffer and a shuffled, scattered source give the
     "0.0006",
     "--cache-gb",
     "0.0001",
+    "--json",
   ]);
   assert.equal(out.code, 0, out.stderr);
-  assert.equal(out.stdout.split("\n")[0], ref.generated_ids.slice(0, 6).join(","));
+  assert.deepEqual(jsonIds(out.stdout), ref.generated_ids.slice(0, 6));
 });
 
 Deno.test("k3 pack CLI: packs, verifies, leaves an identical trunk alone, refuses a different one without --force", async () => {

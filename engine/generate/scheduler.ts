@@ -173,7 +173,12 @@ export class Scheduler {
     }
     return new Promise((resolve, reject) => {
       this.waiting.push({ req, resolve, reject });
-      this.loop ??= this.run().finally(() => (this.loop = undefined));
+      if (!this.loop) {
+        const loop: Promise<void> = this.run().finally(() => {
+          if (this.loop === loop) this.loop = undefined;
+        });
+        this.loop = loop;
+      }
     });
   }
 
@@ -240,7 +245,14 @@ export class Scheduler {
   }
 
   private async run(): Promise<void> {
+    // Never finish synchronously: the caller stores this loop before it can end.
+    await Promise.resolve();
     while (this.waiting.length > 0 || this.running.length > 0) {
+      // A pass on resident weights may never leave the microtask queue; when a sequence
+      // can be aborted, let the signal handlers (macrotasks) run between passes.
+      if (this.running.some((s) => s.req.signal) || this.waiting.some((w) => w.req.signal)) {
+        await new Promise((r) => setTimeout(r, 0));
+      }
       this.admit();
       for (const seq of [...this.running]) if (seq.req.signal?.aborted) this.finish(seq, "interrupted");
       const pass = this.nextPass();
@@ -283,6 +295,9 @@ export class Scheduler {
         }
       });
     }
+    // Cleared here, synchronously: a caller resumed by the last finish may submit again
+    // before this promise settles, and must start a new loop rather than wait on this one.
+    this.loop = undefined;
   }
 
   /** Picks and hands out one token of `seq`; ends it or queues the token for the next pass. */
