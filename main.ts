@@ -6,6 +6,7 @@
  */
 
 import { EXIT, K3Error, oneLine } from "./engine/errors.ts";
+import { didYouMean } from "./cli/common.ts";
 
 export const VERSION = "0.1.0";
 
@@ -95,7 +96,13 @@ export async function cli(args: string[]): Promise<number> {
       return await (await COMMANDS.presets.load())([]);
     }
     if (cmd.startsWith("-")) {
-      throw new K3Error(`unknown option ${JSON.stringify(cmd)} (see k3 --help)`, EXIT.usage);
+      const flag = cmd.replace(/^-+/, "").replace(/=.*/, "");
+      const hint = didYouMean(flag, ["help", "version", "list-presets"], "--");
+      throw new K3Error(
+        `unknown option ${JSON.stringify(cmd)}${hint}; see k3 --help` +
+          (hint ? "" : ` (a command's options go after it: k3 run MODEL_DIR ${cmd} ...)`),
+        EXIT.usage,
+      );
     }
     if (!Object.hasOwn(COMMANDS, cmd) && isDirectory(cmd)) return await cli(["run", ...args]);
     const entry = Object.hasOwn(COMMANDS, cmd) ? COMMANDS[cmd] : undefined;
@@ -103,7 +110,7 @@ export async function cli(args: string[]): Promise<number> {
       throw new K3Error(
         cmd.includes("/")
           ? `${cmd}: no such model directory (see k3 --help)`
-          : `unknown command ${JSON.stringify(cmd)} (see k3 --help)`,
+          : `unknown command ${JSON.stringify(cmd)}${didYouMean(cmd, Object.keys(COMMANDS))}; see k3 --help`,
         EXIT.usage,
       );
     }

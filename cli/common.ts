@@ -5,24 +5,111 @@
  * @module
  */
 
+import process from "node:process";
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import { usageError } from "../engine/errors.ts";
 
-/** parseArgs in strict mode; its errors become one-line usage errors (exit 2). */
+/** Flags documented as "a later one overrides an earlier one" (the memory budget): given
+ * twice, the last wins. Every other flag not declared `multiple` may be given once. */
+const LAST_WINS = new Set<string>();
+
+/** Lets `names` repeat, the last occurrence winning (see LAST_WINS). */
+export function lastFlagWins(...names: string[]): void {
+  for (const n of names) LAST_WINS.add(n);
+}
+
+/** Edit distance (insertions, deletions, substitutions, adjacent swaps), for suggestions. */
+export function editDistance(a: string, b: string): number {
+  const d: number[][] = Array.from({ length: a.length + 1 }, (_, i) => [i, ...Array(b.length).fill(0)]);
+  for (let j = 1; j <= b.length; j++) d[0][j] = j;
+  for (let i = 1; i <= a.length; i++) {
+    for (let j = 1; j <= b.length; j++) {
+      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
+      d[i][j] = Math.min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost);
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) {
+        d[i][j] = Math.min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.length][b.length];
+}
+
+/** The candidate nearest to `word` when it is near enough to be a likely typo (or `word`
+ * is a prefix of exactly one candidate), else undefined. */
+export function nearest(word: string, candidates: Iterable<string>): string | undefined {
+  const list = [...candidates];
+  const prefixed = list.filter((c) => word.length >= 2 && c.startsWith(word));
+  if (prefixed.length === 1) return prefixed[0];
+  let best: string | undefined, bestD = Infinity;
+  for (const c of list) {
+    const dist = editDistance(word, c);
+    if (dist < bestD) [best, bestD] = [c, dist];
+  }
+  return bestD <= Math.max(1, Math.min(3, Math.floor(word.length / 3))) ? best : undefined;
+}
+
+/** " (did you mean X?)" or "", for error messages. */
+export function didYouMean(word: string, candidates: Iterable<string>, prefix = ""): string {
+  const n = nearest(word, candidates);
+  return n === undefined ? "" : ` (did you mean ${prefix}${n}?)`;
+}
+
+/**
+ * parseArgs in strict mode, with errors a user can act on (one line, exit 2): an unknown
+ * flag names the nearest known one and points at `k3 <cmd> --help`; a flag given twice is
+ * refused unless it is `multiple` or last-wins; a string flag's value may be negative
+ * (`--trunk-gb -1` reaches the range check instead of "argument is ambiguous").
+ */
 export function parseFlags<T extends ParseArgsConfig["options"]>(
   cmd: string,
   args: string[],
   options: T,
   allowPositionals = true,
 ) {
+  const opts = (options ?? {}) as Record<string, { type: string; short?: string; multiple?: boolean }>;
+  const help = `see k3 ${cmd} --help`;
+  const shorts = new Map(Object.entries(opts).flatMap(([n, o]) => (o.short ? [[o.short, n] as const] : [])));
+  const joined: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i];
+    if (a === "--") {
+      joined.push(...args.slice(i));
+      break;
+    }
+    const long = a.match(/^--([^=]+)(=.*)?$/);
+    const name = long ? long[1] : /^-[^-\d]/.test(a) && a.length === 2 ? shorts.get(a[1]) : undefined;
+    if (long && !Object.hasOwn(opts, long[1])) {
+      throw usageError(`${cmd}: unknown option --${long[1]}${didYouMean(long[1], Object.keys(opts), "--")}; ${help}`);
+    }
+    if (!long && /^-[^-\d]/.test(a) && !name) {
+      throw usageError(`${cmd}: unknown option ${a}; ${help}`);
+    }
+    // A string flag followed by a negative number: pass it as --flag=-1 so that the value
+    // reaches the flag's own range check.
+    if (name && !long?.[2] && opts[name].type === "string" && /^-\d/.test(args[i + 1] ?? "")) {
+      joined.push(`--${name}=${args[++i]}`);
+      continue;
+    }
+    joined.push(a);
+  }
+  let parsed;
   try {
     // tokens: flags whose order matters (memory budgets) are applied in command-line order.
-    return parseArgs({ args, options, strict: true, allowPositionals, tokens: true });
+    parsed = parseArgs({ args: joined, options, strict: true, allowPositionals, tokens: true });
   } catch (e) {
     // node:util messages are multi-line with hints; keep the first line.
     const msg = (e as Error).message.split("\n")[0].replace(/\. To specify a positional.*$/, "");
-    throw usageError(`${cmd}: ${msg}`);
+    throw usageError(`${cmd}: ${msg}; ${help}`);
   }
+  const seen = new Map<string, number>();
+  for (const t of parsed.tokens ?? []) {
+    if (t.kind !== "option") continue;
+    seen.set(t.name, (seen.get(t.name) ?? 0) + 1);
+    if (seen.get(t.name) === 2 && !opts[t.name]?.multiple && !LAST_WINS.has(t.name)) {
+      throw usageError(`${cmd}: --${t.name} given more than once; give it once (${help})`);
+    }
+  }
+  return parsed;
 }
 
 /** An integer flag in [min, max], or a usage error naming the flag. */
@@ -71,14 +158,14 @@ export async function writeFileAtomic(path: string, data: string | Uint8Array): 
   }
 }
 
-/** Peak resident set size of this process, from the OS (VmHWM), or current RSS. */
+/** Peak resident set size of this process from the OS (getrusage ru_maxrss, the same as
+ * VmHWM; /proc/self/status would need --allow-all), or the current RSS. */
 export function peakRssBytes(): number {
   try {
-    const status = Deno.readTextFileSync("/proc/self/status");
-    const m = status.match(/^VmHWM:\s+(\d+)\s+kB/m);
-    if (m) return Number(m[1]) * 1024;
+    const kb = process.resourceUsage().maxRSS;
+    if (kb > 0) return kb * 1024;
   } catch {
-    // not Linux: fall through
+    // no getrusage here: fall through
   }
   return Deno.memoryUsage().rss;
 }

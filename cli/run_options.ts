@@ -10,7 +10,8 @@ import { usageError } from "../engine/errors.ts";
 import { type MemoryOptions, PRESETS } from "../engine/weights/plan.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
-import { intFlag, numFlag, parseFlags, parseIds } from "./common.ts";
+import { readProblem } from "../engine/paths.ts";
+import { intFlag, lastFlagWins, numFlag, parseFlags, parseIds } from "./common.ts";
 import { checkSampling, GREEDY, type SamplingParams } from "../engine/generate/sampling.ts";
 
 /** Flags of the memory budget; applied in command-line order (a later one overrides). */
@@ -20,6 +21,7 @@ export const MEMORY_FLAGS = {
   "cache-gb": { type: "string" },
   preset: { type: "string" },
 } as const satisfies ParseArgsConfig["options"];
+lastFlagWins(...Object.keys(MEMORY_FLAGS));
 
 /** Generation and diagnostics flags. */
 export const GENERATION_FLAGS = {
@@ -214,7 +216,7 @@ export async function promptIds(src: PromptSource, vocab: number, tokenizer: () 
       try {
         bytes = await Deno.readFile(src.path);
       } catch (e) {
-        throw usageError(`--prompt-file: cannot read ${src.path}: ${(e as Error).message}`);
+        throw usageError(`--prompt-file: cannot read ${readProblem(src.path, e)}`);
       }
       text = decodeUtf8Strict(bytes, src.path);
     }

@@ -10,6 +10,7 @@ import { usageError } from "../engine/errors.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
 import { parseFlags } from "./common.ts";
+import { readProblem } from "../engine/paths.ts";
 
 /** Usage text of `k3 tokenize`. */
 export const USAGE = `Usage: k3 tokenize --tok DIR (--text TEXT | --file PATH) [--json]
@@ -58,7 +59,7 @@ export async function main(args: string[], out: Output = stdout): Promise<number
     try {
       bytes = await Deno.readFile(opts.file);
     } catch (e) {
-      throw usageError(`--file: cannot read ${opts.file}: ${(e as Error).message}`);
+      throw usageError(`--file: cannot read ${readProblem(opts.file, e)}`);
     }
     text = decodeUtf8Strict(bytes, opts.file);
   }

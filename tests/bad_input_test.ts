@@ -158,11 +158,11 @@ Deno.test("usage errors: exit 2 with one line", async () => {
     [["run", TINY, "--ids", "1,x"], /expected comma-separated token ids/],
     [["run", TINY], /a prompt is required/],
     [["run", TINY, "--ids", "1", "--gen", "0"], /--gen: 0 is out of range/],
-    [["run", TINY, "--ids", "1", "--bogus"], /Unknown option '--bogus'/],
+    [["run", TINY, "--ids", "1", "--bogus"], /unknown option --bogus; see k3 run --help/],
     [["run", TINY, "--ids"], /argument missing/],
     [["run", "--ids", "1"], /exactly one <model_dir>/],
     [["frobnicate"], /unknown command "frobnicate"/],
-    [["run", `${TINY}/nope`, "--ids", "1"], /cannot read .*config\.json/],
+    [["run", `${TINY}/nope`, "--ids", "1"], /nope: no such directory \(expected a model directory\)/],
   ];
   for (const [args, pattern] of cases) assertRefused(await k3(args), 2, pattern);
 });

@@ -217,7 +217,7 @@ Deno.test("batch: usage errors exit 2 with one line", async () => {
     ],
     [
       ["batch", TINY, "--input", input, "--output", `${dir.path}/r`, "--prompt", "x"],
-      /Unknown option '--prompt'/,
+      /unknown option --prompt; see k3 batch --help/,
     ],
     [
       ["batch", TINY, "--input", input, "--output", `${dir.path}/r`, "--gen", "5000"],

@@ -453,7 +453,12 @@ Deno.test("bad tiktoken.model lines name their line number (exit 1)", () => {
   } finally {
     Deno.removeSync(dir, { recursive: true });
   }
-  assertK3Error(() => Tokenizer.load("/nonexistent-k3-dir"), 1, /cannot read/);
+  assertK3Error(() => Tokenizer.load("/nonexistent-k3-dir"), 2, /nonexistent-k3-dir: no such directory/);
+  assertK3Error(
+    () => Tokenizer.load(new URL("../README.md", import.meta.url).pathname),
+    2,
+    /README\.md is not a tokenizer directory: it is a file/,
+  );
 });
 
 Deno.test("invalid UTF-8 is refused with the offset of the first bad byte (exit 2)", () => {

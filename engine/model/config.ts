@@ -8,6 +8,7 @@
  */
 
 import { EXIT, K3Error } from "../errors.ts";
+import { expectDirectory, readProblem } from "../paths.ts";
 
 /** Which attention a layer uses. */
 export type AttentionKind = "kda" | "mla";
@@ -269,12 +270,13 @@ export function parseConfig(json: unknown, source = "config.json"): K3Config {
 
 /** Reads and parses `<dir>/config.json` (unreadable or invalid: exit 2). */
 export async function loadConfig(dir: string): Promise<K3Config> {
+  expectDirectory(dir, "a model directory", "config.json");
   const path = `${dir}/config.json`;
   let text: string;
   try {
     text = await Deno.readTextFile(path);
   } catch (e) {
-    throw new K3Error(`cannot read ${path}: ${(e as Error).message}`, EXIT.usage);
+    throw new K3Error(`cannot read the model config ${readProblem(path, e)}`, EXIT.usage);
   }
   let json: unknown;
   try {

@@ -14,6 +14,7 @@
 
 import { EXIT, K3Error, usageError } from "../errors.ts";
 import { k3Pattern } from "./pretokenize.ts";
+import { expectDirectory, readProblem } from "../paths.ts";
 
 /** Options of {@link Tokenizer.encode}. */
 export interface EncodeOptions {
@@ -370,12 +371,13 @@ export class Tokenizer {
    * Throws K3Error (exit 1) on a missing or malformed vocabulary.
    */
   static load(dir: string): Tokenizer {
+    expectDirectory(dir, "a tokenizer directory", "tiktoken.model");
     const modelPath = `${dir}/tiktoken.model`;
     let model: Uint8Array;
     try {
       model = Deno.readFileSync(modelPath);
     } catch (e) {
-      throw new K3Error(`cannot read ${modelPath}: ${(e as Error).message}`);
+      throw new K3Error(`cannot read the vocabulary ${readProblem(modelPath, e)}`);
     }
     const table = parseTiktokenModel(model, modelPath);
     const configPath = `${dir}/tokenizer_config.json`;

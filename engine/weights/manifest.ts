@@ -35,6 +35,7 @@
 
 import { type K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
+import { directoryProblem, readProblem } from "../paths.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { ALIGN, alignUp, hashHex, IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
@@ -358,9 +359,8 @@ export async function readManifest(dir: string): Promise<TrunkManifest> {
   try {
     text = await Deno.readTextFile(path);
   } catch (e) {
-    throw new K3Error(
-      `${dir}: not a packed trunk (cannot read ${MANIFEST_FILE}: ${(e as Error).message}); make one with k3 pack`,
-    );
+    const problem = directoryProblem(dir, "a packed trunk", MANIFEST_FILE) ?? readProblem(path, e);
+    throw new K3Error(`${problem}; make one with k3 pack`);
   }
   return parseManifest(text, path);
 }
