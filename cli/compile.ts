@@ -10,19 +10,21 @@
  *     DENORT_BIN=/opt/denort deno task compile   # offline
  *     deno task compile --output /usr/local/bin/k3
  *
+ * The binary is built under a temporary name, run once with `--version`, and renamed into
+ * place only if it prints k3's version: a runtime that is not denort (e.g. DENORT_BIN
+ * pointing at the deno binary itself) yields a file that runs plain Deno, and that is a
+ * failed build, not a k3.
+ *
  * @module
  */
 
-/** Permissions of the compiled k3: files (models, outputs, the library cache), its own
- * environment variables, the kernel library, and free disk space for `k3 doctor`. No
- * network, no subprocesses. */
-export const PERMISSIONS = [
-  "--allow-read",
-  "--allow-write",
-  "--allow-env",
-  "--allow-ffi",
-  "--allow-sys=statfs",
-];
+import { VERSION } from "../main.ts";
+import { K3_PERMISSIONS } from "./permissions.ts";
+
+/** Permissions of the compiled k3, the deno.json permission set "k3": files (models,
+ * outputs, the library cache), its own environment variables, the kernel library, and free
+ * disk space for `k3 doctor`. No network, no subprocesses. */
+export const PERMISSIONS: string[] = K3_PERMISSIONS;
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 const EXT = Deno.build.os === "darwin" ? "dylib" : Deno.build.os === "windows" ? "dll" : "so";
@@ -64,6 +66,20 @@ export function isDenortFailure(stderr: string): boolean {
   return /denort|Setting up base binary|dl\.deno\.land/i.test(stderr);
 }
 
+/** Runs `bin --version`: true when it prints this k3's version, else what went wrong. */
+export async function proveBinary(bin: string): Promise<true | string> {
+  let out: Deno.CommandOutput;
+  try {
+    out = await new Deno.Command(bin, { args: ["--version"], stdout: "piped", stderr: "piped" }).output();
+  } catch (e) {
+    return `running ${bin} --version failed: ${(e as Error).message}`;
+  }
+  const text = new TextDecoder().decode(out.stdout).trim();
+  if (out.success && text === `k3 ${VERSION}`) return true;
+  return `${bin} --version printed ${JSON.stringify(text.split("\n")[0])} (exit ${out.code}), not "k3 ${VERSION}"` +
+    " (was DENORT_BIN a real denort of this Deno's version?)";
+}
+
 async function main(args: string[]): Promise<number> {
   let output = "k3";
   for (let i = 0; i < args.length; i++) {
@@ -98,7 +114,8 @@ async function main(args: string[]): Promise<number> {
     await Deno.stderr.write(make.stderr);
     return 1;
   }
-  const args2 = compileArgs(output);
+  const tmp = `${output}.tmp-${Deno.pid}`;
+  const args2 = compileArgs(tmp);
   console.error(`compile: ${Deno.execPath()} ${args2.join(" ")}`);
   const out = await new Deno.Command(Deno.execPath(), {
     args: args2,
@@ -124,8 +141,17 @@ async function main(args: string[]): Promise<number> {
     return 1;
   }
   await Deno.stderr.write(out.stderr);
+  const built = await proveBinary(tmp.includes("/") ? tmp : `./${tmp}`);
+  if (built !== true) {
+    await Deno.remove(tmp).catch(() => {});
+    console.error(`compile: the built binary is not k3: ${built}; nothing written`);
+    return 1;
+  }
+  await Deno.rename(tmp, output);
   console.error(
-    `compile: wrote ${output}; try: ${output.includes("/") ? output : `./${output}`} --help`,
+    `compile: wrote ${output} (its --version prints k3 ${VERSION}); try: ${
+      output.includes("/") ? output : `./${output}`
+    } --help`,
   );
   return 0;
 }

@@ -16,7 +16,8 @@ import { loadConfig } from "../engine/model/config.ts";
 import { EXIT, usageError } from "../engine/errors.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
 import { checkCheckpoint } from "../engine/model/weights.ts";
-import { isaName, type Kernels, kernels } from "../engine/native/ffi.ts";
+import { defaultLibraryPath, isaName, type Kernels, kernels } from "../engine/native/ffi.ts";
+import { cpuFlags } from "../engine/native/libpath.ts";
 import { IoFile } from "../engine/native/io.ts";
 import { memAvailable } from "../engine/weights/plan.ts";
 import { fmtBytes, intFlag, parseFlags } from "./common.ts";
@@ -124,11 +125,10 @@ export function problems(f: Facts): string[] {
   return out;
 }
 
-/** MemTotal from /proc/meminfo, in bytes. */
+/** Total memory in bytes (Deno.systemMemoryInfo: MemTotal on Linux). */
 function memTotal(): number | undefined {
   try {
-    const m = Deno.readTextFileSync("/proc/meminfo").match(/^MemTotal:\s+(\d+) kB/m);
-    return m ? Number(m[1]) * 1024 : undefined;
+    return Deno.systemMemoryInfo().total || undefined;
   } catch {
     return undefined;
   }
@@ -142,7 +142,9 @@ function cpuInfo(): { model: string; flags: Set<string> } {
     const flags = new Set((t.match(/^(?:flags|Features)\s*:\s*(.+)$/m)?.[1] ?? "").split(/\s+/));
     return { model, flags };
   } catch {
-    return { model: `unknown (${Deno.build.arch}, no /proc/cpuinfo)`, flags: new Set() };
+    // Deno reads /proc only with --allow-all: ask the kernel library instead (cpuid).
+    const flags = cpuFlags(() => defaultLibraryPath());
+    return { model: `${Deno.build.arch} (model unknown: /proc/cpuinfo needs --allow-all)`, flags };
   }
 }
 

@@ -101,6 +101,23 @@
 
 const char *k3_isa(void) { return K3_ISA_NAME; }
 
+int32_t k3_cpu_features(void) {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+  int32_t f = 0;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) f |= 1;
+  if (__builtin_cpu_supports("fma")) f |= 2;
+  if (__builtin_cpu_supports("f16c")) f |= 4;
+  if (__builtin_cpu_supports("avx512f")) f |= 8;
+  if (__builtin_cpu_supports("avx512bw")) f |= 16;
+  if (__builtin_cpu_supports("avx512vl")) f |= 32;
+  if (__builtin_cpu_supports("avx512dq")) f |= 64;
+  return f;
+#else
+  return 0;
+#endif
+}
+
 #if !defined(K3_ISA_NEON) /* NEON looks up bf16 byte tables instead */
 /* E2M1 values by nibble. */
 static const float E2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,

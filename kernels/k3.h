@@ -22,6 +22,12 @@
 /* Name of the compiled SIMD path: "scalar", "avx2", "avx512" or "neon". */
 const char *k3_isa(void);
 
+/* x86 features of this CPU as bits: 1 avx2, 2 fma, 4 f16c, 8 avx512f, 16 avx512bw,
+   32 avx512vl, 64 avx512dq (0 elsewhere). Any build can answer, so the loader asks the
+   scalar build which SIMD build to load when /proc/cpuinfo is not readable (Deno grants it
+   only with --allow-all). */
+int32_t k3_cpu_features(void);
+
 /* Aligned (4096 bytes, fit for O_DIRECT) uninitialised allocation; NULL on failure. */
 void *k3_alloc(uint64_t bytes);
 void k3_free(void *p);

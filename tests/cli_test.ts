@@ -96,7 +96,7 @@ Deno.test("unknown command or top-level option: exit 2", async () => {
   assertOneLine(
     await k3(["frobnicate"]),
     2,
-    /unknown command "frobnicate" \(see k3 --help\)/,
+    /unknown command "frobnicate"; see k3 --help/,
     "unknown command",
   );
   assertOneLine(await k3(["--frobnicate"]), 2, /unknown option "--frobnicate"/, "unknown option");
@@ -113,7 +113,7 @@ Deno.test("k3 run: usage errors exit 2 with one line naming the problem", async 
   await copyDir(TINY, noTok.path);
   await Deno.remove(`${noTok.path}/tiktoken.model`);
   const cases: [string[], RegExp][] = [
-    [["run", TINY, "--ids", "1", "--frob"], /run: Unknown option '--frob'/],
+    [["run", TINY, "--ids", "1", "--frob"], /run: unknown option --frob; see k3 run --help/],
     [["run", TINY, "--ids", "1", "--gen"], /run: Option '--gen <value>' argument missing/],
     [["run", TINY, "--ids"], /--ids <value>' argument missing/],
     [
@@ -141,7 +141,21 @@ Deno.test("k3 run: usage errors exit 2 with one line naming the problem", async 
     ],
     [["run", TINY, "--ids", "1", "--preset", "huge"], /--preset: unknown preset "huge"/],
     [["run", TINY, "--ids", "1", "--trunk-gb=-1"], /--trunk-gb: -1 is out of range/],
-    [["run", TINY, "--ids", "1", "--trunk-gb", "-1"], /--trunk-gb' argument is ambiguous/],
+    [["run", TINY, "--ids", "1", "--trunk-gb", "-1"], /--trunk-gb: -1 is out of range/],
+    [["run", TINY, "--ids", "1", "--trunk-gb", "-0.5"], /--trunk-gb: -0\.5 is out of range/],
+    [["run", TINY, "--promt", "hi"], /unknown option --promt \(did you mean --prompt\?\); see k3 run --help/],
+    [["run", TINY, "--prompt", "a", "--prompt", "b"], /--prompt given more than once; give it once/],
+    [["run", TINY, "--ids", "1", "--gen", "2", "--gen", "3"], /--gen given more than once/],
+    [["tokenize", "--tok", TINY, "--text", "a", "--text", "b"], /tokenize: --text given more than once/],
+    [["run", TINY, "--threds", "2", "--ids", "1"], /did you mean --threads\?/],
+    [["ru", TINY], /unknown command "ru" \(did you mean run\?\); see k3 --help/],
+    [["tokenise"], /did you mean tokenize\?/],
+    [["--versoin"], /unknown option "--versoin" \(did you mean --version\?\)/],
+    [["run", "README.md", "--ids", "1"], /^k3: README\.md is not a model directory: it is a file$/],
+    [["run", "tests", "--ids", "1"], /^k3: tests is not a model directory: no config\.json$/],
+    [["run", TINY, "--tok", "README.md", "--prompt", "hi"], /README\.md is not a tokenizer directory: it is a file/],
+    [["run", TINY, "--prompt-file", "tests"], /--prompt-file: cannot read tests is a directory, not a file/],
+    [["tokenize", "--tok", TINY, "--file", "tests"], /--file: cannot read tests is a directory, not a file/],
     [
       ["run", TINY, "--ids", "1", "--cache-gb", "lots"],
       /--cache-gb: expected a number, got "lots"/,
@@ -149,7 +163,7 @@ Deno.test("k3 run: usage errors exit 2 with one line naming the problem", async 
     [["run", noTok.path, "--prompt", "hi"], /--prompt needs a tokenizer: pass --tok DIR/],
     [["run", TINY, "--prompt-file", `${noTok.path}/missing.txt`], /--prompt-file: cannot read/],
     [["run", TINY, "--prompt", ""], /the prompt is empty/],
-    [["run", `${noTok.path}/nowhere`, "--ids", "1"], /cannot read .*nowhere\/config\.json/],
+    [["run", `${noTok.path}/nowhere`, "--ids", "1"], /nowhere: no such directory \(expected a model directory\)/],
   ];
   for (const [args, pattern] of cases) assertOneLine(await k3(args), 2, pattern, args.join(" "));
 });
@@ -183,7 +197,7 @@ Deno.test("tokenize / detokenize: unknown flags and missing values exit 2", asyn
   for (const c of ["tokenize", "detokenize"]) {
     const out = await k3([c, "--frob"]);
     assert.equal(out.code, 2, `${c}: ${out.stderr}`);
-    assert.match(out.stderr, /^k3: .*Unknown option '--frob'/);
+    assert.match(out.stderr, /^k3: .*unknown option --frob; see k3 (de)?tokenize --help/);
     const miss = await k3([c, "--tok"]);
     assert.equal(miss.code, 2, `${c} --tok: ${miss.stderr}`);
   }
@@ -197,7 +211,7 @@ Deno.test("k3 doctor: usage errors exit 2", async () => {
     [["doctor", "--dir", `${TINY}/config.json`], /is not a directory/],
     [["doctor", "--no-read", "--size-mb", "64"], /--size-mb and --no-read conflict/],
     [["doctor", "extra"], /doctor: Unexpected argument 'extra'/],
-    [["doctor", "--frob"], /doctor: Unknown option '--frob'/],
+    [["doctor", "--frob"], /doctor: unknown option --frob; see k3 doctor --help/],
   ];
   for (const [args, pattern] of cases) assertOneLine(await k3(args), 2, pattern, args.join(" "));
 });
@@ -321,9 +335,10 @@ Deno.test("the compiled binary's permissions are enough: run, batch and doctor u
 
 Deno.test("deno task demo: pack to a temp dir, run a text prompt at a small budget, report, clean up", async () => {
   const tasks = JSON.parse(await Deno.readTextFile(`${ROOT}/deno.json`)).tasks;
-  const perms = (tasks.demo as string).match(/deno run (.*) cli\/demo\.ts/)![1].split(" ");
+  assert.match(tasks.demo.command, /deno run -P=k3 cli\/demo\.ts/);
+  const { K3_PERMISSIONS } = await import("../cli/permissions.ts");
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", ...perms, `${ROOT}/cli/demo.ts`],
+    args: ["run", ...K3_PERMISSIONS, `${ROOT}/cli/demo.ts`],
     stdout: "piped",
     stderr: "piped",
   }).output();

@@ -4,6 +4,8 @@
  * @module
  */
 
+import { K3_PERMISSIONS } from "../cli/permissions.ts";
+
 export const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 export const TINY = `${ROOT}/tests/fixtures/tiny`;
 export const ORACLE = `${ROOT}/tests/oracle`;
@@ -19,12 +21,13 @@ export interface Output {
 export async function runCmd(
   cmd: string,
   args: string[],
-  opts: { cwd?: string; env?: Record<string, string>; stdin?: string } = {},
+  opts: { cwd?: string; env?: Record<string, string>; stdin?: string; clearEnv?: boolean } = {},
 ): Promise<Output> {
   const child = new Deno.Command(cmd, {
     args,
     cwd: opts.cwd ?? ROOT,
     env: opts.env,
+    clearEnv: opts.clearEnv,
     stdin: opts.stdin === undefined ? "null" : "piped",
     stdout: "piped",
     stderr: "piped",
@@ -39,9 +42,14 @@ export async function runCmd(
   return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
 }
 
-/** Runs `k3 <args>` (main.ts under the current Deno) as a subprocess. */
-export function k3(args: string[], opts: { env?: Record<string, string>; stdin?: string } = {}): Promise<Output> {
-  return runCmd(Deno.execPath(), ["run", "--allow-all", `${ROOT}/main.ts`, ...args], opts);
+/** Runs `k3 <args>` (main.ts under the current Deno) as a subprocess, with exactly the
+ * permissions `deno task k3` and the one-file builds grant (deno.json's set "k3"), so every
+ * CLI test also proves that set is enough. */
+export function k3(
+  args: string[],
+  opts: { env?: Record<string, string>; stdin?: string; cwd?: string } = {},
+): Promise<Output> {
+  return runCmd(Deno.execPath(), ["run", ...K3_PERMISSIONS, `${ROOT}/main.ts`, ...args], opts);
 }
 
 /** The generated ids of `k3 run --json` (its last stdout line is the summary). */

@@ -196,27 +196,18 @@ Deno.test("CLI: a bad K3_LIB is one line and exit 1", async () => {
   assert.match(out.stderr, /^k3: cannot load kernel library \/nonexistent\/libk3\.so: .*K3_LIB/);
 });
 
-Deno.test("deno task compile: the library is embedded verbatim (with the deno binary standing in for denort)", async () => {
-  // The stand-in produces a file laid out like the real one (runtime + embedded files)
-  // whose runtime ignores the payload: what this checks is the build itself, i.e. that
-  // this Deno accepts the task's flags and embeds libk3 byte for byte.
+Deno.test("deno task compile: the library is embedded verbatim, and a binary that is not k3 is refused", async () => {
+  // The deno binary standing in for denort produces a file laid out like the real one
+  // (runtime + embedded files) whose runtime ignores the payload. The build itself is
+  // checked with compile.ts's own argument list: this Deno accepts the flags and embeds
+  // libk3 byte for byte. The task then proves its result: that stand-in prints Deno's
+  // version, not k3's, so the task fails and leaves no file.
+  const { compileArgs, PERMISSIONS } = await import("../cli/compile.ts");
   await using dir = await tempDir();
   const out = `${dir.path}/k3`;
-  const res = await runCmd(Deno.execPath(), [
-    "run",
-    "-A",
-    `${ROOT}/cli/compile.ts`,
-    "--output",
-    out,
-  ], {
-    env: { DENORT_BIN: Deno.execPath() },
-  });
+  const res = await runCmd(Deno.execPath(), compileArgs(out), { env: { DENORT_BIN: Deno.execPath() } });
   assert.equal(res.code, 0, res.stderr);
-  assert.match(
-    res.stderr,
-    /--allow-read --allow-write --allow-env --allow-ffi --allow-sys=statfs --include kernels\/build\/libk3\.\w+/,
-  );
-  assert.match(res.stderr, /kernels\/build\/libk3\.\w+/);
+  assert.ok(PERMISSIONS.includes("--allow-ffi") && PERMISSIONS.some((p) => p.startsWith("--allow-env=K3_LIB,")));
   // deno compile lists the embedded files as a tree: no node_modules in it.
   // deno-lint-ignore no-control-regex
   const tree = res.stderr.replace(/\x1b\[[0-9;]*m/g, "");
@@ -224,12 +215,22 @@ Deno.test("deno task compile: the library is embedded verbatim (with the deno bi
   assert.doesNotMatch(tree, /^[│├└─┬\s]*node_modules/m, "no npm packages in the binary");
   const bin = await Deno.readFile(out);
   for (const f of [`libk3.${LIB_EXT}`, `libk3-scalar.${LIB_EXT}`]) {
-    assert.match(res.stderr, new RegExp(`--include kernels/build/${f}`));
+    assert.ok(compileArgs(out).join(" ").includes(`--include kernels/build/${f}`), f);
     assert.ok(
       indexOf(bin, await Deno.readFile(`${ROOT}/kernels/build/${f}`)) > 0,
       `${f} bytes inside the binary`,
     );
   }
+  const task = await runCmd(Deno.execPath(), ["run", "-A", `${ROOT}/cli/compile.ts`, "--output", `${dir.path}/k3b`], {
+    env: { DENORT_BIN: Deno.execPath() },
+  });
+  assert.equal(task.code, 1, task.stderr);
+  assert.match(task.stderr, /compile: the built binary is not k3: .*--version printed "deno \d+\.\d+\.\d+.*not "k3 \d/);
+  assert.match(
+    task.stderr,
+    /--allow-read --allow-write --allow-ffi --allow-sys=statfs,systemMemoryInfo --allow-env=K3_LIB,/,
+  );
+  assert.deepEqual([...Deno.readDirSync(dir.path)].map((e) => e.name).sort(), ["k3"], "nothing written");
 });
 
 Deno.test("deno task compile without denort: a clear message naming DENORT_BIN, exit 1", async () => {

@@ -19,6 +19,7 @@ const V = "void" as const;
 /** Symbol table of libk3; must match kernels/k3.h. */
 export const symbols = {
   k3_isa: { parameters: [], result: P },
+  k3_cpu_features: { parameters: [], result: I },
   k3_alloc: { parameters: ["u64"], result: P },
   k3_free: { parameters: [P], result: V },
   k3_bf16_to_f32: { parameters: [P, P, I], result: V },

@@ -12,6 +12,9 @@
  *     matches and re-extracted when it does not (a corrupt or truncated copy). When the
  *     binary carries per-ISA builds (libk3-avx512/avx2/scalar), the fastest one this CPU
  *     runs is chosen (a binary built on one x86 machine runs on another).
+ *  4. in the one-file bundle dist/k3.js (`deno task bundle`): the same, from the libraries
+ *     the bundle embeds as data (engine/native/embedded.ts) instead of the binary's file
+ *     system: same choice of build, same cache, same atomic extraction.
  *
  * Everything here takes its inputs as parameters so each step is testable without a
  * compiled binary.
@@ -21,6 +24,7 @@
 
 import { createHash } from "node:crypto";
 import { K3Error } from "../errors.ts";
+import { EMBEDDED } from "./embedded.ts";
 
 /** File extension of shared libraries on this OS. */
 export const LIB_EXT = Deno.build.os === "darwin" ? "dylib" : Deno.build.os === "windows" ? "dll" : "so";
@@ -113,7 +117,7 @@ export function extractLibrary(bytes: Uint8Array, dir: string): Extracted {
 /** Where the library was found. */
 export interface Resolution {
   path: string;
-  source: "env" | "checkout" | "embedded";
+  source: "env" | "checkout" | "embedded" | "bundled";
   /** For embedded: what happened in the cache. */
   action?: Extracted["action"];
   /** For embedded: which build was chosen. */
@@ -132,6 +136,8 @@ export interface ResolveOptions {
   /** CPU flags and architecture (default: this machine's). */
   cpuFlags?: Set<string>;
   arch?: string;
+  /** Libraries embedded in a bundle, by file name (default: engine/native/embedded.ts). */
+  bundled?: Map<string, Uint8Array>;
 }
 
 /** Finds (and if needed extracts) the kernel library. Throws a K3Error when there is none. */
@@ -139,6 +145,17 @@ export function resolveLibrary(opts: ResolveOptions = {}): Resolution {
   const env = opts.env ?? ((n: string) => Deno.env.get(n));
   const override = env("K3_LIB");
   if (override) return { path: override, source: "env" };
+  const bundled = opts.bundled ?? EMBEDDED.libraries;
+  if (bundled.size > 0) {
+    const scalar = bundled.get(SCALAR_FILE);
+    const flags = opts.cpuFlags ??
+      cpuFlags(() => scalar && extractLibrary(scalar, opts.cacheDir ?? cacheDir(env)).path);
+    const file = chooseEmbedded((f) => bundled.has(f), flags, opts.arch ?? Deno.build.arch) ?? LIB_NAME;
+    const bytes = bundled.get(file);
+    if (!bytes) throw new K3Error(`this k3 bundle has no ${file}; rebuild it with \`deno task bundle\` or set K3_LIB`);
+    const x = extractLibrary(bytes, opts.cacheDir ?? cacheDir(env));
+    return { path: x.path, source: "bundled", action: x.action, file };
+  }
   const modulePath = opts.modulePath ?? moduleLibraryPath();
   const standalone = opts.standalone ?? isStandalone();
   if (!standalone) {
@@ -160,7 +177,11 @@ export function resolveLibrary(opts: ResolveOptions = {}): Resolution {
       return false;
     }
   };
-  const file = chooseEmbedded(embedded, opts.cpuFlags ?? cpuFlags(), opts.arch ?? Deno.build.arch) ??
+  const probe = () => {
+    if (!embedded(SCALAR_FILE)) return undefined;
+    return extractLibrary(Deno.readFileSync(`${dir}/${SCALAR_FILE}`), opts.cacheDir ?? cacheDir(env)).path;
+  };
+  const file = chooseEmbedded(embedded, opts.cpuFlags ?? cpuFlags(probe), opts.arch ?? Deno.build.arch) ??
     modulePath.slice(dir.length + 1);
   let bytes: Uint8Array;
   try {
@@ -175,6 +196,9 @@ export function resolveLibrary(opts: ResolveOptions = {}): Resolution {
   const x = extractLibrary(bytes, opts.cacheDir ?? cacheDir(env));
   return { path: x.path, source: "embedded", action: x.action, file };
 }
+
+/** The build every CPU of the architecture runs (also the feature probe). */
+const SCALAR_FILE = `libk3-scalar.${LIB_EXT}`;
 
 /** Per-ISA builds of `make -C kernels variants`, fastest first, with the CPU flags each needs. */
 export const VARIANTS = [
@@ -196,12 +220,34 @@ export function chooseEmbedded(
   return VARIANTS.find((v) => embedded(v.file) && v.needs.every((f) => flags.has(f)))?.file;
 }
 
-/** The CPU feature flags (/proc/cpuinfo; empty when unreadable, which selects scalar). */
-export function cpuFlags(): Set<string> {
+/** Feature names of k3_cpu_features' bits (kernels/k3.h), in bit order. */
+export const CPU_FEATURE_BITS = ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"];
+
+/** The CPU features a kernel library reports (k3_cpu_features): any build can answer. */
+export function probeCpuFlags(libPath: string): Set<string> {
+  const lib = Deno.dlopen(libPath, { k3_cpu_features: { parameters: [], result: "i32" } });
+  try {
+    const bits = lib.symbols.k3_cpu_features();
+    return new Set(CPU_FEATURE_BITS.filter((_, i) => bits & (1 << i)));
+  } finally {
+    lib.close();
+  }
+}
+
+/**
+ * The CPU feature flags: /proc/cpuinfo when readable (Deno allows it only with --allow-all),
+ * else what the library at `probe` reports (k3_cpu_features), else none (selects scalar).
+ */
+export function cpuFlags(probe?: () => string | undefined): Set<string> {
   try {
     const t = Deno.readTextFileSync("/proc/cpuinfo");
     return new Set((t.match(/^(?:flags|Features)\s*:\s*(.+)$/m)?.[1] ?? "").split(/\s+/));
   } catch {
-    return new Set();
+    try {
+      const lib = probe?.();
+      return lib ? probeCpuFlags(lib) : new Set();
+    } catch {
+      return new Set();
+    }
   }
 }

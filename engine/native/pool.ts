@@ -13,6 +13,7 @@
 
 import { type Kernels, libraryPath } from "./ffi.ts";
 import type { Matrix, Mxfp4 } from "../model/weights.ts";
+import { workerUrl } from "./embedded.ts";
 
 type Ptr = NonNullable<Deno.PointerValue>;
 
@@ -77,7 +78,7 @@ export class WorkerPool implements Compute {
     const ready: Promise<void>[] = [];
     for (let i = 0; i < threads - 1; i++) {
       const sab = new SharedArrayBuffer(CTRL.bytes);
-      const worker = new Worker(new URL("./pool_worker.ts", import.meta.url), { type: "module" });
+      const worker = new Worker(workerUrl(new URL("./pool_worker.ts", import.meta.url)), { type: "module" });
       ready.push(
         new Promise((resolve, reject) => {
           worker.onmessage = (e) => (e.data === "ready" ? resolve() : reject(new Error(String(e.data))));

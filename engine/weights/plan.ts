@@ -332,7 +332,9 @@ export function makePlan(input: PlanInput): MemoryPlan {
   ) {
     const avail = input.available;
     if (avail === undefined) {
-      throw new K3Error("memory plan: --preset auto needs /proc/meminfo (MemAvailable)");
+      throw new K3Error(
+        "memory plan: --preset auto needs to know the available memory (MemAvailable), and this system does not say",
+      );
     }
     const minCache = (topK + 1) * slotBytes;
     const largest = Math.max(...input.layerBytes);
@@ -533,13 +535,13 @@ export function formatPlan(p: MemoryPlan): string[] {
   return lines;
 }
 
-/** MemAvailable from /proc/meminfo in bytes (K3_MEM_AVAILABLE_GB overrides, for tests). */
+/** Available memory in bytes: Deno.systemMemoryInfo (MemAvailable on Linux; /proc itself
+ * is readable only with --allow-all). K3_MEM_AVAILABLE_GB overrides, for tests. */
 export function memAvailable(): number | undefined {
   const o = Deno.env.get("K3_MEM_AVAILABLE_GB");
   if (o !== undefined && o !== "") return Number(o) * GB;
   try {
-    const m = Deno.readTextFileSync("/proc/meminfo").match(/^MemAvailable:\s+(\d+)\s+kB/m);
-    return m ? Number(m[1]) * 1024 : undefined;
+    return Deno.systemMemoryInfo().available || undefined;
   } catch {
     return undefined;
   }
