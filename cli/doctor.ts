@@ -46,6 +46,10 @@ smallest plan, too little disk, or no loadable kernel library); 2 usage error.
                  present with its shape and dtype, and, for the released Kimi K3, 96
                  shards, 497,220 tensors and 1,560,936,091,448 bytes in all
   -h, --help     this help
+
+examples:
+  k3 doctor --dir /data
+  k3 doctor --no-read --checkpoint /data/kimi-k3
 `;
 
 /** The real checkpoint: 96 shards. */
@@ -92,6 +96,16 @@ export function fittingPreset(
   needs: { name: string; bytes: number }[],
 ): { name: string; bytes: number } | undefined {
   return needs.filter((n) => n.bytes <= available).sort((a, b) => b.bytes - a.bytes)[0];
+}
+
+/** True when `dir` holds a checkpoint (its index, or safetensors shards). */
+export function holdsCheckpoint(dir: string): boolean {
+  try {
+    for (const e of Deno.readDirSync(dir)) {
+      if (e.isFile && (e.name === "model.safetensors.index.json" || e.name.endsWith(".safetensors"))) return true;
+    }
+  } catch { /* unreadable: treat as empty */ }
+  return false;
 }
 
 /** Bytes of disk the model still needs at --dir. */
@@ -300,7 +314,8 @@ export async function main(args: string[]): Promise<number> {
     return EXIT.ok;
   }
   void positionals;
-  const dir = values.dir ?? ".";
+  // The disk that matters: --dir, else the checkpoint's own directory, else here.
+  const dir = values.dir ?? values.checkpoint ?? ".";
   const sizeMb = intFlag("size-mb", values["size-mb"], 1024, 64, 65536);
   const positions = intFlag("positions", values.positions, 4096, 1, 32768 + 4096);
   if (values["no-read"] && values["size-mb"] !== undefined) {
@@ -368,11 +383,9 @@ export async function main(args: string[]): Promise<number> {
     }
   }
 
-  // Disk.
-  try {
-    Deno.statSync(`${dir}/model.safetensors.index.json`);
-    facts.hasCheckpoint = true;
-  } catch { /* no checkpoint there yet */ }
+  // Disk: count only what still has to be written. A checkpoint named by --checkpoint, or
+  // found at --dir, is already on disk; only its packed trunk is still to come.
+  facts.hasCheckpoint = values.checkpoint !== undefined || holdsCheckpoint(dir);
   try {
     const s = statfsSync(dir);
     facts.diskFree = Number(s.bavail) * Number(s.bsize);
@@ -380,7 +393,9 @@ export async function main(args: string[]): Promise<number> {
       "disk",
       `${fmtBytes(facts.diskFree)} free at ${dir}; ${
         facts.hasCheckpoint
-          ? "it holds a checkpoint; packing its trunk needs"
+          ? `the checkpoint is already on disk${
+            values.checkpoint ? ` (${values.checkpoint})` : ""
+          }; packing its trunk needs`
           : "the checkpoint and its packed trunk need"
       } ${fmtBytes(diskNeeded(facts.hasCheckpoint))}`,
     );

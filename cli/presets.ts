@@ -26,6 +26,10 @@ read-ahead ring, expert-cache slots and the KV cache per position.
   --positions N   positions the plan holds (default 4096)
   --json          the plans as JSON
   -h, --help      this help
+
+examples:
+  k3 presets
+  k3 presets --positions 32768 --json
 `;
 
 /** The plan of the released model at a preset (auto: from this machine's MemAvailable). */
@@ -77,11 +81,20 @@ export async function main(args: string[]): Promise<number> {
     "memory presets (GB = 1e9 bytes; --preset NAME, later flags override earlier ones):",
     "",
   ];
-  lines.push(`  ${"name".padEnd(12)}${"trunk GB".padStart(9)}${"cache GB".padStart(9)}  about`);
-  for (const p of PRESETS) {
+  lines.push(
+    `  ${"name".padEnd(12)}${"trunk GB".padStart(9)}${"cache GB".padStart(9)}  ` +
+      `memory it needs (full K3, ${positions} positions, runtime included): what it does`,
+  );
+  for (const { preset: p, plan } of plans) {
     const t = Number.isNaN(p.trunkGB) ? "auto" : String(p.trunkGB);
     const c = Number.isNaN(p.cacheGB) ? "auto" : String(p.cacheGB);
-    lines.push(`  ${p.name.padEnd(12)}${t.padStart(9)}${c.padStart(9)}  ${p.about}`);
+    // What a machine must have free, the runtime included: the label promises no more.
+    const needs = p.name === "auto"
+      ? "what is available"
+      : typeof plan === "string"
+      ? "refused"
+      : `${fmt(plan.totalBytes + plan.overheadBytes)} free`;
+    lines.push(`  ${p.name.padEnd(12)}${t.padStart(9)}${c.padStart(9)}  ${needs}: ${p.about}`);
   }
   lines.push(
     "",

@@ -47,9 +47,9 @@ export const PRESETS: Preset[] = [
     streamEmbed: true,
     about: "smallest: also streams embedding rows and lm_head chunks",
   },
-  { name: "laptop", trunkGB: 3, cacheGB: 1, streamEmbed: false, about: "8 GB machines" },
-  { name: "desktop", trunkGB: 16, cacheGB: 10, streamEmbed: false, about: "32 GB machines" },
-  { name: "workstation", trunkGB: 60, cacheGB: 30, streamEmbed: false, about: "128 GB machines" },
+  { name: "laptop", trunkGB: 3, cacheGB: 1, streamEmbed: false, about: "trunk streamed, embedding and lm_head resident" },
+  { name: "desktop", trunkGB: 16, cacheGB: 10, streamEmbed: false, about: "a tenth of the trunk pinned" },
+  { name: "workstation", trunkGB: 60, cacheGB: 30, streamEmbed: false, about: "half the trunk pinned" },
   { name: "server", trunkGB: 110, cacheGB: 13, streamEmbed: false, about: "trunk resident" },
   {
     name: "max",
