@@ -49,7 +49,13 @@ usage: k3 <command> [options]      (k3 <command> --help, or k3 help <command>, f
 commands:
 ${Object.entries(COMMANDS).map(([n, c]) => `  ${n.padEnd(12)}${c.about}`).join("\n")}
 
-  --help, --version, --list-presets (same as k3 presets)
+  -h, --help        this help          -V, --version    k3's version
+  --list-presets    same as k3 presets
+
+examples:
+  k3 run tests/fixtures/tiny --prompt "Once upon a time" --gen 8
+  k3 doctor --dir /data
+  k3 help run
 
 environment: K3_LIB=PATH  kernel library to load instead of the built-in one
              K3_DEBUG=1   print stack traces of internal errors

@@ -9,6 +9,7 @@
  * @module
  */
 
+import { benchArgs } from "./args.ts";
 import { kernels } from "../engine/native/ffi.ts";
 import { ALIGN, alignUp, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
@@ -79,13 +80,14 @@ export async function measureDisk(
 }
 
 if (import.meta.main) {
-  const file = Deno.args[0];
-  if (!file) {
-    console.error("usage: deno run -A bench/disk.ts FILE [--gb N]");
+  const usage = "usage: deno run -A bench/disk.ts FILE [--gb N]   (FILE: a scratch file it writes, then removes)";
+  const { values, positionals } = benchArgs(usage, { gb: { type: "string" } }, true);
+  const file = positionals[0];
+  if (!file || positionals.length > 1) {
+    console.error(usage);
     Deno.exit(2);
   }
-  const gbi = Deno.args.indexOf("--gb");
-  const r = await measureDisk(file, gbi > 0 ? Number(Deno.args[gbi + 1]) * 1e9 : 2e9);
+  const r = await measureDisk(file, Number(values.gb ?? 2) * 1e9);
   console.log(
     `${file}: ${r.direct ? "O_DIRECT" : "buffered (O_DIRECT refused)"}; sequential ${r.seqGBps.toFixed(2)} GB/s over ${
       (r.seqBytes / 1e9).toFixed(2)

@@ -15,16 +15,20 @@
  * @module
  */
 
-import { parseArgs } from "node:util";
+import { benchArgs } from "./args.ts";
 import { measureDisk } from "./disk.ts";
 import { readManifest } from "../engine/weights/manifest.ts";
 import { expertSlotBytes } from "../engine/weights/plan.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
-const { values } = parseArgs({
-  args: Deno.args,
-  options: { model: { type: "string" }, gen: { type: "string" }, keep: { type: "boolean" } },
-});
+const { values } = benchArgs(
+  "usage: deno run -A bench/ladder.ts [--model DIR (reused, not removed)] [--gen N] [--keep]",
+  {
+    model: { type: "string" },
+    gen: { type: "string" },
+    keep: { type: "boolean" },
+  },
+);
 const GEN = Number(values.gen ?? 4);
 
 async function sh(

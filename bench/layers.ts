@@ -12,11 +12,14 @@
  * @module
  */
 
-import { parseArgs } from "node:util";
+import { benchArgs } from "./args.ts";
 import { openModel } from "../engine/weights/load.ts";
 import { prefill } from "../engine/generate/generate.ts";
 
-const { values } = parseArgs({ args: Deno.args, options: { keep: { type: "string" }, tokens: { type: "string" } } });
+const { values } = benchArgs("usage: deno run -A bench/layers.ts [--keep DIR] [--tokens N]", {
+  keep: { type: "string" },
+  tokens: { type: "string" },
+});
 const tokens = Number(values.tokens ?? 5);
 const dir = values.keep ?? (await Deno.makeTempDir({ prefix: "k3-layer-bench-" }));
 const root = new URL("..", import.meta.url).pathname;

@@ -13,6 +13,9 @@
 import { Tiktoken } from "tiktoken";
 import { K3_PAT_STR } from "../engine/text/pretokenize.ts";
 import { parseTiktokenModel, Tokenizer } from "../engine/text/tokenizer.ts";
+import { benchArgs } from "./args.ts";
+
+benchArgs("usage: deno run -A bench/tokenizer_sweep.ts   (about 5 minutes; exit 1 on any difference)", {});
 
 function diff(text: string, ours: number[], ref: ArrayLike<number>): string {
   const a = Array.from(ref);

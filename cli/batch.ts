@@ -60,6 +60,9 @@ run stops there, results already written are kept.
 ${GENERATION_HELP}
 ${MEMORY_HELP}
   -h, --help        this help
+
+example:
+  k3 batch tests/fixtures/tiny --input prompts.jsonl --output results.jsonl --gen 16
 `;
 
 /** One valid input line. */

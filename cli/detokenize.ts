@@ -10,11 +10,14 @@ import { parseFlags, parseIds } from "./common.ts";
 import { type Output, stdout } from "./tokenize.ts";
 
 /** Usage text of `k3 detokenize`. */
-export const USAGE = `Usage: k3 detokenize --tok DIR --ids 1,2,3
+export const USAGE = `usage: k3 detokenize --tok DIR --ids 1,2,3
 
 Prints the text of comma-separated token ids (bytes that are not valid UTF-8 print as U+FFFD).
   --tok DIR      directory holding tiktoken.model and tokenizer_config.json
   --ids LIST     comma-separated token ids
+
+example:
+  k3 detokenize --tok tests/fixtures/tiny --ids 313,323,330,379,299
 `;
 
 /** Runs `k3 detokenize`; returns the exit code, throws K3Error on failure. */

@@ -21,6 +21,10 @@ few staging buffers) whatever the layer size. An interrupted pack leaves no usab
   --verify     re-check every checksum of <trunk_dir> (and, given model_dir, that the
                trunk belongs to that model)
   -h, --help   this help
+
+examples:
+  k3 pack /data/kimi-k3 /data/k3-trunk
+  k3 pack --verify /data/k3-trunk /data/kimi-k3
 `;
 
 export async function main(args: string[]): Promise<number> {

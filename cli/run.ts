@@ -66,6 +66,11 @@ saved states (exact prefixes only: a KDA state cannot be rewound):
   --load-state F    continue the state saved in F; the prompt is the suffix to add
 ${MEMORY_HELP}
   -h, --help        this help
+
+examples:
+  k3 run tests/fixtures/tiny --prompt "Once upon a time" --gen 8
+  k3 run tests/fixtures/tiny --ids 5,17,300 --gen 20 --out report.json
+  k3 run /data/kimi-k3 --trunk /data/k3-trunk --preset laptop --prompt-file q.txt
 `;
 
 const ZERO_IO: IoStats = {
@@ -274,6 +279,8 @@ export async function main(args: string[]): Promise<number> {
         wall_seconds: wall,
         prefill_seconds: result.prefillSeconds,
         decode_seconds: result.decodeSeconds,
+        // Decode (eval) per token: the tokens after the first, whose logits end the prefill.
+        decode_seconds_per_token: ids.length > 1 ? result.decodeSeconds / (ids.length - 1) : 0,
         seconds_per_token: ids.length ? wall / ids.length : 0,
         step_seconds: result.stepSeconds,
         peak_rss_bytes: peak,

@@ -54,7 +54,7 @@ export const GENERATION_HELP = `generation:
 diagnostics:
   --layers N        bind and run only the first N layers
   --chunk N         prefill tokens per forward call (default 16, 1..256)
-  --threads N       compute threads (default: all cores; never changes a token)`;
+  --threads N       compute threads (default and most: the cores; never changes a token)`;
 
 /** Parsed generation options. */
 export interface GenerationOptions {
@@ -107,6 +107,15 @@ export function memoryOptions(tokens: { kind: string; name?: string; value?: str
   return mem;
 }
 
+/** --threads, capped at this machine's cores: more workers than cores only contend (and a
+ * thread count never changes a token), so the cap is said on stderr, not refused. */
+export function threadCount(value: string | undefined, cores = navigator.hardwareConcurrency): number {
+  const n = intFlag("threads", value, cores, 1, 256);
+  if (n <= cores) return n;
+  console.error(`k3: --threads ${n}: this machine has ${cores} cores; using ${cores}`);
+  return cores;
+}
+
 /** Parses generation flags from parseArgs values (`minGen` 0: a prompt-only run is allowed). */
 export function generationOptions(values: Record<string, unknown>, minGen = 1): GenerationOptions {
   if (values.incremental && values["full-recompute"]) {
@@ -120,7 +129,7 @@ export function generationOptions(values: Record<string, unknown>, minGen = 1): 
     layers: values.layers === undefined ? undefined : intFlag("layers", values.layers as string, 0, 1, 100000),
     chunk: intFlag("chunk", values.chunk as string | undefined, 16, 1, 256),
     tokDir: values.tok as string | undefined,
-    threads: intFlag("threads", values.threads as string | undefined, navigator.hardwareConcurrency, 1, 256),
+    threads: threadCount(values.threads as string | undefined),
   };
 }
 

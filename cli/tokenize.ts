@@ -13,7 +13,7 @@ import { parseFlags } from "./common.ts";
 import { readProblem } from "../engine/paths.ts";
 
 /** Usage text of `k3 tokenize`. */
-export const USAGE = `Usage: k3 tokenize --tok DIR (--text TEXT | --file PATH) [--json]
+export const USAGE = `usage: k3 tokenize --tok DIR (--text TEXT | --file PATH) [--json]
 
 Prints the token ids of a text, comma-separated (or a JSON array with --json).
   --tok DIR      directory holding tiktoken.model and tokenizer_config.json
@@ -21,6 +21,10 @@ Prints the token ids of a text, comma-separated (or a JSON array with --json).
   --file PATH    read the text from a file, verbatim (must be valid UTF-8)
   --json         print a JSON array
 Special tokens in the text are not recognised: they are encoded as ordinary text.
+
+examples:
+  k3 tokenize --tok tests/fixtures/tiny --text "The capital of France is"
+  k3 tokenize --tok /data/kimi-k3 --file prompt.txt --json
 `;
 
 /** Where a command writes its output; stdout unless a test passes its own. */
