@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { diskNeeded, fittingPreset, presetNeeds, problems, TRUNK_BYTES } from "../cli/doctor.ts";
 import { fmtDuration, progressLine } from "../cli/progress.ts";
-import { copyDir, k3, type Output, ROOT, tempDir, TINY } from "./helpers.ts";
+import { copyDir, k3, type Output, ROOT, runCmd, tempDir, TINY } from "./helpers.ts";
 
 /** Exit `code` with exactly one line on stderr matching `pattern`. */
 function assertOneLine(out: Output, code: number, pattern: RegExp, what: string): void {
@@ -333,7 +333,7 @@ Deno.test("the compiled binary's permissions are enough: run, batch and doctor u
   );
 });
 
-Deno.test("deno task demo: pack to a temp dir, run a text prompt at a small budget, report, clean up", async () => {
+Deno.test("deno task demo: random weights said, tokens equal the float64 reference, streamed equals resident", async () => {
   const tasks = JSON.parse(await Deno.readTextFile(`${ROOT}/deno.json`)).tasks;
   assert.match(tasks.demo.command, /deno run -P=k3 cli\/demo\.ts/);
   const { K3_PERMISSIONS } = await import("../cli/permissions.ts");
@@ -342,24 +342,25 @@ Deno.test("deno task demo: pack to a temp dir, run a text prompt at a small budg
     stdout: "piped",
     stderr: "piped",
   }).output();
-  const stderr = new TextDecoder().decode(out.stderr),
-    stdout = new TextDecoder().decode(out.stdout);
+  const stderr = new TextDecoder().decode(out.stderr);
   assert.equal(out.code, 0, stderr);
+  assert.match(stderr, /^demo: the bundled model \(tests\/fixtures\/tiny\) has random weights/m);
   assert.match(stderr, /demo: \$ k3 pack tests\/fixtures\/tiny \/\S+\/trunk/);
-  assert.match(
-    stderr,
-    /demo: \$ k3 run tests\/fixtures\/tiny --prompt "Once upon a time" --gen 16 --trunk \S+ --trunk-gb 0\.0005 --cache-gb 0\.0002/,
-  );
-  assert.match(stderr, /memory plan/);
-  assert.match(stderr, /^step +token +seconds/m);
-  assert.match(stderr, /16 tokens in .* PEAK RSS/);
-  assert.ok(stdout.length > 1 && stdout.endsWith("\n"), "the generated text");
+  assert.match(stderr, /demo: \$ k3 run tests\/fixtures\/tiny --ids [\d,]+ --gen 20 --out /);
+  assert.match(stderr, /demo: \$ k3 run .* --trunk \S+ --trunk-gb 0\.0005 --cache-gb 0\.0002/);
+  const ref = JSON.parse(await Deno.readTextFile(`${TINY}/reference.json`));
+  assert.ok(stderr.includes(`reference.json): ${ref.generated_ids.join(",")}\n`), "the reference tokens");
+  assert.match(stderr, /resident run: 20\/20 tokens equal the reference; prefill [\d.]+ s, decode [\d.]+ s\/token/);
+  assert.match(stderr, /streamed run: 20\/20 tokens equal the resident run; prefill [\d.]+ s, decode [\d.]+ s\/token/);
+  assert.match(stderr, /Next, from this checkout: npm run -s k3 -- doctor/);
+  assert.equal(packageJsonScript("k3").length > 0, true, "the hint's npm script exists");
   const tmp = stderr.match(/removed (\S+)\./)![1];
   await assert.rejects(() => Deno.stat(tmp), Deno.errors.NotFound);
-  // The same ids as a plain resident run.
-  const plain = await k3(["run", TINY, "--prompt", "Once upon a time", "--gen", "16"]);
-  assert.equal(stdout, plain.stdout);
 });
+
+function packageJsonScript(name: string): string {
+  return JSON.parse(Deno.readTextFileSync(`${ROOT}/package.json`)).scripts[name] ?? "";
+}
 
 Deno.test("k3 doctor --checkpoint: a complete checkpoint passes, a shard longer than its header is a problem", async () => {
   const good = await k3(["doctor", "--no-read", "--dir", TINY, "--checkpoint", TINY]);
@@ -382,4 +383,64 @@ Deno.test("k3 doctor --checkpoint: a complete checkpoint passes, a shard longer 
   const cut = await k3(["doctor", "--no-read", "--dir", dir.path, "--checkpoint", dir.path]);
   assert.equal(cut.code, 1);
   assert.match(cut.stderr, /past the end of the file/);
+});
+
+Deno.test("help texts: every one begins `usage: k3 <command>` and shows examples; -V is documented", async () => {
+  for (const c of COMMANDS) {
+    const out = await k3([c, "--help"]);
+    assert.match(out.stdout, new RegExp(`^usage: k3 ${c}\\b`), c);
+    assert.match(out.stdout, /^examples?:\n {2}k3 /m, `${c} has examples`);
+  }
+  const top = await k3(["--help"]);
+  assert.match(top.stdout, /-V, --version/);
+  assert.match(top.stdout, /^examples:\n {2}k3 /m);
+});
+
+Deno.test("--threads above the cores: capped at the cores, said on stderr, same tokens", async () => {
+  const cores = navigator.hardwareConcurrency;
+  const over = await k3(["run", TINY, "--ids", "1,2,3", "--gen", "3", "--threads", String(cores + 5)]);
+  assert.equal(over.code, 0, over.stderr);
+  assert.match(
+    over.stderr,
+    new RegExp(`^k3: --threads ${cores + 5}: this machine has ${cores} cores; using ${cores}$`, "m"),
+  );
+  const plain = await k3(["run", TINY, "--ids", "1,2,3", "--gen", "3"]);
+  assert.equal(over.stdout, plain.stdout);
+  assert.doesNotMatch(plain.stderr, /--threads/);
+});
+
+Deno.test("bench scripts: --help prints the usage (exit 0), a bad flag is one message (exit 2), no stack trace", async () => {
+  for (const script of ["disk", "ladder", "layers", "tokenizer_sweep"]) {
+    const help = await runCmd(Deno.execPath(), ["run", "-A", `${ROOT}/bench/${script}.ts`, "--help"]);
+    assert.equal(help.code, 0, `${script}: ${help.stderr}`);
+    assert.match(help.stdout, new RegExp(`^usage: deno run -A bench/${script}\\.ts`), script);
+    const bad = await runCmd(Deno.execPath(), ["run", "-A", `${ROOT}/bench/${script}.ts`, "--bogus"]);
+    assert.equal(bad.code, 2, script);
+    assert.match(bad.stderr, /^Unknown option '--bogus'\nusage: /, script);
+    assert.doesNotMatch(bad.stderr, /\s+at .*:\d+:\d+/, `${script}: no stack trace`);
+  }
+});
+
+Deno.test("presets: each label says the memory its plan needs, runtime included (no promises about machines)", async () => {
+  const out = await k3(["presets"]);
+  assert.equal(out.code, 0, out.stderr);
+  for (const n of presetNeeds(4096)) {
+    const gb = (n.bytes / 1e9).toFixed(2);
+    assert.match(
+      out.stdout,
+      new RegExp(`^  ${n.name} +[\\d.]+ +[\\d.]+  ${gb.replace(".", "\\.")} GB free: `, "m"),
+      n.name,
+    );
+  }
+  assert.doesNotMatch(out.stdout, /GB machines/);
+});
+
+Deno.test("doctor --checkpoint: free space measured where the checkpoint is, only the trunk still to write", async () => {
+  const out = await k3(["doctor", "--no-read", "--checkpoint", TINY]);
+  const disk = out.stdout.match(/^disk +.*$/m)?.[0] ?? "";
+  assert.match(
+    disk,
+    new RegExp(`free at ${TINY}; the checkpoint is already on disk .*packing its trunk needs 113\\.50 GB$`),
+  );
+  assert.doesNotMatch(out.stdout, /the checkpoint \(1560\.94 GB\)/, "the checkpoint is not counted again");
 });
