@@ -539,7 +539,7 @@ Deno.test("cli: tokenize and detokenize", async () => {
     out: text + "\n",
   });
   assert.equal((await run(tokenizeMain, ["--help"])).code, 0);
-  assert.match((await run(detokenizeMain, ["--help"])).out, /^Usage: k3 detokenize/);
+  assert.match((await run(detokenizeMain, ["--help"])).out, /^usage: k3 detokenize/);
   for (
     const [main, args] of [
       [tokenizeMain, ["--tok", TINY]],
