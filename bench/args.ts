@@ -16,7 +16,7 @@ export function benchArgs<T extends NonNullable<ParseArgsConfig["options"]>>(
   const all = { ...options, help: { type: "boolean", short: "h" } } as const;
   try {
     const parsed = parseArgs({ args: Deno.args, options: all, allowPositionals, strict: true });
-    if (parsed.values.help) {
+    if ((parsed.values as { help?: boolean }).help) {
       console.log(usage);
       Deno.exit(0);
     }
