@@ -16,7 +16,7 @@ import { Scheduler, type SequenceResult } from "../engine/generate/scheduler.ts"
 import { firstLayers, openModel } from "../engine/weights/load.ts";
 import type { IoStats } from "../engine/model/model.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
-import { fmtBytes, parseIds, peakRssBytes } from "./common.ts";
+import { fmtBytes, parseIds, peakRssBytes, writeFileAtomic } from "./common.ts";
 import { fmtDuration, progress } from "./progress.ts";
 import {
   GENERATION_FLAGS,
@@ -57,6 +57,7 @@ run stops there, results already written are kept.
   --parallel N|auto prompts generated at once, sharing every pass's trunk and expert
                     reads (default auto: as many as the memory plan holds, up to 16);
                     results are written in finishing order
+  --report FILE     write a JSON summary of the whole run (atomically)
 ${GENERATION_HELP}
 ${MEMORY_HELP}
   -h, --help        this help
@@ -236,6 +237,7 @@ export async function main(args: string[]): Promise<number> {
     input: { type: "string" },
     output: { type: "string" },
     parallel: { type: "string" },
+    report: { type: "string" },
     ...GENERATION_FLAGS,
     ...MEMORY_FLAGS,
     help: { type: "boolean", short: "h" },
@@ -428,6 +430,27 @@ export async function main(args: string[]): Promise<number> {
       } s/token); PEAK RSS ${fmtBytes(peakRssBytes())}` +
         (failed ? `; ${failed} malformed input lines skipped (exit 1)` : ""),
     );
+    if (values.report) {
+      const end = io();
+      await writeFileAtomic(
+        values.report,
+        JSON.stringify(
+          {
+            prompts: todo.length,
+            parallel: inFlight,
+            generated_tokens: tokensDone,
+            wall_seconds: wall,
+            tokens_per_second: tokensDone / wall,
+            trunk_bytes_read: end && io0 ? end.trunkBytes - io0.trunkBytes : 0,
+            expert_bytes_read: end && io0 ? end.expertBytes - io0.expertBytes : 0,
+            peak_rss_bytes: peakRssBytes(),
+            memory: opened.plan,
+          },
+          null,
+          2,
+        ) + "\n",
+      );
+    }
     return failed ? EXIT.runtime : EXIT.ok;
   } finally {
     out.close();
