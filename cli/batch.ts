@@ -13,6 +13,7 @@
 import { loadConfig } from "../engine/model/config.ts";
 import { EXIT, K3Error, usageError } from "../engine/errors.ts";
 import { Scheduler, type SequenceResult } from "../engine/generate/scheduler.ts";
+import { ledgerBetween, type LedgerMark, markLedger } from "../engine/generate/ledger.ts";
 import { firstLayers, openModel } from "../engine/weights/load.ts";
 import type { IoStats } from "../engine/model/model.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
@@ -362,12 +363,13 @@ export async function main(args: string[]): Promise<number> {
     const io0 = io();
     let tokensDone = 0, finished = 0;
     const t1 = performance.now();
+    const start = markLedger(opened.model);
     const scheduler = new Scheduler(opened.model, { maxSequences: inFlight, chunk: opened.plan.chunk });
     // A prompt whose output is unsound stops the run: the others are interrupted and not
     // written (they would resume on a rerun), results already written stay.
     const stop = new AbortController();
     let unsound: unknown;
-    const write = (job: Job, r: SequenceResult, ioAtAdmit: IoStats | undefined) => {
+    const write = (job: Job, r: SequenceResult, admitted: LedgerMark) => {
       const ids = r.tokens;
       const seconds = r.prefillSeconds + r.decodeSeconds;
       const result = {
@@ -379,7 +381,9 @@ export async function main(args: string[]): Promise<number> {
         seconds,
         seconds_per_token: seconds / Math.max(ids.length, 1),
         first_token_seconds: r.prefillSeconds,
-        ...ioDelta(ioAtAdmit, io()),
+        ...ioDelta(admitted.io, io()),
+        // From admission to finish; with --parallel > 1 the passes were shared.
+        ledger: ledgerBetween(admitted, markLedger(opened.model)),
       };
       writeAll(out, enc.encode(JSON.stringify(result) + "\n"));
       out.syncSync();
@@ -400,17 +404,17 @@ export async function main(args: string[]): Promise<number> {
     };
     try {
       await Promise.all(todo.map((job) => {
-        let ioAtAdmit: IoStats | undefined;
+        let admitted = markLedger(opened.model);
         return scheduler.submit({
           prompt: job.promptIds,
           maxTokens: job.gen,
           stopIds: job.stopIds,
           recompute: !genOpts.incremental,
           signal: stop.signal,
-          onAdmit: () => (ioAtAdmit = io()),
+          onAdmit: () => (admitted = markLedger(opened.model)),
         }).then(
           (r) => {
-            if (r.finishReason !== "interrupted") write(job, r, ioAtAdmit);
+            if (r.finishReason !== "interrupted") write(job, r, admitted);
           },
           (e) => {
             unsound ??= e;
@@ -444,6 +448,7 @@ export async function main(args: string[]): Promise<number> {
             trunk_bytes_read: end && io0 ? end.trunkBytes - io0.trunkBytes : 0,
             expert_bytes_read: end && io0 ? end.expertBytes - io0.expertBytes : 0,
             peak_rss_bytes: peakRssBytes(),
+            ledger: ledgerBetween(start, markLedger(opened.model)),
             memory: opened.plan,
           },
           null,

@@ -21,6 +21,7 @@ import {
 import { firstLayers, openModel } from "../engine/weights/load.ts";
 import type { IoStats } from "../engine/model/model.ts";
 import { readActivity } from "../engine/native/io.ts";
+import { formatLedger, ledgerBetween, markLedger } from "../engine/generate/ledger.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { progress } from "./progress.ts";
 import { fmtBytes, parseIds, peakRssBytes, writeFileAtomic } from "./common.ts";
@@ -64,6 +65,8 @@ saved states (exact prefixes only: a KDA state cannot be rewound):
   --save-state F    after the prompt and any generation, save the sequence state to F
                     (--gen 0 runs the prompt only)
   --load-state F    continue the state saved in F; the prompt is the suffix to add
+  --ledger          print where the seconds went (reads, matmuls, experts, attention,
+                    head, sampling) and what was read; the report always has it
 ${MEMORY_HELP}
   -h, --help        this help
 
@@ -127,6 +130,7 @@ export async function main(args: string[]): Promise<number> {
     "save-state": { type: "string" },
     "load-state": { type: "string" },
     "dump-logits": { type: "string" },
+    ledger: { type: "boolean" },
     out: { type: "string" },
     help: { type: "boolean", short: "h" },
   });
@@ -185,6 +189,7 @@ export async function main(args: string[]): Promise<number> {
     let last = io();
     const reads0 = { ...readActivity };
     const t1 = performance.now();
+    const mark0 = markLedger(opened.model);
     let tLast = t1, stepCount = 0;
     const output = new Output(tokenizer, genOpts.stops, values.json === true);
     const scheduler = new Scheduler(opened.model, { chunk: genOpts.chunk });
@@ -217,6 +222,9 @@ export async function main(args: string[]): Promise<number> {
       },
     });
     const wall = (performance.now() - t1) / 1000;
+    const ledger = ledgerBetween(mark0, markLedger(opened.model));
+    if (values.ledger) { for (const line of formatLedger(ledger)) console.error(`k3: ${line}`); }
+    const ioWait = ledger.trunk_read_wait_seconds + ledger.expert_read_wait_seconds;
     const ids = result.tokens;
     output.end({ finish_reason: result.finishReason, generated_ids: ids, prompt_tokens: prompt.length });
     if (values["save-state"]) {
@@ -254,7 +262,7 @@ export async function main(args: string[]): Promise<number> {
           lookups ? ((100 * stats.expertHits) / lookups).toFixed(1) : "0.0"
         }%; ` +
           `${stats.pinnedLayers} trunk layers pinned; I/O wait ${
-            ((100 * stats.ioWaitSeconds) / Math.max(wall, 1e-9)).toFixed(1)
+            ((100 * ioWait) / Math.max(wall, 1e-9)).toFixed(1)
           }% of wall clock`,
       );
     }
@@ -292,10 +300,11 @@ export async function main(args: string[]): Promise<number> {
         expert_cache_misses: stats.expertMisses,
         expert_cache_hit_rate: lookups ? stats.expertHits / lookups : 0,
         trunk_layers_pinned: stats.pinnedLayers,
-        io_wait_seconds: stats.ioWaitSeconds,
-        io_share: stats.ioWaitSeconds / Math.max(wall, 1e-9),
+        io_wait_seconds: ioWait,
+        io_share: ioWait / Math.max(wall, 1e-9),
         read_busy_seconds: readActivity.busySeconds - reads0.busySeconds,
         read_bytes: readActivity.bytes - reads0.bytes,
+        ledger,
         memory: opened.plan ?? null,
       };
       await writeFileAtomic(values.out, JSON.stringify(report, null, 2) + "\n");

@@ -240,3 +240,39 @@ Deno.test("batch --parallel: more than the memory plan holds is a usage error na
     assert.match(bad.stderr, /--parallel: expected auto or an integer/);
   }
 });
+
+Deno.test("the run report's ledger: every kind of time non-negative, adding up to the wall clock; bytes by kind", async () => {
+  await using d = await tempDir();
+  const trunk = `${d.path}/trunk`;
+  await packTrunk(TINY, trunk, { log: null });
+  const report = `${d.path}/r.json`;
+  const out = await k3([
+    "run",
+    TINY,
+    "--ids",
+    "5,6,7,8",
+    "--gen",
+    "3",
+    "--trunk",
+    trunk,
+    "--trunk-gb",
+    "0.0005",
+    "--ledger",
+    "--out",
+    report,
+  ]);
+  assert.equal(out.code, 0, out.stderr);
+  assert.match(out.stderr, /ledger \(wall [\d.]+ s\):/);
+  assert.match(out.stderr, /expert read wait/);
+  const { ledger } = JSON.parse(await Deno.readTextFile(report));
+  const parts = Object.entries(ledger).filter(([k]) => k.endsWith("_seconds") && k !== "wall_seconds");
+  assert.equal(parts.length, 8, "trunk, expert waits; dense, expert, attention, head, sampling; other");
+  for (const [k, v] of parts) if (k !== "other_seconds") assert.ok((v as number) >= 0, `${k} >= 0`);
+  const sum = parts.reduce((a, [, v]) => a + (v as number), 0);
+  assert.ok(
+    Math.abs(sum - ledger.wall_seconds) < 1e-6,
+    `parts add up to the wall clock (${sum} vs ${ledger.wall_seconds})`,
+  );
+  assert.ok(ledger.trunk_bytes_read > 0 && ledger.expert_bytes_read > 0, "a streamed run reads both kinds");
+  assert.ok(ledger.read_bytes_per_second_in_flight > 0);
+});

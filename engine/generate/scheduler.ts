@@ -304,7 +304,9 @@ export class Scheduler {
   private step(seq: Running, logits: Float32Array, now: number): void {
     const { req } = seq;
     checkFinite(logits, seq.tokens.length);
+    const t0 = performance.now();
     const token = (req.choose ?? argmax)(logits);
+    this.model.ledger.sampling += (performance.now() - t0) / 1000;
     seq.stepSeconds.push((now - (seq.lastAt || seq.admitted)) / 1000);
     seq.firstAt ||= now;
     seq.lastAt = now;

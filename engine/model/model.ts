@@ -150,6 +150,36 @@ function rowSpans(segments: Segment[]): RowSpan[] {
   });
 }
 
+/**
+ * Where the seconds go, summed over every pass: waits for trunk and expert reads, dense
+ * products (attention projections, MLPs, shared experts, router, latent projections),
+ * routed-expert compute, the attention recurrences (KDA delta rule, MLA over the cache),
+ * the lm_head, and sampling (added by the scheduler). What a report's wall clock has
+ * beyond these is "other" (norms, residual sums, bookkeeping, the JS between kernels).
+ */
+export interface Ledger {
+  trunkReadWait: number;
+  expertReadWait: number;
+  denseMatmul: number;
+  expertCompute: number;
+  attention: number;
+  head: number;
+  sampling: number;
+}
+
+/** A ledger of zeros. */
+export function newLedger(): Ledger {
+  return {
+    trunkReadWait: 0,
+    expertReadWait: 0,
+    denseMatmul: 0,
+    expertCompute: 0,
+    attention: 0,
+    head: 0,
+    sampling: 0,
+  };
+}
+
 /** Counters the run report reads. */
 export interface ForwardStats {
   expertsUsed: number;
@@ -243,6 +273,8 @@ export class K3Model {
   private readonly nsrc: number;
   private readonly compute: Compute;
   readonly stats: ForwardStats;
+  /** Seconds by kind of work, over every pass so far. */
+  readonly ledger: Ledger = newLedger();
 
   constructor(
     readonly k: Kernels,
@@ -310,7 +342,9 @@ export class K3Model {
 
     for (let L = 0; L < cfg.numLayers; L++) {
       const layerStart = performance.now();
+      const tRead = performance.now();
       const w = await this.weights.layer(L);
+      this.spent("trunkReadWait", tRead);
       // 1. x = AttnRes(blocks + [partial]) when there are snapshots, else the partial.
       for (let t = 0; t < R; t++) {
         if (nblocks > 0) {
@@ -392,7 +426,9 @@ export class K3Model {
     const V = cfg.vocabSize;
     if (out.length > 0) {
       k.k3_rmsnorm(s.x.ptr, this.weights.finalNorm.ptr, s.xn.ptr, D, out.length, cfg.rmsNormEps);
+      const tHead = performance.now();
       await this.weights.head(s.xn.ptr, s.logits.ptr, out.length, this.compute);
+      this.spent("head", tHead);
     }
     let o = 0;
     return spans.map((sp) => {
@@ -410,16 +446,17 @@ export class K3Model {
     const C = H * d;
     const n = (x: string) => `layers.${L}.self_attn.${x}`;
     const [q, kk, v, f, o] = [s.t1, s.t2, s.t3, s.t4, s.t5];
-    this.compute.matmul(w.matrix(n("q_proj.weight")), s.xn.ptr, q.ptr, R);
-    this.compute.matmul(w.matrix(n("k_proj.weight")), s.xn.ptr, kk.ptr, R);
-    this.compute.matmul(w.matrix(n("v_proj.weight")), s.xn.ptr, v.ptr, R);
+    this.mm(w.matrix(n("q_proj.weight")), s.xn.ptr, q.ptr, R);
+    this.mm(w.matrix(n("k_proj.weight")), s.xn.ptr, kk.ptr, R);
+    this.mm(w.matrix(n("v_proj.weight")), s.xn.ptr, v.ptr, R);
     // f = f_b(f_a x): the low-rank decay input, through `small`.
-    this.compute.matmul(w.matrix(n("f_a_proj.weight")), s.xn.ptr, s.small.ptr, R);
-    this.compute.matmul(w.matrix(n("f_b_proj.weight")), s.small.ptr, f.ptr, R);
+    this.mm(w.matrix(n("f_a_proj.weight")), s.xn.ptr, s.small.ptr, R);
+    this.mm(w.matrix(n("f_b_proj.weight")), s.small.ptr, f.ptr, R);
     // beta = sigmoid(b_proj x), one per head and row.
     const beta = s.small;
-    this.compute.matmul(w.matrix(n("b_proj.weight")), s.xn.ptr, beta.ptr, R);
+    this.mm(w.matrix(n("b_proj.weight")), s.xn.ptr, beta.ptr, R);
     k.k3_sigmoid(beta.ptr, beta.ptr, R * H);
+    const tAttn = performance.now();
     for (const sp of spans) {
       const st = sp.seg.state.kda.get(L)!;
       for (let t = sp.r0; t < sp.r0 + sp.n; t++) {
@@ -435,12 +472,13 @@ export class K3Model {
         k.k3_kda_step(st.S.ptr, at(q), at(kk), at(v), beta.at(t * H), at(f), at(o), d, 0, H);
       }
     }
+    this.spent("attention", tAttn);
     // Per-head RMSNorm of o, then the output gate (norm first, then gate), then o_proj.
     k.k3_rmsnorm(o.ptr, w.vector(n("o_norm.weight")).ptr, o.ptr, d, R * H, cfg.rmsNormEps);
     const g = f;
-    this.compute.matmul(w.matrix(n("g_proj.weight")), s.xn.ptr, g.ptr, R);
+    this.mm(w.matrix(n("g_proj.weight")), s.xn.ptr, g.ptr, R);
     k.k3_sigmoid_mul(o.ptr, g.ptr, R * C);
-    this.compute.matmul(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, R);
+    this.mm(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, R);
   }
 
   /**
@@ -459,14 +497,15 @@ export class K3Model {
     const n = (x: string) => `layers.${L}.self_attn.${x}`;
     const [qa, q, c, qlat, olat] = [s.t1, s.t2, s.t3, s.t4, s.t5];
     // q = q_b(RMSNorm(q_a x)).
-    this.compute.matmul(w.matrix(n("q_a_proj.weight")), s.xn.ptr, qa.ptr, R);
+    this.mm(w.matrix(n("q_a_proj.weight")), s.xn.ptr, qa.ptr, R);
     k.k3_rmsnorm(qa.ptr, w.vector(n("q_a_layernorm.weight")).ptr, qa.ptr, m.qLoraRank, R, cfg.rmsNormEps);
-    this.compute.matmul(w.matrix(n("q_b_proj.weight")), qa.ptr, q.ptr, R);
+    this.mm(w.matrix(n("q_b_proj.weight")), qa.ptr, q.ptr, R);
     // c = kv_a x: the latent (normed, then cached) and the shared raw key part.
     const cw = dc + dr;
-    this.compute.matmul(w.matrix(n("kv_a_proj_with_mqa.weight")), s.xn.ptr, c.ptr, R);
+    this.mm(w.matrix(n("kv_a_proj_with_mqa.weight")), s.xn.ptr, c.ptr, R);
     const kvb = w.matrix(n("kv_b_proj.weight"));
     const o = qa; // q_a's output is consumed; o [R][H][vDim] reuses it
+    const tAttn = performance.now();
     for (const sp of spans) {
       const cache = sp.seg.state.mla.get(L)!;
       for (let j = 0; j < sp.n; j++) {
@@ -501,10 +540,23 @@ export class K3Model {
         k.k3_mla_expand(kvb.ptr, kvb.wtype, olat.ptr, o.at(t * H * m.vDim), H, m.nopeDim, m.vDim, dc, 0, H);
       }
     }
+    this.spent("attention", tAttn);
     // Output gate, then o_proj.
-    this.compute.matmul(w.matrix(n("g_proj.weight")), s.xn.ptr, c.ptr, R);
+    this.mm(w.matrix(n("g_proj.weight")), s.xn.ptr, c.ptr, R);
     k.k3_sigmoid_mul(o.ptr, c.ptr, R * H * m.vDim);
-    this.compute.matmul(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, R);
+    this.mm(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, R);
+  }
+
+  /** y = W x for R rows, timed as dense work. */
+  private mm(m: Matrix, x: NonNullable<Deno.PointerValue>, y: NonNullable<Deno.PointerValue>, R: number): void {
+    const t0 = performance.now();
+    this.compute.matmul(m, x, y, R);
+    this.ledger.denseMatmul += (performance.now() - t0) / 1000;
+  }
+
+  /** Seconds since `t0` (performance.now()), added to the ledger's `key`. */
+  private spent(key: keyof Ledger, t0: number): void {
+    this.ledger[key] += (performance.now() - t0) / 1000;
   }
 
   /** SiTU-GLU MLP: down(SiTU(gate x, up x)), writing s.a. */
@@ -517,10 +569,10 @@ export class K3Model {
     T: number,
   ): void {
     const { k, cfg, s } = this;
-    this.compute.matmul(gate, x, s.t1.ptr, T);
-    this.compute.matmul(up, x, s.t2.ptr, T);
+    this.mm(gate, x, s.t1.ptr, T);
+    this.mm(up, x, s.t2.ptr, T);
     k.k3_situ_glu(s.t1.ptr, s.t2.ptr, s.t1.ptr, T * gate.rows, cfg.situBeta, cfg.situLinearBeta);
-    this.compute.matmul(down, s.t1.ptr, out, T);
+    this.mm(down, s.t1.ptr, out, T);
   }
 
   private denseMlp(L: number, w: BoundTensors, T: number): void {
@@ -547,9 +599,9 @@ export class K3Model {
     const n = (x: string) => `layers.${L}.block_sparse_moe.${x}`;
     // Route each token; z = routed_expert_down_proj x (into t4), once per token.
     const logits = s.t3;
-    this.compute.matmul(w.matrix(n("gate.weight")), s.xn.ptr, logits.ptr, T);
+    this.mm(w.matrix(n("gate.weight")), s.xn.ptr, logits.ptr, T);
     const z = s.t4;
-    this.compute.matmul(w.matrix(n("routed_expert_down_proj.weight")), s.xn.ptr, z.ptr, T);
+    this.mm(w.matrix(n("routed_expert_down_proj.weight")), s.xn.ptr, z.ptr, T);
     const chosen: { ids: number[]; weights: number[] }[] = [];
     const users = new Map<number, { t: number; slot: number }[]>();
     for (let t = 0; t < T; t++) {
@@ -585,7 +637,10 @@ export class K3Model {
     const I = cfg.moe.intermediate;
     for (let w0 = 0; w0 < union.length; w0 += wave) {
       const ids = union.slice(w0, w0 + wave);
+      const tWait = performance.now();
       const experts = await pending;
+      this.spent("expertReadWait", tWait);
+      const tExperts = performance.now();
       ids.forEach((e, i) => {
         const ex = experts[i];
         const us = users.get(e)!;
@@ -602,6 +657,7 @@ export class K3Model {
           s.expertOut.f.set(s.t5.f.subarray(j * latent, (j + 1) * latent), (t * topK + slot) * latent);
         }
       });
+      this.spent("expertCompute", tExperts);
       this.weights.doneWithExperts?.(L);
       if (w0 + wave < union.length) pending = this.weights.experts(L, union.slice(w0 + wave, w0 + 2 * wave));
     }
@@ -615,7 +671,7 @@ export class K3Model {
       }
     }
     k.k3_rmsnorm(acc.ptr, w.vector(n("routed_expert_norm.weight")).ptr, acc.ptr, latent, T, cfg.rmsNormEps);
-    this.compute.matmul(w.matrix(n("routed_expert_up_proj.weight")), acc.ptr, s.a.ptr, T);
+    this.mm(w.matrix(n("routed_expert_up_proj.weight")), acc.ptr, s.a.ptr, T);
     // Shared experts (computed above), added with no weight.
     if (cfg.moe.numShared > 0) k.k3_add(s.a.ptr, s.x.ptr, T * D);
   }

@@ -1,0 +1,100 @@
+/**
+ * The ledger of a run: where its wall-clock seconds went, and what it read.
+ *
+ * Take a `LedgerMark` before and after the work; `ledgerBetween` turns the difference into
+ * the report's `ledger` object, whose `*_seconds` fields add up to the wall clock (the
+ * remainder is `other_seconds`), with the bytes read by kind and the bandwidth reads
+ * achieved while at least one was in flight.
+ *
+ * @module
+ */
+
+import type { IoStats, K3Model, Ledger } from "../model/model.ts";
+import { readActivity } from "../native/io.ts";
+
+/** The counters at one moment. */
+export interface LedgerMark {
+  at: number;
+  ledger: Ledger;
+  io?: IoStats;
+  readBytes: number;
+  readBusySeconds: number;
+}
+
+/** The ledger as reports write it (snake_case, seconds and bytes). */
+export interface LedgerReport {
+  wall_seconds: number;
+  trunk_read_wait_seconds: number;
+  expert_read_wait_seconds: number;
+  dense_matmul_seconds: number;
+  expert_compute_seconds: number;
+  attention_seconds: number;
+  head_seconds: number;
+  sampling_seconds: number;
+  other_seconds: number;
+  trunk_bytes_read: number;
+  expert_bytes_read: number;
+  /** Bytes / seconds with a read in flight (null when nothing was read). */
+  read_bytes_per_second_in_flight: number | null;
+}
+
+/** The counters of `model` now. */
+export function markLedger(model: K3Model): LedgerMark {
+  return {
+    at: performance.now(),
+    ledger: { ...model.ledger },
+    io: model.weights.ioStats?.(),
+    readBytes: readActivity.bytes,
+    readBusySeconds: readActivity.busySeconds,
+  };
+}
+
+/** What happened between two marks. */
+export function ledgerBetween(a: LedgerMark, b: LedgerMark): LedgerReport {
+  const d = (k: keyof Ledger) => b.ledger[k] - a.ledger[k];
+  const wall = (b.at - a.at) / 1000;
+  const parts = {
+    trunk_read_wait_seconds: d("trunkReadWait"),
+    expert_read_wait_seconds: d("expertReadWait"),
+    dense_matmul_seconds: d("denseMatmul"),
+    expert_compute_seconds: d("expertCompute"),
+    attention_seconds: d("attention"),
+    head_seconds: d("head"),
+    sampling_seconds: d("sampling"),
+  };
+  const busy = b.readBusySeconds - a.readBusySeconds;
+  const bytes = b.readBytes - a.readBytes;
+  return {
+    wall_seconds: wall,
+    ...parts,
+    other_seconds: wall - Object.values(parts).reduce((x, y) => x + y, 0),
+    trunk_bytes_read: (b.io?.trunkBytes ?? 0) - (a.io?.trunkBytes ?? 0),
+    expert_bytes_read: (b.io?.expertBytes ?? 0) - (a.io?.expertBytes ?? 0),
+    read_bytes_per_second_in_flight: busy > 0 ? bytes / busy : null,
+  };
+}
+
+/** The ledger as a table for stderr, one line per kind of time. */
+export function formatLedger(l: LedgerReport): string[] {
+  const rows: [string, number][] = [
+    ["trunk read wait", l.trunk_read_wait_seconds],
+    ["expert read wait", l.expert_read_wait_seconds],
+    ["dense matmul", l.dense_matmul_seconds],
+    ["expert compute", l.expert_compute_seconds],
+    ["attention (KDA, MLA)", l.attention_seconds],
+    ["head", l.head_seconds],
+    ["sampling", l.sampling_seconds],
+    ["other", l.other_seconds],
+  ];
+  const pct = (s: number) => (100 * s / Math.max(l.wall_seconds, 1e-9)).toFixed(1).padStart(5);
+  const lines = [`ledger (wall ${l.wall_seconds.toFixed(3)} s):`];
+  for (const [name, s] of rows) lines.push(`  ${name.padEnd(22)} ${s.toFixed(3).padStart(9)} s  ${pct(s)}%`);
+  const gb = (n: number) => (n / 1e9).toFixed(3);
+  lines.push(
+    `  read ${gb(l.trunk_bytes_read)} GB trunk + ${gb(l.expert_bytes_read)} GB experts` +
+      (l.read_bytes_per_second_in_flight === null
+        ? ""
+        : `, ${(l.read_bytes_per_second_in_flight / 1e9).toFixed(2)} GB/s while reads were in flight`),
+  );
+  return lines;
+}
