@@ -13,7 +13,7 @@
 import { loadConfig } from "../engine/model/config.ts";
 import { EXIT, K3Error, usageError } from "../engine/errors.ts";
 import { Scheduler, type SequenceResult } from "../engine/generate/scheduler.ts";
-import { ledgerBetween, type LedgerMark, markLedger } from "../engine/generate/ledger.ts";
+import { ledgerBetween, type LedgerMark, type LedgerReport, markLedger } from "../engine/generate/ledger.ts";
 import { firstLayers, openModel } from "../engine/weights/load.ts";
 import type { IoStats } from "../engine/model/model.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
@@ -204,14 +204,14 @@ export async function readDone(
 }
 
 /** Bytes read and expert-cache hits of one prompt (streamed weights only). */
-function ioDelta(a?: IoStats, b?: IoStats): Record<string, number> {
+function ioDelta(a: IoStats | undefined, b: IoStats | undefined, ledger: LedgerReport): Record<string, number> {
   if (!a || !b) return {};
   const hits = b.expertHits - a.expertHits, lookups = hits + b.expertMisses - a.expertMisses;
   return {
     trunk_bytes_read: b.trunkBytes - a.trunkBytes,
     expert_bytes_read: b.expertBytes - a.expertBytes,
     expert_cache_hit_rate: lookups ? hits / lookups : 0,
-    io_wait_seconds: b.ioWaitSeconds - a.ioWaitSeconds,
+    io_wait_seconds: ledger.trunk_read_wait_seconds + ledger.expert_read_wait_seconds,
   };
 }
 
@@ -370,6 +370,7 @@ export async function main(args: string[]): Promise<number> {
     const stop = new AbortController();
     let unsound: unknown;
     const write = (job: Job, r: SequenceResult, admitted: LedgerMark) => {
+      const ledger = ledgerBetween(admitted, markLedger(opened.model));
       const ids = r.tokens;
       const seconds = r.prefillSeconds + r.decodeSeconds;
       const result = {
@@ -381,9 +382,9 @@ export async function main(args: string[]): Promise<number> {
         seconds,
         seconds_per_token: seconds / Math.max(ids.length, 1),
         first_token_seconds: r.prefillSeconds,
-        ...ioDelta(admitted.io, io()),
+        ...ioDelta(admitted.io, io(), ledger),
         // From admission to finish; with --parallel > 1 the passes were shared.
-        ledger: ledgerBetween(admitted, markLedger(opened.model)),
+        ledger,
       };
       writeAll(out, enc.encode(JSON.stringify(result) + "\n"));
       out.syncSync();

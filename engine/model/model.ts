@@ -25,8 +25,10 @@ export interface WeightSource {
   layer(L: number): Promise<BoundTensors> | BoundTensors;
   /** Called when the pass is done with layer L, so a streamer can reuse its slot. */
   doneWithLayer?(L: number): void;
-  /** Routed experts `ids` of layer L, one Expert per id in order. */
-  experts(L: number, ids: number[]): Promise<Expert[]> | Expert[];
+  /** Routed experts `ids` of layer L, one per id in order, each a promise that settles
+   * when that expert is in memory (a streaming source issues every read at once). Held
+   * until doneWithExperts(L). */
+  experts(L: number, ids: number[]): (Expert | Promise<Expert>)[];
   /** Called when the pass is done with the experts of layer L (the last `experts` call). */
   doneWithExperts?(L: number): void;
   /** How many experts one `experts` call may ask for at most (the cache's slots); a pass
@@ -547,6 +549,24 @@ export class K3Model {
     this.mm(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, R);
   }
 
+  /** One routed expert on the rows that chose it; each output lands at [row][router slot]. */
+  private runExpert(ex: Expert, users: { t: number; slot: number }[], z: Vec): void {
+    const { k, cfg, s } = this;
+    const { latent, topK, intermediate: I } = cfg.moe;
+    for (let j = 0; j < users.length; j++) {
+      s.expertIn.f.set(z.f.subarray(users[j].t * latent, (users[j].t + 1) * latent), j * latent);
+    }
+    const nt = users.length;
+    this.compute.mxfp4(ex.w1, s.expertIn.ptr, s.t1.ptr, nt);
+    this.compute.mxfp4(ex.w3, s.expertIn.ptr, s.t2.ptr, nt);
+    k.k3_situ_glu(s.t1.ptr, s.t2.ptr, s.t1.ptr, nt * I, cfg.situBeta, cfg.situLinearBeta);
+    this.compute.mxfp4(ex.w2, s.t1.ptr, s.t5.ptr, nt);
+    for (let j = 0; j < nt; j++) {
+      const { t, slot } = users[j];
+      s.expertOut.f.set(s.t5.f.subarray(j * latent, (j + 1) * latent), (t * topK + slot) * latent);
+    }
+  }
+
   /** y = W x for R rows, timed as dense work. */
   private mm(m: Matrix, x: NonNullable<Deno.PointerValue>, y: NonNullable<Deno.PointerValue>, R: number): void {
     const t0 = performance.now();
@@ -634,30 +654,24 @@ export class K3Model {
       const sh = (x: string) => n(`shared_experts.${x}.weight`);
       this.glu(w.matrix(sh("gate_proj")), w.matrix(sh("up_proj")), w.matrix(sh("down_proj")), s.xn.ptr, s.x.ptr, T);
     }
-    const I = cfg.moe.intermediate;
     for (let w0 = 0; w0 < union.length; w0 += wave) {
       const ids = union.slice(w0, w0 + wave);
-      const tWait = performance.now();
-      const experts = await pending;
-      this.spent("expertReadWait", tWait);
-      const tExperts = performance.now();
-      ids.forEach((e, i) => {
-        const ex = experts[i];
-        const us = users.get(e)!;
-        for (let j = 0; j < us.length; j++) {
-          s.expertIn.f.set(z.f.subarray(us[j].t * latent, (us[j].t + 1) * latent), j * latent);
+      // Each expert runs as soon as its bytes land, while the rest of the wave arrives.
+      const left = new Map(pending.map((p, i) => [i, Promise.resolve(p).then((ex) => ({ i, ex }))]));
+      try {
+        while (left.size > 0) {
+          const tWait = performance.now();
+          const { i, ex } = await Promise.race(left.values());
+          this.spent("expertReadWait", tWait);
+          left.delete(i);
+          const tExpert = performance.now();
+          this.runExpert(ex, users.get(ids[i])!, z);
+          this.spent("expertCompute", tExpert);
         }
-        const nt = us.length;
-        this.compute.mxfp4(ex.w1, s.expertIn.ptr, s.t1.ptr, nt);
-        this.compute.mxfp4(ex.w3, s.expertIn.ptr, s.t2.ptr, nt);
-        k.k3_situ_glu(s.t1.ptr, s.t2.ptr, s.t1.ptr, nt * I, cfg.situBeta, cfg.situLinearBeta);
-        this.compute.mxfp4(ex.w2, s.t1.ptr, s.t5.ptr, nt);
-        for (let j = 0; j < nt; j++) {
-          const { t, slot } = us[j];
-          s.expertOut.f.set(s.t5.f.subarray(j * latent, (j + 1) * latent), (t * topK + slot) * latent);
-        }
-      });
-      this.spent("expertCompute", tExperts);
+      } catch (e) {
+        await Promise.allSettled(left.values()); // no read may land in a slot we no longer hold
+        throw e;
+      }
       this.weights.doneWithExperts?.(L);
       if (w0 + wave < union.length) pending = this.weights.experts(L, union.slice(w0 + wave, w0 + 2 * wave));
     }

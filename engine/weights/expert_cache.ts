@@ -104,21 +104,36 @@ export class ExpertCache {
     return -1;
   }
 
-  /** Experts `ids` of layer L, in order; held until release(L). */
+  /** Experts `ids` of layer L, in order, once all are in memory; held until release(L). */
   async get(L: number, ids: number[]): Promise<Expert[]> {
+    const t0 = performance.now();
+    const done = await Promise.allSettled(this.fetch(L, ids));
+    this.stats.ioWaitSeconds += (performance.now() - t0) / 1000;
+    const failed = done.find((d) => d.status === "rejected") as PromiseRejectedResult | undefined;
+    if (failed) throw failed.reason;
+    return done.map((d) => (d as PromiseFulfilledResult<Expert>).value);
+  }
+
+  /**
+   * Experts `ids` of layer L, one promise each, in order: hits resolve at once, misses when
+   * their own read lands, so the caller can compute each expert while the others arrive.
+   * All slots are claimed and every read issued (in file order) before this returns;
+   * held until release(L).
+   */
+  fetch(L: number, ids: number[]): Promise<Expert>[] {
     const NE = this.cfg.moe.numExperts;
-    const waits: Promise<void>[] = [];
     const missing: number[] = [];
+    const slotOf = new Map<number, Slot>();
     for (const E of ids) {
       const key = L * NE + E;
       const i = this.lru.get(key);
       if (i !== undefined) {
         const s = this.slots[i];
+        slotOf.set(E, s);
         s.holder = L;
         this.lru.delete(key);
         this.lru.set(key, i);
         this.stats.expertHits++;
-        if (s.state === "loading") waits.push(s.loading!);
       } else missing.push(E);
     }
     const jobs = missing.map((E) => {
@@ -134,6 +149,7 @@ export class ExpertCache {
       s.holder = L;
       s.view = undefined;
       this.lru.set(s.key, i);
+      slotOf.set(E, s);
       return { E, s, loc: this.loc(L, E) };
     });
     this.stats.expertMisses += jobs.length;
@@ -141,18 +157,10 @@ export class ExpertCache {
       a,
       b,
     ) => (a.loc.file < b.loc.file ? -1 : a.loc.file > b.loc.file ? 1 : a.loc.offset - b.loc.offset));
-    for (const j of jobs) {
-      j.s.loading = this.read(L, j.E, j.s, j.loc);
-      waits.push(j.s.loading);
-    }
-    const t0 = performance.now();
-    const done = await Promise.allSettled(waits);
-    this.stats.ioWaitSeconds += (performance.now() - t0) / 1000;
-    const failed = done.find((d) => d.status === "rejected") as PromiseRejectedResult | undefined;
-    if (failed) throw failed.reason;
+    for (const j of jobs) j.s.loading = this.read(L, j.E, j.s, j.loc);
     return ids.map((E) => {
-      const s = this.slots[this.lru.get(L * NE + E)!];
-      return s.view!;
+      const s = slotOf.get(E)!;
+      return s.state === "ready" ? Promise.resolve(s.view!) : s.loading!.then(() => s.view!);
     });
   }
 

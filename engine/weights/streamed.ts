@@ -290,8 +290,8 @@ export class StreamedWeights implements WeightSource {
     this.trunk?.done(L);
   }
 
-  experts(L: number, ids: number[]): Promise<Expert[]> {
-    return this.cache!.get(L, ids);
+  experts(L: number, ids: number[]): Promise<Expert>[] {
+    return this.cache!.fetch(L, ids);
   }
 
   get expertSlots(): number | undefined {
