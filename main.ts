@@ -8,7 +8,9 @@
 import { EXIT, K3Error, oneLine } from "./engine/errors.ts";
 import { didYouMean } from "./cli/common.ts";
 
-export const VERSION = "0.1.0";
+import { VERSION } from "./cli/version.ts";
+
+export { VERSION };
 
 type Command = (args: string[]) => Promise<number>;
 

@@ -17,7 +17,9 @@ import { ledgerBetween, type LedgerMark, type LedgerReport, markLedger } from ".
 import { firstLayers, openModel } from "../engine/weights/load.ts";
 import type { IoStats } from "../engine/model/model.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
-import { fmtBytes, parseIds, peakRssBytes, writeFileAtomic } from "./common.ts";
+import { GREEDY } from "../engine/generate/sampling.ts";
+import { fmtBytes, parseIds, peakRssBytes, plural, writeFileAtomic } from "./common.ts";
+import { reportHead, type ReportSettings, reportSettings, sequenceFields, settingsDiff, snakeKeys } from "./report.ts";
 import { fmtDuration, progress } from "./progress.ts";
 import {
   GENERATION_FLAGS,
@@ -41,13 +43,15 @@ input, one JSON object per line (blank lines are ignored):
   prompt | ids   exactly one: text, or token ids
   gen       tokens to generate for this line (default: --gen)
   stop_ids  ids to stop after (default: --stop-id)
-output, one JSON object per finished prompt, appended and fsync'ed as it finishes:
-  {"id", "prompt_ids", "generated_ids", "generated_text" (null without a tokenizer),
-   "stopped", "seconds", "seconds_per_token", "first_token_seconds"; with memory
-   flags also "trunk_bytes_read", "expert_bytes_read", "expert_cache_hit_rate",
-   "io_wait_seconds"}
+output, one JSON object per finished prompt, appended and fsync'ed as it finishes, in
+the report schema (README, "Reports"): {"schema_version", "k3_version", "kind", "id",
+  "finish_reason", "usage", "prefill_seconds", "decode_seconds_per_token", "prompt_ids",
+  "generated_ids", "generated_text" (null without a tokenizer), "seconds", "settings";
+  streamed: "trunk_bytes_read", "expert_bytes_read", "expert_cache_hit_rate", ...}
 A rerun with the same --output skips ids already there, so a killed run resumes where it
-stopped. Malformed input lines are reported (FILE:LINE: why) and skipped; the others run.
+stopped; it is refused (exit 2) when the file's results were made with settings that
+change tokens (model, --layers, --gen, --stop-id, sampling), unless --force-resume.
+Malformed input lines are reported (FILE:LINE: why) and skipped; the others run.
 
 exit codes: 0 every line done; 1 some input line was malformed (the rest ran) or a
 runtime failure; 2 usage error; 4 a prompt's output was unsound (non-finite logits): the
@@ -59,6 +63,7 @@ run stops there, results already written are kept.
                     reads (default auto: as many as the memory plan holds, up to 16);
                     results are written in finishing order
   --report FILE     write a JSON summary of the whole run (atomically)
+  --force-resume    add to an --output made with other settings (see above)
 ${GENERATION_HELP}
 ${MEMORY_HELP}
   -h, --help        this help
@@ -156,18 +161,20 @@ export function parseJob(
   return { line, id, key: JSON.stringify(id), promptIds, gen, stopIds };
 }
 
-/** Ids already in an output file; a torn or unreadable last line is cut away. */
+/** Ids already in an output file, and the settings each line records (undefined: a line
+ * from before settings were recorded); a torn or unreadable last line is cut away. */
 export async function readDone(
   path: string,
-): Promise<{ done: Set<string>; cutBytes: number; lines: number }> {
+): Promise<{ done: Set<string>; cutBytes: number; lines: number; settings: (ReportSettings | undefined)[] }> {
   let bytes: Uint8Array;
   try {
     bytes = await Deno.readFile(path);
   } catch (e) {
-    if (e instanceof Deno.errors.NotFound) return { done: new Set(), cutBytes: 0, lines: 0 };
+    if (e instanceof Deno.errors.NotFound) return { done: new Set(), cutBytes: 0, lines: 0, settings: [] };
     throw new K3Error(`--output: cannot read ${path}: ${(e as Error).message}`);
   }
   const done = new Set<string>();
+  const settings: (ReportSettings | undefined)[] = [];
   const dec = new TextDecoder("utf-8", { fatal: true });
   let start = 0, lineNo = 0, keep = 0;
   while (start < bytes.length) {
@@ -181,7 +188,10 @@ export async function readDone(
         if (
           v && typeof v === "object" && (typeof v.id === "string" || typeof v.id === "number") &&
           Array.isArray(v.generated_ids)
-        ) key = JSON.stringify(v.id);
+        ) {
+          key = JSON.stringify(v.id);
+          settings.push(v.settings && typeof v.settings === "object" ? v.settings : undefined);
+        }
       } catch { /* not a result line */ }
     }
     if (key === undefined) {
@@ -200,7 +210,7 @@ export async function readDone(
   }
   const cutBytes = bytes.length - keep;
   if (cutBytes > 0) await Deno.truncate(path, keep);
-  return { done, cutBytes, lines: done.size };
+  return { done, cutBytes, lines: done.size, settings };
 }
 
 /** Bytes read and expert-cache hits of one prompt (streamed weights only). */
@@ -213,6 +223,18 @@ function ioDelta(a: IoStats | undefined, b: IoStats | undefined, ledger: LedgerR
     expert_cache_hit_rate: lookups ? hits / lookups : 0,
     io_wait_seconds: ledger.trunk_read_wait_seconds + ledger.expert_read_wait_seconds,
   };
+}
+
+/** Why the recorded settings of an output file do not fit this run (the token-deciding
+ * ones: cli/report.ts tokenSettings), or undefined when a resume is sound. */
+export function resumeMismatch(recorded: (ReportSettings | undefined)[], now: ReportSettings): string | undefined {
+  if (recorded.length === 0) return undefined;
+  if (recorded.some((s) => s === undefined)) return "lines without recorded settings, from an older k3";
+  for (const s of recorded) {
+    const diff = settingsDiff(s!, now);
+    if (diff.length) return diff.join("; ");
+  }
+  return undefined;
 }
 
 /** `--parallel auto` takes the most prompts at once that the memory plan holds, up to this. */
@@ -239,6 +261,7 @@ export async function main(args: string[]): Promise<number> {
     output: { type: "string" },
     parallel: { type: "string" },
     report: { type: "string" },
+    "force-resume": { type: "boolean" },
     ...GENERATION_FLAGS,
     ...MEMORY_FLAGS,
     help: { type: "boolean", short: "h" },
@@ -318,17 +341,39 @@ export async function main(args: string[]): Promise<number> {
     }
   });
 
-  const { done, cutBytes } = await readDone(values.output);
+  const { done, cutBytes, settings: recorded } = await readDone(values.output);
   if (cutBytes > 0) {
     console.error(
       `k3: batch: ${values.output}: cut a torn last line (${cutBytes} bytes) left by an interrupted run`,
     );
   }
+  // The settings of this run, recorded in every result line: a resume under settings that
+  // change tokens would mix two experiments in one file under one name.
+  const settings = reportSettings({
+    modelDir: dir,
+    layers: cfg.numLayers,
+    gen: genOpts.gen,
+    stopIds,
+    sampling: GREEDY,
+    incremental: genOpts.incremental,
+    memory,
+    chunk: genOpts.chunk,
+    threads: genOpts.threads,
+    parallel: parallel ?? 0,
+  });
+  const mismatch = resumeMismatch(recorded, settings);
+  if (mismatch && !values["force-resume"]) {
+    throw usageError(
+      `batch: ${values.output} holds results made with other settings (${mismatch}); ` +
+        "use another --output, or --force-resume to add to it anyway",
+    );
+  }
+  if (mismatch) console.error(`k3: batch: --force-resume: adding to ${values.output} despite ${mismatch}`);
   const todo = jobs.filter((j) => !done.has(j.key));
   console.error(
-    `k3: batch: ${jobs.length} prompts in ${values.input}` +
+    `k3: batch: ${jobs.length} ${plural(jobs.length, "prompt")} in ${values.input}` +
       (jobs.length - todo.length ? `, ${jobs.length - todo.length} already in ${values.output}` : "") +
-      (failed ? `, ${failed} malformed lines skipped` : "") + `; ${todo.length} to run`,
+      (failed ? `, ${failed} malformed ${plural(failed, "line")} skipped` : "") + `; ${todo.length} to run`,
   );
   let out: Deno.FsFile;
   try {
@@ -374,17 +419,24 @@ export async function main(args: string[]): Promise<number> {
       const ids = r.tokens;
       const seconds = r.prefillSeconds + r.decodeSeconds;
       const result = {
+        ...reportHead("batch_result"),
         id: job.id,
+        ...sequenceFields({
+          promptTokens: job.promptIds.length,
+          completionTokens: ids.length,
+          finishReason: r.finishReason,
+          prefillSeconds: r.prefillSeconds,
+          decodeSeconds: r.decodeSeconds,
+        }),
         prompt_ids: job.promptIds,
         generated_ids: ids,
         generated_text: tokenizer ? tokenizer.decode(ids) : null,
-        stopped: r.finishReason === "stop",
         seconds,
         seconds_per_token: seconds / Math.max(ids.length, 1),
-        first_token_seconds: r.prefillSeconds,
         ...ioDelta(admitted.io, io(), ledger),
         // From admission to finish; with --parallel > 1 the passes were shared.
         ledger,
+        settings: { ...settings, parallel: inFlight },
       };
       writeAll(out, enc.encode(JSON.stringify(result) + "\n"));
       out.syncSync();
@@ -395,7 +447,7 @@ export async function main(args: string[]): Promise<number> {
       const bytes = now && io0 ? now.trunkBytes + now.expertBytes - io0.trunkBytes - io0.expertBytes : 0;
       const left = todo.length - finished;
       console.error(
-        `k3: batch: ${finished}/${todo.length} done (id ${job.key}: ${ids.length} tokens in ${
+        `k3: batch: ${finished}/${todo.length} done (id ${job.key}: ${ids.length} ${plural(ids.length, "token")} in ${
           seconds.toFixed(3)
         } s); ` +
           `${tokensDone} tokens, ${(tokensDone / elapsed).toFixed(2)} tok/s` +
@@ -430,10 +482,10 @@ export async function main(args: string[]): Promise<number> {
     }
     const wall = (performance.now() - t1) / 1000;
     console.error(
-      `k3: batch: ${todo.length} prompts, ${tokensDone} tokens in ${wall.toFixed(3)} s (${
-        (wall / Math.max(tokensDone, 1)).toFixed(4)
-      } s/token); PEAK RSS ${fmtBytes(peakRssBytes())}` +
-        (failed ? `; ${failed} malformed input lines skipped (exit 1)` : ""),
+      `k3: batch: ${todo.length} ${plural(todo.length, "prompt")}, ${tokensDone} ${plural(tokensDone, "token")} in ${
+        wall.toFixed(3)
+      } s (${(wall / Math.max(tokensDone, 1)).toFixed(4)} s/token); PEAK RSS ${fmtBytes(peakRssBytes())}` +
+        (failed ? `; ${failed} malformed input ${plural(failed, "line")} skipped (exit 1)` : ""),
     );
     if (values.report) {
       const end = io();
@@ -441,6 +493,8 @@ export async function main(args: string[]): Promise<number> {
         values.report,
         JSON.stringify(
           {
+            ...reportHead("batch_report"),
+            settings: { ...settings, parallel: inFlight },
             prompts: todo.length,
             parallel: inFlight,
             generated_tokens: tokensDone,
@@ -450,7 +504,7 @@ export async function main(args: string[]): Promise<number> {
             expert_bytes_read: end && io0 ? end.expertBytes - io0.expertBytes : 0,
             peak_rss_bytes: peakRssBytes(),
             ledger: ledgerBetween(start, markLedger(opened.model)),
-            memory: opened.plan,
+            memory: snakeKeys(opened.plan),
           },
           null,
           2,

@@ -16,7 +16,7 @@
  * @module
  */
 
-import { VERSION } from "../main.ts";
+import { VERSION } from "./version.ts";
 import { INCLUDES } from "./compile.ts";
 import { K3_PERMISSIONS } from "./permissions.ts";
 

@@ -177,3 +177,8 @@ export function fmtBytes(n: number): string {
   if (n >= 1e3) return `${(n / 1e3).toFixed(1)} kB`;
   return `${n} B`;
 }
+
+/** `word` for one, `word`s (or `many`) otherwise: "1 prompt", "2 prompts". */
+export function plural(n: number, word: string, many = `${word}s`): string {
+  return n === 1 ? word : many;
+}

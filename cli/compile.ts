@@ -18,7 +18,7 @@
  * @module
  */
 
-import { VERSION } from "../main.ts";
+import { VERSION } from "./version.ts";
 import { K3_PERMISSIONS } from "./permissions.ts";
 
 /** Permissions of the compiled k3, the deno.json permission set "k3": files (models,

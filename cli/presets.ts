@@ -16,6 +16,7 @@ import {
   releasedK3,
 } from "../engine/weights/plan.ts";
 import { parseFlags } from "./common.ts";
+import { reportHead, snakeKeys } from "./report.ts";
 
 export const USAGE = `usage: k3 presets [--positions N] [--json]
 
@@ -74,7 +75,13 @@ export async function main(args: string[]): Promise<number> {
   }
   const plans = PRESETS.map((p) => ({ preset: p, plan: releasedPlan(p.name, positions) }));
   if (values.json) {
-    console.log(JSON.stringify(plans.map(({ preset, plan }) => ({ ...preset, plan })), null, 2));
+    const presets = plans.map(({ preset, plan }) => ({
+      ...preset,
+      needs_bytes: typeof plan === "string" ? null : plan.totalBytes + plan.overheadBytes,
+      plan: typeof plan === "string" ? null : plan,
+      refused: typeof plan === "string" ? plan : null,
+    }));
+    console.log(JSON.stringify({ ...reportHead("presets"), positions, presets: snakeKeys(presets) }, null, 2));
     return 0;
   }
   const lines = [

@@ -85,3 +85,61 @@ export function progress(label: string, done: number, total: number, bytes?: num
   } catch { /* stderr closed: progress is best effort */ }
   if (finished) phases.delete(label);
 }
+
+/** The prefill (prompt eval) progress line: tokens, chunks, tokens/s, ETA. */
+export function prefillLine(done: number, total: number, chunk: number, elapsedSeconds: number): string {
+  const chunks = Math.ceil(total / Math.max(chunk, 1));
+  const parts = [`prefill: ${done}/${total} tokens (chunk ${Math.ceil(done / Math.max(chunk, 1))}/${chunks})`];
+  if (elapsedSeconds > 0 && done > 0) {
+    const rate = done / elapsedSeconds;
+    parts.push(`${rate.toFixed(rate < 10 ? 2 : 0)} tokens/s`);
+    parts.push(done < total ? `ETA ${fmtDuration((total - done) / rate)}` : `in ${fmtDuration(elapsedSeconds)}`);
+  }
+  return parts.join(", ");
+}
+
+/** Where prefill progress goes and how often (injectable for tests). */
+export interface PrefillSink {
+  /** A terminal: one self-overwriting line, ~8 updates a second. */
+  terminal: boolean;
+  write(text: string): void;
+  now(): number;
+}
+
+/** Lines every this many seconds when stderr is not a terminal (logs stay short). */
+const LOG_INTERVAL_S = 5;
+
+/**
+ * A prefill progress reporter for the scheduler's `onPrefill(done, total)`: on a terminal
+ * a self-overwriting line; otherwise a plain line every 5 s, so a long prompt in a log is
+ * never minutes of silence. Short prefills print nothing off a terminal.
+ */
+export function prefillProgress(chunk: number, sink?: PrefillSink): (done: number, total: number) => void {
+  const out: PrefillSink = sink ?? {
+    terminal: enabled(),
+    write: (t) => {
+      try {
+        Deno.stderr.writeSync(enc.encode(t));
+      } catch { /* best effort */ }
+    },
+    now: () => performance.now(),
+  };
+  const start = out.now();
+  let last = start;
+  let printed = false;
+  return (done, total) => {
+    const now = out.now(), elapsed = (now - start) / 1000;
+    const finished = done >= total;
+    if (out.terminal) {
+      if (!finished && now - last < MIN_INTERVAL_MS) return;
+      last = now;
+      out.write(`\r\x1b[K${prefillLine(done, total, chunk, elapsed)}${finished ? "\n" : ""}`);
+      return;
+    }
+    if ((now - last) / 1000 >= LOG_INTERVAL_S || (finished && printed)) {
+      last = now;
+      printed = true;
+      out.write(`k3: ${prefillLine(done, total, chunk, elapsed)}\n`);
+    }
+  };
+}

@@ -23,8 +23,9 @@ import type { IoStats } from "../engine/model/model.ts";
 import { readActivity } from "../engine/native/io.ts";
 import { formatLedger, ledgerBetween, markLedger } from "../engine/generate/ledger.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
-import { progress } from "./progress.ts";
-import { fmtBytes, parseIds, peakRssBytes, writeFileAtomic } from "./common.ts";
+import { prefillProgress, progress } from "./progress.ts";
+import { reportHead, reportSettings, sequenceFields, snakeKeys } from "./report.ts";
+import { fmtBytes, parseIds, peakRssBytes, plural, writeFileAtomic } from "./common.ts";
 import { EXIT_INTERRUPTED, Interrupts, writeStdout } from "./interrupt.ts";
 import {
   GENERATION_FLAGS,
@@ -204,6 +205,7 @@ export async function main(args: string[]): Promise<number> {
       state,
       keepState: values["save-state"] !== undefined,
       signal: interrupts.signal,
+      onPrefill: prefillProgress(genOpts.chunk),
       onToken: (token, logits) => {
         if (values["dump-logits"]) logitRows.push(logits.slice());
         const now = performance.now(), seconds = (now - tLast) / 1000;
@@ -226,7 +228,27 @@ export async function main(args: string[]): Promise<number> {
     if (values.ledger) { for (const line of formatLedger(ledger)) console.error(`k3: ${line}`); }
     const ioWait = ledger.trunk_read_wait_seconds + ledger.expert_read_wait_seconds;
     const ids = result.tokens;
-    output.end({ finish_reason: result.finishReason, generated_ids: ids, prompt_tokens: prompt.length });
+    const settings = reportSettings({
+      modelDir: dir,
+      layers: cfg.numLayers,
+      gen: genOpts.gen,
+      stopIds,
+      stops: genOpts.stops,
+      sampling,
+      incremental: genOpts.incremental,
+      memory,
+      chunk: genOpts.chunk,
+      threads: genOpts.threads,
+      parallel: 1,
+    });
+    const seq = sequenceFields({
+      promptTokens: prompt.length,
+      completionTokens: ids.length,
+      finishReason: result.finishReason,
+      prefillSeconds: result.prefillSeconds,
+      decodeSeconds: result.decodeSeconds,
+    });
+    output.end({ ...reportHead("run_json_summary"), ...seq, generated_ids: ids, settings });
     if (values["save-state"]) {
       // The state has seen the prompt and every generated token but the last: fold the
       // last one in, so the file is the whole prefix.
@@ -249,10 +271,15 @@ export async function main(args: string[]): Promise<number> {
     const peak = peakRssBytes();
     const stats = io();
     const lookups = stats.expertHits + stats.expertMisses;
+    // Prompt eval and eval apart, as llama.cpp reports them: prefill speed is tokens/s of
+    // the prompt, decode speed s/token of the tokens after the first.
+    const decoded = Math.max(ids.length - 1, 0);
     console.error(
-      `k3: ${ids.length} tokens in ${wall.toFixed(3)} s (${
-        (wall / n).toFixed(4)
-      } s/token), finish_reason ${result.finishReason}; PEAK RSS ${fmtBytes(peak)} (quote this, not the plan)`,
+      `k3: prompt eval ${prompt.length} ${plural(prompt.length, "token")} in ${seq.prefill_seconds.toFixed(3)} s (${
+        seq.prompt_tokens_per_second.toFixed(1)
+      } tokens/s); eval ${decoded} ${plural(decoded, "token")} in ${seq.decode_seconds.toFixed(3)} s (${
+        seq.decode_seconds_per_token.toFixed(4)
+      } s/token); finish_reason ${result.finishReason}; PEAK RSS ${fmtBytes(peak)} (quote this, not the plan)`,
     );
     if (weights.ioStats) {
       console.error(
@@ -273,22 +300,15 @@ export async function main(args: string[]): Promise<number> {
     }
     if (values.out) {
       const report = {
-        model_dir: dir,
+        ...reportHead("run"),
+        settings,
+        ...seq,
         prompt_ids: prompt,
         generated_ids: ids,
         generated_text: tokenizer ? output.text : null,
-        finish_reason: result.finishReason,
-        incremental: genOpts.incremental,
-        sampling,
-        stop: genOpts.stops,
         loaded_state_tokens: stateFile ? stateFile.header.pos : null,
-        layers: cfg.numLayers,
         load_seconds: loadSeconds,
         wall_seconds: wall,
-        prefill_seconds: result.prefillSeconds,
-        decode_seconds: result.decodeSeconds,
-        // Decode (eval) per token: the tokens after the first, whose logits end the prefill.
-        decode_seconds_per_token: ids.length > 1 ? result.decodeSeconds / (ids.length - 1) : 0,
         seconds_per_token: ids.length ? wall / ids.length : 0,
         step_seconds: result.stepSeconds,
         peak_rss_bytes: peak,
@@ -299,13 +319,14 @@ export async function main(args: string[]): Promise<number> {
         expert_cache_hits: stats.expertHits,
         expert_cache_misses: stats.expertMisses,
         expert_cache_hit_rate: lookups ? stats.expertHits / lookups : 0,
-        trunk_layers_pinned: stats.pinnedLayers,
+        // Resident weights are all in RAM: every layer is pinned, as the plan says.
+        trunk_layers_pinned: weights.ioStats ? stats.pinnedLayers : cfg.numLayers,
         io_wait_seconds: ioWait,
         io_share: ioWait / Math.max(wall, 1e-9),
         read_busy_seconds: readActivity.busySeconds - reads0.busySeconds,
         read_bytes: readActivity.bytes - reads0.bytes,
         ledger,
-        memory: opened.plan ?? null,
+        memory: snakeKeys(opened.plan ?? null),
       };
       await writeFileAtomic(values.out, JSON.stringify(report, null, 2) + "\n");
     }

@@ -153,7 +153,7 @@ Deno.test("batch: malformed lines are reported by line number and skipped; exit 
   const run = await k3(["run", TINY, "--ids", "1,2,3", "--gen", "4", "--json"]);
   assert.deepEqual(jsonIds(run.stdout), rs[1].generated_ids);
 
-  // A stop id ends a line early; "stopped" says so.
+  // A stop id ends a line early; finish_reason says so.
   const stop = rs[1].generated_ids[1];
   await Deno.writeTextFile(
     input,
@@ -163,7 +163,7 @@ Deno.test("batch: malformed lines are reported by line number and skipped; exit 
   assert.equal(res2.code, 0, res2.stderr);
   const [s] = await results(`${dir.path}/s.jsonl`);
   assert.deepEqual(s.generated_ids, rs[1].generated_ids.slice(0, 2));
-  assert.equal((s as unknown as { stopped: boolean }).stopped, true);
+  assert.equal((s as unknown as { finish_reason: string }).finish_reason, "stop");
 });
 
 Deno.test("batch: text prompts without a tokenizer fail per line; ids lines still run", async () => {
