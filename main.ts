@@ -17,6 +17,10 @@ type Command = (args: string[]) => Promise<number>;
 /** Subcommands, loaded on demand so `--help` never needs a model or the kernels. */
 const COMMANDS: Record<string, { about: string; load: () => Promise<Command> }> = {
   run: { about: "generate from a prompt", load: async () => (await import("./cli/run.ts")).main },
+  chat: {
+    about: "a conversation in the chat format (REPL; reads stdin lines)",
+    load: async () => (await import("./cli/chat.ts")).main,
+  },
   batch: {
     about: "generate for every prompt of a JSONL file (resumable)",
     load: async () => (await import("./cli/batch.ts")).main,

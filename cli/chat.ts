@@ -1,0 +1,413 @@
+/**
+ * `k3 chat <model_dir>`: a conversation in K3's chat format (XTML), one reply streamed per
+ * line of input. The sequence state is kept between turns, so a turn prefills only its own
+ * tokens (the markup closing the previous reply, the user message, the generation prompt),
+ * never the conversation again.
+ *
+ * Lines come from stdin, a terminal or not (so a conversation can be scripted and tested).
+ * The history (`--history`) is saved atomically after every turn; the state (`--state`)
+ * too, with the messages it represents, so a later session continues where this one ended
+ * without prefilling anything.
+ *
+ * @module
+ */
+
+import { loadConfig } from "../engine/model/config.ts";
+import { EXIT, usageError } from "../engine/errors.ts";
+import { Scheduler } from "../engine/generate/scheduler.ts";
+import { CHAT_DEFAULTS, makeSampler } from "../engine/generate/sampling.ts";
+import { StopMatcher } from "../engine/generate/stops.ts";
+import {
+  loadState,
+  type ModelFingerprint,
+  modelFingerprint,
+  readStateFile,
+  saveState,
+} from "../engine/generate/state_file.ts";
+import type { SequenceState } from "../engine/model/model.ts";
+import { firstLayers, openModel } from "../engine/weights/load.ts";
+import {
+  ChannelSplitter,
+  type ChatMessage,
+  chatPrompt,
+  continuePrompt,
+  EFFORTS,
+  formatHistory,
+  parseHistory,
+  stopIds,
+} from "../engine/text/chat.ts";
+import type { Tokenizer } from "../engine/text/tokenizer.ts";
+import { decodeUtf8Strict } from "../engine/text/utf8.ts";
+import { fmtBytes, intFlag, parseFlags, peakRssBytes, writeFileAtomic } from "./common.ts";
+import { progress } from "./progress.ts";
+import { EXIT_INTERRUPTED, Interrupts, writeStdout } from "./interrupt.ts";
+import {
+  MEMORY_FLAGS,
+  MEMORY_HELP,
+  memoryOptions,
+  needTokenizer,
+  SAMPLING_FLAGS,
+  samplingHelp,
+  samplingOptions,
+  stopStrings,
+} from "./run_options.ts";
+
+export const USAGE = `usage: k3 chat <model_dir> [options]
+
+A conversation in Kimi K3's chat format. Each line read from stdin (a terminal or a pipe)
+is a user message; the reply streams to stdout, its think channel dimmed (or hidden).
+Commands: /reset (start over), /save FILE (the history as JSONL, and the state as
+FILE.k3state with --state), /exit (or end of input). Ctrl-C stops the current reply and
+keeps what was said; at the prompt it exits (130).
+
+conversation:
+  --system TEXT          a system message to start a new conversation with
+  --history FILE.jsonl   load the conversation (one {"role","content"[,"reasoning"]} per
+                         line; refused, never overwritten, if it does not parse) and save
+                         it atomically after every turn
+  --state FILE           the conversation's sequence state: continued when it holds the
+                         same messages, saved after every turn (see README: Saved states)
+  --no-think             reply straight in the response channel
+  --thinking-effort E    ${EFFORTS.join(", ")}
+  --hide-think           do not show the think channel
+  --gen N                tokens per reply at most (default 1024)
+  --context N            positions the conversation may hold (default 4096)
+  --stop TEXT            also end a reply at TEXT (repeatable)
+  --reprefill            diagnostic: forget the state after each turn and prefill the whole
+                         conversation again (what the state saves)
+  --out FILE             a JSON report of every turn (ids, timings), rewritten after each
+${samplingHelp("default: temperature 1.0, top-p 0.95, the vendor's guidance")}
+  --tok DIR, --threads N, --layers N, --chunk N   as for k3 run
+${MEMORY_HELP}
+  -h, --help             this help
+`;
+
+/** One turn of the report. */
+interface TurnReport {
+  /** Every token of the conversation before the reply (what one run over it would see). */
+  prompt_ids: number[];
+  /** Tokens prefilled this turn. */
+  prefilled_tokens: number;
+  generated_ids: number[];
+  finish_reason: string;
+  reasoning: string;
+  content: string;
+  prefill_seconds: number;
+  decode_seconds: number;
+}
+
+/** Reads lines from stdin as they arrive. */
+async function* stdinLines(): AsyncGenerator<string> {
+  const reader = Deno.stdin.readable.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += value;
+    let nl;
+    while ((nl = buf.indexOf("\n")) >= 0) {
+      yield buf.slice(0, nl).replace(/\r$/, "");
+      buf = buf.slice(nl + 1);
+    }
+  }
+  if (buf !== "") yield buf;
+}
+
+/** The conversation: messages, and the kept state with the exact tokens it represents. */
+class Conversation {
+  messages: ChatMessage[] = [];
+  state?: SequenceState;
+  /** Tokens the state has processed. */
+  done: number[] = [];
+  /** The last generated token: chosen, not yet run through the model. */
+  pending?: number;
+  /** What the last reply left open. */
+  left = { open: [] as readonly string[], ended: true };
+
+  forget(): void {
+    this.state?.free();
+    this.state = undefined;
+    this.done = [];
+    this.pending = undefined;
+  }
+}
+
+/** Reads and strictly parses a history file; undefined when it does not exist. */
+async function readHistory(path: string): Promise<ChatMessage[] | undefined> {
+  let bytes: Uint8Array;
+  try {
+    bytes = await Deno.readFile(path);
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) return undefined;
+    throw usageError(`--history: cannot read ${path}: ${(e as Error).message}`);
+  }
+  return parseHistory(decodeUtf8Strict(bytes, path), path);
+}
+
+export async function main(args: string[]): Promise<number> {
+  const { values, positionals, tokens } = parseFlags("chat", args, {
+    system: { type: "string" },
+    history: { type: "string" },
+    state: { type: "string" },
+    "no-think": { type: "boolean" },
+    "thinking-effort": { type: "string" },
+    "hide-think": { type: "boolean" },
+    gen: { type: "string" },
+    context: { type: "string" },
+    stop: { type: "string", multiple: true },
+    reprefill: { type: "boolean" },
+    out: { type: "string" },
+    tok: { type: "string" },
+    threads: { type: "string" },
+    layers: { type: "string" },
+    chunk: { type: "string" },
+    ...SAMPLING_FLAGS,
+    ...MEMORY_FLAGS,
+    help: { type: "boolean", short: "h" },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return EXIT.ok;
+  }
+  if (positionals.length !== 1) throw usageError("chat: expected exactly one <model_dir> (see k3 chat --help)");
+  const dir = positionals[0];
+  const thinking = !values["no-think"];
+  const effort = values["thinking-effort"];
+  if (effort !== undefined && !(EFFORTS as readonly string[]).includes(effort)) {
+    throw usageError(`--thinking-effort must be one of ${EFFORTS.join(", ")}, not ${effort}`);
+  }
+  const gen = intFlag("gen", values.gen, 1024, 1, 1 << 20);
+  const context = intFlag("context", values.context, 4096, 16, 1 << 20);
+  const chunk = intFlag("chunk", values.chunk, 16, 1, 256);
+  const threads = intFlag("threads", values.threads, navigator.hardwareConcurrency, 1, 256);
+  const sampling = samplingOptions(values, CHAT_DEFAULTS);
+  const stops = stopStrings(values.stop);
+  const memory = memoryOptions(tokens);
+  let cfg = await loadConfig(dir);
+  if (values.layers !== undefined) cfg = firstLayers(cfg, intFlag("layers", values.layers, 0, 1, 100000));
+  const tok: Tokenizer = needTokenizer(dir, values.tok, "chat");
+
+  const conv = new Conversation();
+  if (values.history !== undefined) conv.messages = (await readHistory(values.history)) ?? [];
+  if (values.system !== undefined) {
+    if (conv.messages.length > 0) {
+      throw usageError(`--system: ${values.history} already holds a conversation; edit its first line instead`);
+    }
+    conv.messages.push({ role: "system", content: values.system });
+  }
+
+  const opened = await openModel(dir, {
+    layers: cfg.numLayers,
+    capacity: context,
+    chunk,
+    threads,
+    memory,
+    log: (line) => console.error(`k3: ${line}`),
+    onProgress: (what, d, n) => progress(what, d, n),
+  });
+  const { model } = opened;
+  const scheduler = new Scheduler(model, { chunk });
+  const sampler = makeSampler(sampling);
+  const ends = stopIds(tok);
+  const tty = Deno.stdout.isTerminal();
+  const interrupts = new Interrupts();
+  const turns: TurnReport[] = [];
+  let fp: ModelFingerprint | undefined;
+  const fingerprint = async () => (fp ??= await modelFingerprint(opened));
+
+  const saveConversation = async (historyPath?: string, statePath?: string) => {
+    if (historyPath) await writeFileAtomic(historyPath, formatHistory(conv.messages));
+    if (statePath && conv.state) {
+      await saveState(statePath, model, conv.state, conv.done, await fingerprint(), {
+        messages: conv.messages,
+        pending: conv.pending ?? null,
+        left: conv.left,
+        thinking,
+      });
+    }
+  };
+
+  try {
+    // A saved state continues the conversation only if it holds exactly these messages.
+    if (values.state !== undefined) {
+      let exists = true;
+      try {
+        await Deno.stat(values.state);
+      } catch {
+        exists = false;
+      }
+      if (exists) {
+        const file = await readStateFile(values.state);
+        const loaded = await loadState(file, model, await fingerprint());
+        const meta = loaded.meta as { messages?: unknown; pending?: unknown; left?: unknown; thinking?: unknown };
+        const same = values.history === undefined && values.system === undefined ||
+          JSON.stringify(meta.messages) === JSON.stringify(conv.messages);
+        const left = meta.left as { open?: unknown; ended?: unknown } | undefined;
+        const ok = Array.isArray(meta.messages) && meta.thinking === thinking &&
+          (meta.pending === null || (Number.isInteger(meta.pending) && (meta.pending as number) >= 0 &&
+            (meta.pending as number) < cfg.vocabSize)) &&
+          !!left && Array.isArray(left.open) && left.open.every((t) => typeof t === "string") &&
+          typeof left.ended === "boolean";
+        if (ok && same) {
+          conv.messages = parseHistory(formatHistory(meta.messages as ChatMessage[]), values.state);
+          conv.state = loaded.state;
+          conv.done = loaded.tokens;
+          conv.pending = meta.pending === null ? undefined : meta.pending as number;
+          conv.left = { open: left!.open as string[], ended: left!.ended as boolean };
+          console.error(
+            `k3: chat: continuing ${values.state}: ${conv.messages.length} messages, ${conv.done.length} tokens kept`,
+          );
+        } else {
+          loaded.state.free();
+          console.error(
+            `k3: chat: ${values.state} holds ${
+              ok ? "another conversation" : "no chat state"
+            }; prefilling the history instead (it is replaced after the next turn)`,
+          );
+        }
+      }
+    }
+    console.error(
+      `k3: chat: ${dir}: ${cfg.numLayers} layers, context ${context} positions; ${conv.messages.length} messages; ` +
+        `sampling temperature ${sampling.temperature}, top-p ${sampling.topP}, seed ${sampling.seed}. /exit to end.`,
+    );
+
+    const lines = stdinLines();
+    for (;;) {
+      if (tty) writeStdout("\n> ");
+      interrupts.busy = false;
+      interrupts.idle = () => Deno.exit(EXIT_INTERRUPTED);
+      const next = await lines.next();
+      if (next.done) break;
+      const line = next.value;
+      if (line.trim() === "") continue;
+      if (line.trim() === "/exit") break;
+      if (line.trim() === "/reset") {
+        conv.forget();
+        conv.messages = conv.messages[0]?.role === "system" ? [conv.messages[0]] : [];
+        conv.left = { open: [], ended: true };
+        console.error("k3: chat: conversation reset");
+        continue;
+      }
+      if (line.startsWith("/save")) {
+        const to = line.slice(5).trim();
+        if (!to) {
+          console.error("k3: chat: /save needs a file name");
+          continue;
+        }
+        try {
+          await saveConversation(to, values.state !== undefined ? `${to}.k3state` : undefined);
+          console.error(`k3: chat: saved ${to}${values.state !== undefined && conv.state ? ` and ${to}.k3state` : ""}`);
+        } catch (e) {
+          console.error(`k3: chat: /save: ${(e as Error).message}`);
+        }
+        continue;
+      }
+      if (line.startsWith("/")) {
+        console.error(`k3: chat: unknown command ${line.split(/\s/, 1)[0]} (/reset, /save FILE, /exit)`);
+        continue;
+      }
+
+      const user: ChatMessage = { role: "user", content: line };
+      let prompt: number[];
+      if (conv.state) {
+        prompt = [
+          ...(conv.pending === undefined ? [] : [conv.pending]),
+          ...continuePrompt(tok, conv.left, [user], thinking),
+        ];
+      } else {
+        prompt = chatPrompt(tok, [...conv.messages, user], { thinking, effort });
+      }
+      const room = context - conv.done.length - prompt.length + 1;
+      if (room < 1) {
+        console.error(
+          `k3: chat: the conversation is full (${conv.done.length + prompt.length} of ${context} positions); ` +
+            `/reset, or start with a larger --context`,
+        );
+        continue;
+      }
+      const before = [...conv.done, ...prompt];
+      const splitter = new ChannelSplitter(thinking);
+      const matcher = new StopMatcher(tok, stops);
+      let shown: "think" | "response" | undefined;
+      const show = (pieces: { channel: "think" | "response"; text: string }[]) => {
+        for (const p of pieces) {
+          if (p.channel === "think" && values["hide-think"]) continue;
+          if (shown === "think" && p.channel === "response") writeStdout(tty ? "\x1b[0m\n" : "\n");
+          if (p.channel === "think" && shown !== "think" && tty) writeStdout("\x1b[2m");
+          shown = p.channel;
+          writeStdout(p.text);
+        }
+      };
+      let reasoning = "", content = "";
+      const collect = (pieces: { channel: "think" | "response"; text: string }[]) => {
+        for (const p of pieces) p.channel === "think" ? (reasoning += p.text) : (content += p.text);
+        show(pieces);
+      };
+      interrupts.busy = true;
+      const signal = interrupts.renew();
+      const result = await scheduler.submit({
+        prompt,
+        maxTokens: Math.min(gen, room),
+        stopIds: ends,
+        choose: sampler,
+        state: conv.state,
+        keepState: true,
+        signal,
+        onToken: (token) => {
+          const r = matcher.push(token);
+          collect(splitter.push(r.text));
+          return r.stopped;
+        },
+      });
+      await scheduler.close();
+      interrupts.busy = false;
+      if (!matcher.stopped) collect(splitter.push(matcher.flush()));
+      collect(splitter.flush());
+      if (tty && shown === "think") writeStdout("\x1b[0m");
+      writeStdout("\n");
+
+      conv.state = result.state;
+      if (result.tokens.length === 0) {
+        // Stopped during the prefill: the state is part-way through the prompt; start the
+        // next turn from the messages instead.
+        conv.forget();
+      } else {
+        conv.done = [...before, ...result.tokens.slice(0, -1)];
+        conv.pending = result.tokens[result.tokens.length - 1];
+        conv.left = splitter.left;
+      }
+      conv.messages.push(user, thinking ? { role: "assistant", content, reasoning } : { role: "assistant", content });
+      if (values.reprefill) conv.forget();
+      turns.push({
+        prompt_ids: before,
+        prefilled_tokens: prompt.length,
+        generated_ids: result.tokens,
+        finish_reason: result.finishReason,
+        reasoning,
+        content,
+        prefill_seconds: result.prefillSeconds,
+        decode_seconds: result.decodeSeconds,
+      });
+      console.error(
+        `k3: chat: turn ${turns.length}: prefilled ${prompt.length} tokens in ${result.prefillSeconds.toFixed(3)} s, ` +
+          `${result.tokens.length} tokens in ${
+            result.decodeSeconds.toFixed(3)
+          } s; finish_reason ${result.finishReason}`,
+      );
+      await saveConversation(values.history, values.state);
+      if (values.out) {
+        await writeFileAtomic(
+          values.out,
+          JSON.stringify({ model_dir: dir, sampling, thinking, turns, peak_rss_bytes: peakRssBytes() }, null, 2) + "\n",
+        );
+      }
+    }
+    console.error(`k3: chat: ${turns.length} turns; PEAK RSS ${fmtBytes(peakRssBytes())}`);
+    return EXIT.ok;
+  } finally {
+    interrupts.dispose();
+    conv.forget();
+    await opened.close();
+  }
+}
