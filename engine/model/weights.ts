@@ -263,19 +263,37 @@ export async function loadTensors(
   const vectors = new Map<string, F32>();
   const owned: NativeBuffer[] = [];
   try {
-    for (const spec of specs) {
+    // Every tensor is checked before anything is allocated; then each read runs while the
+    // next tensor's fresh pages are faulted in, so first-touch zeroing overlaps the disk.
+    const tensors = specs.map((spec) => {
       const t = ckpt.get(prefix + spec.name);
       checkTensor(t, spec);
-      let bound = NativeBuffer.alloc(k, t.bytes, t.name);
-      owned.push(bound);
-      await ckpt.read(t, bound.u8);
+      return t;
+    });
+    let next: NativeBuffer | undefined;
+    for (const [i, spec] of specs.entries()) {
+      const t = tensors[i];
+      let bound = next ?? NativeBuffer.alloc(k, t.bytes, t.name);
+      if (!next) owned.push(bound);
+      next = undefined;
+      const reading = ckpt.read(t, bound.u8);
+      try {
+        if (i + 1 < specs.length) {
+          next = NativeBuffer.alloc(k, tensors[i + 1].bytes, tensors[i + 1].name);
+          owned.push(next);
+          next.prefault();
+        }
+      } finally {
+        await reading; // never free a buffer a read is still writing into
+      }
       const widened = boundBytes(t, spec.keep) !== t.bytes;
       if (widened) {
-        const raw = owned.pop()!;
+        const raw = bound;
         const elems = t.bytes / 2;
         bound = NativeBuffer.alloc(k, elems * 4, t.name);
         owned.push(bound);
         widen(k, t.dtype, raw.ptr, bound.ptr, elems);
+        owned.splice(owned.indexOf(raw), 1);
         raw.free();
       }
       if (spec.keep === "matrix") {
