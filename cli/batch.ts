@@ -18,6 +18,7 @@ import { firstLayers, openModel } from "../engine/weights/load.ts";
 import type { IoStats } from "../engine/model/model.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { GREEDY } from "../engine/generate/sampling.ts";
+import { readProblem } from "../engine/paths.ts";
 import { fmtBytes, parseIds, peakRssBytes, plural, writeFileAtomic } from "./common.ts";
 import { reportHead, type ReportSettings, reportSettings, sequenceFields, settingsDiff, snakeKeys } from "./report.ts";
 import { fmtDuration, progress } from "./progress.ts";
@@ -171,7 +172,8 @@ export async function readDone(
     bytes = await Deno.readFile(path);
   } catch (e) {
     if (e instanceof Deno.errors.NotFound) return { done: new Set(), cutBytes: 0, lines: 0, settings: [] };
-    throw new K3Error(`--output: cannot read ${path}: ${(e as Error).message}`);
+    const wrongKind = e instanceof Deno.errors.IsADirectory || e instanceof Deno.errors.NotADirectory;
+    throw new K3Error(`--output: cannot read ${readProblem(path, e)}`, wrongKind ? EXIT.usage : EXIT.runtime);
   }
   const done = new Set<string>();
   const settings: (ReportSettings | undefined)[] = [];
@@ -290,7 +292,7 @@ export async function main(args: string[]): Promise<number> {
   try {
     inputBytes = await Deno.readFile(values.input);
   } catch (e) {
-    throw usageError(`--input: cannot read ${values.input}: ${(e as Error).message}`);
+    throw usageError(`--input: cannot read ${readProblem(values.input, e)}`);
   }
   const tokDir = tokenizerDir(dir, genOpts.tokDir);
   let tokenizer: Tokenizer | undefined;
@@ -379,7 +381,7 @@ export async function main(args: string[]): Promise<number> {
   try {
     out = await Deno.open(values.output, { append: true, create: true });
   } catch (e) {
-    throw new K3Error(`--output: cannot open ${values.output}: ${(e as Error).message}`);
+    throw new K3Error(`--output: cannot open ${readProblem(values.output, e)}`);
   }
   try {
     if (todo.length === 0) return failed ? EXIT.runtime : EXIT.ok;

@@ -54,6 +54,17 @@ export async function main(args: string[]): Promise<number> {
   if (positionals.length !== 2) {
     throw usageError("pack: expected <model_dir> <trunk_dir> (see k3 pack --help)");
   }
+  // The trunk goes into a directory (new or existing): a file there is a mistake, not
+  // something to replace.
+  try {
+    if (!Deno.statSync(positionals[1]).isDirectory) {
+      throw usageError(
+        `pack: ${positionals[1]} is a file; the trunk needs a directory (a new path, or a trunk directory)`,
+      );
+    }
+  } catch (e) {
+    if (!(e instanceof Deno.errors.NotFound)) throw e;
+  }
   await packTrunk(positionals[0], positionals[1], { force: values.force });
   return 0;
 }

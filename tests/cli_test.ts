@@ -444,3 +444,29 @@ Deno.test("doctor --checkpoint: free space measured where the checkpoint is, onl
   );
   assert.doesNotMatch(out.stdout, /the checkpoint \(1560\.94 GB\)/, "the checkpoint is not counted again");
 });
+
+Deno.test("paths of the wrong kind: one line saying what was expected, exit 2", async () => {
+  await using dir = await tempDir();
+  const file = `${dir.path}/a-file`;
+  await Deno.writeTextFile(file, "x");
+  await Deno.writeTextFile(`${dir.path}/in.jsonl`, '{"id": 1, "ids": [1]}\n');
+  const cases: [string[], RegExp][] = [
+    [["pack", TINY, file], /^k3: pack: \S+a-file is a file; the trunk needs a directory/],
+    [
+      ["batch", TINY, "--input", dir.path, "--output", `${dir.path}/o.jsonl`],
+      /--input: cannot read \S+ is a directory, not a file/,
+    ],
+    [
+      ["batch", TINY, "--input", `${dir.path}/in.jsonl`, "--output", dir.path],
+      /--output: cannot read \S+ is a directory, not a file/,
+    ],
+    [["run", TINY, "--trunk", file, "--ids", "1"], /a-file is not a packed trunk: it is a file; make one with k3 pack/],
+    [["run", file, "--ids", "1"], /a-file is not a model directory: it is a file$/],
+    [["run", `${dir.path}/missing`, "--ids", "1"], /missing: no such directory \(expected a model directory\)$/],
+  ];
+  for (const [args, pattern] of cases) {
+    const out = await k3(args);
+    assertOneLine(out, args[0] === "run" && args.includes("--trunk") ? 1 : 2, pattern, args.join(" "));
+    assert.doesNotMatch(out.stderr, /os error|readfile|internal error/, args.join(" "));
+  }
+});
