@@ -47,6 +47,7 @@ const COMMANDS: Record<string, { about: string; load: () => Promise<Command> }> 
   },
 };
 
+/** Usage text of `k3 --help`. */
 export const USAGE = `k3 ${VERSION}: Kimi K3 on one CPU
 
 usage: k3 <command> [options]      (k3 <command> --help, or k3 help <command>, for its options)

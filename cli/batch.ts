@@ -33,6 +33,7 @@ import {
   tokenizerDir,
 } from "./run_options.ts";
 
+/** Usage text of `k3 batch`. */
 export const USAGE = `usage: k3 batch <model_dir> --input PROMPTS.jsonl --output RESULTS.jsonl [options]
 
 Greedy generation for every prompt of a JSONL file, opening the model once.
@@ -75,12 +76,17 @@ example:
 
 /** One valid input line. */
 export interface Job {
+  /** Line number in the input file (one-based). */
   line: number;
+  /** The line's id, as given. */
   id: string | number;
   /** JSON of the id: 1 and "1" are different ids. */
   key: string;
+  /** Prompt token ids (encoded from "prompt", or "ids"). */
   promptIds: number[];
+  /** Tokens to generate at most. */
   gen: number;
+  /** Ids that end generation after they are emitted. */
   stopIds: number[];
 }
 
@@ -257,6 +263,7 @@ function writeAll(f: Deno.FsFile, data: Uint8Array): void {
   while (off < data.length) off += f.writeSync(data.subarray(off));
 }
 
+/** Runs `k3 batch`; returns the exit code, throws K3Error on failure. */
 export async function main(args: string[]): Promise<number> {
   const { values, positionals, tokens } = parseFlags("batch", args, {
     input: { type: "string" },

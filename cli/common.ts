@@ -54,6 +54,11 @@ export function didYouMean(word: string, candidates: Iterable<string>, prefix = 
   return n === undefined ? "" : ` (did you mean ${prefix}${n}?)`;
 }
 
+/** What parseFlags returns: parseArgs' result with tokens, for `options`. */
+export type ParsedFlags<T extends ParseArgsConfig["options"]> = ReturnType<
+  typeof parseArgs<{ args: string[]; options: T; strict: true; allowPositionals: boolean; tokens: true }>
+>;
+
 /**
  * parseArgs in strict mode, with errors a user can act on (one line, exit 2): an unknown
  * flag names the nearest known one and points at `k3 <cmd> --help`; a flag given twice is
@@ -65,7 +70,7 @@ export function parseFlags<T extends ParseArgsConfig["options"]>(
   args: string[],
   options: T,
   allowPositionals = true,
-) {
+): ParsedFlags<T> {
   const opts = (options ?? {}) as Record<string, { type: string; short?: string; multiple?: boolean }>;
   const help = `see k3 ${cmd} --help`;
   const shorts = new Map(Object.entries(opts).flatMap(([n, o]) => (o.short ? [[o.short, n] as const] : [])));

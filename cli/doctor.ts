@@ -24,6 +24,7 @@ import { fmtBytes, intFlag, parseFlags } from "./common.ts";
 import { progress } from "./progress.ts";
 import { releasedPlan } from "./presets.ts";
 
+/** Usage text of `k3 doctor`. */
 export const USAGE = `usage: k3 doctor [--dir PATH] [--size-mb N] [--checkpoint MODEL_DIR]
 
 Checks this machine for Kimi K3: CPU features and the kernels' SIMD path, available memory
@@ -69,13 +70,17 @@ export const EXPERT_READ = 17_547_264;
 
 /** What doctor found, for the verdict. */
 export interface Facts {
+  /** Available memory in bytes (undefined: unknown). */
   memAvailable?: number;
+  /** Total memory in bytes. */
   memTotal?: number;
   /** What the smallest plan (ultra, MIN_POSITIONS) needs, runtime included. */
   minNeed?: number;
+  /** Free bytes on the disk measured. */
   diskFree?: number;
   /** --dir already holds a checkpoint (model.safetensors.index.json). */
   hasCheckpoint: boolean;
+  /** Why the kernel library could not be loaded, if it could not. */
   kernelError?: string;
 }
 
@@ -300,6 +305,7 @@ export async function verifyCheckpoint(dir: string): Promise<{ lines: string[]; 
   }
 }
 
+/** Runs `k3 doctor`; returns the exit code (0: the model can run here). */
 export async function main(args: string[]): Promise<number> {
   const { values, positionals } = parseFlags("doctor", args, {
     dir: { type: "string" },

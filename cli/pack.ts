@@ -9,6 +9,7 @@ import { packTrunk } from "../pack/pack.ts";
 import { verifyTrunk } from "../pack/verify.ts";
 import { parseFlags } from "./common.ts";
 
+/** Usage text of `k3 pack`. */
 export const USAGE = `usage: k3 pack <model_dir> <trunk_dir> [--force]
        k3 pack --verify <trunk_dir> [model_dir]
 
@@ -27,6 +28,7 @@ examples:
   k3 pack --verify /data/k3-trunk /data/kimi-k3
 `;
 
+/** Runs `k3 pack` (or `--verify`); returns the exit code. */
 export async function main(args: string[]): Promise<number> {
   const { values, positionals } = parseFlags("pack", args, {
     force: { type: "boolean" },

@@ -9,7 +9,7 @@
 import config from "../deno.json" with { type: "json" };
 
 /** One permission of a set: true (all), or the names/paths it is scoped to. */
-type Grant = boolean | string[];
+export type Grant = boolean | string[];
 
 /** The permission sets defined in deno.json, by name. */
 export const PERMISSION_SETS: Record<string, Record<string, Grant>> = config.permissions;

@@ -18,6 +18,7 @@ import {
 import { parseFlags } from "./common.ts";
 import { reportHead, snakeKeys } from "./report.ts";
 
+/** Usage text of `k3 presets`. */
 export const USAGE = `usage: k3 presets [--positions N] [--json]
 
 Lists the memory presets (--preset NAME of k3 run) and what the memory plan gives the
@@ -54,6 +55,7 @@ export function releasedPlan(preset: string, positions: number): MemoryPlan | st
 }
 
 // deno-lint-ignore require-await -- every subcommand returns a Promise for the dispatcher
+/** Runs `k3 presets`; returns the exit code. */
 export async function main(args: string[]): Promise<number> {
   const { values, positionals } = parseFlags("presets", args, {
     positions: { type: "string" },

@@ -102,7 +102,9 @@ export function prefillLine(done: number, total: number, chunk: number, elapsedS
 export interface PrefillSink {
   /** A terminal: one self-overwriting line, ~8 updates a second. */
   terminal: boolean;
+  /** Writes progress text (carriage returns included on a terminal). */
   write(text: string): void;
+  /** Milliseconds on a monotonic clock. */
   now(): number;
 }
 

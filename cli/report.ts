@@ -24,8 +24,11 @@ export type ReportKind = "run" | "run_json_summary" | "batch_result" | "batch_re
 
 /** The head every report starts with. */
 export interface ReportHead {
+  /** Version of the schema (SCHEMA_VERSION). */
   schema_version: number;
+  /** The k3 that wrote the object. */
   k3_version: string;
+  /** What wrote it. */
   kind: ReportKind;
 }
 
@@ -51,18 +54,25 @@ export function snakeKeys(v: unknown): unknown {
 export interface ReportSettings {
   /** The model directory as given, and resolved. */
   model_dir: string;
+  /** The model directory resolved (symbolic links and `..` removed). */
   model_path: string;
   /** Layers run (--layers, else the model's). */
   layers: number;
   /** Tokens to generate at most (--gen; a batch line's "gen" overrides it for that line). */
   gen: number;
+  /** Default stop ids (--stop-id). */
   stop_ids: number[];
+  /** Stop strings (--stop). */
   stop: string[];
+  /** Sampling parameters (temperature 0: greedy). */
   sampling: { temperature: number; top_p: number; top_k: number; min_p: number; seed: number };
+  /** Incremental decoding (false: --full-recompute; the same tokens). */
   incremental: boolean;
   /** The memory budget: --trunk, --trunk-gb, --cache-gb, --preset (null: not given). */
   budget: { trunk_dir: string | null; trunk_gb: number | null; cache_gb: number | null; preset: string | null };
+  /** Prefill tokens per forward call (--chunk). */
   chunk: number;
+  /** Compute threads. */
   threads: number;
   /** Prompts generated at once (batch; 1 for run). */
   parallel: number;
@@ -70,16 +80,27 @@ export interface ReportSettings {
 
 /** Inputs of `reportSettings`. */
 export interface SettingsInput {
+  /** The model directory as given. */
   modelDir: string;
+  /** Layers run. */
   layers: number;
+  /** Tokens to generate at most. */
   gen: number;
+  /** Default stop ids. */
   stopIds: number[];
+  /** Stop strings. */
   stops?: string[];
+  /** Sampling parameters. */
   sampling: SamplingParams;
+  /** Incremental decoding. */
   incremental: boolean;
+  /** The memory flags. */
   memory: MemoryOptions;
+  /** Prefill chunk. */
   chunk: number;
+  /** Compute threads. */
   threads: number;
+  /** Sequences generated at once. */
   parallel: number;
 }
 
@@ -147,27 +168,41 @@ export function settingsDiff(a: ReportSettings, b: ReportSettings): string[] {
 
 /** One sequence's outcome, as the scheduler reports it. */
 export interface SequenceOutcome {
+  /** Tokens of the prompt. */
   promptTokens: number;
+  /** Tokens generated. */
   completionTokens: number;
+  /** Why generation ended. */
   finishReason: FinishReason;
+  /** Admission to the first token's logits. */
   prefillSeconds: number;
+  /** The rest of the sequence's time. */
   decodeSeconds: number;
 }
 
 /** Token counts, OpenAI style. */
 export interface Usage {
+  /** Tokens of the prompt. */
   prompt_tokens: number;
+  /** Tokens generated. */
   completion_tokens: number;
+  /** Both. */
   total_tokens: number;
 }
 
 /** The per-sequence fields of the schema. */
 export interface SequenceFields {
+  /** Why generation ended: stop, length or interrupted. */
   finish_reason: FinishReason;
+  /** Token counts. */
   usage: Usage;
+  /** Prompt eval: admission to the first token's logits. */
   prefill_seconds: number;
+  /** Prompt tokens per second of prefill. */
   prompt_tokens_per_second: number;
+  /** Eval: the time after the first token. */
   decode_seconds: number;
+  /** Eval seconds per token after the first. */
   decode_seconds_per_token: number;
 }
 

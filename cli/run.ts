@@ -44,6 +44,7 @@ import {
   tokenizerDir,
 } from "./run_options.ts";
 
+/** Usage text of `k3 run`. */
 export const USAGE = `usage: k3 run <model_dir> (--prompt TEXT | --prompt-file PATH | --ids 1,2,3) [options]
 
 Generation from one prompt. The text goes to stdout as tokens arrive (the ids, without a
@@ -119,6 +120,7 @@ class Output {
   }
 }
 
+/** Runs `k3 run`; returns the exit code (130 when interrupted), throws K3Error on failure. */
 export async function main(args: string[]): Promise<number> {
   const { values, positionals, tokens } = parseFlags("run", args, {
     prompt: { type: "string" },

@@ -36,12 +36,14 @@ export const GENERATION_FLAGS = {
   threads: { type: "string" },
 } as const satisfies ParseArgsConfig["options"];
 
+/** Help for the memory flags. */
 export const MEMORY_HELP = `memory (a later flag overrides an earlier one):
   --trunk DIR       packed trunk from \`k3 pack\` (streamed layer by layer)
   --trunk-gb X      GB of trunk layers to keep pinned (fractions allowed)
   --cache-gb X      GB of routed-expert cache (at least top-k + 1 experts)
   --preset NAME     ${PRESETS.map((p) => p.name).join(", ")} (see k3 presets)`;
 
+/** Help for the generation and diagnostics flags. */
 export const GENERATION_HELP = `generation:
   --gen N           tokens to generate (default 8, 1..4096)
   --incremental     carry KDA/conv state and the MLA cache between steps (the default)
@@ -58,14 +60,21 @@ diagnostics:
 
 /** Parsed generation options. */
 export interface GenerationOptions {
+  /** Tokens to generate at most. */
   gen: number;
+  /** Carry state between steps (false: --full-recompute). */
   incremental: boolean;
+  /** --stop-id values, checked against the vocabulary later. */
   stopIds: string[];
   /** Stop strings. */
   stops: string[];
+  /** Bind and run only the first N layers. */
   layers?: number;
+  /** Prefill tokens per forward call. */
   chunk: number;
+  /** Tokenizer directory (--tok). */
   tokDir?: string;
+  /** Compute threads (capped at the cores). */
   threads: number;
 }
 

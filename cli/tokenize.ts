@@ -29,6 +29,7 @@ examples:
 
 /** Where a command writes its output; stdout unless a test passes its own. */
 export interface Output {
+  /** Writes text. */
   write(text: string): void;
 }
 

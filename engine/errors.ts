@@ -31,6 +31,7 @@ export function oneLine(s: string): string {
 
 /** An error the CLI prints as one line and turns into an exit code. */
 export class K3Error extends Error {
+  /** A failure with its message (one line) and exit code. */
   constructor(message: string, readonly exitCode: number = EXIT.runtime) {
     super(oneLine(message));
     this.name = "K3Error";

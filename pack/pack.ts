@@ -35,7 +35,9 @@ import {
   weightSample,
 } from "../engine/weights/manifest.ts";
 
+/** Options of packTrunk. */
 export interface PackOptions {
+  /** Replace an existing trunk packed from something else. */
   force?: boolean;
   /** Staging buffer bytes (multiple of 4096). */
   stageBytes?: number;
@@ -45,9 +47,13 @@ export interface PackOptions {
   log?: ((line: string) => void) | null;
 }
 
+/** What packTrunk wrote. */
 export interface PackResult {
+  /** The manifest written. */
   manifest: TrunkManifest;
+  /** Seconds taken. */
   seconds: number;
+  /** Bytes written. */
   bytes: number;
   /** True when an identical trunk was already there and nothing was written. */
   upToDate: boolean;
@@ -319,10 +325,12 @@ async function packRegion(
 export class RangeReader {
   private readonly bufs: NativeBuffer[];
 
+  /** A reader of `chunk`-byte pieces with `depth` reads in flight. */
   constructor(k: Kernels, readonly chunk = 16 << 20, readonly depth = 4) {
     this.bufs = Array.from({ length: depth }, () => NativeBuffer.alloc(k, chunk + 2 * ALIGN, "pack read-ahead"));
   }
 
+  /** The bytes of `f` from `offset`, `len` of them, in pieces. */
   async *range(f: IoFile, offset: number, len: number): AsyncGenerator<Uint8Array> {
     const start = f.direct ? Math.floor(offset / ALIGN) * ALIGN : offset;
     const end = offset + len;
@@ -351,6 +359,7 @@ export class RangeReader {
     }
   }
 
+  /** Frees the staging buffers. */
   free(): void {
     this.bufs.forEach((b) => b.free());
   }

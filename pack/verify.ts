@@ -45,9 +45,13 @@ export async function checkFingerprint(dir: string, m: TrunkManifest, modelDir: 
   }
 }
 
+/** What verifyTrunk checked. */
 export interface VerifyResult {
+  /** Regions verified. */
   regions: number;
+  /** Bytes verified. */
   bytes: number;
+  /** Seconds taken. */
   seconds: number;
 }
 

@@ -12,8 +12,11 @@ export { argmax, checkFinite } from "./scheduler.ts";
 
 /** One generated token and what it cost. */
 export interface Step {
+  /** Index of the generated token (0 = the first). */
   step: number;
+  /** The token id. */
   token: number;
+  /** Seconds since the previous step (the first includes the prefill). */
   seconds: number;
 }
 

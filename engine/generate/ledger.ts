@@ -14,25 +14,41 @@ import { readActivity } from "../native/io.ts";
 
 /** The counters at one moment. */
 export interface LedgerMark {
+  /** performance.now() in milliseconds. */
   at: number;
+  /** The model's ledger. */
   ledger: Ledger;
+  /** The weight source's I/O counters (streamed weights only). */
   io?: IoStats;
+  /** Bytes read by the I/O layer so far. */
   readBytes: number;
+  /** Seconds with a read in flight so far. */
   readBusySeconds: number;
 }
 
 /** The ledger as reports write it (snake_case, seconds and bytes). */
 export interface LedgerReport {
+  /** Wall clock of the span. */
   wall_seconds: number;
+  /** Waiting for trunk layers to be read. */
   trunk_read_wait_seconds: number;
+  /** Waiting for routed experts to be read. */
   expert_read_wait_seconds: number;
+  /** Dense matrix products. */
   dense_matmul_seconds: number;
+  /** Routed and shared expert products. */
   expert_compute_seconds: number;
+  /** KDA and MLA recurrences and attention. */
   attention_seconds: number;
+  /** Final norm and lm_head. */
   head_seconds: number;
+  /** Choosing tokens from logits. */
   sampling_seconds: number;
+  /** The rest of the wall clock (norms, residuals, bookkeeping). */
   other_seconds: number;
+  /** Trunk bytes read in the span. */
   trunk_bytes_read: number;
+  /** Expert bytes read in the span. */
   expert_bytes_read: number;
   /** Bytes / seconds with a read in flight (null when nothing was read). */
   read_bytes_per_second_in_flight: number | null;

@@ -54,8 +54,11 @@ export interface SequenceRequest {
 
 /** What a finished sequence produced. */
 export interface SequenceResult {
+  /** The generated tokens, in order. */
   tokens: number[];
+  /** Why generation ended. */
   finishReason: FinishReason;
+  /** Tokens of the prompt prefilled. */
   promptTokens: number;
   /** From admission to the first token's logits (the whole prompt's prefill). */
   prefillSeconds: number;
@@ -141,6 +144,7 @@ export class Scheduler {
   private loop?: Promise<void>;
   private failure?: unknown;
 
+  /** A scheduler over `model`; nothing runs until a sequence is submitted. */
   constructor(readonly model: K3Model, private readonly opts: SchedulerOptions = {}) {
     this.maxSequences = Math.max(1, Math.min(opts.maxSequences ?? 1, model.maxT));
     this.chunk = Math.max(1, Math.min(opts.chunk ?? model.maxT, model.maxT));
@@ -187,6 +191,7 @@ export class Scheduler {
     while (this.loop) await this.loop;
   }
 
+  /** Moves waiting sequences into the running set while there is room. */
   private admit(): void {
     while (this.waiting.length > 0 && this.running.length < this.maxSequences) {
       const { req, resolve, reject } = this.waiting.shift()!;
@@ -197,6 +202,7 @@ export class Scheduler {
     }
   }
 
+  /** Ends a sequence with `reason` and resolves its promise. */
   private finish(seq: Running, reason: FinishReason): void {
     if (seq.done) return;
     seq.done = true;
@@ -215,6 +221,7 @@ export class Scheduler {
     seq.resolve(result);
   }
 
+  /** Ends a sequence with an error and rejects its promise. */
   private fail(seq: Running, e: unknown): void {
     if (seq.done) return;
     seq.done = true;
@@ -244,6 +251,7 @@ export class Scheduler {
     return pass;
   }
 
+  /** The pass loop: runs until no sequence is waiting or running. */
   private async run(): Promise<void> {
     // Never finish synchronously: the caller stores this loop before it can end.
     await Promise.resolve();

@@ -15,13 +15,19 @@ export type AttentionKind = "kda" | "mla";
 
 /** Everything the engine needs to know about the model's shape. */
 export interface K3Config {
+  /** Width of the residual stream. */
   hiddenSize: number;
+  /** Decoder layers. */
   numLayers: number;
+  /** Vocabulary size (embedding and lm_head rows). */
   vocabSize: number;
+  /** Epsilon of every RMSNorm. */
   rmsNormEps: number;
   /** Zero-based: layerKinds[L] is the attention of layer L. */
   layerKinds: AttentionKind[];
+  /** Kimi Delta Attention: heads, head width, short-conv kernel, gate lower bound. */
   kda: { numHeads: number; headDim: number; convKernel: number; gateLowerBound: number };
+  /** Gated MLA: the latent attention layers' sizes. */
   mla: {
     numHeads: number;
     qLoraRank: number;
@@ -30,6 +36,7 @@ export interface K3Config {
     ropeDim: number;
     vDim: number;
   };
+  /** Stable LatentMoE: routed and shared experts and the router. */
   moe: {
     numExperts: number;
     topK: number;
@@ -42,11 +49,17 @@ export interface K3Config {
   };
   /** Layers below this index use the dense MLP. */
   firstKDense: number;
+  /** Intermediate width of the dense MLP layers. */
   denseIntermediate: number;
+  /** Layers per Attention Residuals block. */
   attnResBlock: number;
+  /** SiTU-GLU beta. */
   situBeta: number;
+  /** SiTU-GLU linear beta. */
   situLinearBeta: number;
+  /** Beginning-of-sequence token id. */
   bosId: number;
+  /** End-of-sequence token id. */
   eosId: number;
   /** MXFP4 group size of the routed experts. */
   quantGroup: number;

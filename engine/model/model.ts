@@ -48,18 +48,25 @@ export interface WeightSource {
   ioStats?(): IoStats;
   /** model.norm, output_attn_res_norm, output_attn_res_proj. */
   finalNorm: F32;
+  /** output_attn_res_norm. */
   outputResNorm: F32;
+  /** output_attn_res_proj. */
   outputResProj: F32;
 }
 
 /** What a weight source has read so far. */
 export interface IoStats {
+  /** Trunk bytes read. */
   trunkBytes: number;
+  /** Routed expert bytes read. */
   expertBytes: number;
+  /** Expert lookups served from the cache. */
   expertHits: number;
+  /** Expert lookups that had to be read. */
   expertMisses: number;
   /** Seconds the forward pass spent waiting for reads. */
   ioWaitSeconds: number;
+  /** Trunk layers pinned in RAM. */
   pinnedLayers: number;
 }
 
@@ -88,6 +95,7 @@ export class SequenceState {
   /** MLA layers: the latent cache, normed latents [pos][kvLoraRank] and raw k_rope [pos][ropeDim]. */
   readonly mla = new Map<number, { latent: Vec; krope: Vec }>();
 
+  /** Allocates the state for up to `capacity` positions. */
   constructor(k: Kernels, cfg: K3Config, readonly capacity: number) {
     const { numHeads: H, headDim: d } = cfg.kda;
     const m = cfg.mla;
@@ -121,6 +129,7 @@ export class SequenceState {
     }
   }
 
+  /** Frees the state's native buffers. */
   free(): void {
     for (const s of this.kda.values()) [s.convQ, s.convK, s.convV, s.S].forEach((v) => v.buf.free());
     for (const s of this.mla.values()) [s.latent, s.krope].forEach((v) => v.buf.free());
@@ -129,7 +138,9 @@ export class SequenceState {
 
 /** One sequence's part of a forward pass: its state and its next tokens. */
 export interface Segment {
+  /** The sequence's state (advanced by the pass). */
   state: SequenceState;
+  /** Its next token ids. */
   ids: number[];
   /** Which rows' logits the pass returns: the last token's, every token's, or none. */
   logits: "last" | "all" | "none";
@@ -160,12 +171,19 @@ function rowSpans(segments: Segment[]): RowSpan[] {
  * beyond these is "other" (norms, residual sums, bookkeeping, the JS between kernels).
  */
 export interface Ledger {
+  /** Seconds waiting for trunk reads. */
   trunkReadWait: number;
+  /** Seconds waiting for expert reads. */
   expertReadWait: number;
+  /** Seconds in dense matrix products. */
   denseMatmul: number;
+  /** Seconds in expert products. */
   expertCompute: number;
+  /** Seconds in the attention recurrences. */
   attention: number;
+  /** Seconds in the final norm and lm_head. */
   head: number;
+  /** Seconds choosing tokens (the scheduler's). */
   sampling: number;
 }
 
@@ -184,6 +202,7 @@ export function newLedger(): Ledger {
 
 /** Counters the run report reads. */
 export interface ForwardStats {
+  /** Routed experts run so far. */
   expertsUsed: number;
   /** Wall seconds spent in each layer (waits for weights included). */
   layerSeconds: Float64Array;
@@ -274,10 +293,12 @@ export class K3Model {
   /** Sources per token in the AttnRes buffer: snapshots plus the running partial. */
   private readonly nsrc: number;
   private readonly compute: Compute;
+  /** Counters the run report reads. */
   readonly stats: ForwardStats;
   /** Seconds by kind of work, over every pass so far. */
   readonly ledger: Ledger = newLedger();
 
+  /** The forward pass over `weights` with the kernels `k` (see openModel). */
   constructor(
     readonly k: Kernels,
     readonly cfg: K3Config,
@@ -595,6 +616,7 @@ export class K3Model {
     this.mm(down, s.t1.ptr, out, T);
   }
 
+  /** The dense MLP of layer `L` over `T` tokens. */
   private denseMlp(L: number, w: BoundTensors, T: number): void {
     const n = (x: string) => `layers.${L}.mlp.${x}.weight`;
     this.glu(

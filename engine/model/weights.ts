@@ -15,35 +15,50 @@ import { type Kernels, WTYPE } from "../native/ffi.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import type { Checkpoint, TensorInfo } from "../weights/safetensors.ts";
 
+/** Prefix of every decoder tensor's name in the checkpoint. */
 export const PREFIX = "language_model.model.";
+/** Name of the lm_head tensor. */
 export const HEAD_NAME = "language_model.lm_head.weight";
 
 /** A dense matrix [rows][cols] in native memory, BF16 or F32. */
 export interface Matrix {
+  /** Native pointer to the weights. */
   ptr: NonNullable<Deno.PointerValue>;
+  /** Element type (WTYPE). */
   wtype: number;
+  /** Output rows. */
   rows: number;
+  /** Input columns. */
   cols: number;
 }
 
 /** A float32 vector in native memory. */
 export interface F32 {
+  /** Native pointer to the values. */
   ptr: NonNullable<Deno.PointerValue>;
+  /** The same memory as a Float32Array. */
   f: Float32Array;
 }
 
 /** One MXFP4 matrix: packed [rows][cols/2] and scales [rows][cols/32]. */
 export interface Mxfp4 {
+  /** Native pointer to the packed 4-bit values. */
   packed: NonNullable<Deno.PointerValue>;
+  /** Native pointer to the per-block scales. */
   scales: NonNullable<Deno.PointerValue>;
+  /** Output rows. */
   rows: number;
+  /** Input columns. */
   cols: number;
 }
 
 /** One routed expert: gate w1, up w3, down w2. */
 export interface Expert {
+  /** Gate projection. */
   w1: Mxfp4;
+  /** Up projection. */
   w3: Mxfp4;
+  /** Down projection. */
   w2: Mxfp4;
 }
 
@@ -54,7 +69,9 @@ export type Keep = "matrix" | "vector" | "u8";
 export interface TensorSpec {
   /** Name without the `language_model.model.` prefix. */
   name: string;
+  /** The released shape. */
   shape: number[];
+  /** How the tensor is bound (matrix, vector, raw). */
   keep: Keep;
   /** Accept any first dimension >= shape[0] (A_log ships padded to 128). */
   atLeast?: boolean;
@@ -225,24 +242,28 @@ function widen(k: Kernels, dtype: string, src: Deno.PointerValue, dst: Deno.Poin
 
 /** A set of bound tensors of one layer (or of the globals), by short name. */
 export class BoundTensors {
+  /** Tensors bound by name, freed together. */
   constructor(
     readonly matrices: Map<string, Matrix>,
     readonly vectors: Map<string, F32>,
     readonly owned: NativeBuffer[],
   ) {}
 
+  /** The matrix `name`; throws when it was not bound as one. */
   matrix(name: string): Matrix {
     const m = this.matrices.get(name);
     if (!m) throw new Error(`internal: matrix ${name} not bound`);
     return m;
   }
 
+  /** The vector `name`; throws when it was not bound as one. */
   vector(name: string): F32 {
     const v = this.vectors.get(name);
     if (!v) throw new Error(`internal: vector ${name} not bound`);
     return v;
   }
 
+  /** Frees every bound tensor. */
   free(): void {
     for (const b of this.owned) b.free();
   }

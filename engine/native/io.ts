@@ -37,6 +37,7 @@ export const ioSymbols = {
   k3io_hash_digest: { parameters: [P], result: "u64" },
 } as const;
 
+/** The loaded I/O functions of libk3. */
 export type IoLib = Deno.DynamicLibrary<typeof ioSymbols>["symbols"];
 
 /** Alignment of O_DIRECT buffers, offsets and lengths (k3_alloc aligns to this). */
@@ -59,8 +60,10 @@ export function io(): IoLib {
   return lib;
 }
 
-export const alignDown = (n: number) => Math.floor(n / ALIGN) * ALIGN;
-export const alignUp = (n: number) => Math.ceil(n / ALIGN) * ALIGN;
+/** `n` rounded down to ALIGN. */
+export const alignDown = (n: number): number => Math.floor(n / ALIGN) * ALIGN;
+/** `n` rounded up to ALIGN. */
+export const alignUp = (n: number): number => Math.ceil(n / ALIGN) * ALIGN;
 
 const enc = new TextEncoder();
 const cstr = (s: string) => enc.encode(s + "\0");
@@ -106,6 +109,7 @@ export class IoFile {
     return new IoFile(path, fd, opts.direct ? io().k3io_is_direct(fd) === 1 : false);
   }
 
+  /** The file's size in bytes. */
   size(): number {
     const n = Number(io().k3io_size(this.fd));
     if (n < 0) throw new K3Error(`${this.path}: cannot stat: ${errnoText(n)}`);
@@ -187,6 +191,7 @@ export class IoFile {
     return delta;
   }
 
+  /** Writes `len` bytes from `ptr` at `offset` (all of them, or throws). */
   async pwrite(ptr: NonNullable<Deno.PointerValue>, len: number, offset: number): Promise<void> {
     const n = Number(await io().k3io_pwrite(this.fd, ptr, BigInt(len), BigInt(offset)));
     if (n !== len) {
@@ -196,16 +201,19 @@ export class IoFile {
     }
   }
 
+  /** Flushes the file's data to the disk (fdatasync). */
   async sync(): Promise<void> {
     const r = await io().k3io_sync(this.fd);
     if (r < 0) throw new K3Error(`${this.path}: sync failed: ${errnoText(r)}`);
   }
 
+  /** Sets the file's length. */
   truncate(len: number): void {
     const r = io().k3io_truncate(this.fd, BigInt(len));
     if (r < 0) throw new K3Error(`${this.path}: truncate failed: ${errnoText(r)}`);
   }
 
+  /** Closes the file. */
   close(): void {
     if (!this.closed) {
       this.closed = true;
@@ -226,11 +234,13 @@ export class Hasher {
   constructor() {
     io().k3io_hash_init(this.ptr);
   }
+  /** Adds `len` bytes at `ptr` to the hash. */
   update(ptr: NonNullable<Deno.PointerValue>, len: number): void {
     if (io().k3io_hash_update(this.ptr, ptr, BigInt(len)) !== 0) {
       throw new Error("internal: hash update after a partial stripe");
     }
   }
+  /** The hash so far, as hex. */
   hex(): string {
     return io().k3io_hash_digest(this.ptr).toString(16).padStart(16, "0");
   }

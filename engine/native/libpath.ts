@@ -70,6 +70,7 @@ export function cacheDir(
 
 /** What `extractLibrary` did. */
 export interface Extracted {
+  /** Path of the extracted library. */
   path: string;
   /** "reused": the cached copy matched; "written": it was missing; "rewritten": it was corrupt. */
   action: "reused" | "written" | "rewritten";
@@ -116,7 +117,9 @@ export function extractLibrary(bytes: Uint8Array, dir: string): Extracted {
 
 /** Where the library was found. */
 export interface Resolution {
+  /** Path to dlopen. */
   path: string;
+  /** Where it came from: K3_LIB, the checkout, a compiled binary, a bundle. */
   source: "env" | "checkout" | "embedded" | "bundled";
   /** For embedded: what happened in the cache. */
   action?: Extracted["action"];
@@ -126,15 +129,18 @@ export interface Resolution {
 
 /** Inputs of `resolveLibrary` (defaults: this process). */
 export interface ResolveOptions {
+  /** Environment lookup (default: Deno.env). */
   env?: (name: string) => string | undefined;
   /** The library's path relative to the modules (real file in a checkout, embedded file in
    * a compiled binary). */
   modulePath?: string;
+  /** Running inside `deno compile`'s binary (default: detected). */
   standalone?: boolean;
   /** Override of the cache directory. */
   cacheDir?: string;
   /** CPU flags and architecture (default: this machine's). */
   cpuFlags?: Set<string>;
+  /** CPU architecture (default: Deno.build.arch). */
   arch?: string;
   /** Libraries embedded in a bundle, by file name (default: engine/native/embedded.ts). */
   bundled?: Map<string, Uint8Array>;

@@ -13,9 +13,11 @@ import { K3Error } from "../errors.ts";
 
 /** One native allocation. */
 export class NativeBuffer {
+  /** The buffer's bytes. */
   readonly u8: Uint8Array;
   private freed = false;
 
+  /** Wraps `bytes` bytes at `ptr`, allocated by the kernels' k3_alloc. */
   constructor(private readonly k: Kernels, readonly ptr: NonNullable<Deno.PointerValue>, readonly bytes: number) {
     this.u8 = bytes === 0 ? new Uint8Array(0) : new Uint8Array(Deno.UnsafePointerView.getArrayBuffer(ptr, bytes));
   }
@@ -46,6 +48,7 @@ export class NativeBuffer {
     return offset === 0 ? this.ptr : Deno.UnsafePointer.offset(this.ptr, offset)!;
   }
 
+  /** Frees the memory (once). */
   free(): void {
     if (!this.freed) {
       this.freed = true;
@@ -58,10 +61,14 @@ export class NativeBuffer {
  * A float32 vector in native memory: pointer and view taken once, used on every token.
  */
 export class Vec {
+  /** The native buffer. */
   readonly buf: NativeBuffer;
+  /** Its values. */
   readonly f: Float32Array;
+  /** Its pointer. */
   readonly ptr: NonNullable<Deno.PointerValue>;
 
+  /** Allocates `length` float32 values (`what` names it in errors). */
   constructor(k: Kernels, readonly length: number, what = "vector") {
     this.buf = NativeBuffer.alloc(k, length * 4, what);
     this.f = this.buf.f32();

@@ -15,7 +15,8 @@ import { type Kernels, libraryPath } from "./ffi.ts";
 import type { Matrix, Mxfp4 } from "../model/weights.ts";
 import { workerUrl } from "./embedded.ts";
 
-type Ptr = NonNullable<Deno.PointerValue>;
+/** A native pointer that is not null. */
+export type Ptr = NonNullable<Deno.PointerValue>;
 
 /** The products the forward pass needs; the single-threaded form calls the kernels directly. */
 export interface Compute {
@@ -23,6 +24,7 @@ export interface Compute {
   matmul(m: Matrix, x: Ptr, y: Ptr, ntok: number): void;
   /** The same with an MXFP4 matrix. */
   mxfp4(m: Mxfp4, x: Ptr, y: Ptr, ntok: number): void;
+  /** Stops the workers. */
   close(): void;
 }
 
@@ -51,6 +53,7 @@ export const CTRL = {
   bytes: 96,
 } as const;
 
+/** Operation codes of a job in the control block. */
 export const OP = { matmul: 1, mxfp4: 2 } as const;
 
 /** Products smaller than this many weight elements stay on the main thread by default. */
@@ -106,6 +109,7 @@ export class WorkerPool implements Compute {
     return pool;
   }
 
+  /** Threads in use, the calling one included. */
   get threads(): number {
     return this.slots.length + 1;
   }
@@ -167,6 +171,7 @@ export class WorkerPool implements Compute {
     }
   }
 
+  /** Stops the workers. */
   close(): void {
     for (const s of this.slots) {
       Atomics.store(s.ctrl, CTRL.seq, -1);

@@ -19,7 +19,7 @@
  */
 
 /** The pre-tokenizer pattern of the released K3 tokenizer, in Rust regex syntax. */
-export const K3_PAT_STR = [
+export const K3_PAT_STR: string = [
   String.raw`[\p{Han}]+`,
   String
     .raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?`,
@@ -40,7 +40,7 @@ const LOWER = String.raw`[[\p{Ll}\p{Lm}\p{Lo}\p{M}]--\p{Script=Han}]`;
 const CONTRACTION = String.raw`(?:'(?:[sS\u017F]|[tT]|[rR][eE]|[vV][eE]|[mM]|[lL][lL]|[dD]))`;
 
 /** Source of the JavaScript (`v` flag) translation of {@link K3_PAT_STR}. */
-export const K3_PATTERN_SOURCE = [
+export const K3_PATTERN_SOURCE: string = [
   String.raw`\p{Script=Han}+`,
   String.raw`[^\r\n\p{L}\p{N}]?${UPPER}*${LOWER}+${CONTRACTION}?`,
   String.raw`[^\r\n\p{L}\p{N}]?${UPPER}+${LOWER}*${CONTRACTION}?`,

@@ -28,8 +28,11 @@ export interface EncodeOptions {
 
 /** An added token from `tokenizer_config.json`. */
 export interface AddedToken {
+  /** Token id. */
   id: number;
+  /** Its text. */
   content: string;
+  /** A special token (not produced from user text). */
   special: boolean;
 }
 

@@ -38,6 +38,7 @@ interface Slot {
   loading?: Promise<void>;
 }
 
+/** Routed experts in aligned slots allocated once: LRU, one read per expert, reads shared while in flight. */
 export class ExpertCache {
   private readonly slots: Slot[] = [];
   /** key -> slot index, in recency order (oldest first). */
@@ -47,6 +48,7 @@ export class ExpertCache {
   private readonly buffered = new Map<string, IoFile>();
   private readonly fault?: [number, number];
 
+  /** A cache of `slots` experts read from the checkpoint's shards. */
   constructor(
     k: Kernels,
     private readonly cfg: K3Config,
@@ -72,10 +74,12 @@ export class ExpertCache {
     if (f) this.fault = [Number(f[1]), Number(f[2])];
   }
 
+  /** Slots in the cache. */
   get size(): number {
     return this.slots.length;
   }
 
+  /** Where expert `E` of layer `L` is on disk. */
   private loc(L: number, E: number): ExpertLocation {
     const key = L * this.cfg.moe.numExperts + E;
     let l = this.locs.get(key);
@@ -83,6 +87,7 @@ export class ExpertCache {
     return l;
   }
 
+  /** The open file of a shard (opened once). */
   private file(path: string, direct: boolean): IoFile {
     const m = direct ? this.direct : this.buffered;
     let f = m.get(path);

@@ -15,12 +15,17 @@ import { checkTensor, type Expert, expertTensors, PREFIX } from "../model/weight
 
 /** Where one expert's bytes are, and where each tensor lands inside a slot. */
 export interface ExpertLocation {
+  /** Layer index. */
   layer: number;
+  /** Expert index. */
   expert: number;
+  /** Shard file. */
   file: string;
   /** Set when the six tensors are one contiguous run: one read of `bytes` at `offset`. */
   contiguous: boolean;
+  /** Offset of its first byte in the file. */
   offset: number;
+  /** Bytes to read. */
   bytes: number;
   /** The six tensors (w1 packed, w1 scale, w3 packed, w3 scale, w2 packed, w2 scale). */
   tensors: TensorInfo[];

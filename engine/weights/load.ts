@@ -74,14 +74,19 @@ export interface OpenOptions {
   memory?: MemoryOptions;
   /** Where the memory plan is printed before anything big is allocated (default: nowhere). */
   log?: (line: string) => void;
+  /** Progress of long phases (what, done, total). */
   onProgress?: (what: string, done: number, total: number) => void;
 }
 
 /** An opened model, ready to generate. */
 export interface OpenedModel {
+  /** The kernels. */
   k: Kernels;
+  /** The model config. */
   cfg: K3Config;
+  /** The checkpoint. */
   ckpt: Checkpoint;
+  /** The model. */
   model: K3Model;
   /** The memory plan the model was opened with. */
   plan: MemoryPlan;

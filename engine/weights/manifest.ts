@@ -50,11 +50,15 @@ import {
   type TensorSpec,
 } from "../model/weights.ts";
 
+/** The manifest's format name. */
 export const FORMAT = "k3-trunk";
+/** The manifest's format version. */
 export const VERSION = 2;
 /** Bytes per hashed piece: the unit of every trunk read and its checksum. */
 export const PIECE_BYTES = 16 << 20;
+/** File name of the packed data. */
 export const DATA_FILE = "trunk.bin";
+/** File name of the manifest. */
 export const MANIFEST_FILE = "manifest.json";
 /** Tensor alignment inside a region. */
 export const TENSOR_ALIGN = 64;
@@ -65,58 +69,85 @@ export interface TensorEntry {
   name: string;
   /** Bound dtype. */
   dtype: "BF16" | "F32";
+  /** How the tensor is bound. */
   keep: Keep;
   /** The checkpoint's shape. */
   shape: number[];
   /** Byte offset inside the region. */
   offset: number;
+  /** Bytes in the region. */
   bytes: number;
 }
 
 /** One aligned region of the data file. */
 export interface Region {
+  /** Offset in the data file. */
   offset: number;
   /** Padded to ALIGN. */
   size: number;
   /** Bytes of content before padding. */
   bytes: number;
+  /** Checksum (k3h64, hex). */
   hash: string;
   /** k3h64 of each `piece`-byte piece of the region's `size` bytes (the last shorter). */
   pieces: string[];
+  /** The tensors in the region, in order. */
   tensors: TensorEntry[];
 }
 
+/** manifest.json of a packed trunk. */
 export interface TrunkManifest {
+  /** Always FORMAT. */
   format: typeof FORMAT;
+  /** Format version (VERSION). */
   version: number;
+  /** When it was packed (ISO 8601). */
   created: string;
+  /** Fingerprint of the model config. */
   fingerprint: string;
+  /** Hash of sample weights of the source. */
   sample: string;
+  /** Layers packed. */
   layers: number;
+  /** Hidden size. */
   hidden: number;
+  /** Vocabulary size. */
   vocab: number;
+  /** The checkpoint it was packed from. */
   source: { dir: string; shards: { name: string; bytes: number }[] };
+  /** The data file, its size and alignment. */
   data: { file: string; bytes: number; align: number };
+  /** The checksum used. */
   checksum: "k3h64";
   /** Bytes per hashed piece. */
   piece: number;
+  /** One region per layer. */
   layer: Region[];
+  /** The final vectors. */
   finals: Region;
+  /** The embedding. */
   embed: Region;
+  /** The lm_head. */
   head: Region;
 }
 
 /** A tensor to pack: where it comes from and where it goes. */
 export interface PackTensor {
+  /** The source tensor. */
   src: TensorInfo;
+  /** What the engine binds. */
   spec: TensorSpec;
+  /** Its manifest entry. */
   entry: TensorEntry;
 }
 
 /** A region to pack (hashes filled in while writing). */
 export interface PackRegion {
+  /** What the region holds (for messages). */
   what: string;
+  /** The region. */
   region: Region;
+  /** Its tensors. */
   tensors: PackTensor[];
 }
 

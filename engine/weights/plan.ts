@@ -30,11 +30,15 @@ import { scratchBytes, stateBytes } from "../model/model.ts";
 
 /** A named memory budget, in GB (1e9 bytes). */
 export interface Preset {
+  /** Name (--preset NAME). */
   name: string;
+  /** GB of trunk to pin (NaN: auto). */
   trunkGB: number;
+  /** GB of expert cache (NaN: auto). */
   cacheGB: number;
   /** Stream embedding rows and lm_head chunks instead of keeping them resident. */
   streamEmbed: boolean;
+  /** What it does. */
   about: string;
 }
 
@@ -109,11 +113,15 @@ export function wantsStreaming(mem?: MemoryOptions): boolean {
 
 /** The sizes a plan is made from (from a packed trunk's manifest or the checkpoint). */
 export interface PlanInput {
+  /** The model config. */
   cfg: K3Config;
   /** Bytes of each layer's dense tensors in bound form (a packed trunk: region sizes). */
   layerBytes: number[];
+  /** Bytes of the embedding. */
   embedBytes: number;
+  /** Bytes of the lm_head. */
   headBytes: number;
+  /** Bytes of the final vectors. */
   finalsBytes: number;
   /** Bytes of one routed expert. */
   expertBytes: number;
@@ -123,6 +131,7 @@ export interface PlanInput {
   chunk: number;
   /** Sequences in flight at once, each with its own state (default 1). */
   sequences?: number;
+  /** The memory flags. */
   mem: MemoryOptions;
   /** A packed trunk is given (--trunk). */
   packed: boolean;
@@ -132,8 +141,11 @@ export interface PlanInput {
 
 /** The memory plan. Every size in bytes. */
 export interface MemoryPlan {
+  /** Everything in RAM, or a trunk streamed from disk. */
   mode: "resident" | "streamed";
+  /** The preset named, if any. */
   preset: string | null;
+  /** Trunk layers: pinned, and the read-ahead ring. */
   trunk: {
     packed: boolean;
     layers: number;
@@ -146,6 +158,7 @@ export interface MemoryPlan {
     bytes: number;
     budgetBytes: number | null;
   };
+  /** The routed-expert cache. */
   experts: {
     resident: boolean;
     slots: number;
@@ -155,17 +168,25 @@ export interface MemoryPlan {
     topK: number;
     bytes: number;
   };
+  /** Embedding and lm_head: streamed or resident, and their bytes. */
   embedHead: { streamed: boolean; bytes: number };
+  /** Bytes of the final vectors. */
   finalsBytes: number;
+  /** Sequence state: fixed bytes, MLA cache per position, positions, sequences. */
   state: { fixedBytes: number; kvPerPosition: number; positions: number; sequences: number; bytes: number };
+  /** Bytes of scratch buffers. */
   scratchBytes: number;
   /** The prefill chunk. A pass whose experts exceed the cache runs them in waves. */
   chunk: number;
   /** Rows one forward pass holds: a prefill chunk plus one decode token of each other sequence. */
   passRows: number;
+  /** Bytes of the whole plan. */
   totalBytes: number;
+  /** Bytes beyond the plan (runtime, code). */
   overheadBytes: number;
+  /** Available memory checked against (null: not checked). */
   availableBytes: number | null;
+  /** Notes printed with the plan. */
   notes: string[];
 }
 

@@ -28,8 +28,11 @@ import {
 
 /** Embedding and lm_head bound as matrices, plus the final vectors. */
 export interface Globals {
+  /** The embedding. */
   embed: Matrix;
+  /** The lm_head. */
   head: Matrix;
+  /** The final vectors. */
   tensors: BoundTensors;
 }
 
@@ -63,7 +66,9 @@ export function embedRow(k: Kernels, embed: Matrix, id: number, dst: NonNullable
 /** Every weight in RAM. */
 export class ResidentWeights implements WeightSource {
   readonly finalNorm: F32;
+  /** output_attn_res_norm. */
   readonly outputResNorm: F32;
+  /** output_attn_res_proj. */
   readonly outputResProj: F32;
 
   private constructor(
@@ -127,6 +132,7 @@ export class ResidentWeights implements WeightSource {
     compute.matmul(this.globals.head, x, y, ntok);
   }
 
+  /** Frees every tensor. */
   free(): void {
     this.globals.tensors.free();
     for (const l of this.layers) l.free();

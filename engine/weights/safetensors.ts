@@ -32,13 +32,17 @@ export const DTYPE_BYTES: Record<string, number> = {
 
 /** Where one tensor's bytes are. */
 export interface TensorInfo {
+  /** Tensor name. */
   name: string;
+  /** dtype as in the header (BF16, F16, F32, U8, ...). */
   dtype: string;
+  /** Shape. */
   shape: number[];
   /** The shard holding it. */
   file: string;
   /** Absolute byte offset in the file. */
   offset: number;
+  /** Bytes of the data. */
   bytes: number;
 }
 
@@ -191,6 +195,7 @@ export class Checkpoint {
     return t;
   }
 
+  /** True when the checkpoint has a tensor `name`. */
   has(name: string): boolean {
     return this.tensors.has(name);
   }
@@ -211,6 +216,7 @@ export class Checkpoint {
     return this.readAt(t.file, t.offset, dst);
   }
 
+  /** Closes the shards. */
   close(): void {
     for (const f of this.handles.values()) f.close();
     this.handles.clear();

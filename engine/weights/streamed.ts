@@ -168,7 +168,9 @@ class StreamedEmbedHead {
 /** Trunk, experts, embedding and head for a memory budget. */
 export class StreamedWeights implements WeightSource {
   finalNorm!: F32;
+  /** output_attn_res_norm. */
   outputResNorm!: F32;
+  /** output_attn_res_proj. */
   outputResProj!: F32;
   private readonly stats: IoStats = {
     trunkBytes: 0,
@@ -276,6 +278,7 @@ export class StreamedWeights implements WeightSource {
     return w;
   }
 
+  /** Binds the final vectors from `g`. */
   private setFinals(g: BoundTensors, prefix = ""): void {
     this.finalNorm = g.vector(prefix + "norm.weight");
     this.outputResNorm = g.vector(prefix + "output_attn_res_norm.weight");
@@ -379,10 +382,13 @@ export function fitSequences(planFor: (n: number) => MemoryPlan, want: number, a
 
 /** What `openWeights` opened. */
 export interface OpenedWeights {
+  /** The weight source. */
   weights: WeightSource & { close?(): Promise<void>; free?(): void };
+  /** Its memory plan. */
   plan: MemoryPlan;
   /** Rows a forward pass holds (the plan's passRows). */
   passRows: number;
+  /** Closes the source and frees its memory. */
   close(): Promise<void>;
 }
 

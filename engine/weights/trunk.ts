@@ -34,6 +34,7 @@ import {
 
 /** A piece of a region whose bytes did not match its checksum. */
 export class PieceMismatch extends Error {
+  /** Piece `index` of a region, starting at byte `at`, did not match. */
   constructor(readonly index: number, readonly at: number) {
     super(`piece ${index} (region bytes ${at}..) does not match its checksum`);
   }
@@ -192,6 +193,7 @@ export class TrunkFile {
     return readRegionVerified(this.dir, this.file, this.manifest, what, r, ptr);
   }
 
+  /** Stops the read-ahead and frees the ring and the pinned layers. */
   close(): void {
     this.file.close();
   }
@@ -282,6 +284,7 @@ export class StreamedTrunk {
     }
   }
 
+  /** Reads region `r` into ring entry `e`. */
   private async read(e: RingEntry, r: Region): Promise<void> {
     const ring = this.ring!;
     const dir = this.trunk.dir;
@@ -302,6 +305,7 @@ export class StreamedTrunk {
     return this.streamedLayer(L);
   }
 
+  /** Layer `L` from the ring (read ahead, then bound). */
   private async streamedLayer(L: number): Promise<BoundTensors> {
     let e = this.queue.find((x) => x.L === L);
     if (!e) {
