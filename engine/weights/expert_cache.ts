@@ -48,7 +48,7 @@ export class ExpertCache {
   private readonly buffered = new Map<string, IoFile>();
   private readonly fault?: [number, number];
 
-  /** A cache of `slots` experts read from the checkpoint's shards. */
+  /** A cache of `nslots` slots of `slotBytes` each, allocated now, filled from the checkpoint's shards. */
   constructor(
     k: Kernels,
     private readonly cfg: K3Config,
