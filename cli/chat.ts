@@ -52,6 +52,7 @@ import {
   stopStrings,
 } from "./run_options.ts";
 
+/** Usage text of `k3 chat`. */
 export const USAGE = `usage: k3 chat <model_dir> [options]
 
 A conversation in Kimi K3's chat format. Each line read from stdin (a terminal or a pipe)
@@ -144,6 +145,7 @@ async function readHistory(path: string): Promise<ChatMessage[] | undefined> {
   return parseHistory(decodeUtf8Strict(bytes, path), path);
 }
 
+/** Runs `k3 chat`; returns the exit code. */
 export async function main(args: string[]): Promise<number> {
   const { values, positionals, tokens } = parseFlags("chat", args, {
     system: { type: "string" },
