@@ -41,18 +41,24 @@ static void same(const void *a, const void *b, size_t bytes, const char *what, i
   }
 }
 
+/* Token counts covering every tile shape: 1 (one token), remainders of 1, 2 and 3 tokens
+ * after tiles of 4, and more than the 16 tokens whose accumulators are parked together. */
+static const int ntoks[] = {1, 2, 3, 5, 11, 21};
+#define NTOK_MAX 21
+
 int main(void) {
   static const int cols_list[] = {1, 15, 16, 17, 33, 1000, 7168};
   printf("arm_check: %s vs %s\n", k3_isa(), s_k3_isa());
   for (unsigned ci = 0; ci < sizeof cols_list / sizeof *cols_list; ci++) {
-    int cols = cols_list[ci], rows = 9, ntok = 5;
+    int cols = cols_list[ci], rows = 9, ntok = NTOK_MAX;
     float *wf = fvec((size_t)rows * cols, 1), *x = fvec((size_t)ntok * cols, 1);
     uint16_t *wb = malloc((size_t)rows * cols * 2);
     for (int i = 0; i < rows * cols; i++) { /* any bf16 but inf/NaN (NaN payloads are not part of the contract) */
       do wb[i] = (uint16_t)rnd(); while ((wb[i] & 0x7F80) == 0x7F80);
     }
     float *y1 = calloc((size_t)ntok * rows, 4), *y2 = calloc((size_t)ntok * rows, 4);
-    for (int nt = 1; nt <= ntok; nt += 4) {
+    for (unsigned ti = 0; ti < sizeof ntoks / sizeof *ntoks; ti++) {
+      int nt = ntoks[ti];
       k3_matmul(wf, K3_F32, x, y1, nt, rows, cols, 1, rows);
       s_k3_matmul(wf, K3_F32, x, y2, nt, rows, cols, 1, rows);
       same(y1, y2, (size_t)nt * rows * 4, "matmul f32", cols, nt);
@@ -101,7 +107,7 @@ int main(void) {
   /* MXFP4 */
   static const int mx_cols[] = {32, 96, 1024, 3584};
   for (unsigned ci = 0; ci < sizeof mx_cols / sizeof *mx_cols; ci++) {
-    int cols = mx_cols[ci], rows = 7, ntok = 5;
+    int cols = mx_cols[ci], rows = 7, ntok = NTOK_MAX;
     uint8_t *p = malloc((size_t)rows * cols / 2), *s = malloc((size_t)rows * cols / 32);
     for (int i = 0; i < rows * cols / 2; i++) p[i] = (uint8_t)rnd();
     for (int i = 0; i < rows * cols / 32; i++) {
@@ -110,7 +116,8 @@ int main(void) {
     }
     float *x = fvec((size_t)ntok * cols, 1), *y1 = calloc((size_t)ntok * rows, 4),
           *y2 = calloc((size_t)ntok * rows, 4);
-    for (int nt = 1; nt <= ntok; nt += 4) {
+    for (unsigned ti = 0; ti < sizeof ntoks / sizeof *ntoks; ti++) {
+      int nt = ntoks[ti];
       k3_matmul_mxfp4(p, s, x, y1, nt, rows, cols, 0, rows);
       s_k3_matmul_mxfp4(p, s, x, y2, nt, rows, cols, 0, rows);
       same(y1, y2, (size_t)nt * rows * 4, "mxfp4", cols, nt);

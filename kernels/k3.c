@@ -18,9 +18,12 @@
  *
  * 2. MXFP4 row dot (k3_matmul_mxfp4). Per group g of 32 elements with scale byte s:
  *    if s == 255 the group is skipped (it contributes nothing, not even 0 * inf);
- *    otherwise, with w = E2M1 value (exact float) and lanes l = 0..15,
- *        part[l] = w[32g+l] * x[32g+l];  part[l] = part[l] + w[32g+16+l] * x[32g+16+l]
- *        acc[l]  = acc[l] + part[l] * 2^(s-127)        (2^(s-127) built from its bits)
+ *    otherwise, with d = 2 * E2M1 value (a small integer, exact float; nibble 8, the E2M1
+ *    -0, gives +0) and lanes l = 0..15,
+ *        part[l] = d[32g+l] * x[32g+l];  part[l] = part[l] + d[32g+16+l] * x[32g+16+l]
+ *        acc[l]  = acc[l] + part[l] * 2^(s-128)        (2^(s-128) built from its bits)
+ *    Doubling is exact, so this is the E2M1 * 2^(s-127) product of the format; the doubled
+ *    values are what a byte-table lookup can produce as integers in one step (AVX2).
  *    groups in ascending order, acc starting at +0, then the same tree as in 1.
  *
  * 3. Column sums (KDA u = S^T k and o = S^T q, MLA out = sum_s p_s v_s, AttnRes out) are
@@ -39,10 +42,11 @@
  * the final tree, is done in scalar code on the stored lanes, shared by every ISA. So the
  * SIMD paths cannot reorder anything; they only change how lanes are computed.
  *
- * Batching: k3_matmul and k3_matmul_mxfp4 compute tiles of up to 4 rows x 8 tokens so each
- * weight row is read from memory once per 8 tokens (MXFP4 decodes a chunk of the tile's rows
- * once into an L1 buffer and reuses it for every token). The per-row order above does not
- * depend on the tile, ntok or the row range.
+ * Batching: k3_matmul computes register tiles of rows x tokens (each weight block loaded and
+ * widened once for up to 4 tokens) over column chunks whose x stays in L1;
+ * k3_matmul_mxfp4 decodes a chunk of 4 rows once into an L1 buffer and reuses it for up to
+ * 8 tokens. A tile only decides which lanes are computed together: the per-row order above
+ * does not depend on the tile, ntok or the row range.
  *
  * Edge conventions: k3_argmax returns -1 when n <= 0 or every value is NaN; in
  * k3_router_topk a NaN selection score ranks as -inf; k3_rmsnorm accepts w == NULL.
@@ -78,6 +82,11 @@
 #define K3_UNROLL4 _Pragma("GCC unroll 4")
 #else
 #define K3_UNROLL4
+#endif
+#if defined(__GNUC__)
+#define K3_PREFETCH(p) __builtin_prefetch(p)
+#else
+#define K3_PREFETCH(p) ((void)(p))
 #endif
 
 /* ---------------------------------------------------------------- ISA selection */
@@ -118,10 +127,10 @@ int32_t k3_cpu_features(void) {
 #endif
 }
 
-#if !defined(K3_ISA_NEON) /* NEON looks up bf16 byte tables instead */
-/* E2M1 values by nibble. */
-static const float E2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+#if defined(K3_ISA_SCALAR) || defined(K3_ISA_AVX512) /* AVX2 and NEON look up byte tables */
+/* Twice the E2M1 value, by nibble (contract 2; nibble 8, the E2M1 -0, is +0). */
+static const float E2M1X2[16] = {0.0f, 1.0f,  2.0f,  3.0f,  4.0f,  6.0f,  8.0f,  12.0f,
+                                 0.0f, -1.0f, -2.0f, -3.0f, -4.0f, -6.0f, -8.0f, -12.0f};
 #endif
 
 K3_INLINE float bits_f32(uint32_t u) {
@@ -132,10 +141,9 @@ K3_INLINE float bits_f32(uint32_t u) {
 
 K3_INLINE float bf16_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 
-/* 2^(s-127) for an MXFP4 scale byte s < 255, exactly (s == 0 is the subnormal 2^-127). */
-K3_INLINE float mx_scale(uint8_t s) {
-  return s ? bits_f32((uint32_t)s << 23) : bits_f32(0x00400000u);
-}
+/* 2^(s-128), the scale of the doubled E2M1 values, for an MXFP4 scale byte s < 255, exactly
+ * (s = 1 and s = 0 are the subnormals 2^-127 and 2^-128). */
+K3_INLINE float mx_scale(uint8_t s) { return bits_f32(s >= 2 ? (uint32_t)(s - 1) << 23 : 0x00200000u << s); }
 
 /* ---------------------------------------------------------------- v16: 16 float lanes */
 
@@ -152,14 +160,14 @@ K3_INLINE v16 v16_load_bf16(const uint16_t *p) {
   __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
 }
-/* 8 packed bytes -> 16 E2M1 values in element order (low nibble first). */
+/* 8 packed bytes -> 16 doubled E2M1 values in element order (low nibble first). */
 K3_INLINE v16 v16_load_e2m1(const uint8_t *p) {
   __m128i b = _mm_loadl_epi64((const __m128i *)p);
   b = _mm_unpacklo_epi8(b, b); /* b0 b0 b1 b1 ... : lane 2j and 2j+1 both see byte j */
   __m512i n = _mm512_cvtepu8_epi32(b);
   n = _mm512_srlv_epi32(n, _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0));
   /* 16-entry table lookup; permutexvar reads only the low 4 bits of n (the nibble). */
-  return _mm512_permutexvar_ps(n, _mm512_loadu_ps(E2M1));
+  return _mm512_permutexvar_ps(n, _mm512_loadu_ps(E2M1X2));
 }
 
 #elif K3_ISA_AVX2
@@ -189,20 +197,29 @@ K3_INLINE v16 v16_load_bf16(const uint16_t *p) {
   return v16_mk(bf16x8(_mm_loadu_si128((const __m128i *)p)),
                 bf16x8(_mm_loadu_si128((const __m128i *)(p + 8))));
 }
-/* 8 nibble-expanded lanes -> E2M1: magnitude from an 8-entry table (permutevar8x32 reads
- * only the low 3 bits), sign = nibble bit 3 moved to bit 31. */
-K3_INLINE __m256 e2m1x8(__m128i bytes) {
-  __m256i n = _mm256_cvtepu8_epi32(bytes);
-  n = _mm256_srlv_epi32(n, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)); /* nibble in bits 0..3 */
-  /* (even lanes still hold the high nibble in bits 4..7: the lookup and the sign mask ignore it) */
-  __m256 mag = _mm256_permutevar8x32_ps(_mm256_loadu_ps(E2M1), n);
-  __m256i sign = _mm256_and_si256(_mm256_slli_epi32(n, 28), _mm256_set1_epi32((int)0x80000000u));
-  return _mm256_or_ps(mag, _mm256_castsi256_ps(sign));
+/* 16 bf16 values widened by interleaving with zero words, one unpack per 8 lanes instead of
+ * a widen and a shift; the unpacks work within 128-bit halves, so the lanes come out in the
+ * order BF16_LANES (lane j holds element BF16_LANES[j]). Used with x stored in that order. */
+#define K3_BF16_LANES 1
+static const int BF16_LANES[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+K3_INLINE v16 v16_load_bf16_lanes(const uint16_t *p) {
+  __m256i w = _mm256_loadu_si256((const __m256i *)p), z = _mm256_setzero_si256();
+  return v16_mk(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w)));
 }
-K3_INLINE v16 v16_load_e2m1(const uint8_t *p) {
-  __m128i b = _mm_loadl_epi64((const __m128i *)p);
-  b = _mm_unpacklo_epi8(b, b);
-  return v16_mk(e2m1x8(b), e2m1x8(_mm_srli_si128(b, 8)));
+/* One MXFP4 group (16 packed bytes) -> its 32 doubled E2M1 values in element order: split
+ * the nibbles into bytes, look the doubled values up as int8 with one byte shuffle
+ * (vpshufb), widen to int32 and convert (exact: small integers). */
+#define K3_MX_DECODE_GROUP 1
+K3_INLINE __m256 i8x8_f32(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+K3_INLINE void mx_decode(const uint8_t *p, v16 *w0, v16 *w1) {
+  const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m128i m = _mm_set1_epi8(15);
+  __m128i b = _mm_loadu_si128((const __m128i *)p);
+  __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+  __m128i e0 = _mm_shuffle_epi8(tab, _mm_unpacklo_epi8(lo, hi)); /* elements 0..15 */
+  __m128i e1 = _mm_shuffle_epi8(tab, _mm_unpackhi_epi8(lo, hi)); /* elements 16..31 */
+  *w0 = v16_mk(i8x8_f32(e0), i8x8_f32(_mm_unpackhi_epi64(e0, e0)));
+  *w1 = v16_mk(i8x8_f32(e1), i8x8_f32(_mm_unpackhi_epi64(e1, e1)));
 }
 
 #elif K3_ISA_NEON
@@ -249,17 +266,18 @@ K3_INLINE v16 v16_load_bf16(const uint16_t *p) {
   return v16_mk(bf16x4(vget_low_u16(lo)), bf16x4(vget_high_u16(lo)), bf16x4(vget_low_u16(hi)),
                 bf16x4(vget_high_u16(hi)));
 }
-/* E2M1 values are exact bf16 numbers: look up the two bytes of their bf16 pattern. */
-static const uint8_t E2M1_BF16_HI[16] = {0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40,
-                                         0x80, 0xBF, 0xBF, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0};
-static const uint8_t E2M1_BF16_LO[16] = {0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0,
-                                         0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0};
+/* Doubled E2M1 values are exact bf16 numbers: look up the two bytes of their bf16 pattern
+ * (nibble 8, the E2M1 -0, gives +0 as in the scalar table). */
+static const uint8_t E2M1X2_BF16_HI[16] = {0x00, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41,
+                                           0x00, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0, 0xC1, 0xC1};
+static const uint8_t E2M1X2_BF16_LO[16] = {0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40,
+                                           0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40};
 K3_INLINE v16 v16_load_e2m1(const uint8_t *p) {
   uint8x8_t b = vld1_u8(p);
   uint8x8_t lo = vand_u8(b, vdup_n_u8(15)), hi = vshr_n_u8(b, 4);
   uint8x16_t nib = vcombine_u8(vzip1_u8(lo, hi), vzip2_u8(lo, hi)); /* element order */
-  uint8x16_t h = vqtbl1q_u8(vld1q_u8(E2M1_BF16_HI), nib);
-  uint8x16_t l = vqtbl1q_u8(vld1q_u8(E2M1_BF16_LO), nib);
+  uint8x16_t h = vqtbl1q_u8(vld1q_u8(E2M1X2_BF16_HI), nib);
+  uint8x16_t l = vqtbl1q_u8(vld1q_u8(E2M1X2_BF16_LO), nib);
   uint16x8_t w0 = vreinterpretq_u16_u8(vzip1q_u8(l, h)), w1 = vreinterpretq_u16_u8(vzip2q_u8(l, h));
   return v16_mk(bf16x4(vget_low_u16(w0)), bf16x4(vget_high_u16(w0)), bf16x4(vget_low_u16(w1)),
                 bf16x4(vget_high_u16(w1)));
@@ -305,10 +323,18 @@ K3_INLINE v16 v16_load_bf16(const uint16_t *p) {
 K3_INLINE v16 v16_load_e2m1(const uint8_t *p) {
   v16 r;
   for (int j = 0; j < 8; j++) {
-    r.v[2 * j] = E2M1[p[j] & 15];
-    r.v[2 * j + 1] = E2M1[p[j] >> 4];
+    r.v[2 * j] = E2M1X2[p[j] & 15];
+    r.v[2 * j + 1] = E2M1X2[p[j] >> 4];
   }
   return r;
+}
+#endif
+
+#if !defined(K3_MX_DECODE_GROUP)
+/* One MXFP4 group (16 packed bytes) -> its 32 doubled E2M1 values in element order. */
+K3_INLINE void mx_decode(const uint8_t *p, v16 *w0, v16 *w1) {
+  *w0 = v16_load_e2m1(p);
+  *w1 = v16_load_e2m1(p + 8);
 }
 #endif
 
@@ -323,6 +349,19 @@ K3_INLINE float v16_reduce(v16 acc) {
   a[0] = a[0] + a[2];
   a[1] = a[1] + a[3];
   return a[0] + a[1];
+}
+
+#if !defined(K3_BF16_LANES)
+static const int BF16_LANES[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+K3_INLINE v16 v16_load_bf16_lanes(const uint16_t *p) { return v16_load_bf16(p); }
+#endif
+
+/* The same tree for accumulators whose lane j holds element class lanes[j]. */
+K3_INLINE float v16_reduce_lanes(v16 acc, const int *lanes) {
+  float a[16], e[16];
+  v16_store(a, acc);
+  for (int j = 0; j < 16; j++) e[lanes[j]] = a[j];
+  return v16_reduce(v16_load(e));
 }
 
 /* Copy the final n < 16 elements into a zero-padded block of 16. */
@@ -415,12 +454,38 @@ void k3_f16_to_f32(const uint16_t *src, float *dst, int32_t n) {
 
 /* ---------------------------------------------------------------- dense matmul */
 
-enum { TILE_TOK = 8 }; /* tokens sharing one pass over the weights */
+enum { TILE_TOK = 8 }; /* MXFP4: tokens sharing one decode of the weights */
 
-K3_INLINE v16 load_w(const void *w, int wtype, size_t i) {
-  return wtype == K3_BF16 ? v16_load_bf16((const uint16_t *)w + i) : v16_load((const float *)w + i);
+/* Dense tiles: MM_R rows x up to MM_T tokens of accumulators held in registers, so each
+ * weight block is loaded (and widened) once for all the tile's tokens. With several tokens
+ * the columns are walked in chunks of MM_KC, x is first copied chunk-major into a per-thread
+ * buffer (the rows of x are cols * 4 bytes apart, often a multiple of 4 KB, and would all
+ * fall in the same L1 sets), and the accumulators are parked in memory between chunks.
+ * None of this changes any row's order (contract 1: blocks ascending, one lane chain per
+ * i % 16); with bf16 weights the packed x is stored in BF16_LANES order, so a lane may hold
+ * another element class than its index, and v16_reduce_lanes puts the classes back before
+ * the tree. */
+#if defined(MM_R) /* a build may force the tile height (arm_check runs both heights) */
+#elif K3_ISA_AVX512
+#define MM_R 4 /* 16 zmm accumulators */
+#else
+#define MM_R 1 /* AVX2: 8 ymm accumulators; 4 tokens share one widened weight block */
+#endif
+#define MM_T 4
+enum { MM_R1 = 4 };      /* rows per pass for a single token (memory-bound: 4 streams) */
+enum { MM_KC = 256 };    /* columns per chunk with several tokens: 16 tokens x 1 KB of x */
+enum { MM_TSUPER = 16 }; /* tokens whose accumulators are parked together */
+
+K3_INLINE v16 load_w(const void *w, int wtype, int lanes, size_t i) {
+  if (wtype == K3_BF16) return lanes ? v16_load_bf16_lanes((const uint16_t *)w + i) : v16_load_bf16((const uint16_t *)w + i);
+  return v16_load((const float *)w + i);
 }
-K3_INLINE v16 pad_w(const void *w, int wtype, size_t i, int n) {
+K3_INLINE v16 pad_w(const void *w, int wtype, int lanes, size_t i, int n) {
+  if (wtype == K3_BF16 && lanes) {
+    uint16_t b[16] = {0};
+    memcpy(b, (const uint16_t *)w + i, (size_t)n * sizeof(uint16_t));
+    return v16_load_bf16_lanes(b);
+  }
   return wtype == K3_BF16 ? pad_bf16((const uint16_t *)w + i, n) : pad_f32((const float *)w + i, n);
 }
 K3_INLINE const void *row_ptr(const void *w, int wtype, int r, int cols) {
@@ -429,55 +494,172 @@ K3_INLINE const void *row_ptr(const void *w, int wtype, int r, int cols) {
                           : (const void *)((const float *)w + off);
 }
 
-/* Contract 1 for NR (1 or 4) rows against one x: independent chains, same order per row. */
-K3_INLINE void dot_rows(const void *const *w, int nr, int wtype, const float *x, int n, float *out) {
-  v16 a0 = v16_zero(), a1 = a0, a2 = a0, a3 = a0;
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    v16 xv = v16_load(x + i);
-    a0 = v16_add(a0, v16_mul(load_w(w[0], wtype, i), xv));
-    if (nr == 4) {
-      a1 = v16_add(a1, v16_mul(load_w(w[1], wtype, i), xv));
-      a2 = v16_add(a2, v16_mul(load_w(w[2], wtype, i), xv));
-      a3 = v16_add(a3, v16_mul(load_w(w[3], wtype, i), xv));
+/* Columns [i0, i1) of an nr x nt tile (nr, nt, lanes compile-time after inlining).
+ * acc[k][t] is row k, token t. xt[t] + i addresses column i of token t; packed x (lanes or
+ * not) is zero padded to whole blocks, so only the weights of the final block need padding.
+ * Unpacked x (one token) is padded here. */
+K3_INLINE void mm_tile(const void *const *wr, int wtype, int lanes, int packed, const float *const *xt, int nr,
+                       int nt, int i0, int i1, int cols, v16 (*acc)[MM_TSUPER]) {
+  v16 a[MM_R1][MM_T];
+  K3_UNROLL4
+  for (int k = 0; k < nr; k++)
+    K3_UNROLL4
+    for (int t = 0; t < nt; t++) a[k][t] = acc[k][t];
+  int i = i0;
+  for (; i + 16 <= i1; i += 16) {
+    K3_UNROLL4
+    for (int k = 0; k < nr; k++) {
+      v16 wv = load_w(wr[k], wtype, lanes, (size_t)i);
+      K3_UNROLL4
+      for (int t = 0; t < nt; t++) a[k][t] = v16_add(a[k][t], v16_mul(wv, v16_load(xt[t] + i)));
     }
   }
-  if (i < n) {
-    v16 xv = pad_f32(x + i, n - i);
-    a0 = v16_add(a0, v16_mul(pad_w(w[0], wtype, i, n - i), xv));
-    if (nr == 4) {
-      a1 = v16_add(a1, v16_mul(pad_w(w[1], wtype, i, n - i), xv));
-      a2 = v16_add(a2, v16_mul(pad_w(w[2], wtype, i, n - i), xv));
-      a3 = v16_add(a3, v16_mul(pad_w(w[3], wtype, i, n - i), xv));
+  if (i < i1) { /* the final partial block (i1 == cols) */
+    K3_UNROLL4
+    for (int k = 0; k < nr; k++) {
+      v16 wv = pad_w(wr[k], wtype, lanes, (size_t)i, cols - i);
+      K3_UNROLL4
+      for (int t = 0; t < nt; t++)
+        a[k][t] = v16_add(a[k][t], v16_mul(wv, packed ? v16_load(xt[t] + i) : pad_f32(xt[t] + i, cols - i)));
     }
   }
-  out[0] = v16_reduce(a0);
-  if (nr == 4) {
-    out[1] = v16_reduce(a1);
-    out[2] = v16_reduce(a2);
-    out[3] = v16_reduce(a3);
-  }
+  K3_UNROLL4
+  for (int k = 0; k < nr; k++)
+    K3_UNROLL4
+    for (int t = 0; t < nt; t++) acc[k][t] = a[k][t];
 }
 
-/* One instance per weight type so wtype is a constant inside the loops. */
-K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int ntok, int rows,
-                        int cols, int r0, int r1) {
-  for (int t0 = 0; t0 < ntok; t0 += TILE_TOK) {
-    int t1 = t0 + TILE_TOK < ntok ? t0 + TILE_TOK : ntok;
-    int r = r0;
-    for (; r + 4 <= r1; r += 4) {
-      const void *wr[4];
-      for (int k = 0; k < 4; k++) wr[k] = row_ptr(w, wtype, r + k, cols);
-      for (int t = t0; t < t1; t++) {
-        float o[4];
-        dot_rows(wr, 4, wtype, x + (size_t)t * cols, cols, o);
-        for (int k = 0; k < 4; k++) y[(size_t)t * rows + r + k] = o[k];
+/* Dispatch to a tile specialised for its shape: one token (MM_R1 rows or 1, x unpacked) or
+ * several (MM_R rows or 1, nt 1..MM_T, x packed). */
+K3_INLINE void mm_tile_n(const void *const *wr, int wtype, int lanes, const float *const *xt, int nr, int nt,
+                         int i0, int i1, int cols, v16 (*acc)[MM_TSUPER], int packed) {
+#define K3_TILE(R, T) mm_tile(wr, wtype, lanes, 1, xt, R, T, i0, i1, cols, acc)
+#define K3_TILES(R) \
+  switch (nt) {     \
+  case 1:           \
+    K3_TILE(R, 1);  \
+    break;          \
+  case 2:           \
+    K3_TILE(R, 2);  \
+    break;          \
+  case 3:           \
+    K3_TILE(R, 3);  \
+    break;          \
+  default:          \
+    K3_TILE(R, 4);  \
+  }
+  if (!packed) {
+    if (nr == MM_R1)
+      mm_tile(wr, wtype, 0, 0, xt, MM_R1, 1, i0, i1, cols, acc);
+    else
+      mm_tile(wr, wtype, 0, 0, xt, 1, 1, i0, i1, cols, acc);
+  } else if (nr == MM_R) {
+    K3_TILES(MM_R)
+  } else {
+    K3_TILES(1)
+  }
+#undef K3_TILES
+#undef K3_TILE
+}
+
+/* Scratch for the packed x of one call, per thread (the pool's workers call concurrently).
+ * Reused across calls: fresh pages cost a fault each, so it only grows. */
+#if defined(_MSC_VER)
+#define K3_TLS __declspec(thread)
+#else
+#define K3_TLS __thread
+#endif
+static K3_TLS float *xpack_buf;
+static K3_TLS size_t xpack_cap;
+static float *xpack_get(size_t n) {
+  if (n > xpack_cap) {
+    k3_free(xpack_buf);
+    xpack_buf = (float *)k3_alloc((uint64_t)n * sizeof(float));
+    xpack_cap = xpack_buf ? n : 0;
+  }
+  return xpack_buf;
+}
+
+/* x of tn tokens, chunk-major: chunk c of token t at (c * tn + t) * MM_KC, each block of 16
+ * in lane order when `lanes`, the final partial block zero padded. */
+static void xpack_fill(float *xp, const float *x, int tn, int cols, int lanes) {
+  int nchunk = (cols + MM_KC - 1) / MM_KC;
+  for (int c = 0; c < nchunk; c++)
+    for (int t = 0; t < tn; t++) {
+      const float *src = x + (size_t)t * cols + (size_t)c * MM_KC;
+      float *dst = xp + ((size_t)c * tn + t) * MM_KC;
+      int n = cols - c * MM_KC < MM_KC ? cols - c * MM_KC : MM_KC;
+      for (int b = 0; b < n; b += 16) {
+        float blk[16] = {0};
+        memcpy(blk, src + b, (size_t)(n - b < 16 ? n - b : 16) * sizeof(float));
+        for (int j = 0; j < 16; j++) dst[b + j] = lanes ? blk[BF16_LANES[j]] : blk[j];
       }
     }
-    for (; r < r1; r++) {
-      const void *wr[1] = {row_ptr(w, wtype, r, cols)};
-      for (int t = t0; t < t1; t++) dot_rows(wr, 1, wtype, x + (size_t)t * cols, cols, y + (size_t)t * rows + r);
+}
+
+/* One instance per weight type so wtype is a constant inside the loops.
+ * One token: passes of MM_R1 rows over whole rows (weight streaming at memory speed).
+ * Several: blocks of MM_RB rows; for each chunk of columns, every row of the block runs its
+ * tiles against that chunk of x for all tokens, which stays in L1 (walking whole rows per row
+ * would stream all of x from L2 for every row). */
+enum { MM_RB = 8 };
+K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int ntok, int rows,
+                        int cols, int r0, int r1) {
+  v16 acc[MM_RB][MM_TSUPER];
+  int nchunk = (cols + MM_KC - 1) / MM_KC;
+  size_t esize = wtype == K3_BF16 ? 2 : 4;
+  for (int ts = 0; ts < ntok;) {
+    int tn = ntok - ts < MM_TSUPER ? ntok - ts : MM_TSUPER;
+    float *xp = tn > 1 ? xpack_get((size_t)nchunk * tn * MM_KC) : NULL;
+    if (!xp) { /* one token (or no scratch: one token at a time) */
+      const float *xt[1] = {x + (size_t)ts * cols};
+      for (int r = r0; r < r1;) {
+        int nr = r1 - r >= MM_R1 ? MM_R1 : 1;
+        const void *wr[MM_R1];
+        for (int k = 0; k < nr; k++) {
+          wr[k] = row_ptr(w, wtype, r + k, cols);
+          acc[k][0] = v16_zero();
+        }
+        mm_tile_n(wr, wtype, 0, xt, nr, 1, 0, cols, cols, acc, 0);
+        for (int k = 0; k < nr; k++) y[(size_t)ts * rows + r + k] = v16_reduce(acc[k][0]);
+        r += nr;
+      }
+      ts += 1;
+      continue;
     }
+    int lanes = wtype == K3_BF16;
+    xpack_fill(xp, x + (size_t)ts * cols, tn, cols, lanes);
+    for (int rb = r0; rb < r1; rb += MM_RB) {
+      int rbn = r1 - rb < MM_RB ? r1 - rb : MM_RB;
+      for (int k = 0; k < rbn; k++)
+        for (int t = 0; t < tn; t++) acc[k][t] = v16_zero();
+      for (int c = 0; c < nchunk; c++) {
+        int i0 = c * MM_KC, i1 = cols - i0 < MM_KC ? cols : i0 + MM_KC;
+        for (int r = rb; r < rb + rbn;) {
+          int nr = rb + rbn - r >= MM_R ? MM_R : 1;
+          const void *wr[MM_R1];
+          for (int k = 0; k < nr; k++) {
+            wr[k] = row_ptr(w, wtype, r + k, cols);
+            /* the row's next chunk, a whole block-pass ahead of its use */
+            for (size_t b = 0; c + 1 < nchunk && b < (size_t)MM_KC * esize; b += 64)
+              K3_PREFETCH((const char *)wr[k] + (size_t)i1 * esize + b);
+          }
+          for (int t0 = 0; t0 < tn; t0 += MM_T) {
+            int nt = tn - t0 < MM_T ? tn - t0 : MM_T;
+            const float *xt[MM_T];
+            /* offset so that xt[t] + i addresses column i of this chunk */
+            for (int t = 0; t < nt; t++) xt[t] = xp + ((size_t)c * tn + t0 + t) * MM_KC - i0;
+            v16(*at)[MM_TSUPER] = (v16(*)[MM_TSUPER]) & acc[r - rb][t0];
+            mm_tile_n(wr, wtype, lanes, xt, nr, nt, i0, i1, cols, at, 1);
+          }
+          r += nr;
+        }
+      }
+      for (int k = 0; k < rbn; k++)
+        for (int t = 0; t < tn; t++)
+          y[(size_t)(ts + t) * rows + rb + k] = lanes ? v16_reduce_lanes(acc[k][t], BF16_LANES) : v16_reduce(acc[k][t]);
+    }
+    ts += tn;
   }
 }
 
@@ -516,8 +698,9 @@ K3_INLINE void mx_rows(const uint8_t *const *p, const uint8_t *const *s, int nr,
     K3_UNROLL4
     for (int k = 0; k < nr; k++) {
       if (s[k][g] == 255) continue;
-      acc[k] = mx_group(acc[k], v16_load_e2m1(p[k] + 16 * g), v16_load_e2m1(p[k] + 16 * g + 8), x0,
-                        x1, mx_scale(s[k][g]));
+      v16 w0, w1;
+      mx_decode(p[k] + 16 * g, &w0, &w1);
+      acc[k] = mx_group(acc[k], w0, w1, x0, x1, mx_scale(s[k][g]));
     }
   }
   for (int k = 0; k < nr; k++) out[k * ostride] = v16_reduce(acc[k]);
@@ -539,8 +722,10 @@ K3_INLINE void mx_rows_tok(const uint8_t *const *p, const uint8_t *const *s, int
       for (int i = 0; i < gn; i++) {
         uint8_t sc = s[k][g0 + i];
         scl[k][i] = sc == 255 ? 0.0f : mx_scale(sc);
-        v16_store(dec[k][i], v16_load_e2m1(p[k] + 16 * (g0 + i)));
-        v16_store(dec[k][i] + 16, v16_load_e2m1(p[k] + 16 * (g0 + i) + 8));
+        v16 w0, w1;
+        mx_decode(p[k] + 16 * (g0 + i), &w0, &w1);
+        v16_store(dec[k][i], w0);
+        v16_store(dec[k][i] + 16, w1);
       }
     for (int t = 0; t < nt; t++) {
       const float *xt = x + (size_t)t * cols + 32 * g0;
@@ -573,7 +758,9 @@ void k3_matmul_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *
     float *yt = y + (size_t)t0 * rows;
     for (int r = r0; r < r1;) {
       const uint8_t *pr[4], *sr[4];
-      int nr = r1 - r >= 4 ? 4 : 1;
+      /* One token: one row at a time (its two lane chains hide the add latency, and its
+       * accumulators and x stay in registers); several tokens: tiles of 4 rows. */
+      int nr = nt > 1 && r1 - r >= 4 ? 4 : 1;
       for (int k = 0; k < nr; k++) {
         pr[k] = packed + (size_t)(r + k) * pstride;
         sr[k] = scales + (size_t)(r + k) * sstride;

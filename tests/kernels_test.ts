@@ -152,7 +152,8 @@ function matmulCases(seed: number): Case[] {
   const r = rng(seed);
   for (const cols of COLS) {
     for (const wtype of [0, 1]) {
-      for (const ntok of [1, 5, 11]) {
+      // 1: the one-token path; 2, 5, 11: tiles of 4 tokens with 2, 1 and 3 left over
+      for (const ntok of [1, 2, 5, 11]) {
         const rows = cols >= 1000 ? 9 : 13;
         const wf = wtype === 0 ? r.f32(rows * cols) : r.bf16(rows * cols);
         const x = r.f32(ntok * cols);
@@ -730,7 +731,7 @@ Deno.test("kernels: batching tokens and splitting rows/heads never change a bit"
     const r = rng(9);
     for (const [name, k] of [["scalar", scalar] as [string, K], ...others]) {
       for (const cols of COLS) {
-        const rows = 11, ntok = 10;
+        const rows = 11, ntok = 21; // more tokens than one parked group of 16
         for (const kind of ["f32", "bf16", "mxfp4"] as const) {
           const c = kind === "mxfp4" ? Math.max(32, cols - (cols % 32)) : cols;
           const w: ArrayBufferView = kind === "f32"
