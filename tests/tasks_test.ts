@@ -98,3 +98,21 @@ Deno.test("deno task bundle: dist/k3.js alone in an empty directory runs the tin
   assert.equal(one.stdout, ref.stdout, "same ids and text as k3 run");
   assert.ok(one.stdout.length > 0, "the generated text");
 });
+
+Deno.test("license, contributing guide and ignores: Apache-2.0 text, every check it names exists, outputs ignored", async () => {
+  const license = await Deno.readTextFile(`${ROOT}/LICENSE`);
+  assert.match(license, /^\s*Apache License\s+Version 2\.0, January 2004/);
+  assert.match(license, /END OF TERMS AND CONDITIONS/);
+  const guide = await Deno.readTextFile(`${ROOT}/CONTRIBUTING.md`);
+  for (const section of ["## Layout", "## Running each check", "## Adding a subcommand", "## The bit-identity rule"]) {
+    assert.ok(guide.includes(section), section);
+  }
+  for (const m of guide.matchAll(/npm run (\w+)/g)) assert.ok(packageJson.scripts[m[1]], `npm run ${m[1]} exists`);
+  for (const m of guide.matchAll(/`(cli\/\w+\.ts|tests\/\w+\.ts|tests\/oracle\/\w+\.py|engine\/\w+\.ts|main\.ts)`/g)) {
+    await Deno.stat(`${ROOT}/${m[1]}`); // every file it names exists
+  }
+  const ignore = await Deno.readTextFile(`${ROOT}/.gitignore`);
+  for (const entry of ["dist/", "report.json", "node_modules/"]) {
+    assert.match(ignore, new RegExp(`^${entry.replace(".", "\\.")}$`, "m"), entry);
+  }
+});
