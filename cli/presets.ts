@@ -54,8 +54,8 @@ export function releasedPlan(preset: string, positions: number): MemoryPlan | st
   }
 }
 
-// deno-lint-ignore require-await -- every subcommand returns a Promise for the dispatcher
 /** Runs `k3 presets`; returns the exit code. */
+// deno-lint-ignore require-await -- every subcommand returns a Promise for the dispatcher
 export async function main(args: string[]): Promise<number> {
   const { values, positionals } = parseFlags("presets", args, {
     positions: { type: "string" },

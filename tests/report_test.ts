@@ -166,6 +166,6 @@ Deno.test("prefill progress: tokens, chunks, tokens/s, ETA; a line every 5 s off
   t = 400;
   term(32, 32);
   assert.equal(tty.length, 2);
-  assert.match(tty[0], /^\r\x1b\[Kprefill: 16\/32 tokens \(chunk 1\/2\)/);
+  assert.ok(tty[0].startsWith("\r\x1b[Kprefill: 16/32 tokens (chunk 1/2)"), tty[0]);
   assert.match(tty[1], /in 0\.4 s\n$/);
 });
