@@ -30,7 +30,7 @@ export interface WeightSource {
    * until doneWithExperts(L). */
   experts(L: number, ids: number[]): (Expert | Promise<Expert>)[];
   /** Called when the pass is done with the experts of layer L (the last `experts` call). */
-  doneWithExperts?(L: number): void;
+  doneWithExperts?(L: number, ids?: number[]): void;
   /** How many experts one `experts` call may ask for at most (the cache's slots); a pass
    * that needs more runs them in waves. Undefined: no limit. */
   readonly expertSlots?: number;
@@ -668,18 +668,24 @@ export class K3Model {
     // Each expert's output lands at [row][router slot][latent] and the sum below runs in
     // each row's router order, so the number and order of waves never change a bit.
     const union = [...users.keys()].sort((a, b) => a - b);
-    const wave = Math.max(1, Math.min(union.length, this.weights.expertSlots ?? union.length));
+    // When the union is larger than the cache, waves of half the slots: the next wave's
+    // reads run while the current one computes (double buffering).
+    const slots = this.weights.expertSlots ?? union.length;
+    const wave = union.length <= slots ? union.length : Math.max(1, Math.floor(slots / 2));
+    const waves: number[][] = [];
+    for (let w0 = 0; w0 < union.length; w0 += wave) waves.push(union.slice(w0, w0 + wave));
     this.stats.expertsUsed += union.length;
-    let pending = this.weights.experts(L, union.slice(0, wave));
-    // Shared experts at full width (into s.x) while the first wave's reads are in flight.
+    const fetching = [this.weights.experts(L, waves[0])];
+    if (waves.length > 1 && 2 * wave <= slots) fetching.push(this.weights.experts(L, waves[1]));
+    // Shared experts at full width (into s.x) while the first reads are in flight.
     if (cfg.moe.numShared > 0) {
       const sh = (x: string) => n(`shared_experts.${x}.weight`);
       this.glu(w.matrix(sh("gate_proj")), w.matrix(sh("up_proj")), w.matrix(sh("down_proj")), s.xn.ptr, s.x.ptr, T);
     }
-    for (let w0 = 0; w0 < union.length; w0 += wave) {
-      const ids = union.slice(w0, w0 + wave);
+    for (let wi = 0; wi < waves.length; wi++) {
+      const ids = waves[wi];
       // Each expert runs as soon as its bytes land, while the rest of the wave arrives.
-      const left = new Map(pending.map((p, i) => [i, Promise.resolve(p).then((ex) => ({ i, ex }))]));
+      const left = new Map(fetching[wi].map((p, i) => [i, Promise.resolve(p).then((ex) => ({ i, ex }))]));
       try {
         while (left.size > 0) {
           const tWait = performance.now();
@@ -691,11 +697,16 @@ export class K3Model {
           this.spent("expertCompute", tExpert);
         }
       } catch (e) {
-        await Promise.allSettled(left.values()); // no read may land in a slot we no longer hold
+        // No read may land in a slot we no longer hold.
+        await Promise.allSettled([...left.values(), ...fetching.slice(wi + 1).flat()]);
         throw e;
       }
-      this.weights.doneWithExperts?.(L);
-      if (w0 + wave < union.length) pending = this.weights.experts(L, union.slice(w0 + wave, w0 + 2 * wave));
+      if (wi + 1 === waves.length) this.weights.doneWithExperts?.(L);
+      else {
+        this.weights.doneWithExperts?.(L, ids);
+        const ahead = fetching.length;
+        if (ahead < waves.length) fetching.push(this.weights.experts(L, waves[ahead]));
+      }
     }
     // acc = sum_j w_j e_j in router order; RMSNorm; up-projection.
     const acc = s.t3; // router logits are no longer needed

@@ -205,8 +205,16 @@ export class ExpertCache {
     }
   }
 
-  /** The pass is done with layer L's experts: they may be evicted now. */
-  release(L: number): void {
+  /** The pass is done with layer L's experts (or just `ids` of them): they may be evicted now. */
+  release(L: number, ids?: number[]): void {
+    if (ids) {
+      const NE = this.cfg.moe.numExperts;
+      for (const E of ids) {
+        const i = this.lru.get(L * NE + E);
+        if (i !== undefined && this.slots[i].holder === L) this.slots[i].holder = -1;
+      }
+      return;
+    }
     for (const s of this.slots) if (s.holder === L) s.holder = -1;
   }
 

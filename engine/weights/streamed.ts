@@ -301,8 +301,8 @@ export class StreamedWeights implements WeightSource {
     return this.cache?.size;
   }
 
-  doneWithExperts(L: number): void {
-    this.cache!.release(L);
+  doneWithExperts(L: number, ids?: number[]): void {
+    this.cache!.release(L, ids);
   }
 
   embed(id: number, dst: NonNullable<Deno.PointerValue>): void | Promise<void> {
