@@ -1070,3 +1070,28 @@ int32_t k3_argmax(const float *x, int32_t n) {
     if (x[i] == x[i] && (best < 0 || x[i] > x[best])) best = i;
   return best;
 }
+
+/* ---------------------------------------------------------------- memory read probe */
+
+uint64_t k3_read_sum(const void *p, uint64_t bytes) {
+  const unsigned char *b = (const unsigned char *)p;
+  uint64_t a[8] = {0}, n = bytes / 8, i = 0;
+  /* eight independent chains of 8-byte loads: far more than DRAM can deliver per core */
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) {
+      uint64_t v;
+      memcpy(&v, b + 8 * (i + j), 8);
+      a[j] ^= v;
+    }
+  for (; i < n; i++) {
+    uint64_t v;
+    memcpy(&v, b + 8 * i, 8);
+    a[0] ^= v;
+  }
+  if (bytes % 8) {
+    uint64_t v = 0;
+    memcpy(&v, b + 8 * n, (size_t)(bytes % 8)); /* little-endian hosts: the low bytes */
+    a[0] ^= v;
+  }
+  return a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7];
+}

@@ -118,4 +118,8 @@ void k3_sigmoid(const float *x, float *y, int32_t n);             /* y = sigmoid
 /* Index of the largest value, ties to the lowest index; NaN never wins. */
 int32_t k3_argmax(const float *x, int32_t n);
 
+/* Memory read probe (bench/limits.ts measures DRAM with it): XOR of the bytes as 8-byte
+ * words in memory order (a final partial word zero padded, read as the host's uint64_t). */
+uint64_t k3_read_sum(const void *p, uint64_t bytes);
+
 #endif

@@ -819,6 +819,27 @@ Deno.test("kernels: batching tokens and splitting rows/heads never change a bit"
 
 // ------------------------------------------------------------------ (b) accuracy
 
+Deno.test("kernels: k3_read_sum is the XOR of the bytes as little-endian 64-bit words", () => {
+  const { scalar, others, close } = loadLibs();
+  try {
+    const r = rng(11);
+    for (const n of [0, 7, 8, 63, 64, 1003, 4096 + 5]) {
+      const b = r.u8(n + 8).subarray(3, 3 + n); // not 8-byte aligned
+      const padded = new Uint8Array(Math.ceil(n / 8) * 8);
+      padded.set(b);
+      const dv = new DataView(padded.buffer);
+      let want = 0n;
+      for (let i = 0; i < padded.length; i += 8) want ^= dv.getBigUint64(i, true);
+      for (const [name, k] of [["scalar", scalar] as [string, K], ...others]) {
+        const got = BigInt(k.k3_read_sum(n ? P(b) : P(new Uint8Array(1)), BigInt(n)));
+        if (got !== want) throw new Error(`${name} k3_read_sum(${n}): got ${got}, want ${want}`);
+      }
+    }
+  } finally {
+    close();
+  }
+});
+
 Deno.test("kernels: scalar ops match an in-test float64 reference", () => {
   const { scalar, close } = loadLibs();
   try {

@@ -42,6 +42,7 @@ export const symbols = {
   k3_sigmoid_mul: { parameters: [P, P, I], result: V },
   k3_sigmoid: { parameters: [P, P, I], result: V },
   k3_argmax: { parameters: [P, I], result: I },
+  k3_read_sum: { parameters: [P, "u64"], result: "u64" },
 } as const;
 
 /** The loaded kernel library's functions. */

@@ -1,0 +1,359 @@
+/**
+ * This machine's limits, and k3's kernels against them, in one run:
+ *
+ * - DRAM read rate with 1 and 2 threads (k3_read_sum over a buffer far bigger than the
+ *   last-level cache, faulted in first; two threads = two concurrent nonblocking calls on
+ *   two halves);
+ * - the disk's deep O_DIRECT sequential read rate the way the engine reads (16 MB pieces,
+ *   8 in flight, bench/disk.ts) on a scratch file of its own, written, read, removed;
+ * - the matrix kernels, one thread: bf16 matrix-vector at a real width (12288 x 7168,
+ *   176 MB), MXFP4 matrix-vector of one routed expert matrix (3072 x 3584; 16 experts
+ *   rotated so they come from DRAM), each as a ratio to the one-thread DRAM rate, and the
+ *   per-token cost of 16 tokens in one call against one token (the prefill's gain).
+ *
+ *   deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk]
+ *
+ * Prints a table (figure, value, limit, ratio); with --json, one JSON object last.
+ * Timings are medians (best in brackets) of several runs; the machine is shared, so read
+ * ratios measured side by side rather than absolute rates.
+ *
+ * Hooks: every figure comes from a section (`Section`: async (ctx) => figures), run in
+ * order by `runLimits`; a later section sees the earlier figures in `ctx.figures` (its
+ * limits). Decode figures on a real-width slice (resident_decode_of_dram,
+ * floor_read_of_disk, the overlap ratios) belong in a section appended to `SECTIONS`.
+ *
+ * @module
+ */
+
+import { benchArgs } from "./args.ts";
+import { measureDisk } from "./disk.ts";
+import { defaultLibraryPath, isaName, type Kernels, kernels } from "../engine/native/ffi.ts";
+import { IoFile } from "../engine/native/io.ts";
+import { NativeBuffer } from "../engine/native/memory.ts";
+
+/** One measured figure: `key` is its JSON name; `of` names the limit it is a ratio to. */
+export interface Figure {
+  key: string;
+  label: string;
+  value: number;
+  unit: string;
+  /** key of the figure this one is measured against (its limit), when it has one */
+  of?: string;
+  /** value / that limit (or a ratio measured directly, e.g. per-token costs) */
+  ratio?: number;
+}
+
+/** What every section gets: the kernels, the options, and the figures measured so far. */
+export interface Context {
+  k: Kernels;
+  opts: LimitsOptions;
+  figures: Figure[];
+  /** the value of an earlier figure by key (throws if it was not measured) */
+  get(key: string): number;
+  /** progress lines (stderr) */
+  log(line: string): void;
+}
+
+/** A group of measurements. */
+export type Section = (ctx: Context) => Promise<Figure[]>;
+
+/** Options of a run. */
+export interface LimitsOptions {
+  /** directory for the disk's scratch file */
+  dir: string;
+  dramBytes: number;
+  diskBytes: number;
+  skipDisk: boolean;
+  /** runs per timing (the median is reported) */
+  reps: number;
+}
+
+/** Median and best (seconds) of `reps` timed runs of `fn` after one warm-up run. */
+export async function timeRuns(reps: number, fn: () => unknown): Promise<{ median: number; best: number }> {
+  await fn();
+  const t: number[] = [];
+  for (let i = 0; i < reps; i++) {
+    const t0 = performance.now();
+    await fn();
+    t.push((performance.now() - t0) / 1000);
+  }
+  t.sort((a, b) => a - b);
+  return { median: t[t.length >> 1], best: t[0] };
+}
+
+/** The read probe as a nonblocking call, so that two can run at once on two threads. */
+function readProbe() {
+  return Deno.dlopen(defaultLibraryPath(), {
+    k3_read_sum: { parameters: ["pointer", "u64"], result: "u64", nonblocking: true },
+  });
+}
+
+/** DRAM read rate (GB/s) with 1 and 2 threads over a buffer of `bytes` (faulted in first). */
+export async function measureDram(k: Kernels, bytes: number, reps: number): Promise<{ one: number; two: number }> {
+  const half = Math.floor(bytes / 2 / 4096) * 4096, n = 2 * half;
+  const buf = NativeBuffer.alloc(k, n, "DRAM probe buffer");
+  const probe = readProbe();
+  try {
+    buf.u8.fill(1); // fault every page in (a fresh page reads as the shared zero page)
+    const lo = buf.ptr, hi = buf.at(half);
+    const one = await timeRuns(reps, () => probe.symbols.k3_read_sum(lo, BigInt(n)));
+    const two = await timeRuns(
+      reps,
+      () => Promise.all([probe.symbols.k3_read_sum(lo, BigInt(half)), probe.symbols.k3_read_sum(hi, BigInt(half))]),
+    );
+    return { one: n / one.median / 1e9, two: n / two.median / 1e9 };
+  } finally {
+    probe.close();
+    buf.free();
+  }
+}
+
+/** Writes a scratch file of `bytes` in `dir` (synced), reads it as the engine does, removes it. */
+export async function measureDiskRead(
+  k: Kernels,
+  dir: string,
+  bytes: number,
+): Promise<{ gbps: number; direct: boolean }> {
+  Deno.mkdirSync(dir, { recursive: true });
+  const path = `${dir}/k3-limits-${Deno.pid}.tmp`;
+  const piece = 16 << 20, total = Math.max(1, Math.floor(bytes / piece)) * piece;
+  const src = NativeBuffer.alloc(k, piece, "disk scratch piece");
+  try {
+    for (let i = 0; i < piece; i++) src.u8[i] = (i * 2654435761) >>> 24; // not all zeros
+    const f = IoFile.open(path, { write: true });
+    try {
+      for (let off = 0; off < total; off += piece) await f.pwrite(src.ptr, piece, off);
+      await f.sync();
+    } finally {
+      f.close();
+    }
+    const r = await measureDisk(path, total, { piece, depth: 8, randReads: 0 });
+    return { gbps: r.seqGBps, direct: r.direct };
+  } finally {
+    src.free();
+    try {
+      Deno.removeSync(path);
+    } catch { /* already gone */ }
+  }
+}
+
+/** xorshift bf16 weights of magnitude < 1 (no inf/NaN). */
+function fillBf16(a: Uint16Array): void {
+  let s = 0x9e3779b9;
+  for (let i = 0; i < a.length; i++) {
+    s ^= s << 13, s ^= s >>> 17, s ^= s << 5;
+    a[i] = (s & 0x807f) | 0x3c00 | ((s >>> 16) & 0x0380);
+  }
+}
+function fillBytes(a: Uint8Array, lo = 0, span = 256): void {
+  let s = 0x12345678;
+  for (let i = 0; i < a.length; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    a[i] = lo + ((s >>> 24) % span);
+  }
+}
+
+/** Per call, median seconds: bf16 [rows][cols] times ntok vectors, one thread. */
+export async function timeBf16(k: Kernels, rows: number, cols: number, toks: number[], reps: number) {
+  const w = NativeBuffer.alloc(k, rows * cols * 2, "bf16 matrix");
+  const tmax = Math.max(...toks);
+  const x = NativeBuffer.alloc(k, tmax * cols * 4, "x"), y = NativeBuffer.alloc(k, tmax * rows * 4, "y");
+  try {
+    fillBf16(new Uint16Array(w.u8.buffer, w.u8.byteOffset, rows * cols));
+    x.f32().forEach((_, i, a) => (a[i] = Math.sin(i) * 0.5));
+    const out = new Map<number, number>();
+    for (const t of toks) {
+      out.set(t, (await timeRuns(reps, () => k.k3_matmul(w.ptr, 1, x.ptr, y.ptr, t, rows, cols, 0, rows))).median);
+    }
+    return out;
+  } finally {
+    [w, x, y].forEach((b) => b.free());
+  }
+}
+
+/** Per call, median seconds: one MXFP4 matrix [rows][cols] (16 rotated, so from DRAM). */
+export async function timeMxfp4(k: Kernels, rows: number, cols: number, toks: number[], reps: number) {
+  const NE = 16, pb = rows * cols / 2, sb = rows * cols / 32;
+  const p = NativeBuffer.alloc(k, NE * pb, "MXFP4 packed"), s = NativeBuffer.alloc(k, NE * sb, "MXFP4 scales");
+  const tmax = Math.max(...toks);
+  const x = NativeBuffer.alloc(k, tmax * cols * 4, "x"), y = NativeBuffer.alloc(k, tmax * rows * 4, "y");
+  try {
+    fillBytes(p.u8);
+    fillBytes(s.u8, 118, 12);
+    x.f32().forEach((_, i, a) => (a[i] = Math.sin(i) * 0.5));
+    const out = new Map<number, number>();
+    for (const t of toks) {
+      let e = 0;
+      const one = () => {
+        k.k3_matmul_mxfp4(p.at(e * pb), s.at(e * sb), x.ptr, y.ptr, t, rows, cols, 0, rows);
+        e = (e + 1) % NE;
+      };
+      // median over NE calls per timed run (one pass over the 16 experts)
+      const r = await timeRuns(reps, () => {
+        for (let i = 0; i < NE; i++) one();
+      });
+      out.set(t, r.median / NE);
+    }
+    return out;
+  } finally {
+    [p, s, x, y].forEach((b) => b.free());
+  }
+}
+
+/** DRAM read rates. */
+export const dramSection: Section = async (ctx) => {
+  ctx.log(`DRAM: reading ${(ctx.opts.dramBytes / 1e9).toFixed(1)} GB, 1 and 2 threads`);
+  const d = await measureDram(ctx.k, ctx.opts.dramBytes, ctx.opts.reps);
+  return [
+    { key: "dram_read_gbps_1t", label: "DRAM read, 1 thread", value: d.one, unit: "GB/s" },
+    {
+      key: "dram_read_gbps_2t",
+      label: "DRAM read, 2 threads",
+      value: d.two,
+      unit: "GB/s",
+      of: "dram_read_gbps_1t",
+      ratio: d.two / d.one,
+    },
+  ];
+};
+
+/** The disk's deep sequential O_DIRECT read rate. */
+export const diskSection: Section = async (ctx) => {
+  if (ctx.opts.skipDisk) return [];
+  ctx.log(`disk: ${(ctx.opts.diskBytes / 1e9).toFixed(1)} GB scratch file in ${ctx.opts.dir}`);
+  const r = await measureDiskRead(ctx.k, ctx.opts.dir, ctx.opts.diskBytes);
+  return [{
+    key: "disk_read_gbps",
+    label: `disk read, 16 MB x 8 in flight${r.direct ? ", O_DIRECT" : ", buffered (O_DIRECT refused)"}`,
+    value: r.gbps,
+    unit: "GB/s",
+  }];
+};
+
+/** The matrix kernels against the one-thread DRAM rate, and batching's per-token gain. */
+export const kernelSection: Section = async (ctx) => {
+  const { k } = ctx, reps = ctx.opts.reps, dram = ctx.get("dram_read_gbps_1t");
+  const [br, bc] = [12288, 7168], [mr, mc] = [3072, 3584];
+  ctx.log(`kernels (${isaName(k)}): bf16 ${br}x${bc}, mxfp4 ${mr}x${mc}, 1 and 16 tokens`);
+  const b = await timeBf16(k, br, bc, [1, 16], reps);
+  const m = await timeMxfp4(k, mr, mc, [1, 16], reps);
+  const bBytes = br * bc * 2, mBytes = mr * mc / 2 + mr * mc / 32;
+  const bGbps = bBytes / b.get(1)! / 1e9, mGbps = mBytes / m.get(1)! / 1e9;
+  return [
+    {
+      key: "bf16_matvec_gbps",
+      label: `bf16 ${br}x${bc}, 1 token`,
+      value: bGbps,
+      unit: "GB/s",
+      of: "dram_read_gbps_1t",
+      ratio: bGbps / dram,
+    },
+    {
+      key: "mxfp4_matvec_gbps",
+      label: `mxfp4 ${mr}x${mc}, 1 token`,
+      value: mGbps,
+      unit: "GB/s",
+      of: "dram_read_gbps_1t",
+      ratio: mGbps / dram,
+    },
+    {
+      key: "bf16_t16_per_token_ms",
+      label: `bf16 ${br}x${bc}, 16 tokens, per token`,
+      value: b.get(16)! / 16 * 1e3,
+      unit: "ms",
+      of: "bf16_t1_ms",
+      ratio: b.get(16)! / 16 / b.get(1)!,
+    },
+    { key: "bf16_t1_ms", label: `bf16 ${br}x${bc}, 1 token`, value: b.get(1)! * 1e3, unit: "ms" },
+    {
+      key: "mxfp4_t16_per_token_ms",
+      label: `mxfp4 ${mr}x${mc}, 16 tokens, per token`,
+      value: m.get(16)! / 16 * 1e3,
+      unit: "ms",
+      of: "mxfp4_t1_ms",
+      ratio: m.get(16)! / 16 / m.get(1)!,
+    },
+    { key: "mxfp4_t1_ms", label: `mxfp4 ${mr}x${mc}, 1 token`, value: m.get(1)! * 1e3, unit: "ms" },
+  ];
+};
+
+/** Sections in run order (append decode sections here; they may use the figures above). */
+export const SECTIONS: Section[] = [dramSection, diskSection, kernelSection];
+
+/** The issue's summary ratios, from the figures (absent when a section was skipped). */
+export function summary(figures: Figure[]): Record<string, number> {
+  const ratio = (key: string) => figures.find((f) => f.key === key)?.ratio;
+  const out: Record<string, number> = {};
+  const put = (name: string, v: number | undefined) => {
+    if (v !== undefined && Number.isFinite(v)) out[name] = v;
+  };
+  put("bf16_matvec_of_dram", ratio("bf16_matvec_gbps"));
+  put("mxfp4_matvec_of_dram", ratio("mxfp4_matvec_gbps"));
+  put("bf16_t16_per_token_of_t1", ratio("bf16_t16_per_token_ms"));
+  put("mxfp4_t16_per_token_of_t1", ratio("mxfp4_t16_per_token_ms"));
+  return out;
+}
+
+/** Runs `sections` in order; returns every figure. */
+export async function runLimits(k: Kernels, opts: LimitsOptions, sections = SECTIONS): Promise<Figure[]> {
+  const figures: Figure[] = [];
+  const ctx: Context = {
+    k,
+    opts,
+    figures,
+    get(key) {
+      const f = figures.find((x) => x.key === key);
+      if (!f) throw new Error(`limits: figure ${key} was not measured before it was needed`);
+      return f.value;
+    },
+    log: (line) => console.error(`limits: ${line}`),
+  };
+  for (const s of sections) figures.push(...await s(ctx));
+  return figures;
+}
+
+function table(figures: Figure[]): string {
+  const lines = [`${"figure".padEnd(44)} ${"value".padStart(10)}       ratio to`];
+  for (const f of figures) {
+    const v = `${f.value.toFixed(f.unit === "ms" ? 3 : 2)} ${f.unit}`;
+    const r = f.ratio === undefined ? "" : `${f.ratio.toFixed(3)} of ${f.of}`;
+    lines.push(`${f.label.padEnd(44)} ${v.padStart(14)}   ${r}`);
+  }
+  return lines.join("\n");
+}
+
+if (import.meta.main) {
+  const usage = "usage: deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk] [--reps N]\n" +
+    "  DIR: where the disk's scratch file goes (default /var/tmp/k3-bench; removed after)";
+  const { values } = benchArgs(usage, {
+    json: { type: "boolean" },
+    dir: { type: "string" },
+    "dram-gb": { type: "string" },
+    "disk-gb": { type: "string" },
+    "skip-disk": { type: "boolean" },
+    reps: { type: "string" },
+  });
+  const num = (name: string, v: string | undefined, dflt: number) => {
+    const n = v === undefined ? dflt : Number(v);
+    if (!Number.isFinite(n) || n <= 0) {
+      console.error(`k3: --${name} must be a positive number (got ${v})\n${usage}`);
+      Deno.exit(2);
+    }
+    return n;
+  };
+  const opts: LimitsOptions = {
+    dir: values.dir ?? "/var/tmp/k3-bench",
+    dramBytes: num("dram-gb", values["dram-gb"], 1) * 1e9,
+    diskBytes: num("disk-gb", values["disk-gb"], 2) * 1e9,
+    skipDisk: values["skip-disk"] ?? false,
+    reps: Math.round(num("reps", values.reps, 5)),
+  };
+  const k = kernels();
+  const figures = await runLimits(k, opts);
+  console.log(table(figures));
+  if (values.json) {
+    const obj: Record<string, unknown> = { isa: isaName(k), ...summary(figures) };
+    for (const f of figures) obj[f.key] = f.value;
+    console.log(JSON.stringify(obj));
+  }
+}
