@@ -335,7 +335,7 @@ Deno.test("the compiled binary's permissions are enough: run, batch and doctor u
 
 Deno.test("deno task demo: random weights said, tokens equal the float64 reference, streamed equals resident", async () => {
   const tasks = JSON.parse(await Deno.readTextFile(`${ROOT}/deno.json`)).tasks;
-  assert.match(tasks.demo.command, /deno run -P=k3 cli\/demo\.ts/);
+  assert.match(tasks.demo.command, /deno run -q -P=k3 cli\/demo\.ts/);
   const { K3_PERMISSIONS } = await import("../cli/permissions.ts");
   const out = await new Deno.Command(Deno.execPath(), {
     args: ["run", ...K3_PERMISSIONS, `${ROOT}/cli/demo.ts`],
