@@ -30,6 +30,14 @@ import { measureDisk } from "./disk.ts";
 import { defaultLibraryPath, isaName, type Kernels, kernels } from "../engine/native/ffi.ts";
 import { IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
+import { parseConfig } from "../engine/model/config.ts";
+import { expertBytes } from "../engine/weights/experts.ts";
+import { ensureSlice, type SliceRecipe } from "./slice.ts";
+
+const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
+
+/** The decode slice: the released widths and router top-k, 32 experts per MoE layer (~6.5 GB). */
+const LIMITS_SLICE: SliceRecipe = { layers: 3, experts: 32, topK: 16, vocab: 32768, fullAttn: [3] };
 
 /** One measured figure: `key` is its JSON name; `of` names the limit it is a ratio to. */
 export interface Figure {
@@ -64,6 +72,8 @@ export interface LimitsOptions {
   dramBytes: number;
   diskBytes: number;
   skipDisk: boolean;
+  /** skip the decode runs on a real-width slice */
+  skipDecode?: boolean;
   /** runs per timing (the median is reported) */
   reps: number;
 }
@@ -277,8 +287,121 @@ export const kernelSection: Section = async (ctx) => {
   ];
 };
 
+/** One `k3 run` on the decode slice; returns its report. */
+async function k3Run(args: string[]): Promise<Record<string, any>> {
+  const out = await Deno.makeTempFile({ prefix: "k3-limits-", suffix: ".json" });
+  try {
+    const o = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", `${ROOT}/main.ts`, "run", ...args, "--out", out],
+      env: { K3_LIB: defaultLibraryPath() },
+      stdout: "null",
+      stderr: "piped",
+    }).output();
+    if (o.code !== 0) {
+      throw new Error(`k3 run ${args.join(" ")}: exit ${o.code}: ${new TextDecoder().decode(o.stderr).slice(-1500)}`);
+    }
+    return JSON.parse(await Deno.readTextFile(out));
+  } finally {
+    await Deno.remove(out).catch(() => {});
+  }
+}
+
+/** wall / max(I/O busy, compute) of a run: 1 when reads hide entirely behind compute or the reverse. */
+function overlap(r: Record<string, any>): { ratio: number; io: number; compute: number; wall: number } {
+  const l = r.ledger;
+  const compute = l.wall_seconds - l.trunk_read_wait_seconds - l.expert_read_wait_seconds;
+  const io = r.read_busy_seconds;
+  return { ratio: l.wall_seconds / Math.max(io, compute, 1e-9), io, compute, wall: l.wall_seconds };
+}
+
+/**
+ * Decode on a real-width slice (bench/slice.ts: dense+KDA, MoE+KDA, MoE+MLA, 32 experts top-16,
+ * vocab 32768, ~6.5 GB): resident (bytes a token moves / decode s/token against 2-thread DRAM;
+ * the load against the disk), pinned trunk + a small expert cache, and the floor (reads against
+ * the disk, and how well reads hide behind compute).
+ */
+export const decodeSection: Section = async (ctx) => {
+  if (ctx.opts.skipDecode) return [];
+  const model = await ensureSlice(LIMITS_SLICE, undefined, ctx.log);
+  const trunk = `${model}-trunk`;
+  ctx.log(`decode: packing ${trunk}`);
+  const pack = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", `${ROOT}/main.ts`, "pack", model, trunk, "--force"],
+    stdout: "null",
+    stderr: "piped",
+  }).output();
+  if (pack.code !== 0) throw new Error(`k3 pack: ${new TextDecoder().decode(pack.stderr).slice(-1500)}`);
+  const cfg = parseConfig(JSON.parse(await Deno.readTextFile(`${model}/config.json`)), "slice config");
+  const ids = ["--ids", "11,222,3333,4444", "--gen", "6"];
+  ctx.log("decode: resident");
+  const res = await k3Run([model, ...ids]);
+  // Bytes one decode token moves when everything is resident: every layer's dense weights,
+  // one embedding row, the head, and top-k experts in each MoE layer.
+  const manifest = JSON.parse(await Deno.readTextFile(`${trunk}/manifest.json`));
+  const layerBytes = (manifest.layer as { size: number }[]).reduce((a, r) => a + r.size, 0);
+  const moeLayers = cfg.numLayers - cfg.firstKDense;
+  const tokenBytes = layerBytes + manifest.head.size + cfg.hiddenSize * 2 +
+    moeLayers * cfg.moe.topK * expertBytes(cfg);
+  const residentGbps = tokenBytes / res.decode_seconds_per_token / 1e9;
+  const loadGbps = (layerBytes + manifest.head.size + manifest.embed.size +
+    moeLayers * cfg.moe.numExperts * expertBytes(cfg)) / res.load_seconds / 1e9;
+  ctx.log("decode: trunk pinned, cache 0.31 GB");
+  const pinned = overlap(await k3Run([model, ...ids, "--trunk", trunk, "--trunk-gb", "8", "--cache-gb", "0.31"]));
+  ctx.log("decode: floor (trunk 2.5 GB, cache 0.31 GB)");
+  const floorRun = await k3Run([model, ...ids, "--trunk", trunk, "--trunk-gb", "2.5", "--cache-gb", "0.31"]);
+  const floor = overlap(floorRun);
+  const floorGbps = floorRun.read_bytes / Math.max(floorRun.read_busy_seconds, 1e-9) / 1e9;
+  const disk = ctx.figures.find((f) => f.key === "disk_read_gbps")?.value;
+  const figures: Figure[] = [
+    {
+      key: "resident_decode_gbps",
+      label: `resident decode, ${(tokenBytes / 1e9).toFixed(2)} GB/token`,
+      value: residentGbps,
+      unit: "GB/s",
+      of: "dram_read_gbps_2t",
+      ratio: residentGbps / ctx.get("dram_read_gbps_2t"),
+    },
+    { key: "resident_decode_s_per_token", label: "resident decode", value: res.decode_seconds_per_token, unit: "s" },
+    {
+      key: "pinned_wall_over_max_io_compute",
+      label: `pinned + 0.31 GB cache: wall ${pinned.wall.toFixed(1)} s, I/O ${pinned.io.toFixed(1)}, compute ${
+        pinned.compute.toFixed(1)
+      }`,
+      value: pinned.ratio,
+      unit: "x",
+    },
+    {
+      key: "floor_wall_over_max_io_compute",
+      label: `floor: wall ${floor.wall.toFixed(1)} s, I/O ${floor.io.toFixed(1)}, compute ${floor.compute.toFixed(1)}`,
+      value: floor.ratio,
+      unit: "x",
+    },
+  ];
+  if (disk !== undefined) {
+    figures.push(
+      {
+        key: "floor_read_gbps",
+        label: "floor reads, while in flight",
+        value: floorGbps,
+        unit: "GB/s",
+        of: "disk_read_gbps",
+        ratio: floorGbps / disk,
+      },
+      {
+        key: "resident_load_gbps",
+        label: "resident load (cold start)",
+        value: loadGbps,
+        unit: "GB/s",
+        of: "disk_read_gbps",
+        ratio: loadGbps / disk,
+      },
+    );
+  }
+  return figures;
+};
+
 /** Sections in run order (append decode sections here; they may use the figures above). */
-export const SECTIONS: Section[] = [dramSection, diskSection, kernelSection];
+export const SECTIONS: Section[] = [dramSection, diskSection, kernelSection, decodeSection];
 
 /** The issue's summary ratios, from the figures (absent when a section was skipped). */
 export function summary(figures: Figure[]): Record<string, number> {
@@ -291,6 +414,11 @@ export function summary(figures: Figure[]): Record<string, number> {
   put("mxfp4_matvec_of_dram", ratio("mxfp4_matvec_gbps"));
   put("bf16_t16_per_token_of_t1", ratio("bf16_t16_per_token_ms"));
   put("mxfp4_t16_per_token_of_t1", ratio("mxfp4_t16_per_token_ms"));
+  put("resident_decode_of_dram", ratio("resident_decode_gbps"));
+  put("floor_read_of_disk", ratio("floor_read_gbps"));
+  put("resident_load_of_disk", ratio("resident_load_gbps"));
+  put("floor_wall_over_max_io_compute", figures.find((f) => f.key === "floor_wall_over_max_io_compute")?.value);
+  put("pinned_wall_over_max_io_compute", figures.find((f) => f.key === "pinned_wall_over_max_io_compute")?.value);
   return out;
 }
 
@@ -323,7 +451,8 @@ function table(figures: Figure[]): string {
 }
 
 if (import.meta.main) {
-  const usage = "usage: deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk] [--reps N]\n" +
+  const usage =
+    "usage: deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk] [--skip-decode] [--reps N]\n" +
     "  DIR: where the disk's scratch file goes (default /var/tmp/k3-bench; removed after)";
   const { values } = benchArgs(usage, {
     json: { type: "boolean" },
@@ -331,6 +460,7 @@ if (import.meta.main) {
     "dram-gb": { type: "string" },
     "disk-gb": { type: "string" },
     "skip-disk": { type: "boolean" },
+    "skip-decode": { type: "boolean" },
     reps: { type: "string" },
   });
   const num = (name: string, v: string | undefined, dflt: number) => {
@@ -346,6 +476,7 @@ if (import.meta.main) {
     dramBytes: num("dram-gb", values["dram-gb"], 1) * 1e9,
     diskBytes: num("disk-gb", values["disk-gb"], 2) * 1e9,
     skipDisk: values["skip-disk"] ?? false,
+    skipDecode: values["skip-decode"] ?? false,
     reps: Math.round(num("reps", values.reps, 5)),
   };
   const k = kernels();
