@@ -14,13 +14,13 @@
  * @module
  */
 
-import { parseArgs } from "node:util";
+import { benchArgs } from "./args.ts";
 import { BENCH_CACHE, ensureSlice, ROUTER_SLICE } from "./slice.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
-const { values } = parseArgs({
-  args: Deno.args,
-  options: {
+const { values } = benchArgs(
+  "usage: deno run -A bench/batch.ts [--model DIR] [--batches 1,2,4,8,16] [--gen 6] [--prompt-len 4] [--skip-prefill] [--floor-only] [--json] [--clean]",
+  {
     model: { type: "string" },
     batches: { type: "string" },
     gen: { type: "string" },
@@ -28,15 +28,9 @@ const { values } = parseArgs({
     json: { type: "boolean" },
     clean: { type: "boolean" },
     "skip-prefill": { type: "boolean" },
-    help: { type: "boolean", short: "h" },
+    "floor-only": { type: "boolean" },
   },
-});
-if (values.help) {
-  console.log(
-    "usage: deno run -A bench/batch.ts [--model DIR] [--batches 1,2,4,8,16] [--gen 6] [--prompt-len 4] [--skip-prefill] [--json] [--clean]",
-  );
-  Deno.exit(0);
-}
+);
 const BATCHES = (values.batches ?? "1,2,4,8,16").split(",").map(Number);
 const GEN = Number(values.gen ?? 6);
 const PROMPT_LEN = Number(values["prompt-len"] ?? 4);
@@ -90,7 +84,7 @@ const BUDGETS: [string, string[]][] = [
   ["middle (trunk pinned 5 GB, cache 2 GB)", ["--trunk", trunk, "--trunk-gb", "5", "--cache-gb", "2"]],
 ];
 const rows: Row[] = [];
-for (const [budget, flags] of BUDGETS) {
+for (const [budget, flags] of values["floor-only"] ? BUDGETS.slice(0, 1) : BUDGETS) {
   for (const B of BATCHES) {
     const input = `${tmp}/in-${B}.jsonl`, output = `${tmp}/out-${B}.jsonl`, report = `${tmp}/report-${B}.json`;
     await Deno.writeTextFile(input, promptsFile(B, 17 + B));

@@ -16,7 +16,7 @@
  * @module
  */
 
-import { parseArgs } from "node:util";
+import { benchArgs } from "./args.ts";
 import { parseConfig } from "../engine/model/config.ts";
 import { expertTensors, globalTensors, HEAD_NAME, layerTensors, PREFIX } from "../engine/model/weights.ts";
 
@@ -346,20 +346,10 @@ export async function ensureSlice(
 }
 
 if (import.meta.main) {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: {
-      dir: { type: "string" },
-      layers: { type: "string" },
-      experts: { type: "string" },
-      clean: { type: "boolean" },
-      help: { type: "boolean", short: "h" },
-    },
-  });
-  if (values.help) {
-    console.log("usage: deno run -A bench/slice.ts [--dir DIR] [--layers N] [--experts N] [--clean]");
-    Deno.exit(0);
-  }
+  const { values } = benchArgs(
+    "usage: deno run -A bench/slice.ts [--dir DIR] [--layers N] [--experts N] [--clean]",
+    { dir: { type: "string" }, layers: { type: "string" }, experts: { type: "string" }, clean: { type: "boolean" } },
+  );
   const recipe = {
     ...ROUTER_SLICE,
     layers: Number(values.layers ?? ROUTER_SLICE.layers),
