@@ -89,3 +89,26 @@ export interface Reference {
 export async function readReference(path: string): Promise<Reference> {
   return JSON.parse(await Deno.readTextFile(path));
 }
+
+/** Packs `model`'s trunk into `trunk` and returns the floor budget (the ring holds the largest
+ * layer, the cache top-k + 1 experts) with the packed layer sizes. */
+export async function packedFloor(
+  model: string,
+  trunk: string,
+): Promise<{ floor: { trunkDir: string; trunkGB: number; cacheGB: number }; layerSizes: number[] }> {
+  const { packTrunk } = await import("../pack/pack.ts");
+  const { readManifest } = await import("../engine/weights/manifest.ts");
+  const { loadConfig } = await import("../engine/model/config.ts");
+  const { expertBytesOf, expertSlotBytes } = await import("../engine/weights/plan.ts");
+  await packTrunk(model, trunk, { log: null });
+  const layerSizes = (await readManifest(trunk)).layer.map((r) => r.size);
+  const cfg = await loadConfig(model);
+  return {
+    floor: {
+      trunkDir: trunk,
+      trunkGB: Math.max(...layerSizes) / 1e9,
+      cacheGB: (cfg.moe.topK + 1) * expertSlotBytes(expertBytesOf(cfg)) / 1e9,
+    },
+    layerSizes,
+  };
+}

@@ -13,11 +13,9 @@ import { fitSequences } from "../engine/weights/streamed.ts";
 import type { MemoryPlan } from "../engine/weights/plan.ts";
 import { openModel } from "../engine/weights/load.ts";
 import type { MemoryOptions } from "../engine/weights/plan.ts";
-import { expertBytesOf, expertSlotBytes } from "../engine/weights/plan.ts";
 import { loadConfig } from "../engine/model/config.ts";
 import { packTrunk } from "../pack/pack.ts";
-import { readManifest } from "../engine/weights/manifest.ts";
-import { k3, python, readReference, tempDir, TINY } from "./helpers.ts";
+import { k3, packedFloor, python, readReference, tempDir, TINY } from "./helpers.ts";
 
 /** One job of a batch: a prompt, how many tokens, stop ids, when it joins (pass count). */
 interface Job {
@@ -111,16 +109,7 @@ function tinyJobs(): Job[] {
 
 Deno.test("batch: every sequence equals its solo run bit for bit, resident and floor, 1 and 2 threads; and the reference", async () => {
   await using d = await tempDir();
-  const trunk = `${d.path}/trunk`;
-  await packTrunk(TINY, trunk, { log: null });
-  const m = await readManifest(trunk);
-  const cfg = await loadConfig(TINY);
-  const largest = Math.max(...m.layer.map((r) => r.size));
-  const floor = {
-    trunkDir: trunk,
-    trunkGB: largest / 1e9,
-    cacheGB: (cfg.moe.topK + 1) * expertSlotBytes(expertBytesOf(cfg)) / 1e9,
-  };
+  const { floor } = await packedFloor(TINY, `${d.path}/trunk`);
   const jobs = tinyJobs();
   for (const [name, memory] of [["resident", undefined], ["floor", floor]] as const) {
     for (const threads of [1, 2]) {
@@ -156,17 +145,8 @@ Deno.test("batch: a freshly generated shape (block 2, top-3, 16 experts) batches
     "--full-attn",
     "3,6",
   ]);
-  const trunk = `${d.path}/trunk`;
-  await packTrunk(dir, trunk, { log: null });
-  const m = await readManifest(trunk);
-  const cfg = await loadConfig(dir);
-  const largest = Math.max(...m.layer.map((r) => r.size));
-  const floor = {
-    trunkDir: trunk,
-    trunkGB: largest / 1e9,
-    cacheGB: (cfg.moe.topK + 1) * expertSlotBytes(expertBytesOf(cfg)) / 1e9,
-  };
-  const V = cfg.vocabSize;
+  const { floor } = await packedFloor(dir, `${d.path}/trunk`);
+  const V = (await loadConfig(dir)).vocabSize;
   const jobs: Job[] = [
     { prompt: [1, 2, 3, 4, 5, 6, 7], gen: 6 },
     { prompt: [9 % V, 8 % V], gen: 8 },
@@ -181,12 +161,7 @@ Deno.test("batch: a freshly generated shape (block 2, top-3, 16 experts) batches
 Deno.test("floor budget: a 48-token prompt reads the trunk once per 16-token prefill chunk (from the run report)", async () => {
   await using d = await tempDir();
   const trunk = `${d.path}/trunk`;
-  await packTrunk(TINY, trunk, { log: null });
-  const m = await readManifest(trunk);
-  const cfg = await loadConfig(TINY);
-  const sizes = m.layer.map((r) => r.size);
-  const largest = Math.max(...sizes);
-  const cache = (cfg.moe.topK + 1) * expertSlotBytes(expertBytesOf(cfg)) / 1e9;
+  const { floor, layerSizes: sizes } = await packedFloor(TINY, trunk);
   const prompt = Array.from({ length: 48 }, (_, i) => (i * 37) % 700 + 3).join(",");
   const report = `${d.path}/report.json`;
   const out = await k3([
@@ -201,9 +176,9 @@ Deno.test("floor budget: a 48-token prompt reads the trunk once per 16-token pre
     "--trunk",
     trunk,
     "--trunk-gb",
-    String(largest / 1e9),
+    String(floor.trunkGB),
     "--cache-gb",
-    String(cache),
+    String(floor.cacheGB),
     "--out",
     report,
   ]);
