@@ -17,8 +17,11 @@ import { ledgerBetween, type LedgerMark, type LedgerReport, markLedger } from ".
 import { firstLayers, openModel } from "../engine/weights/load.ts";
 import type { IoStats } from "../engine/model/model.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
-import { GREEDY } from "../engine/generate/sampling.ts";
 import { readProblem } from "../engine/paths.ts";
+import { makeSampler, type SamplingParams } from "../engine/generate/sampling.ts";
+import { StopMatcher } from "../engine/generate/stops.ts";
+import { chatPrompt, parseHistory, splitChannels, stopIds as chatStopIds } from "../engine/text/chat.ts";
+import { type OpenAIRequest, openaiResultLine, parseOpenAILine } from "./batch_openai.ts";
 import { fmtBytes, parseIds, peakRssBytes, plural, writeFileAtomic } from "./common.ts";
 import { reportHead, type ReportSettings, reportSettings, sequenceFields, settingsDiff, snakeKeys } from "./report.ts";
 import { fmtDuration, progress } from "./progress.ts";
@@ -30,6 +33,9 @@ import {
   MEMORY_HELP,
   memoryOptions,
   parseFlags,
+  SAMPLING_FLAGS,
+  samplingHelp,
+  samplingOptions,
   tokenizerDir,
 } from "./run_options.ts";
 
@@ -42,9 +48,22 @@ input, one JSON object per line (blank lines are ignored):
   {"id": "a1", "prompt": "Once upon a time"}           text (needs a tokenizer)
   {"id": 2, "ids": [1, 2, 3], "gen": 16, "stop_ids": [770]}
   id        string or number, unique in the file
-  prompt | ids   exactly one: text, or token ids
+  {"id": "c", "messages": [{"role": "user", "content": "Hi"}], "thinking": false,
+   "temperature": 0.7, "seed": 3, "stop": ["\n\n"]}
+  {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions",
+   "body": {"model": "k3", "messages": [...], "max_tokens": 64}}   OpenAI Batch API
+  id        string or number, unique in the file
+  prompt | ids | messages   exactly one: text, token ids, or a chat (rendered with the
+            chat template; "thinking" true (default) opens the think channel, "effort"
+            low|high|max; the reply ends at <|end_of_msg|>; "reasoning" and "content" in
+            the result)
   gen       tokens to generate for this line (default: --gen)
   stop_ids  ids to stop after (default: --stop-id)
+  stop      a string or strings to stop at, not emitted (default: --stop)
+  temperature, top_p, top_k, min_p, seed   this line's sampling (default: the flags)
+  OpenAI Batch lines (custom_id, method POST, url /v1/chat/completions or
+  /v1/completions, body as for k3 serve) get a result line in the Batch output format:
+  {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}
 output, one JSON object per finished prompt, appended and fsync'ed as it finishes, in
 the report schema (README, "Reports"): {"schema_version", "k3_version", "kind", "id",
   "finish_reason", "usage", "prefill_seconds", "decode_seconds_per_token", "prompt_ids",
@@ -67,6 +86,7 @@ run stops there, results already written are kept.
   --report FILE     write a JSON summary of the whole run (atomically)
   --force-resume    add to an --output made with other settings (see above)
 ${GENERATION_HELP}
+${samplingHelp("default: greedy; a line's own fields override")}
 ${MEMORY_HELP}
   -h, --help        this help
 
@@ -88,10 +108,67 @@ export interface Job {
   gen: number;
   /** Ids that end generation after they are emitted. */
   stopIds: number[];
+  /** Stop strings (matched on the decoded text). */
+  stops: string[];
+  /** This line's sampling. */
+  sampling: SamplingParams;
+  /** A chat line: whether the think channel was opened. */
+  chat?: { thinking: boolean };
+  /** An OpenAI Batch line. */
+  openai?: OpenAIRequest;
+  /** A line answered without generating (an OpenAI request that did not validate). */
+  immediate?: Record<string, unknown>;
 }
 
 /** What a job line may hold. */
-const FIELDS = new Set(["id", "prompt", "ids", "gen", "stop_ids"]);
+const FIELDS = new Set([
+  "id",
+  "prompt",
+  "ids",
+  "messages",
+  "thinking",
+  "effort",
+  "gen",
+  "stop_ids",
+  "stop",
+  "temperature",
+  "top_p",
+  "top_k",
+  "min_p",
+  "seed",
+]);
+
+/** A line's sampling: its own fields over the flags'. */
+function lineSampling(o: Record<string, unknown>, base: SamplingParams): SamplingParams {
+  const num = (k: string, d: number) => {
+    if (o[k] === undefined) return d;
+    if (typeof o[k] !== "number") throw new Error(`"${k}" must be a number, got ${JSON.stringify(o[k])}`);
+    return o[k] as number;
+  };
+  const p = {
+    temperature: num("temperature", base.temperature),
+    topP: num("top_p", base.topP),
+    topK: num("top_k", base.topK),
+    minP: num("min_p", base.minP),
+    seed: num("seed", base.seed),
+  };
+  try {
+    makeSampler(p);
+  } catch (e) {
+    throw new Error((e as Error).message.replace(/^sampling: /, ""));
+  }
+  return p;
+}
+
+/** A line's stop strings: a string or an array of non-empty strings. */
+function lineStops(v: unknown, dflt: string[]): string[] {
+  if (v === undefined) return dflt;
+  const list = typeof v === "string" ? [v] : v;
+  if (!Array.isArray(list) || list.some((x) => typeof x !== "string" || x === "")) {
+    throw new Error(`"stop" must be a non-empty string or an array of them`);
+  }
+  return list as string[];
+}
 
 function idList(v: unknown, field: string, vocab: number): number[] {
   if (!Array.isArray(v)) throw new Error(`"${field}" must be an array of token ids`);
@@ -113,8 +190,17 @@ function idList(v: unknown, field: string, vocab: number): number[] {
 export function parseJob(
   text: string,
   line: number,
-  opts: { vocab: number; gen: number; stopIds: number[]; tokenizer: () => Tokenizer | undefined },
+  opts: {
+    vocab: number;
+    gen: number;
+    stopIds: number[];
+    tokenizer: () => Tokenizer | undefined;
+    sampling?: SamplingParams;
+    stops?: string[];
+    modelName?: string;
+  },
 ): Job {
+  const base = opts.sampling ?? { temperature: 0, topP: 1, topK: 0, minP: 0, seed: 0 };
   let v: unknown;
   try {
     v = JSON.parse(text);
@@ -125,6 +211,41 @@ export function parseJob(
     throw new Error("expected a JSON object");
   }
   const o = v as Record<string, unknown>;
+  if (o.custom_id !== undefined) {
+    const r = parseOpenAILine(o, {
+      vocab: opts.vocab,
+      gen: opts.gen,
+      seed: base.seed,
+      modelName: opts.modelName ?? "kimi-k3",
+      tokenizer: opts.tokenizer,
+    });
+    const key = `custom_id:${JSON.stringify("result" in r ? r.customId : r.request.customId)}`;
+    if ("result" in r) {
+      return {
+        line,
+        id: r.customId,
+        key,
+        promptIds: [],
+        gen: 0,
+        stopIds: [],
+        stops: [],
+        sampling: base,
+        immediate: r.result,
+      };
+    }
+    const q = r.request;
+    return {
+      line,
+      id: q.customId,
+      key,
+      promptIds: q.promptIds,
+      gen: q.maxTokens,
+      stopIds: q.endpoint === "chat" ? chatStopIds(opts.tokenizer()!) : [],
+      stops: q.stops,
+      sampling: q.sampling,
+      openai: q,
+    };
+  }
   const unknown = Object.keys(o).find((k) => !FIELDS.has(k));
   if (unknown !== undefined) {
     throw new Error(`unknown field ${JSON.stringify(unknown)} (fields: ${[...FIELDS].join(", ")})`);
@@ -133,15 +254,42 @@ export function parseJob(
   if (!(typeof id === "string" || (typeof id === "number" && Number.isFinite(id)))) {
     throw new Error(`"id" must be a string or a number`);
   }
-  const hasPrompt = o.prompt !== undefined, hasIds = o.ids !== undefined;
-  if (hasPrompt === hasIds) {
+  const given = ["prompt", "ids", "messages"].filter((k) => o[k] !== undefined);
+  if (given.length !== 1) {
     throw new Error(
-      hasPrompt ? `give one of "prompt" and "ids", not both` : `a "prompt" (text) or "ids" (token ids) is required`,
+      given.length
+        ? `give one of ${given.map((g) => `"${g}"`).join(" and ")}, not ${given.length === 2 ? "both" : "all"}`
+        : `a "prompt" (text), "ids" (token ids) or "messages" (a chat) is required`,
     );
   }
+  if (o.messages === undefined && (o.thinking !== undefined || o.effort !== undefined)) {
+    throw new Error(`"thinking" and "effort" go with "messages"`);
+  }
   let promptIds: number[];
-  if (hasIds) promptIds = idList(o.ids, "ids", opts.vocab);
-  else {
+  let chat: { thinking: boolean } | undefined;
+  if (o.ids !== undefined) promptIds = idList(o.ids, "ids", opts.vocab);
+  else if (o.messages !== undefined) {
+    if (!Array.isArray(o.messages) || o.messages.length === 0) {
+      throw new Error(`"messages" must be a non-empty array of {"role", "content"}`);
+    }
+    const tok = opts.tokenizer();
+    if (!tok) throw new Error(`"messages" needs a tokenizer: pass --tok DIR`);
+    if (o.thinking !== undefined && typeof o.thinking !== "boolean") throw new Error(`"thinking" must be a boolean`);
+    if (o.effort !== undefined && typeof o.effort !== "string") throw new Error(`"effort" must be a string`);
+    const messages = (() => {
+      try {
+        return parseHistory(o.messages.map((m) => JSON.stringify(m)).join("\n"), "messages");
+      } catch (e) {
+        throw new Error(`"messages": ${(e as Error).message.replace(/^messages:(\d+):/, "message $1:")}`);
+      }
+    })();
+    chat = { thinking: o.thinking !== false };
+    try {
+      promptIds = chatPrompt(tok, messages, { thinking: chat.thinking, effort: o.effort as string | undefined });
+    } catch (e) {
+      throw new Error((e as Error).message);
+    }
+  } else {
     if (typeof o.prompt !== "string") throw new Error(`"prompt" must be a string`);
     const tok = opts.tokenizer();
     if (!tok) throw new Error(`"prompt" needs a tokenizer: pass --tok DIR (or use "ids")`);
@@ -164,8 +312,12 @@ export function parseJob(
     }
     gen = o.gen;
   }
-  const stopIds = o.stop_ids === undefined ? opts.stopIds : idList(o.stop_ids, "stop_ids", opts.vocab);
-  return { line, id, key: JSON.stringify(id), promptIds, gen, stopIds };
+  let stopIds = o.stop_ids === undefined ? opts.stopIds : idList(o.stop_ids, "stop_ids", opts.vocab);
+  if (chat) stopIds = [...new Set([...stopIds, ...chatStopIds(opts.tokenizer()!)])];
+  const stops = lineStops(o.stop, opts.stops ?? []);
+  if (stops.length > 0 && !opts.tokenizer()) throw new Error(`"stop" needs a tokenizer: pass --tok DIR`);
+  const sampling = lineSampling(o, base);
+  return { line, id, key: JSON.stringify(id), promptIds, gen, stopIds, stops, sampling, chat };
 }
 
 /** Ids already in an output file, and the settings each line records (undefined: a line
@@ -199,7 +351,10 @@ export async function readDone(
         ) {
           key = JSON.stringify(v.id);
           settings.push(v.settings && typeof v.settings === "object" ? v.settings : undefined);
-        }
+        } else if (
+          // An OpenAI Batch output line (its format has no settings to record).
+          v && typeof v === "object" && typeof v.custom_id === "string" && "response" in v && "error" in v
+        ) key = `custom_id:${JSON.stringify(v.custom_id)}`;
       } catch { /* not a result line */ }
     }
     if (key === undefined) {
@@ -272,6 +427,7 @@ export async function main(args: string[]): Promise<number> {
     report: { type: "string" },
     "force-resume": { type: "boolean" },
     ...GENERATION_FLAGS,
+    ...SAMPLING_FLAGS,
     ...MEMORY_FLAGS,
     help: { type: "boolean", short: "h" },
   });
@@ -289,6 +445,7 @@ export async function main(args: string[]): Promise<number> {
   }
   const dir = positionals[0];
   const genOpts = generationOptions(values);
+  const sampling = samplingOptions(values);
   const parallel = parallelOption(values.parallel);
   const memory = memoryOptions(tokens);
   let cfg = await loadConfig(dir);
@@ -341,6 +498,9 @@ export async function main(args: string[]): Promise<number> {
         gen: genOpts.gen,
         stopIds,
         tokenizer: getTokenizer,
+        sampling,
+        stops: genOpts.stops,
+        modelName: dir.replace(/\/+$/, "").split("/").pop() || "kimi-k3",
       });
       if (seen.has(job.key)) return fail(i + 1, `duplicate id ${job.key}`);
       seen.add(job.key);
@@ -363,7 +523,7 @@ export async function main(args: string[]): Promise<number> {
     layers: cfg.numLayers,
     gen: genOpts.gen,
     stopIds,
-    sampling: GREEDY,
+    sampling,
     incremental: genOpts.incremental,
     memory,
     chunk: genOpts.chunk,
@@ -378,7 +538,7 @@ export async function main(args: string[]): Promise<number> {
     );
   }
   if (mismatch) console.error(`k3: batch: --force-resume: adding to ${values.output} despite ${mismatch}`);
-  const todo = jobs.filter((j) => !done.has(j.key));
+  let todo = jobs.filter((j) => !done.has(j.key));
   console.error(
     `k3: batch: ${jobs.length} ${plural(jobs.length, "prompt")} in ${values.input}` +
       (jobs.length - todo.length ? `, ${jobs.length - todo.length} already in ${values.output}` : "") +
@@ -391,6 +551,14 @@ export async function main(args: string[]): Promise<number> {
     throw new K3Error(`--output: cannot open ${readProblem(values.output, e)}`);
   }
   try {
+    // OpenAI requests that did not validate are answered at once (status 400), as the
+    // Batch API does.
+    for (const job of todo.filter((j) => j.immediate)) {
+      writeAll(out, new TextEncoder().encode(JSON.stringify(job.immediate) + "\n"));
+      out.syncSync();
+      console.error(`k3: batch: ${values.input}:${job.line}: custom_id ${job.key.slice(10)}: answered 400`);
+    }
+    todo = todo.filter((j) => !j.immediate);
     if (todo.length === 0) return failed ? EXIT.runtime : EXIT.ok;
     const capacity = Math.max(...todo.map((j) => j.promptIds.length + j.gen));
     const t0 = performance.now();
@@ -423,30 +591,37 @@ export async function main(args: string[]): Promise<number> {
     // written (they would resume on a rerun), results already written stay.
     const stop = new AbortController();
     let unsound: unknown;
-    const write = (job: Job, r: SequenceResult, admitted: LedgerMark) => {
+    const write = (job: Job, r: SequenceResult, admitted: LedgerMark, text: string) => {
       const ledger = ledgerBetween(admitted, markLedger(opened.model));
       const ids = r.tokens;
       const seconds = r.prefillSeconds + r.decodeSeconds;
-      const result = {
-        ...reportHead("batch_result"),
-        id: job.id,
-        ...sequenceFields({
-          promptTokens: job.promptIds.length,
+      const result = job.openai
+        ? openaiResultLine(job.openai, {
+          text,
+          finishReason: r.finishReason as "stop" | "length",
           completionTokens: ids.length,
-          finishReason: r.finishReason,
-          prefillSeconds: r.prefillSeconds,
-          decodeSeconds: r.decodeSeconds,
-        }),
-        prompt_ids: job.promptIds,
-        generated_ids: ids,
-        generated_text: tokenizer ? tokenizer.decode(ids) : null,
-        seconds,
-        seconds_per_token: seconds / Math.max(ids.length, 1),
-        ...ioDelta(admitted.io, io(), ledger),
-        // From admission to finish; with --parallel > 1 the passes were shared.
-        ledger,
-        settings: { ...settings, parallel: inFlight },
-      };
+        })
+        : {
+          ...reportHead("batch_result"),
+          id: job.id,
+          ...sequenceFields({
+            promptTokens: job.promptIds.length,
+            completionTokens: ids.length,
+            finishReason: r.finishReason,
+            prefillSeconds: r.prefillSeconds,
+            decodeSeconds: r.decodeSeconds,
+          }),
+          prompt_ids: job.promptIds,
+          generated_ids: ids,
+          generated_text: tokenizer ? text : null,
+          ...(job.chat ? splitChannels(text, job.chat.thinking) : {}),
+          seconds,
+          seconds_per_token: seconds / Math.max(ids.length, 1),
+          ...ioDelta(admitted.io, io(), ledger),
+          // From admission to finish; with --parallel > 1 the passes were shared.
+          ledger,
+          settings: { ...settings, parallel: inFlight },
+        };
       writeAll(out, enc.encode(JSON.stringify(result) + "\n"));
       out.syncSync();
       finished++;
@@ -467,16 +642,27 @@ export async function main(args: string[]): Promise<number> {
     try {
       await Promise.all(todo.map((job) => {
         let admitted = markLedger(opened.model);
+        // The text as it is generated: stop strings cut, a chat's closing stop id left out.
+        const matcher = tokenizer ? new StopMatcher(tokenizer, job.stops) : undefined;
+        let text = "";
         return scheduler.submit({
           prompt: job.promptIds,
           maxTokens: job.gen,
           stopIds: job.stopIds,
+          choose: makeSampler(job.sampling),
+          onToken: (token) => {
+            if (!matcher || ((job.chat || job.openai) && job.stopIds.includes(token))) return;
+            const r = matcher.push(token);
+            text += r.text;
+            return r.stopped;
+          },
           recompute: !genOpts.incremental,
           signal: stop.signal,
           onAdmit: () => (admitted = markLedger(opened.model)),
         }).then(
           (r) => {
-            if (r.finishReason !== "interrupted") write(job, r, admitted);
+            if (matcher && !matcher.stopped) text += matcher.flush();
+            if (r.finishReason !== "interrupted") write(job, r, admitted, text);
           },
           (e) => {
             unsound ??= e;

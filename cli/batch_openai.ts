@@ -1,0 +1,162 @@
+/**
+ * OpenAI Batch API lines for `k3 batch`: an input line `{"custom_id", "method": "POST",
+ * "url": "/v1/chat/completions" | "/v1/completions", "body": {...}}` is a request, its
+ * body validated exactly as `k3 serve` validates one (cli/openai.ts); its result line is
+ * in the Batch output format, `{"id", "custom_id", "response": {"status_code",
+ * "request_id", "body"}, "error"}`, the body a `chat.completion` or `text_completion` (or,
+ * for a body that does not validate, OpenAI's error body with status 400). So an existing
+ * OpenAI batch file runs unchanged.
+ *
+ * @module
+ */
+
+import { checkSampling, type SamplingParams } from "../engine/generate/sampling.ts";
+import { type ChatMessage, chatPrompt, splitChannels } from "../engine/text/chat.ts";
+import type { Tokenizer } from "../engine/text/tokenizer.ts";
+import {
+  ApiError,
+  chatCompletion,
+  completion,
+  errorBody,
+  finishReason,
+  parseChatRequest,
+  parseCompletionRequest,
+  usage,
+} from "./openai.ts";
+
+/** The endpoints a batch line may name. */
+export const BATCH_URLS = ["/v1/chat/completions", "/v1/completions"] as const;
+
+/** A request of an OpenAI batch line, ready to generate. */
+export interface OpenAIRequest {
+  customId: string;
+  endpoint: "chat" | "completion";
+  /** The model named in the body (echoed in the response), else the model directory. */
+  model: string;
+  promptIds: number[];
+  maxTokens: number;
+  sampling: SamplingParams;
+  stops: string[];
+  /** Chat: whether the think channel was opened (reasoning_content). */
+  thinking: boolean;
+}
+
+/** What an OpenAI line becomes: a request to run, or a result line to write as is (a 400). */
+export type OpenAILine = { request: OpenAIRequest } | { result: Record<string, unknown>; customId: string };
+
+function requestId(): string {
+  return crypto.randomUUID().replaceAll("-", "");
+}
+
+/** A Batch output line for `customId` whose request failed validation. */
+export function openaiErrorLine(customId: string, e: ApiError): Record<string, unknown> {
+  return {
+    id: `batch_req_${requestId()}`,
+    custom_id: customId,
+    response: { status_code: e.status, request_id: requestId(), body: errorBody(e) },
+    error: null,
+  };
+}
+
+/**
+ * Parses an OpenAI Batch line (`o` has `custom_id`). Throws Error (the line is malformed:
+ * reported and skipped) when the envelope is wrong; a body that does not validate gives a
+ * 400 result line instead, as the Batch API does.
+ */
+export function parseOpenAILine(
+  o: Record<string, unknown>,
+  opts: { vocab: number; gen: number; seed: number; modelName: string; tokenizer: () => Tokenizer | undefined },
+): OpenAILine {
+  const allowed = new Set(["custom_id", "method", "url", "body"]);
+  const unknown = Object.keys(o).find((k) => !allowed.has(k));
+  if (unknown !== undefined) {
+    throw new Error(`unknown field ${JSON.stringify(unknown)} in an OpenAI batch line (custom_id, method, url, body)`);
+  }
+  if (typeof o.custom_id !== "string" || o.custom_id === "") throw new Error(`"custom_id" must be a non-empty string`);
+  const customId = o.custom_id;
+  if (o.method !== "POST") throw new Error(`"method" must be "POST", got ${JSON.stringify(o.method)}`);
+  if (!(BATCH_URLS as readonly unknown[]).includes(o.url)) {
+    throw new Error(`"url" must be one of ${BATCH_URLS.join(", ")}, got ${JSON.stringify(o.url)}`);
+  }
+  try {
+    const tok = opts.tokenizer();
+    let promptIds: number[], endpoint: "chat" | "completion", thinking = false;
+    let req;
+    if (o.url === "/v1/chat/completions") {
+      const r = parseChatRequest(o.body);
+      req = r;
+      if (!tok) throw new ApiError(400, "chat requests need a tokenizer: pass --tok DIR", "messages");
+      endpoint = "chat";
+      thinking = r.thinking;
+      promptIds = chatPrompt(tok, r.messages as ChatMessage[], { thinking: r.thinking, effort: r.effort });
+    } else {
+      const r = parseCompletionRequest(o.body, opts.vocab);
+      req = r;
+      endpoint = "completion";
+      if (typeof r.prompt === "string") {
+        if (!tok) throw new ApiError(400, "a text prompt needs a tokenizer: pass --tok DIR (or send ids)", "prompt");
+        promptIds = tok.encode(r.prompt, { allowSpecial: false });
+      } else promptIds = r.prompt;
+    }
+    if (req.stream) throw new ApiError(400, "'stream' must be false in a batch", "stream");
+    const bad = promptIds.find((x) => x >= opts.vocab);
+    if (bad !== undefined) throw new ApiError(400, `the prompt holds id ${bad}, outside the vocabulary`, "prompt");
+    if (promptIds.length === 0) throw new ApiError(400, "the prompt is empty", "prompt");
+    if (promptIds.length > 32768) throw new ApiError(400, `the prompt has ${promptIds.length} tokens, at most 32768`);
+    // Defaults as OpenAI's: completions 16 tokens; chat up to the model (here --gen).
+    const maxTokens = req.maxTokens ?? (endpoint === "completion" ? 16 : opts.gen);
+    if (maxTokens > 4096) {
+      throw new ApiError(400, `'${req.maxTokensParam}' must be at most 4096, got ${maxTokens}`, req.maxTokensParam);
+    }
+    const s = req.sampling;
+    const seed = s.seed === undefined ? opts.seed : ((s.seed % 2 ** 53) + 2 ** 53) % 2 ** 53;
+    const sampling: SamplingParams = { temperature: s.temperature, topP: s.topP, topK: s.topK, minP: s.minP, seed };
+    try {
+      checkSampling(sampling);
+    } catch (e) {
+      throw new ApiError(400, (e as Error).message);
+    }
+    return {
+      request: {
+        customId,
+        endpoint,
+        model: req.model ?? opts.modelName,
+        promptIds,
+        maxTokens,
+        sampling,
+        stops: req.stop,
+        thinking,
+      },
+    };
+  } catch (e) {
+    if (e instanceof ApiError) return { result: openaiErrorLine(customId, e), customId };
+    throw e;
+  }
+}
+
+/** The Batch output line of a finished request (`text`: generated text, stop ids and strings cut). */
+export function openaiResultLine(
+  r: OpenAIRequest,
+  out: { text: string; finishReason: "stop" | "length"; completionTokens: number },
+): Record<string, unknown> {
+  const created = Math.floor(Date.now() / 1000);
+  const u = usage(r.promptIds.length, out.completionTokens);
+  const finish = finishReason(out.finishReason);
+  const body = r.endpoint === "chat"
+    ? (() => {
+      const { reasoning, content } = splitChannels(out.text, r.thinking);
+      return chatCompletion({ id: `chatcmpl-${requestId()}`, created, model: r.model }, {
+        content,
+        reasoning: r.thinking ? reasoning : null,
+        finish,
+        usage: u,
+      });
+    })()
+    : completion({ id: `cmpl-${requestId()}`, created, model: r.model }, { text: out.text, finish, usage: u });
+  return {
+    id: `batch_req_${requestId()}`,
+    custom_id: r.customId,
+    response: { status_code: 200, request_id: requestId(), body },
+    error: null,
+  };
+}
