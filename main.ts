@@ -25,6 +25,10 @@ const COMMANDS: Record<string, { about: string; load: () => Promise<Command> }> 
     about: "generate for every prompt of a JSONL file (resumable)",
     load: async () => (await import("./cli/batch.ts")).main,
   },
+  serve: {
+    about: "an OpenAI-compatible HTTP server (chat and completions)",
+    load: async () => (await import("./cli/serve.ts")).main,
+  },
   pack: {
     about: "pack a checkpoint's trunk into one aligned file",
     load: async () => (await import("./cli/pack.ts")).main,

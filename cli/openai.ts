@@ -6,15 +6,15 @@
  * Pure functions of JSON values: nothing here touches the model, so the fuzz tests can
  * throw thousands of bodies at it quickly.
  *
- * Semantics follow OpenAI where it defines them (temperature defaults to 1, completions'
- * max_tokens to 16, unknown fields are ignored) and vLLM where OpenAI does not (top_k,
- * min_p, chat_template_kwargs, reasoning_content).
+ * Semantics follow OpenAI where it defines them (completions' max_tokens defaults to 16,
+ * unknown fields are ignored) and vLLM where OpenAI does not (top_k, min_p, ignore_eos,
+ * chat_template_kwargs, reasoning_content).
  *
  * @module
  */
 
 import type { ChatMessage } from "../engine/text/chat.ts";
-import { EFFORTS, splitChannels } from "../engine/text/chat.ts";
+import { EFFORTS } from "../engine/text/chat.ts";
 
 /** An error answered as `{"error": {message, type, param, code}}` with an HTTP status. */
 export class ApiError extends Error {
@@ -38,17 +38,17 @@ export function errorBody(
   return { error: { message: e.message, type: e.type, param: e.param, code: e.code } };
 }
 
-/** Sampling fields of a request (seed undefined: the server picks one). */
+/** Sampling fields of a request; undefined: the endpoint's default (see cli/server.ts). */
 export interface RequestSampling {
-  /** 0 = greedy; default 1. */
-  temperature: number;
-  /** Nucleus mass kept; default 1 (all). */
-  topP: number;
-  /** Most likely tokens kept; 0 = all. */
-  topK: number;
-  /** Tokens below minP times the top probability dropped; default 0. */
-  minP: number;
-  /** The sampler's seed; undefined: the server picks one. */
+  /** 0 = greedy. */
+  temperature?: number;
+  /** Nucleus mass kept (1 = all). */
+  topP?: number;
+  /** Most likely tokens kept; 0 (or vLLM's -1) = all. */
+  topK?: number;
+  /** Tokens below minP times the top probability dropped. */
+  minP?: number;
+  /** The sampler's seed, 0..2^53-1; undefined: the server picks one. */
   seed?: number;
 }
 
@@ -68,6 +68,8 @@ export interface CommonRequest {
   stream: boolean;
   /** stream_options.include_usage. */
   includeUsage: boolean;
+  /** vLLM's ignore_eos: generate to max_tokens through end-of-message ids (benchmarks). */
+  ignoreEos: boolean;
 }
 
 /** A validated `/v1/chat/completions` request. */
@@ -205,22 +207,24 @@ function common(f: Fields): CommonRequest {
   f.refuse("presence_penalty", "penalties are not applied", [0]);
   f.refuse("frequency_penalty", "penalties are not applied", [0]);
   f.refuse("repetition_penalty", "penalties are not applied", [1]);
+  const topK = f.integer("top_k", -1, 1e9);
   return {
     model,
     // max_completion_tokens is the newer name; when both are given it wins, as in OpenAI.
     maxTokens: maxCompletion ?? maxTokens,
     maxTokensParam: maxCompletion !== undefined ? "max_completion_tokens" : "max_tokens",
     sampling: {
-      temperature: f.number("temperature", 0, 2) ?? 1,
-      topP: f.number("top_p", 0, 1, true) ?? 1,
-      // vLLM: -1 (and 0 here) mean no top-k.
-      topK: Math.max(f.integer("top_k", -1, 1 << 30) ?? 0, 0),
-      minP: f.number("min_p", 0, 1) ?? 0,
-      seed: f.integer("seed", Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER),
+      temperature: f.number("temperature", 0, 2),
+      topP: f.number("top_p", 0, 1, true),
+      // vLLM: -1 (and 0) mean no top-k.
+      topK: topK === undefined ? undefined : Math.max(topK, 0),
+      minP: f.number("min_p", 0, 1 - Number.EPSILON),
+      seed: f.integer("seed", 0, Number.MAX_SAFE_INTEGER),
     },
     stop: stops(f),
     stream,
     includeUsage,
+    ignoreEos: f.boolean("ignore_eos") ?? false,
   };
 }
 
@@ -513,62 +517,4 @@ export function modelList(name: string, created: number): ModelList {
 /** One server-sent event carrying `data` (JSON, or the literal [DONE]). */
 export function sse(data: unknown): string {
   return `data: ${data === "[DONE]" ? data : JSON.stringify(data)}\n\n`;
-}
-
-const MARKUP_OPENERS = ["<|open|>", "<|close|>"];
-
-/**
- * Turns a chat's generated text, arriving piece by piece, into `reasoning_content` and
- * `content` deltas. Text is held back while a markup tag (`<|close|>think<|sep|>` ...) is
- * still incomplete, so no delta ever carries part of the markup and the concatenated
- * deltas equal {@link splitChannels} of the whole text.
- */
-export class ChannelStream {
-  #raw = "";
-  #reasoning = "";
-  #content = "";
-  /** `thinking`: the prompt opened the think channel (see {@link splitChannels}). */
-  constructor(readonly thinking: boolean) {}
-
-  /** Adds generated text; returns the delta now safe to send (null when there is none). */
-  push(text: string): ChatDelta | null {
-    this.#raw += text;
-    return this.#delta(this.#safe());
-  }
-
-  /** The rest, when generation has ended. */
-  end(): ChatDelta | null {
-    return this.#delta(this.#raw);
-  }
-
-  /** The whole split so far (what was sent plus what is held back). */
-  get split(): { reasoning: string; content: string } {
-    return splitChannels(this.#raw, this.thinking);
-  }
-
-  /** The raw text up to an unfinished tag (or a trailing prefix of a tag opener). */
-  #safe(): string {
-    const raw = this.#raw;
-    const open = Math.max(...MARKUP_OPENERS.map((m) => raw.lastIndexOf(m)));
-    if (open >= 0 && raw.indexOf("<|sep|>", open) < 0) return raw.slice(0, open);
-    for (let k = Math.min(raw.length, 8); k > 0; k--) {
-      const tail = raw.slice(raw.length - k);
-      if (MARKUP_OPENERS.some((m) => m.startsWith(tail))) return raw.slice(0, raw.length - k);
-    }
-    return raw;
-  }
-
-  #delta(text: string): ChatDelta | null {
-    const { reasoning, content } = splitChannels(text, this.thinking);
-    const delta: ChatDelta = {};
-    if (reasoning.length > this.#reasoning.length && reasoning.startsWith(this.#reasoning)) {
-      delta.reasoning_content = reasoning.slice(this.#reasoning.length);
-      this.#reasoning = reasoning;
-    }
-    if (content.length > this.#content.length && content.startsWith(this.#content)) {
-      delta.content = content.slice(this.#content.length);
-      this.#content = content;
-    }
-    return delta.reasoning_content === undefined && delta.content === undefined ? null : delta;
-  }
 }

@@ -20,7 +20,7 @@ function assertOneLine(out: Output, code: number, pattern: RegExp, what: string)
   assert.doesNotMatch(out.stderr, /\s+at .*:\d+:\d+/, `${what}: no stack trace`);
 }
 
-const COMMANDS = ["run", "batch", "pack", "tokenize", "detokenize", "doctor", "presets"];
+const COMMANDS = ["run", "batch", "serve", "pack", "tokenize", "detokenize", "doctor", "presets"];
 
 Deno.test("k3 --help, -h, help: the command list, exit 0; no arguments: the same on stdout, exit 2", async () => {
   for (const flag of ["--help", "-h", "help"]) {

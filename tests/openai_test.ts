@@ -1,20 +1,11 @@
 /**
  * The OpenAI wire format of `k3 serve` without a server: request validation (every bad
- * field a 400 naming it; fuzzed bodies only ever valid or an ApiError), and the streamed
- * channel split (deltas concatenate to the split of the whole text, never carry markup).
+ * field a 400 naming it; fuzzed bodies only ever valid or an ApiError in OpenAI's shape).
  */
 
 import assert from "node:assert/strict";
 import fc from "fast-check";
-import {
-  ApiError,
-  ChannelStream,
-  type ChatDelta,
-  errorBody,
-  parseChatRequest,
-  parseCompletionRequest,
-} from "../cli/openai.ts";
-import { splitChannels } from "../engine/text/chat.ts";
+import { ApiError, errorBody, parseChatRequest, parseCompletionRequest } from "../cli/openai.ts";
 
 const MSG = [{ role: "user", content: "hi" }];
 
@@ -38,7 +29,13 @@ Deno.test("chat request: defaults, field mapping, unknown fields ignored", () =>
   assert.equal(r.kind, "chat");
   assert.equal(r.model, "m");
   assert.equal(r.maxTokens, undefined);
-  assert.deepEqual(r.sampling, { temperature: 1, topP: 1, topK: 0, minP: 0, seed: undefined });
+  assert.deepEqual(r.sampling, {
+    temperature: undefined,
+    topP: undefined,
+    topK: undefined,
+    minP: undefined,
+    seed: undefined,
+  });
   assert.deepEqual(r.stop, []);
   assert.equal(r.stream, false);
   assert.equal(r.thinking, true);
@@ -54,7 +51,7 @@ Deno.test("chat request: defaults, field mapping, unknown fields ignored", () =>
     top_p: 0.5,
     top_k: -1,
     min_p: 0.1,
-    seed: -3,
+    seed: 3,
     stop: "x",
     stream: true,
     stream_options: { include_usage: true },
@@ -69,7 +66,7 @@ Deno.test("chat request: defaults, field mapping, unknown fields ignored", () =>
   ]);
   assert.equal(s.maxTokens, 7);
   assert.equal(s.maxTokensParam, "max_completion_tokens");
-  assert.deepEqual(s.sampling, { temperature: 0, topP: 0.5, topK: 0, minP: 0.1, seed: -3 });
+  assert.deepEqual(s.sampling, { temperature: 0, topP: 0.5, topK: 0, minP: 0.1, seed: 3 });
   assert.deepEqual(s.stop, ["x"]);
   assert.equal(s.includeUsage, true);
   assert.equal(s.thinking, false);
@@ -101,7 +98,8 @@ Deno.test("chat request: each bad field is a 400 naming it", () => {
   rejects({ messages: MSG, temperature: 3 }, "temperature", /\[0, 2\]/);
   rejects({ messages: MSG, temperature: "hot" }, "temperature", /number/);
   rejects({ messages: MSG, top_p: 0 }, "top_p", /\(0, 1\]/);
-  rejects({ messages: MSG, min_p: 2 }, "min_p", /\[0, 1\]/);
+  rejects({ messages: MSG, min_p: 1 }, "min_p", /must be in \[0, 0\.9/);
+  rejects({ messages: MSG, seed: -1 }, "seed", /\[0, /);
   rejects({ messages: MSG, top_k: 0.5 }, "top_k", /integer/);
   rejects({ messages: MSG, seed: 1e300 }, "seed", /integer/);
   rejects({ messages: MSG, stop: 5 }, "stop", /string or an array/);
@@ -182,7 +180,8 @@ Deno.test("fuzz: any JSON body is either a valid request or a 400 ApiError in Op
       for (const parse of [parseChatRequest, (x: unknown) => parseCompletionRequest(x, 1024)]) {
         try {
           const r = parse(b);
-          assert.ok(r.sampling.temperature >= 0 && r.sampling.temperature <= 2);
+          const t = r.sampling.temperature;
+          assert.ok(t === undefined || (t >= 0 && t <= 2));
           assert.ok(r.maxTokens === undefined || (Number.isSafeInteger(r.maxTokens) && r.maxTokens >= 1));
         } catch (e) {
           if (!(e instanceof ApiError)) throw e;
@@ -197,49 +196,4 @@ Deno.test("fuzz: any JSON body is either a valid request or a 400 ApiError in Op
     }),
     { numRuns: 3000, seed: 11 },
   );
-});
-
-Deno.test("splitChannels: think channel to reasoning, response channel to content, markup to neither", () => {
-  const text =
-    "let me think<|close|>think<|sep|><|open|>response<|sep|>Paris.<|close|>response<|sep|><|close|>message<|sep|>";
-  assert.deepEqual(splitChannels(text, true), { reasoning: "let me think", content: "Paris." });
-  assert.deepEqual(splitChannels("still thinking", true), { reasoning: "still thinking", content: "" });
-  assert.deepEqual(splitChannels("Paris.<|close|>response<|sep|>", false), { reasoning: "", content: "Paris." });
-  assert.deepEqual(splitChannels("Paris", false), { reasoning: "", content: "Paris" });
-});
-
-Deno.test("fuzz: streamed channel deltas concatenate to the split of the whole text and never hold markup", () => {
-  const piece = fc.oneof(
-    fc.string({ maxLength: 4 }),
-    fc.constantFrom("<|close|>", "think", "<|sep|>", "<|open|>", "response", "message", "<", "|", "<|"),
-  );
-  fc.assert(
-    fc.property(fc.array(piece, { maxLength: 30 }), fc.boolean(), (pieces, thinking) => {
-      // A well-formed reply somewhere inside: a think part, the switch, a response part.
-      const all = [...pieces.slice(0, 10), ...(thinking ? ["<|close|>", "think", "<|sep|>"] : [])];
-      all.push("<|open|>", "response", "<|sep|>", ...pieces.slice(10), "<|close|>", "response", "<|sep|>");
-      const cs = new ChannelStream(thinking);
-      const deltas: ChatDelta[] = [];
-      for (const p of all) {
-        const d = cs.push(p);
-        if (d) deltas.push(d);
-      }
-      const last = cs.end();
-      if (last) deltas.push(last);
-      const want = splitChannels(all.join(""), thinking);
-      assert.equal(deltas.map((d) => d.reasoning_content ?? "").join(""), want.reasoning);
-      assert.equal(deltas.map((d) => d.content ?? "").join(""), want.content);
-    }),
-    { numRuns: 1000, seed: 7 },
-  );
-  // Markup arriving token by token is held back until complete, then dropped.
-  const cs = new ChannelStream(true);
-  assert.deepEqual(cs.push("abc"), { reasoning_content: "abc" });
-  assert.equal(cs.push("<|close|>"), null);
-  assert.equal(cs.push("think"), null);
-  assert.equal(cs.push("<|sep|>"), null);
-  assert.equal(cs.push("<|open|>"), null);
-  assert.equal(cs.push("response"), null);
-  assert.equal(cs.push("<|sep|>"), null);
-  assert.deepEqual(cs.push("Hi"), { content: "Hi" });
 });

@@ -1,0 +1,560 @@
+/**
+ * The HTTP side of `k3 serve`: an OpenAI-compatible API on `Deno.serve` in front of the
+ * batching scheduler. Every generation request becomes one scheduler sequence with its
+ * own sampler and stop matcher; a client that goes away aborts its sequence; the number
+ * of requests waiting is bounded (429 beyond it); a shutdown stops accepting and gives
+ * what is in flight a grace period before cancelling it.
+ *
+ * Nothing here reads or writes files: the model, tokenizer and scheduler are handed in.
+ *
+ * @module
+ */
+
+import { createHash, timingSafeEqual } from "node:crypto";
+import type { Scheduler, SequenceResult } from "../engine/generate/scheduler.ts";
+import { CHAT_DEFAULTS, makeSampler, type SamplingParams } from "../engine/generate/sampling.ts";
+import { StopMatcher } from "../engine/generate/stops.ts";
+import { ChannelSplitter, type ChannelText, chatPrompt, stopIds } from "../engine/text/chat.ts";
+import type { Tokenizer } from "../engine/text/tokenizer.ts";
+import { K3Error } from "../engine/errors.ts";
+import {
+  ApiError,
+  chatChunk,
+  chatCompletion,
+  type ChatDelta,
+  type ChatRequest,
+  completion,
+  completionChunk,
+  type CompletionRequest,
+  errorBody,
+  finishReason,
+  modelList,
+  parseChatRequest,
+  parseCompletionRequest,
+  type ResponseHead,
+  sse,
+  usage,
+  usageChunk,
+} from "./openai.ts";
+
+/** What the server generates with, available once the model is loaded. */
+export interface ServeEngine {
+  scheduler: Pick<Scheduler, "submit" | "queued" | "active">;
+  tokenizer: Tokenizer;
+  /** Positions one sequence can hold: prompt plus generated tokens. */
+  capacity: number;
+  vocabSize: number;
+  /** Bytes read from disk so far (trunk and experts). */
+  bytesRead: () => number;
+}
+
+/** How the server is set up. */
+export interface ServerOptions {
+  hostname: string;
+  /** 0: any free port. */
+  port: number;
+  /** The model name answered in responses and /v1/models. */
+  modelName: string;
+  /** When set, every endpoint but /health wants `Authorization: Bearer <apiKey>`. */
+  apiKey?: string;
+  /** Sequences generating at once (the scheduler's batch). */
+  parallel: number;
+  /** Requests waiting beyond `parallel`; more get 429. */
+  maxQueue: number;
+  maxBodyBytes: number;
+  /** Access-Control-Allow-Origin to answer (no CORS headers at all when unset). */
+  cors?: string;
+  /** One line per request (default: stderr). */
+  log?: (line: string) => void;
+}
+
+/** A listening server. */
+export interface RunningServer {
+  readonly addr: Deno.NetAddr;
+  /** Starts answering generation requests (and /health 200). */
+  ready(engine: ServeEngine): void;
+  /** Stops accepting; in-flight requests get `graceSeconds` to finish, then are cancelled. */
+  shutdown(graceSeconds: number): Promise<void>;
+  /** Resolves when the server has stopped. */
+  readonly finished: Promise<void>;
+}
+
+const JSON_HEADERS = { "content-type": "application/json" };
+
+/** OpenAI's defaults for /v1/completions: temperature 1 over all tokens. */
+const COMPLETION_DEFAULTS: SamplingParams = { temperature: 1, topP: 1, topK: 0, minP: 0, seed: 0 };
+
+/** Counters and gauges for /metrics. */
+class Metrics {
+  readonly requests = new Map<string, number>();
+  promptTokens = 0;
+  completionTokens = 0;
+  decodeSeconds = 0;
+  decodeTokens = 0;
+  ttftSeconds = 0;
+  ttftCount = 0;
+
+  count(endpoint: string, status: number): void {
+    const key = `endpoint="${endpoint}",status="${status}"`;
+    this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
+  }
+
+  /** Prometheus text exposition format, version 0.0.4. */
+  text(engine: ServeEngine | undefined, inFlight: number): string {
+    const out: string[] = [];
+    const metric = (name: string, type: string, help: string, rows: [string, number][]) => {
+      out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
+      for (const [labels, v] of rows) out.push(`${name}${labels ? `{${labels}}` : ""} ${v}`);
+    };
+    metric("k3_requests_total", "counter", "Requests answered, by endpoint and HTTP status.", [...this.requests]);
+    metric("k3_prompt_tokens_total", "counter", "Prompt tokens of generation requests.", [["", this.promptTokens]]);
+    metric("k3_completion_tokens_total", "counter", "Tokens generated.", [["", this.completionTokens]]);
+    metric("k3_requests_in_flight", "gauge", "Generation requests admitted and not yet answered.", [["", inFlight]]);
+    metric("k3_queue_length", "gauge", "Sequences waiting for a slot in the batch.", [[
+      "",
+      engine?.scheduler.queued ?? 0,
+    ]]);
+    metric("k3_sequences_in_flight", "gauge", "Sequences in the running batch.", [["", engine?.scheduler.active ?? 0]]);
+    metric("k3_read_bytes_total", "counter", "Bytes of weights read from disk.", [["", engine?.bytesRead() ?? 0]]);
+    metric("k3_decode_seconds_total", "counter", "Seconds spent generating tokens after the first.", [[
+      "",
+      this.decodeSeconds,
+    ]]);
+    metric("k3_decode_tokens_total", "counter", "Tokens generated after the first (seconds per token = ratio).", [[
+      "",
+      this.decodeTokens,
+    ]]);
+    metric("k3_time_to_first_token_seconds_total", "counter", "Seconds from admission to the first token.", [[
+      "",
+      this.ttftSeconds,
+    ]]);
+    metric("k3_time_to_first_token_count", "counter", "Requests that produced a first token.", [["", this.ttftCount]]);
+    return out.join("\n") + "\n";
+  }
+}
+
+/** A SHA-256 digest, so keys of any length compare in constant time. */
+function digest(s: string): Uint8Array {
+  return createHash("sha256").update(s).digest();
+}
+
+function randomId(prefix: string): string {
+  const b = crypto.getRandomValues(new Uint8Array(12));
+  return prefix + Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+}
+
+/** Reads a body of at most `cap` bytes (413 beyond), without trusting Content-Length. */
+async function readBody(req: Request, cap: number): Promise<string> {
+  const declared = Number(req.headers.get("content-length") ?? "0");
+  if (declared > cap) throw new ApiError(413, `the request body is ${declared} bytes, at most ${cap}`);
+  if (!req.body) return "";
+  const chunks: Uint8Array[] = [];
+  let n = 0;
+  for await (const c of req.body) {
+    n += c.length;
+    if (n > cap) throw new ApiError(413, `the request body is over ${cap} bytes`);
+    chunks.push(c);
+  }
+  const all = new Uint8Array(n);
+  let o = 0;
+  for (const c of chunks) (all.set(c, o), o += c.length);
+  try {
+    return new TextDecoder("utf-8", { fatal: true }).decode(all);
+  } catch {
+    throw new ApiError(400, "the request body is not valid UTF-8");
+  }
+}
+
+/** The request's sampler; parameters the sampler refuses are the client's error (400). */
+function samplerFor(p: SamplingParams): (logits: Float32Array) => number {
+  try {
+    return makeSampler(p);
+  } catch (e) {
+    if (e instanceof K3Error) throw new ApiError(400, e.message);
+    throw e;
+  }
+}
+
+/** What one generation request produced, for its response, log line and metrics. */
+interface Outcome {
+  result: SequenceResult;
+  /** Text emitted (stop strings and stop ids excluded). */
+  text: string;
+}
+
+/** Starts the server; it answers 503 to generation requests until `ready(engine)`. */
+export function startServer(opts: ServerOptions): RunningServer {
+  const log = opts.log ?? ((line: string) => console.error(line));
+  const metrics = new Metrics();
+  const apiKey = opts.apiKey === undefined ? undefined : digest(opts.apiKey);
+  const inFlight = new Set<AbortController>();
+  let engine: ServeEngine | undefined;
+  let accepting = true;
+  const created = Math.floor(Date.now() / 1000);
+
+  const cors: Record<string, string> = opts.cors
+    ? {
+      "access-control-allow-origin": opts.cors,
+      "access-control-allow-headers": "authorization, content-type",
+      "access-control-allow-methods": "GET, POST, OPTIONS",
+      vary: "origin",
+    }
+    : {};
+
+  const json = (status: number, body: unknown, headers: Record<string, string> = {}) =>
+    new Response(JSON.stringify(body), { status, headers: { ...JSON_HEADERS, ...cors, ...headers } });
+
+  const authorized = (req: Request): boolean => {
+    if (!apiKey) return true;
+    const m = /^Bearer (.+)$/.exec(req.headers.get("authorization") ?? "");
+    return m !== null && timingSafeEqual(digest(m[1]), apiKey);
+  };
+
+  /** Runs one validated request on the scheduler; `emit` gets text as it becomes safe. */
+  async function generate(
+    e: ServeEngine,
+    r: ChatRequest | CompletionRequest,
+    prompt: number[],
+    signal: AbortSignal,
+    emit: (text: string) => void,
+    onFirstToken: () => void,
+  ): Promise<Outcome> {
+    const maxTokens = r.maxTokens ??
+      (r.kind === "chat" ? e.capacity - prompt.length : Math.min(16, e.capacity - prompt.length));
+    const ends = r.ignoreEos ? [] : stopIds(e.tokenizer);
+    const matcher = new StopMatcher(e.tokenizer, r.stop);
+    // Chat defaults to the vendor's guidance, completions to OpenAI's (temperature 1, all tokens).
+    const d = r.kind === "chat" ? CHAT_DEFAULTS : COMPLETION_DEFAULTS;
+    const s = r.sampling;
+    const choose = samplerFor({
+      temperature: s.temperature ?? d.temperature,
+      topP: s.topP ?? d.topP,
+      topK: s.topK ?? d.topK,
+      minP: s.minP ?? d.minP,
+      seed: s.seed ?? crypto.getRandomValues(new Uint32Array(1))[0],
+    });
+    let text = "";
+    let stoppedByString = false;
+    let first = true;
+    const result = await e.scheduler.submit({
+      prompt,
+      maxTokens,
+      stopIds: ends,
+      choose,
+      signal,
+      onToken: (token) => {
+        if (first) (first = false, onFirstToken());
+        if (ends.includes(token)) return;
+        const out = matcher.push(token);
+        if (out.text) (text += out.text, emit(out.text));
+        if (out.stopped) return (stoppedByString = true);
+      },
+    });
+    if (!stoppedByString && result.finishReason !== "interrupted") {
+      const rest = matcher.flush();
+      if (rest) (text += rest, emit(rest));
+    }
+    return { result, text };
+  }
+
+  /** Checks the prompt and max_tokens against what one sequence can hold. */
+  function checkFits(e: ServeEngine, r: ChatRequest | CompletionRequest, prompt: number[]): void {
+    const param = r.kind === "chat" ? "messages" : "prompt";
+    if (prompt.length === 0) throw new ApiError(400, "the prompt is empty", param);
+    if (prompt.length >= e.capacity) {
+      throw new ApiError(
+        400,
+        `this server's context is ${e.capacity} tokens (prompt plus completion); the prompt has ${prompt.length}`,
+        param,
+        "context_length_exceeded",
+      );
+    }
+    if (r.maxTokens !== undefined && prompt.length + r.maxTokens > e.capacity) {
+      throw new ApiError(
+        400,
+        `this server's context is ${e.capacity} tokens; ${prompt.length} prompt tokens plus '${r.maxTokensParam}' ${r.maxTokens} do not fit (at most ${
+          e.capacity - prompt.length
+        })`,
+        r.maxTokensParam,
+        "context_length_exceeded",
+      );
+    }
+  }
+
+  /** A generation endpoint: validate, admit, run, answer (JSON or SSE). */
+  async function completions(req: Request, kind: "chat" | "completion", note: LogNote): Promise<Response> {
+    const e = engine;
+    if (!e) throw new ApiError(503, "the model is still loading", null, "model_loading");
+    const body = await readBody(req, opts.maxBodyBytes);
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(body);
+    } catch {
+      throw new ApiError(400, "the request body is not valid JSON");
+    }
+    const r = kind === "chat" ? parseChatRequest(parsed) : parseCompletionRequest(parsed, e.vocabSize);
+    if (r.model !== undefined && r.model !== opts.modelName) {
+      throw new ApiError(
+        404,
+        `the model '${r.model}' does not exist (this server has '${opts.modelName}')`,
+        "model",
+        "model_not_found",
+      );
+    }
+    let prompt: number[];
+    try {
+      prompt = r.kind === "chat"
+        ? chatPrompt(e.tokenizer, r.messages, { thinking: r.thinking, effort: r.effort })
+        : typeof r.prompt === "string"
+        ? e.tokenizer.encode(r.prompt, { allowSpecial: false })
+        : r.prompt;
+    } catch (err) {
+      if (err instanceof K3Error) throw new ApiError(400, err.message, r.kind === "chat" ? "messages" : "prompt");
+      throw err;
+    }
+    checkFits(e, r, prompt);
+    if (!accepting) throw new ApiError(503, "the server is shutting down", null, "shutting_down");
+    if (inFlight.size >= opts.parallel + opts.maxQueue) {
+      throw new ApiError(
+        429,
+        `the server is busy: ${opts.parallel} requests generating and ${opts.maxQueue} waiting; retry later`,
+        null,
+        "queue_full",
+        "rate_limit_error",
+      );
+    }
+
+    const id = randomId(kind === "chat" ? "chatcmpl-" : "cmpl-");
+    note.id = id;
+    const head: ResponseHead = { id, created: Math.floor(Date.now() / 1000), model: opts.modelName };
+    const ac = new AbortController();
+    const onGone = () => ac.abort(new Error("client disconnected"));
+    // A streamed response learns of a gone client from its body being cancelled; only a
+    // request answered at the end watches its signal (which Deno also aborts on success).
+    if (!r.stream) req.signal.addEventListener("abort", onGone);
+    inFlight.add(ac);
+    const t0 = performance.now();
+    let firstAt = 0;
+    const finish = (o: Outcome | undefined) => {
+      inFlight.delete(ac);
+      req.signal.removeEventListener("abort", onGone);
+      if (!o) return;
+      const n = o.result.tokens.length;
+      note.tokensIn = prompt.length;
+      note.tokensOut = n;
+      note.finish = o.result.finishReason;
+      metrics.promptTokens += prompt.length;
+      metrics.completionTokens += n;
+      if (n > 0) {
+        metrics.ttftSeconds += (firstAt - t0) / 1000;
+        metrics.ttftCount++;
+        metrics.decodeSeconds += (performance.now() - firstAt) / 1000;
+        metrics.decodeTokens += n - 1;
+      }
+    };
+    const markFirst = () => (firstAt = performance.now());
+    const thinking = r.kind === "chat" && r.thinking;
+
+    if (!r.stream) {
+      let o: Outcome | undefined;
+      try {
+        o = await generate(e, r, prompt, ac.signal, () => {}, markFirst);
+      } finally {
+        finish(o);
+      }
+      if (o.result.finishReason === "interrupted") {
+        throw new ApiError(503, "the request was cancelled: the server is shutting down", null, "cancelled");
+      }
+      const u = usage(prompt.length, o.result.tokens.length);
+      const fin = finishReason(o.result.finishReason);
+      if (r.kind === "completion") return json(200, completion(head, { text: o.text, finish: fin, usage: u }));
+      const split = new ChannelSplitter(thinking);
+      const pieces = [...split.push(o.text), ...split.flush()];
+      const text = (channel: string) => pieces.filter((p) => p.channel === channel).map((p) => p.text).join("");
+      const reasoning = text("think"), content = text("response");
+      return json(
+        200,
+        chatCompletion(head, { content, reasoning: thinking ? reasoning : null, finish: fin, usage: u }),
+      );
+    }
+
+    // Streaming: headers now, chunks as text becomes safe, [DONE] at the end.
+    const enc = new TextEncoder();
+    let ctl!: ReadableStreamDefaultController<Uint8Array>;
+    let open = true;
+    const send = (data: unknown) => {
+      if (!open) return;
+      try {
+        ctl.enqueue(enc.encode(sse(data)));
+      } catch {
+        open = false;
+      }
+    };
+    const stream = new ReadableStream<Uint8Array>({
+      start: (c) => void (ctl = c),
+      cancel: () => {
+        open = false;
+        onGone();
+      },
+    });
+    const channels = new ChannelSplitter(thinking);
+    const sendPieces = (pieces: ChannelText[]) => {
+      for (const p of pieces) {
+        const d: ChatDelta = p.channel === "think" ? { reasoning_content: p.text } : { content: p.text };
+        send(chatChunk(head, d, null, r.includeUsage));
+      }
+    };
+    if (r.kind === "chat") send(chatChunk(head, { role: "assistant", content: "" }, null, r.includeUsage));
+    const emit = (text: string) =>
+      r.kind === "chat" ? sendPieces(channels.push(text)) : send(completionChunk(head, text, null, r.includeUsage));
+    (async () => {
+      let o: Outcome | undefined;
+      try {
+        o = await generate(e, r, prompt, ac.signal, emit, markFirst);
+        if (o.result.finishReason === "interrupted") {
+          send(
+            errorBody(new ApiError(503, "the request was cancelled: the server is shutting down", null, "cancelled")),
+          );
+        } else {
+          const fin = finishReason(o.result.finishReason);
+          if (r.kind === "chat") {
+            sendPieces(channels.flush());
+            send(chatChunk(head, {}, fin, r.includeUsage));
+          } else {
+            send(completionChunk(head, "", fin, r.includeUsage));
+          }
+          if (r.includeUsage) {
+            send(
+              usageChunk(
+                head,
+                r.kind === "chat" ? "chat.completion.chunk" : "text_completion",
+                usage(prompt.length, o.result.tokens.length),
+              ),
+            );
+          }
+        }
+      } catch (err) {
+        note.status = 500;
+        send(errorBody(toApiError(err)));
+      } finally {
+        finish(o);
+        send("[DONE]");
+        if (open) {
+          open = false;
+          ctl.close();
+        }
+        note.done();
+      }
+    })();
+    note.streaming = true;
+    return new Response(stream, {
+      status: 200,
+      headers: { "content-type": "text/event-stream", "cache-control": "no-cache", ...cors },
+    });
+  }
+
+  function toApiError(err: unknown): ApiError {
+    if (err instanceof ApiError) return err;
+    const msg = err instanceof Error ? err.message : String(err);
+    return new ApiError(500, `generation failed: ${msg}`, null, err instanceof K3Error ? `exit_${err.exitCode}` : null);
+  }
+
+  /** Per-request facts for its one log line, written when the response is done. */
+  interface LogNote {
+    id: string;
+    status: number;
+    tokensIn: number;
+    tokensOut: number;
+    finish: string;
+    streaming: boolean;
+    done: () => void;
+  }
+
+  async function route(req: Request, path: string, note: LogNote): Promise<Response> {
+    if (req.method === "OPTIONS" && opts.cors) return new Response(null, { status: 204, headers: cors });
+    const want = (method: string) => {
+      if (req.method !== method) {
+        throw new ApiError(405, `${path} takes ${method}, not ${req.method}`, null, "method_not_allowed");
+      }
+    };
+    if (path === "/health") {
+      want("GET");
+      return engine ? json(200, { status: "ok" }) : json(503, { status: "loading" });
+    }
+    if (!authorized(req)) {
+      throw new ApiError(401, "a valid API key is required: Authorization: Bearer <key>", null, "invalid_api_key");
+    }
+    switch (path) {
+      case "/v1/models":
+        want("GET");
+        return json(200, modelList(opts.modelName, created));
+      case "/metrics":
+        want("GET");
+        return new Response(metrics.text(engine, inFlight.size), {
+          headers: { "content-type": "text/plain; version=0.0.4", ...cors },
+        });
+      case "/v1/chat/completions":
+        want("POST");
+        return await completions(req, "chat", note);
+      case "/v1/completions":
+        want("POST");
+        return await completions(req, "completion", note);
+    }
+    throw new ApiError(404, `no endpoint ${path}`, null, "not_found");
+  }
+
+  const server = Deno.serve({
+    hostname: opts.hostname,
+    port: opts.port,
+    onListen: () => {},
+  }, async (req) => {
+    const t0 = performance.now();
+    const path = new URL(req.url).pathname;
+    const note: LogNote = {
+      id: "-",
+      status: 0,
+      tokensIn: 0,
+      tokensOut: 0,
+      finish: "-",
+      streaming: false,
+      done: () =>
+        log(
+          `k3: ${note.id} ${req.method} ${path} ${note.status} tokens ${note.tokensIn}/${note.tokensOut} ${
+            ((performance.now() - t0) / 1000).toFixed(3)
+          } s finish ${note.finish}`,
+        ),
+    };
+    let res: Response;
+    try {
+      res = await route(req, path, note);
+    } catch (err) {
+      const e = toApiError(err);
+      if (e.status >= 500 && !(err instanceof ApiError)) log(`k3: internal error: ${(err as Error)?.stack ?? err}`);
+      res = json(e.status, errorBody(e), e.status === 429 ? { "retry-after": "1" } : {});
+    }
+    metrics.count(path.startsWith("/v1/") || ["/health", "/metrics"].includes(path) ? path : "other", res.status);
+    if (!note.status) note.status = res.status;
+    if (!note.streaming) note.done();
+    return res;
+  });
+
+  return {
+    addr: server.addr,
+    finished: server.finished,
+    ready(e: ServeEngine) {
+      engine = e;
+    },
+    async shutdown(graceSeconds: number) {
+      accepting = false;
+      const stopped = server.shutdown();
+      const timer = setTimeout(() => {
+        for (const ac of inFlight) ac.abort(new Error("server shutting down"));
+      }, graceSeconds * 1000);
+      try {
+        await stopped;
+      } finally {
+        clearTimeout(timer);
+      }
+    },
+  };
+}
