@@ -23,7 +23,7 @@ import { K3_PERMISSIONS } from "./permissions.ts";
 
 /** Permissions of the compiled k3, the deno.json permission set "k3": files (models,
  * outputs, the library cache), its own environment variables, the kernel library, and free
- * disk space for `k3 doctor`. No network, no subprocesses. */
+ * disk space for `k3 doctor`, and the network for `k3 serve`'s listener. No subprocesses. */
 export const PERMISSIONS: string[] = K3_PERMISSIONS;
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");

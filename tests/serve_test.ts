@@ -14,6 +14,7 @@ import fc from "fast-check";
 import OpenAI from "openai";
 import { chatPrompt, splitChannels } from "../engine/text/chat.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
+import { K3_PERMISSIONS } from "../cli/permissions.ts";
 import { k3, ROOT, tempDir, TINY } from "./helpers.ts";
 
 const KEY = "test-key-0123456789";
@@ -33,7 +34,8 @@ class Server {
 
   constructor(args: string[]) {
     this.child = new Deno.Command(Deno.execPath(), {
-      args: ["run", "--allow-all", `${ROOT}/main.ts`, "serve", TINY, ...args],
+      // The permissions deno task k3 and the one-file builds grant: proves they are enough.
+      args: ["run", ...K3_PERMISSIONS, `${ROOT}/main.ts`, "serve", TINY, ...args],
       stdin: "null",
       stdout: "null",
       stderr: "piped",
@@ -522,6 +524,45 @@ Deno.test({
         `^k3: ${r.id} POST /v1/chat/completions 200 tokens ${r.usage!.prompt_tokens}/4 \\d+\\.\\d{3} s finish length$`,
       ),
     );
+  },
+});
+
+Deno.test({
+  name: "serve: usage errors exit 2 with one line (no model dir, bad flag, port in use)",
+  ...shared,
+  fn: async () => {
+    const cases: [string[], RegExp][] = [
+      [["serve"], /expected exactly one <model_dir>/],
+      [["serve", TINY, "--parallel", "0"], /--parallel: 0 is out of range/],
+      [["serve", TINY, "--port", new URL(server.url).port], /cannot listen on 127\.0\.0\.1:\d+/],
+    ];
+    for (const [args, re] of cases) {
+      const out = await k3(args);
+      assert.equal(out.code, 2, out.stderr);
+      assert.equal(out.stderr.trim().split("\n").length, 1, out.stderr);
+      assert.match(out.stderr, re);
+    }
+  },
+});
+
+Deno.test({
+  name: "serve: past the grace period, requests in flight are cancelled (error event, [DONE]) and it exits 0",
+  ...shared,
+  fn: async () => {
+    const s = await new Server(["--port", "0", "--grace", "0.2"]).ready();
+    const res = await fetch(`${s.url}/v1/completions`, {
+      method: "POST",
+      body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 1000, ignore_eos: true, stream: true }),
+    });
+    const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
+    let text = (await reader.read()).value ?? "";
+    s.child.kill("SIGTERM");
+    for (let r = await reader.read(); !r.done; r = await reader.read()) text += r.value;
+    assert.match(text, /data: \{"error":\{"message":"the request was cancelled: the server is shutting down"/);
+    assert.doesNotMatch(text, /"finish_reason":"length"/);
+    assert.ok(text.endsWith("data: [DONE]\n\n"));
+    assert.equal((await s.exit()).code, 0, s.stderr);
+    assert.match(s.stderr, /POST \/v1\/completions 200 tokens 3\/\d+ .* finish interrupted\n/);
   },
 });
 
