@@ -14,6 +14,7 @@
  *   deno run -A bench/serve.ts --model DIR --tok DIR -- --trunk T --trunk-gb 2.4 --cache-gb 0.3
  *   options: --clients 1,4,8  --tokens N (default 64)  --prompt N (ids per prompt, default 16)
  *            --rounds N (default 3; medians)  --json (one JSON object as the last line)
+ *            --unstreamed (whole answers: time to first token is then the whole answer's)
  *   arguments after -- go to k3 serve (memory budget, threads, ...)
  *
  * @module
@@ -32,6 +33,7 @@ const { values, positionals } = parseArgs({
     tokens: { type: "string" },
     prompt: { type: "string" },
     rounds: { type: "string" },
+    unstreamed: { type: "boolean" },
     json: { type: "boolean" },
   },
 });
@@ -95,11 +97,14 @@ async function one(i: number, round: number): Promise<{ ttft: number; tokens: nu
       max_tokens: TOKENS,
       temperature: 0,
       ignore_eos: true,
-      stream: true,
-      stream_options: { include_usage: true },
+      stream: !values.unstreamed,
+      ...(values.unstreamed ? {} : { stream_options: { include_usage: true } }),
     }),
   });
   if (res.status !== 200) throw new Error(`status ${res.status}: ${await res.text()}`);
+  if (values.unstreamed) {
+    return { ttft: (performance.now() - t0) / 1000, tokens: (await res.json()).usage.completion_tokens };
+  }
   let ttft = 0, tokens = 0, buf = "";
   for await (const piece of res.body!.pipeThrough(new TextDecoderStream())) {
     buf += piece;
@@ -147,7 +152,11 @@ child.kill("SIGTERM");
 const status = await child.status;
 if (status.code !== 0) log(`server exited ${status.code}:\n${stderr}`);
 
-console.log(`k3 serve on ${MODEL}: ${TOKENS} tokens per client, prompts of ${PROMPT} ids, median of ${ROUNDS} rounds`);
+console.log(
+  `k3 serve on ${MODEL}: ${TOKENS} tokens per client, prompts of ${PROMPT} ids, ${
+    values.unstreamed ? "unstreamed" : "streamed"
+  }, median of ${ROUNDS} rounds`,
+);
 console.log("| clients | aggregate tok/s | time to first token s | vs 1 client |");
 console.log("| ------: | --------------: | --------------------: | ----------: |");
 for (const r of rows) {

@@ -44,6 +44,11 @@ model:
   --layers N        bind and run only the first N layers (diagnostics)
 ${MEMORY_HELP}
   -h, --help        this help
+
+examples:
+  k3 serve tests/fixtures/tiny --port 8000
+  k3 serve /data/kimi-k3 --trunk /data/k3-trunk --preset auto --served-model-name kimi-k3 --api-key KEY
+  curl -s http://127.0.0.1:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'
 `;
 
 const LOOPBACK = new Set(["127.0.0.1", "localhost", "::1", "[::1]"]);
