@@ -110,7 +110,14 @@ export function parseOpenAILine(
     }
     const s = req.sampling;
     const seed = s.seed === undefined ? opts.seed : ((s.seed % 2 ** 53) + 2 ** 53) % 2 ** 53;
-    const sampling: SamplingParams = { temperature: s.temperature, topP: s.topP, topK: s.topK, minP: s.minP, seed };
+    // OpenAI's defaults where the body leaves a field out (cli/openai.ts leaves them unset).
+    const sampling: SamplingParams = {
+      temperature: s.temperature ?? 1,
+      topP: s.topP ?? 1,
+      topK: s.topK ?? 0,
+      minP: s.minP ?? 0,
+      seed,
+    };
     try {
       checkSampling(sampling);
     } catch (e) {
