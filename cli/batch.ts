@@ -22,8 +22,18 @@ import { makeSampler, type SamplingParams } from "../engine/generate/sampling.ts
 import { StopMatcher } from "../engine/generate/stops.ts";
 import { chatPrompt, parseHistory, splitChannels, stopIds as chatStopIds } from "../engine/text/chat.ts";
 import { type OpenAIRequest, openaiResultLine, parseOpenAILine } from "./batch_openai.ts";
-import { fmtBytes, parseIds, peakRssBytes, plural, writeFileAtomic } from "./common.ts";
+import { fmtBytes, parseIds, peakRssBytes, plural } from "./common.ts";
 import { reportHead, type ReportSettings, reportSettings, sequenceFields, settingsDiff, snakeKeys } from "./report.ts";
+import {
+  notRegular,
+  openDirect,
+  prepareOutput,
+  readInput,
+  writeAllSync,
+  writeFailure,
+  writeOutput,
+  type Writer,
+} from "../engine/native/files.ts";
 import { fmtDuration, progress } from "./progress.ts";
 import {
   GENERATION_FLAGS,
@@ -320,18 +330,25 @@ export function parseJob(
   return { line, id, key: JSON.stringify(id), promptIds, gen, stopIds, stops, sampling, chat };
 }
 
-/** Ids already in an output file, and the settings each line records (undefined: a line
- * from before settings were recorded); a torn or unreadable last line is cut away. */
+/** The longest result line the resume scan accepts (a longer one is not ours). */
+const MAX_RESULT_LINE = 64 << 20;
+
+/**
+ * Ids already in an output file, and the settings each line records (undefined: a line
+ * from before settings were recorded); a torn or unreadable last line is cut away. Only a
+ * regular file is scanned (a device or FIFO is never read), and lines are bounded.
+ */
 export async function readDone(
   path: string,
 ): Promise<{ done: Set<string>; cutBytes: number; lines: number; settings: (ReportSettings | undefined)[] }> {
+  const why = notRegular(path);
+  if (why === "no such file") return { done: new Set(), cutBytes: 0, lines: 0, settings: [] };
+  if (why !== undefined) throw new K3Error(`--output: cannot resume from ${path}: ${why}`);
   let bytes: Uint8Array;
   try {
     bytes = await Deno.readFile(path);
   } catch (e) {
-    if (e instanceof Deno.errors.NotFound) return { done: new Set(), cutBytes: 0, lines: 0, settings: [] };
-    const wrongKind = e instanceof Deno.errors.IsADirectory || e instanceof Deno.errors.NotADirectory;
-    throw new K3Error(`--output: cannot read ${readProblem(path, e)}`, wrongKind ? EXIT.usage : EXIT.runtime);
+    throw new K3Error(`--output: cannot read ${readProblem(path, e)}`);
   }
   const done = new Set<string>();
   const settings: (ReportSettings | undefined)[] = [];
@@ -341,6 +358,9 @@ export async function readDone(
     const nl = bytes.indexOf(0x0a, start);
     const end = nl < 0 ? bytes.length : nl;
     lineNo++;
+    if (end - start > MAX_RESULT_LINE) {
+      throw new K3Error(`--output: ${path}:${lineNo} is longer than any result line; refusing to append to this file`);
+    }
     let key: string | undefined;
     if (nl >= 0) {
       try {
@@ -413,11 +433,6 @@ function parallelOption(v: string | undefined): number | undefined {
 }
 
 /** Writes all of `data` (write may be partial). */
-function writeAll(f: Deno.FsFile, data: Uint8Array): void {
-  let off = 0;
-  while (off < data.length) off += f.writeSync(data.subarray(off));
-}
-
 /** Runs `k3 batch`; returns the exit code, throws K3Error on failure. */
 export async function main(args: string[]): Promise<number> {
   const { values, positionals, tokens } = parseFlags("batch", args, {
@@ -443,6 +458,9 @@ export async function main(args: string[]): Promise<number> {
   if (values.input === values.output) {
     throw usageError("batch: --input and --output must be different files");
   }
+  // Checked before anything loads: a directory, a missing or unwritable directory: exit 2.
+  const target = prepareOutput(values.output, "--output");
+  const reportTarget = values.report !== undefined ? prepareOutput(values.report, "--report") : undefined;
   const dir = positionals[0];
   const genOpts = generationOptions(values);
   const sampling = samplingOptions(values);
@@ -452,12 +470,12 @@ export async function main(args: string[]): Promise<number> {
   if (genOpts.layers !== undefined) cfg = firstLayers(cfg, genOpts.layers);
   const stopIds = genOpts.stopIds.map((s) => parseIds("stop-id", s, cfg.vocabSize)[0]);
 
-  let inputBytes: Uint8Array;
-  try {
-    inputBytes = await Deno.readFile(values.input);
-  } catch (e) {
-    throw usageError(`--input: cannot read ${readProblem(values.input, e)}`);
-  }
+  const inputBytes = readInput(values.input, {
+    what: "--input",
+    maxBytes: 1 << 30,
+    allowStdin: true,
+    exitCode: EXIT.usage,
+  });
   const tokDir = tokenizerDir(dir, genOpts.tokDir);
   let tokenizer: Tokenizer | undefined;
   const getTokenizer = () => (tokDir ? (tokenizer ??= Tokenizer.load(tokDir)) : undefined);
@@ -510,7 +528,10 @@ export async function main(args: string[]): Promise<number> {
     }
   });
 
-  const { done, cutBytes, settings: recorded } = await readDone(values.output);
+  // Resume only from a regular file: stdout, a FIFO or a device is written, never read.
+  const { done, cutBytes, settings: recorded } = target.kind === "atomic"
+    ? await readDone(target.real)
+    : { done: new Set<string>(), cutBytes: 0, settings: [] };
   if (cutBytes > 0) {
     console.error(
       `k3: batch: ${values.output}: cut a torn last line (${cutBytes} bytes) left by an interrupted run`,
@@ -544,23 +565,48 @@ export async function main(args: string[]): Promise<number> {
       (jobs.length - todo.length ? `, ${jobs.length - todo.length} already in ${values.output}` : "") +
       (failed ? `, ${failed} malformed ${plural(failed, "line")} skipped` : "") + `; ${todo.length} to run`,
   );
-  let out: Deno.FsFile;
+  let out: Deno.FsFile | Writer | typeof Deno.stdout;
   try {
-    out = await Deno.open(values.output, { append: true, create: true });
+    out = target.kind === "stdout"
+      ? Deno.stdout
+      : target.kind === "atomic"
+      ? await Deno.open(target.real, { append: true, create: true })
+      : await openDirect(target.real);
   } catch (e) {
     throw new K3Error(`--output: cannot open ${readProblem(values.output, e)}`);
   }
+  // Appends one result line durably; on a failed write the partial line is cut away.
+  const appendLine = (bytes: Uint8Array) => {
+    if (!(out instanceof Deno.FsFile) || target.kind !== "atomic") {
+      try {
+        writeAllSync(out, bytes);
+      } catch (e) {
+        throw writeFailure(values.output!, bytes.length, e);
+      }
+      return;
+    }
+    const f = out;
+    const before = f.statSync().size;
+    try {
+      writeAllSync(f, bytes);
+      f.syncSync();
+    } catch (e) {
+      try {
+        f.truncateSync(before);
+      } catch { /* the failure below is what matters */ }
+      throw writeFailure(values.output!, bytes.length, e);
+    }
+  };
   try {
     // OpenAI requests that did not validate are answered at once (status 400), as the
     // Batch API does.
     for (const job of todo.filter((j) => j.immediate)) {
-      writeAll(out, new TextEncoder().encode(JSON.stringify(job.immediate) + "\n"));
-      out.syncSync();
+      appendLine(new TextEncoder().encode(JSON.stringify(job.immediate) + "\n"));
       console.error(`k3: batch: ${values.input}:${job.line}: custom_id ${job.key.slice(10)}: answered 400`);
     }
     todo = todo.filter((j) => !j.immediate);
     if (todo.length === 0) return failed ? EXIT.runtime : EXIT.ok;
-    const capacity = Math.max(...todo.map((j) => j.promptIds.length + j.gen));
+    const capacity = todo.reduce((m, j) => Math.max(m, j.promptIds.length + j.gen), 0);
     const t0 = performance.now();
     const opened = await openModel(dir, {
       layers: cfg.numLayers,
@@ -622,8 +668,7 @@ export async function main(args: string[]): Promise<number> {
           ledger,
           settings: { ...settings, parallel: inFlight },
         };
-      writeAll(out, enc.encode(JSON.stringify(result) + "\n"));
-      out.syncSync();
+      appendLine(enc.encode(JSON.stringify(result) + "\n"));
       finished++;
       tokensDone += ids.length;
       const elapsed = (performance.now() - t1) / 1000;
@@ -662,7 +707,12 @@ export async function main(args: string[]): Promise<number> {
         }).then(
           (r) => {
             if (matcher && !matcher.stopped) text += matcher.flush();
-            if (r.finishReason !== "interrupted") write(job, r, admitted, text);
+            try {
+              if (r.finishReason !== "interrupted") write(job, r, admitted, text);
+            } catch (e) {
+              unsound ??= e; // a failed write stops the run like an unsound output
+              stop.abort();
+            }
           },
           (e) => {
             unsound ??= e;
@@ -684,8 +734,8 @@ export async function main(args: string[]): Promise<number> {
     );
     if (values.report) {
       const end = io();
-      await writeFileAtomic(
-        values.report,
+      await writeOutput(
+        reportTarget!,
         JSON.stringify(
           {
             ...reportHead("batch_report"),
@@ -708,6 +758,6 @@ export async function main(args: string[]): Promise<number> {
     }
     return failed ? EXIT.runtime : EXIT.ok;
   } finally {
-    out.close();
+    if (out !== Deno.stdout) out.close();
   }
 }

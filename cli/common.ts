@@ -150,19 +150,6 @@ export function parseIds(flag: string, text: string, vocab?: number): number[] {
   return ids;
 }
 
-/** Writes a file atomically: a temporary sibling, then rename. */
-export async function writeFileAtomic(path: string, data: string | Uint8Array): Promise<void> {
-  const tmp = `${path}.tmp-${Deno.pid}-${Date.now()}`;
-  try {
-    if (typeof data === "string") await Deno.writeTextFile(tmp, data);
-    else await Deno.writeFile(tmp, data);
-    await Deno.rename(tmp, path);
-  } catch (e) {
-    await Deno.remove(tmp).catch(() => {});
-    throw e;
-  }
-}
-
 /** Peak resident set size of this process from the OS (getrusage ru_maxrss, the same as
  * VmHWM; /proc/self/status would need --allow-all), or the current RSS. */
 export function peakRssBytes(): number {

@@ -25,8 +25,9 @@ import { formatLedger, ledgerBetween, markLedger } from "../engine/generate/ledg
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { prefillProgress, progress } from "./progress.ts";
 import { reportHead, reportSettings, sequenceFields, snakeKeys } from "./report.ts";
-import { fmtBytes, parseIds, peakRssBytes, plural, writeFileAtomic } from "./common.ts";
+import { fmtBytes, parseIds, peakRssBytes, plural } from "./common.ts";
 import { EXIT_INTERRUPTED, Interrupts, writeStdout } from "./interrupt.ts";
+import { prepareOutput, writeOutput } from "../engine/native/files.ts";
 import {
   GENERATION_FLAGS,
   GENERATION_HELP,
@@ -143,6 +144,11 @@ export async function main(args: string[]): Promise<number> {
   }
   if (positionals.length !== 1) throw usageError("run: expected exactly one <model_dir> (see k3 run --help)");
   const dir = positionals[0];
+  // Outputs are checked before anything loads (a directory, an unwritable place: exit 2).
+  const outTarget = values.out !== undefined ? prepareOutput(values.out, "--out") : undefined;
+  const logitsTarget = values["dump-logits"] !== undefined
+    ? prepareOutput(values["dump-logits"], "--dump-logits")
+    : undefined;
   const source = promptSource(values);
   const genOpts = generationOptions(values, values["save-state"] !== undefined ? 0 : 1);
   const sampling = samplingOptions(values);
@@ -295,12 +301,12 @@ export async function main(args: string[]): Promise<number> {
           }% of wall clock`,
       );
     }
-    if (values["dump-logits"]) {
+    if (logitsTarget) {
       const all = new Float32Array(logitRows.length * cfg.vocabSize);
       logitRows.forEach((r, i) => all.set(r, i * cfg.vocabSize));
-      await writeFileAtomic(values["dump-logits"], new Uint8Array(all.buffer));
+      await writeOutput(logitsTarget, new Uint8Array(all.buffer));
     }
-    if (values.out) {
+    if (outTarget) {
       const report = {
         ...reportHead("run"),
         settings,
@@ -330,7 +336,7 @@ export async function main(args: string[]): Promise<number> {
         ledger,
         memory: snakeKeys(opened.plan ?? null),
       };
-      await writeFileAtomic(values.out, JSON.stringify(report, null, 2) + "\n");
+      await writeOutput(outTarget, JSON.stringify(report, null, 2) + "\n");
     }
     return result.finishReason === "interrupted" ? EXIT_INTERRUPTED : 0;
   } finally {

@@ -6,13 +6,16 @@
  */
 
 import type { ParseArgsConfig } from "node:util";
-import { usageError } from "../engine/errors.ts";
+import { EXIT, usageError } from "../engine/errors.ts";
 import { type MemoryOptions, PRESETS } from "../engine/weights/plan.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
-import { readProblem } from "../engine/paths.ts";
 import { intFlag, lastFlagWins, numFlag, parseFlags, parseIds } from "./common.ts";
 import { checkSampling, GREEDY, type SamplingParams } from "../engine/generate/sampling.ts";
+import { notRegular, readInput } from "../engine/native/files.ts";
+
+/** The largest prompt file read (32,768 ids are far less). */
+export const MAX_PROMPT_FILE = 64 << 20;
 
 /** Flags of the memory budget; applied in command-line order (a later one overrides). */
 export const MEMORY_FLAGS = {
@@ -206,12 +209,8 @@ export function promptSource(values: Record<string, unknown>): PromptSource {
 /** The tokenizer directory: --tok, else the model dir when it holds tiktoken.model. */
 export function tokenizerDir(modelDir: string, tokDir?: string): string | undefined {
   if (tokDir) return tokDir;
-  try {
-    Deno.statSync(`${modelDir}/tiktoken.model`);
-    return modelDir;
-  } catch {
-    return undefined;
-  }
+  // Anything there counts (a FIFO or directory is then refused by the loader, not ignored).
+  return notRegular(`${modelDir}/tiktoken.model`) !== "no such file" ? modelDir : undefined;
 }
 
 /** Loads the tokenizer, or explains how to get one (usage error). */
@@ -222,7 +221,7 @@ export function needTokenizer(modelDir: string, tokDir: string | undefined, why:
 }
 
 /** Turns a prompt source into ids checked against the vocabulary. */
-export async function promptIds(src: PromptSource, vocab: number, tokenizer: () => Tokenizer): Promise<number[]> {
+export function promptIds(src: PromptSource, vocab: number, tokenizer: () => Tokenizer): Promise<number[]> {
   let ids: number[];
   if (src.kind === "ids") {
     ids = parseIds("ids", src.text, vocab);
@@ -230,13 +229,13 @@ export async function promptIds(src: PromptSource, vocab: number, tokenizer: () 
     let text: string;
     if (src.kind === "text") text = src.text;
     else {
-      let bytes: Uint8Array;
-      try {
-        bytes = await Deno.readFile(src.path);
-      } catch (e) {
-        throw usageError(`--prompt-file: cannot read ${readProblem(src.path, e)}`);
-      }
-      text = decodeUtf8Strict(bytes, src.path);
+      const bytes = readInput(src.path, {
+        what: "--prompt-file",
+        maxBytes: MAX_PROMPT_FILE,
+        allowStdin: true,
+        exitCode: EXIT.usage,
+      });
+      text = decodeUtf8Strict(bytes, src.path === "-" ? "stdin" : src.path);
     }
     ids = tokenizer().encode(text, { allowSpecial: false });
     const bad = ids.find((id) => id >= vocab);
@@ -246,7 +245,7 @@ export async function promptIds(src: PromptSource, vocab: number, tokenizer: () 
   }
   if (ids.length === 0) throw usageError("the prompt is empty");
   if (ids.length > 32768) throw usageError(`the prompt has ${ids.length} ids, at most 32768`);
-  return ids;
+  return Promise.resolve(ids);
 }
 
 export { parseFlags };

@@ -6,11 +6,11 @@
  * @module
  */
 
-import { usageError } from "../engine/errors.ts";
+import { EXIT, usageError } from "../engine/errors.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
+import { readInput } from "../engine/native/files.ts";
 import { parseFlags } from "./common.ts";
-import { readProblem } from "../engine/paths.ts";
 
 /** Usage text of `k3 tokenize`. */
 export const USAGE = `usage: k3 tokenize --tok DIR (--text TEXT | --file PATH) [--json]
@@ -42,7 +42,7 @@ export const stdout: Output = {
 };
 
 /** Runs `k3 tokenize`; returns the exit code, throws K3Error on failure. */
-export async function main(args: string[], out: Output = stdout): Promise<number> {
+export function main(args: string[], out: Output = stdout): Promise<number> {
   const opts = parseFlags("tokenize", args, {
     tok: { type: "string" },
     text: { type: "string" },
@@ -52,7 +52,7 @@ export async function main(args: string[], out: Output = stdout): Promise<number
   }, false).values;
   if (opts.help) {
     out.write(USAGE);
-    return 0;
+    return Promise.resolve(0);
   }
   if (opts.tok === undefined) throw usageError("tokenize: --tok DIR is required");
   if ((opts.text === undefined) === (opts.file === undefined)) {
@@ -60,15 +60,10 @@ export async function main(args: string[], out: Output = stdout): Promise<number
   }
   let text = opts.text;
   if (opts.file !== undefined) {
-    let bytes: Uint8Array;
-    try {
-      bytes = await Deno.readFile(opts.file);
-    } catch (e) {
-      throw usageError(`--file: cannot read ${readProblem(opts.file, e)}`);
-    }
-    text = decodeUtf8Strict(bytes, opts.file);
+    const bytes = readInput(opts.file, { what: "--file", maxBytes: 1 << 30, allowStdin: true, exitCode: EXIT.usage });
+    text = decodeUtf8Strict(bytes, opts.file === "-" ? "stdin" : opts.file);
   }
   const ids = Tokenizer.load(opts.tok).encode(text!, { allowSpecial: false });
   out.write((opts.json ? JSON.stringify(ids) : ids.join(",")) + "\n");
-  return 0;
+  return Promise.resolve(0);
 }

@@ -205,3 +205,29 @@ int64_t k3io_pread_check(int32_t fd, void *buf, uint64_t len, uint64_t offset, u
   if (full) out[2] = k3io_hash(buf, len);
   return n;
 }
+
+int32_t k3io_kind(const char *path) {
+  struct stat st;
+  if (stat(path, &st) != 0) return errno == ENOENT || errno == ENOTDIR ? K3IO_KIND_MISSING : -errno;
+  if (S_ISREG(st.st_mode)) return K3IO_KIND_REGULAR;
+  if (S_ISDIR(st.st_mode)) return K3IO_KIND_DIR;
+  if (S_ISFIFO(st.st_mode)) return K3IO_KIND_FIFO;
+  if (S_ISCHR(st.st_mode)) return K3IO_KIND_CHAR;
+  if (S_ISBLK(st.st_mode)) return K3IO_KIND_BLOCK;
+  if (S_ISSOCK(st.st_mode)) return K3IO_KIND_SOCKET;
+  return K3IO_KIND_OTHER;
+}
+
+int64_t k3io_write(int32_t fd, const void *buf, uint64_t len) {
+  uint64_t done = 0;
+  while (done < len) {
+    ssize_t n = write(fd, (const char *)buf + done, len - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    if (n == 0) return -EIO;
+    done += (uint64_t)n;
+  }
+  return (int64_t)done;
+}

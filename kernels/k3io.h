@@ -58,4 +58,18 @@ uint64_t k3io_hash_digest(const uint64_t *state);
 int64_t k3io_pread_check(int32_t fd, void *buf, uint64_t len, uint64_t offset, uint64_t hash_len,
                          int32_t full, uint64_t *out);
 
+/* What `path` is (following symlinks): one of K3IO_KIND_*, or -errno. Used where the
+ * runtime's own stat is not permitted (devices, /sys), so a FIFO or device is recognised. */
+#define K3IO_KIND_MISSING 0
+#define K3IO_KIND_REGULAR 1
+#define K3IO_KIND_DIR 2
+#define K3IO_KIND_FIFO 3
+#define K3IO_KIND_CHAR 4
+#define K3IO_KIND_BLOCK 5
+#define K3IO_KIND_SOCKET 6
+#define K3IO_KIND_OTHER 7
+int32_t k3io_kind(const char *path);
+/* Writes len bytes at the current position (FIFOs, devices); returns len or -errno. */
+int64_t k3io_write(int32_t fd, const void *buf, uint64_t len);
+
 #endif

@@ -16,7 +16,8 @@
  */
 
 import { configFingerprint, loadConfig } from "../engine/model/config.ts";
-import { K3Error } from "../engine/errors.ts";
+import { EXIT, K3Error } from "../engine/errors.ts";
+import { isRegularFile, specialKind, writeFailure, writeFileDurable } from "../engine/native/files.ts";
 import { type Kernels, kernels } from "../engine/native/ffi.ts";
 import { ALIGN, Hasher, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
@@ -97,7 +98,16 @@ export async function packTrunk(
     const layout = planLayout(cfg, ckpt);
 
     // An existing trunk: identical source -> nothing to do; different -> only with --force.
-    await Deno.mkdir(trunkDir, { recursive: true });
+    const special = specialKind(trunkDir);
+    if (special) throw new K3Error(`pack: ${trunkDir} is not a trunk directory: it is ${special}`, EXIT.usage);
+    if (isRegularFile(trunkDir)) {
+      throw new K3Error(`pack: ${trunkDir} is not a trunk directory: it is a file`, EXIT.usage);
+    }
+    try {
+      await Deno.mkdir(trunkDir, { recursive: true });
+    } catch (e) {
+      throw new K3Error(`pack: cannot create ${trunkDir}: ${(e as Error).message}`, EXIT.usage);
+    }
     const manifestPath = `${trunkDir}/${MANIFEST_FILE}`, dataPath = `${trunkDir}/${DATA_FILE}`;
     if (await exists(manifestPath) || await exists(dataPath)) {
       let old: TrunkManifest | undefined;
@@ -163,10 +173,14 @@ export async function packTrunk(
         next: 0,
         write: async (buf: NativeBuffer, len: number, off: number) => {
           if (pending) await pending;
-          pending = out.pwrite(buf.ptr, len, off).then(() => {
+          const p = out.pwrite(buf.ptr, len, off).then(() => {
             written += len;
             progress();
           });
+          // Awaited by the next write or at the end; a failure (a full disk) must not be an
+          // unhandled rejection in between, which would kill the process with a stack trace.
+          p.catch(() => {});
+          pending = p;
         },
       };
       for (const r of [...layout.layers, layout.finals, layout.embed, layout.head]) {
@@ -179,6 +193,11 @@ export async function packTrunk(
       if (pending) await pending.catch(() => {});
       out.close();
       await Deno.remove(partial).catch(() => {});
+      if (/no space left|quota/i.test((e as Error)?.message ?? "")) {
+        throw new K3Error(
+          `pack: cannot write ${partial}: no space left on the device (the trunk needs ${layout.bytes} bytes in ${trunkDir}); nothing was replaced`,
+        );
+      }
       throw e;
     } finally {
       for (const f of inputs.values()) f.close();
@@ -207,12 +226,22 @@ export async function packTrunk(
       embed: layout.embed.region,
       head: layout.head.region,
     };
-    // Old manifest out first, then the data in, then the new manifest: never a manifest
-    // pointing at data it does not describe.
+    // The new manifest is written (and synced) under its temporary name before anything
+    // valid is replaced: a full disk here leaves the old trunk as it was. Then the old
+    // manifest out, the data in, the new manifest in: never a manifest pointing at data it
+    // does not describe.
+    const mpartial = `${manifestPath}.partial`;
+    const mbytes = new TextEncoder().encode(JSON.stringify(manifest, null, 1) + "\n");
+    try {
+      await Deno.remove(mpartial).catch(() => {});
+      writeFileDurable(mpartial, mbytes);
+    } catch (e) {
+      await Deno.remove(mpartial).catch(() => {});
+      await Deno.remove(partial).catch(() => {});
+      throw writeFailure(mpartial, mbytes.length, e);
+    }
     await Deno.remove(manifestPath).catch(() => {});
     await Deno.rename(partial, dataPath);
-    const mpartial = `${manifestPath}.partial`;
-    await Deno.writeTextFile(mpartial, JSON.stringify(manifest, null, 1) + "\n");
     await Deno.rename(mpartial, manifestPath);
     const seconds = (performance.now() - t0) / 1000;
     log(

@@ -8,7 +8,8 @@
  */
 
 import { EXIT, K3Error } from "../errors.ts";
-import { expectDirectory, readProblem } from "../paths.ts";
+import { expectDirectory } from "../paths.ts";
+import { readInputJson } from "../native/files.ts";
 
 /** Which attention a layer uses. */
 export type AttentionKind = "kda" | "mla";
@@ -281,23 +282,18 @@ export function parseConfig(json: unknown, source = "config.json"): K3Config {
   return cfg;
 }
 
-/** Reads and parses `<dir>/config.json` (unreadable or invalid: exit 2). */
-export async function loadConfig(dir: string): Promise<K3Config> {
+/** The largest config.json read (the released one is a few kB). */
+const MAX_CONFIG_BYTES = 16 << 20;
+
+/**
+ * Reads and parses `<dir>/config.json` (not a model directory, unreadable, not a regular
+ * file or invalid: exit 2).
+ */
+export function loadConfig(dir: string): Promise<K3Config> {
   expectDirectory(dir, "a model directory", "config.json");
   const path = `${dir}/config.json`;
-  let text: string;
-  try {
-    text = await Deno.readTextFile(path);
-  } catch (e) {
-    throw new K3Error(`cannot read the model config ${readProblem(path, e)}`, EXIT.usage);
-  }
-  let json: unknown;
-  try {
-    json = JSON.parse(text);
-  } catch (e) {
-    throw new K3Error(`${path}: invalid JSON: ${(e as Error).message}`, EXIT.usage);
-  }
-  return parseConfig(json, path);
+  const json = readInputJson(path, { what: "the model config", maxBytes: MAX_CONFIG_BYTES, exitCode: EXIT.usage });
+  return Promise.resolve(parseConfig(json, path));
 }
 
 /** A short stable fingerprint of the shape-defining config (for trunks and saved state). */

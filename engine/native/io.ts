@@ -32,6 +32,8 @@ export const ioSymbols = {
   k3io_truncate: { parameters: [I, "u64"], result: I },
   k3io_pread_check: { parameters: [I, P, "u64", "u64", "u64", I, P], result: "i64", nonblocking: true },
   k3io_hash: { parameters: [P, "u64"], result: "u64" },
+  k3io_kind: { parameters: ["buffer"], result: I },
+  k3io_write: { parameters: [I, "buffer", "u64"], result: "i64" },
   k3io_hash_init: { parameters: [P], result: "void" },
   k3io_hash_update: { parameters: [P, P, "u64"], result: I },
   k3io_hash_digest: { parameters: [P], result: "u64" },
@@ -68,7 +70,8 @@ export const alignUp = (n: number): number => Math.ceil(n / ALIGN) * ALIGN;
 const enc = new TextEncoder();
 const cstr = (s: string) => enc.encode(s + "\0");
 
-function errnoText(e: number): string {
+/** Words for a negative errno returned by k3io. */
+export function errnoText(e: number): string {
   const names: Record<number, string> = {
     2: "no such file",
     5: "I/O error",
@@ -219,6 +222,34 @@ export class IoFile {
       this.closed = true;
       io().k3io_close(this.fd);
     }
+  }
+}
+
+/** What `path` is (k3io_kind: stat in C, for paths the runtime may not stat), or -errno. */
+export function pathKind(path: string): number {
+  return io().k3io_kind(cstr(path));
+}
+
+/** A file opened for plain sequential writes through k3io (FIFOs and devices). */
+export class IoWriter {
+  private constructor(readonly path: string, private readonly fd: number) {}
+
+  /** Opens `path` for writing (created/truncated when it is a regular file). */
+  static open(path: string): IoWriter {
+    const fd = io().k3io_open(cstr(path), 1);
+    if (fd < 0) throw new K3Error(`cannot open ${path}: ${errnoText(fd)}`);
+    return new IoWriter(path, fd);
+  }
+
+  /** Writes all of `p`; returns its length, or throws naming the errno. */
+  writeSync(p: Uint8Array): number {
+    const n = Number(io().k3io_write(this.fd, p, BigInt(p.length)));
+    if (n < 0) throw new Error(errnoText(n));
+    return n;
+  }
+
+  close(): void {
+    io().k3io_close(this.fd);
   }
 }
 

@@ -14,7 +14,13 @@
 
 import { EXIT, K3Error, usageError } from "../errors.ts";
 import { k3Pattern } from "./pretokenize.ts";
-import { expectDirectory, readProblem } from "../paths.ts";
+import { expectDirectory } from "../paths.ts";
+import { notRegular, readInput, readInputText } from "../native/files.ts";
+
+/** The largest tiktoken.model or tokenizer_config.json read (the released ones: ~2.6 MB, ~50 kB). */
+const MAX_TOKENIZER_FILE = 256 << 20;
+/** The longest `base64 rank` line accepted (a token of ~3 kB). */
+const MAX_RANK_LINE = 4096;
 
 /** Options of {@link Tokenizer.encode}. */
 export interface EncodeOptions {
@@ -144,8 +150,8 @@ export function parseTiktokenModel(
   let cap = 1024;
   while (cap < lines * 2) cap *= 2; // load factor <= 1/2: short probe runs
   const slots = new Int32Array(cap);
-  let start = new Int32Array(Math.max(lines, 256)).fill(-1);
-  let length = new Int32Array(start.length);
+  const start = new Int32Array(Math.max(lines, 256)).fill(-1);
+  const length = new Int32Array(start.length);
   let size = 0, top = 0, used = 0, lineNo = 0, pos = 0;
   const show = (a: number, b: number) =>
     JSON.stringify(new TextDecoder("latin1").decode(src.subarray(a, Math.min(b, a + 60))));
@@ -160,6 +166,7 @@ export function parseTiktokenModel(
       continue;
     }
     const bad = (why: string) => new K3Error(`${what} line ${lineNo}: ${why}`, EXIT.runtime);
+    if (end - pos > MAX_RANK_LINE) throw bad(`line of ${end - pos} bytes, at most ${MAX_RANK_LINE}`);
     const sp = src.indexOf(SPACE, pos);
     if (sp < 0 || sp >= end || src.subarray(sp + 1, end).includes(SPACE)) {
       throw bad(`expected "base64 rank", got ${show(pos, end)}`);
@@ -188,14 +195,9 @@ export function parseTiktokenModel(
       rank = d >= 0 && d <= 9 ? rank * 10 + d : -1;
     }
     if (rank < 0) throw bad(`rank is not a non-negative integer: ${show(sp + 1, end)}`);
-    if (rank >= start.length) {
-      const grown = Math.max(rank + 1, start.length * 2);
-      const s2 = new Int32Array(grown).fill(-1), l2 = new Int32Array(grown);
-      s2.set(start);
-      l2.set(length);
-      start = s2;
-      length = l2;
-    }
+    // Ranks are dense (0..n-1 over n lines), so one past the line count is already wrong:
+    // refused here, before anything is sized by a rank.
+    if (rank >= lines) throw bad(`rank ${rank} is beyond the ${lines} lines of the file (ranks must be 0..n-1)`);
     if (start[rank] >= 0) throw bad(`duplicate rank ${rank}`);
     const found = probe(slots, arena, start, length, arena, tokenStart, used);
     if (found >= 0) throw bad(`duplicate token bytes (also rank ${found})`);
@@ -205,6 +207,13 @@ export function parseTiktokenModel(
     size++;
     if (rank >= top) top = rank + 1;
     pos = next;
+  }
+  if (top !== size) {
+    throw new K3Error(
+      `${what}: ranks are not dense: ${size} ranks but the largest is ${top - 1} (rank ${
+        start.indexOf(-1)
+      } is missing)`,
+    );
   }
   return new RankTable(arena, start.subarray(0, top), length.subarray(0, top), size, slots);
 }
@@ -376,22 +385,16 @@ export class Tokenizer {
   static load(dir: string): Tokenizer {
     expectDirectory(dir, "a tokenizer directory", "tiktoken.model");
     const modelPath = `${dir}/tiktoken.model`;
-    let model: Uint8Array;
-    try {
-      model = Deno.readFileSync(modelPath);
-    } catch (e) {
-      throw new K3Error(`cannot read the vocabulary ${readProblem(modelPath, e)}`);
-    }
+    const model = readInput(modelPath, { what: "the vocabulary", maxBytes: MAX_TOKENIZER_FILE });
     const table = parseTiktokenModel(model, modelPath);
     const configPath = `${dir}/tokenizer_config.json`;
     let added: AddedToken[] = [];
-    let configText: string | undefined;
-    try {
-      configText = Deno.readTextFileSync(configPath);
-    } catch {
-      configText = undefined; // optional: a bare rank table has no added tokens
+    // Optional (a bare rank table has no added tokens), but when present it must be a
+    // regular file: a FIFO or directory there is refused, never read.
+    if (notRegular(configPath) !== "no such file") {
+      const configText = readInputText(configPath, { what: "tokenizer_config.json", maxBytes: MAX_TOKENIZER_FILE });
+      added = parseAddedTokens(configText, configPath);
     }
-    if (configText !== undefined) added = parseAddedTokens(configText, configPath);
     return new Tokenizer(table, added);
   }
 

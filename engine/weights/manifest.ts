@@ -35,10 +35,14 @@
 
 import { type K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
-import { directoryProblem, readProblem } from "../paths.ts";
+import { directoryProblem } from "../paths.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { ALIGN, alignUp, hashHex, IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
+import { notRegular, readInputText } from "../native/files.ts";
+
+/** The largest manifest read (the full model's, with piece hashes: ~0.3 MB). */
+const MAX_MANIFEST_BYTES = 256 << 20;
 import type { Checkpoint, TensorInfo } from "./safetensors.ts";
 import {
   checkTensor,
@@ -386,14 +390,13 @@ export function checkLayout(m: TrunkManifest, cfg: K3Config, dir: string): void 
 /** Reads `<dir>/manifest.json`. */
 export async function readManifest(dir: string): Promise<TrunkManifest> {
   const path = `${dir}/${MANIFEST_FILE}`;
-  let text: string;
-  try {
-    text = await Deno.readTextFile(path);
-  } catch (e) {
-    const problem = directoryProblem(dir, "a packed trunk", MANIFEST_FILE) ?? readProblem(path, e);
+  const why = notRegular(path);
+  if (why !== undefined) {
+    const problem = directoryProblem(dir, "a packed trunk", MANIFEST_FILE) ?? `${path}: ${why}`;
     throw new K3Error(`${problem}; make one with k3 pack`);
   }
-  return parseManifest(text, path);
+  const text = readInputText(path, { what: "trunk manifest", maxBytes: MAX_MANIFEST_BYTES });
+  return await Promise.resolve(parseManifest(text, path));
 }
 
 /**

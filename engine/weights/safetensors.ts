@@ -10,6 +10,7 @@
  */
 
 import { K3Error } from "../errors.ts";
+import { requireRegular } from "../native/files.ts";
 
 /** Bytes per element of the dtypes safetensors defines. */
 export const DTYPE_BYTES: Record<string, number> = {
@@ -169,13 +170,15 @@ export class Checkpoint {
     try {
       shards = [];
       for await (const e of Deno.readDir(dir)) {
-        if ((e.isFile || e.isSymlink) && e.name.endsWith(".safetensors")) shards.push(`${dir}/${e.name}`);
+        if (e.name.endsWith(".safetensors")) shards.push(`${dir}/${e.name}`); // any type: checked below
       }
     } catch (e) {
       throw new K3Error(`cannot list ${dir}: ${(e as Error).message}`);
     }
     if (shards.length === 0) throw new K3Error(`${dir}: no *.safetensors files`);
     shards.sort();
+    // A shard must be a regular file (a symlink to a directory or a FIFO is refused, never read).
+    for (const f of shards) requireRegular(f, "checkpoint shard");
     const tensors = new Map<string, TensorInfo>();
     for (let i = 0; i < shards.length; i++) {
       for (const t of await readShardHeader(shards[i])) {
