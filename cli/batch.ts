@@ -11,7 +11,7 @@
  */
 
 import { loadConfig } from "../engine/model/config.ts";
-import { EXIT, K3Error, usageError } from "../engine/errors.ts";
+import { EXIT, K3Error, oneLine, usageError } from "../engine/errors.ts";
 import { Scheduler, type SequenceResult } from "../engine/generate/scheduler.ts";
 import { ledgerBetween, type LedgerMark, type LedgerReport, markLedger } from "../engine/generate/ledger.ts";
 import { firstLayers, openModel } from "../engine/weights/load.ts";
@@ -487,7 +487,7 @@ export async function main(args: string[]): Promise<number> {
   let failed = 0;
   const fail = (line: number, why: string) => {
     failed++;
-    console.error(`k3: batch: ${values.input}:${line}: ${why}; skipped`);
+    console.error(`k3: batch: ${oneLine(`${values.input}:${line}: ${why}`)}; skipped`);
   };
   const dec = new TextDecoder("utf-8", { fatal: true });
   const lines = (() => {

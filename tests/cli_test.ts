@@ -155,7 +155,7 @@ Deno.test("k3 run: usage errors exit 2 with one line naming the problem", async 
     [["run", "tests", "--ids", "1"], /^k3: tests is not a model directory: no config\.json$/],
     [["run", TINY, "--tok", "README.md", "--prompt", "hi"], /README\.md is not a tokenizer directory: it is a file/],
     [["run", TINY, "--prompt-file", "tests"], /--prompt-file: cannot read tests: a directory, expected a regular file/],
-    [["tokenize", "--tok", TINY, "--file", "tests"], /--file: cannot read tests is a directory, not a file/],
+    [["tokenize", "--tok", TINY, "--file", "tests"], /--file: cannot read tests: a directory, expected a regular file/],
     [
       ["run", TINY, "--ids", "1", "--cache-gb", "lots"],
       /--cache-gb: expected a number, got "lots"/,

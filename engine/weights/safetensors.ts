@@ -50,28 +50,50 @@ export interface TensorInfo {
 /** The largest header we accept; the released shards' headers are a few MB. */
 const MAX_HEADER_BYTES = 256 * 1024 * 1024;
 
-/** Parses and validates one shard's header. */
+/** Reads and validates one shard's header (parseShardHeader on the file's first bytes). */
 export async function readShardHeader(file: string): Promise<TensorInfo[]> {
-  const fail = (why: string): never => {
-    throw new K3Error(`${file}: ${why}`);
-  };
   let f: Deno.FsFile;
   try {
     f = await Deno.open(file, { read: true });
   } catch (e) {
-    return fail(`cannot open: ${(e as Error).message}`);
+    throw new K3Error(`${file}: cannot open: ${(e as Error).message}`);
   }
   try {
     const fileSize = (await f.stat()).size;
-    if (fileSize < 8) fail(`truncated: ${fileSize} bytes, not even a header length`);
+    if (fileSize < 8) throw new K3Error(`${file}: truncated: ${fileSize} bytes, not even a header length`);
     const lenBytes = new Uint8Array(8);
     await readFull(f, lenBytes, 0, file);
     const headerLen = Number(new DataView(lenBytes.buffer).getBigUint64(0, true));
-    if (headerLen < 2 || headerLen > MAX_HEADER_BYTES || 8 + headerLen > fileSize) {
-      fail(`header length ${headerLen} does not fit in a file of ${fileSize} bytes`);
-    }
-    const headerBytes = new Uint8Array(headerLen);
-    await readFull(f, headerBytes, 8, file);
+    checkHeaderLength(file, headerLen, fileSize);
+    const bytes = new Uint8Array(8 + headerLen);
+    bytes.set(lenBytes);
+    await readFull(f, bytes.subarray(8), 8, file);
+    return parseShardHeader(file, bytes, fileSize);
+  } finally {
+    f.close();
+  }
+}
+
+function checkHeaderLength(file: string, headerLen: number, fileSize: number): void {
+  if (headerLen < 2 || headerLen > MAX_HEADER_BYTES || 8 + headerLen > fileSize) {
+    throw new K3Error(`${file}: header length ${headerLen} does not fit in a file of ${fileSize} bytes`);
+  }
+}
+
+/**
+ * Validates a shard header: `bytes` holds the 8-byte length and the JSON header, `fileSize`
+ * is the whole file's size. Throws K3Error (exit 1) naming the file and the tensor.
+ */
+export function parseShardHeader(file: string, bytes: Uint8Array, fileSize: number): TensorInfo[] {
+  const fail = (why: string): never => {
+    throw new K3Error(`${file}: ${why}`);
+  };
+  if (bytes.length < 8) fail("truncated: not even a header length");
+  const headerLen = Number(new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true));
+  checkHeaderLength(file, headerLen, fileSize);
+  if (bytes.length < 8 + headerLen) fail(`header of ${headerLen} bytes, only ${bytes.length - 8} given`);
+  const headerBytes = bytes.subarray(8, 8 + headerLen);
+  {
     let header: unknown;
     try {
       header = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(headerBytes));
@@ -123,8 +145,6 @@ export async function readShardHeader(file: string): Promise<TensorInfo[]> {
       if (!furthest || cur.offset + cur.bytes > furthest.offset + furthest.bytes) furthest = cur;
     }
     return tensors;
-  } finally {
-    f.close();
   }
 }
 
