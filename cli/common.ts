@@ -6,6 +6,7 @@
  */
 
 import process from "node:process";
+import { prepareOutput, writeOutput } from "../engine/native/files.ts";
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import { usageError } from "../engine/errors.ts";
 
@@ -148,6 +149,15 @@ export function parseIds(flag: string, text: string, vocab?: number): number[] {
     if (bad !== undefined) throw usageError(`--${flag}: id ${bad} is outside the vocabulary (0..${vocab - 1})`);
   }
   return ids;
+}
+
+/**
+ * Writes a file atomically through engine/native/files.ts: checked, then temp + fsync +
+ * rename beside the real path (symlinks followed; FIFOs and devices written directly).
+ * Commands should prefer prepareOutput before their work and writeOutput after it.
+ */
+export async function writeFileAtomic(path: string, data: string | Uint8Array): Promise<void> {
+  await writeOutput(prepareOutput(path, "output"), data);
 }
 
 /** Peak resident set size of this process from the OS (getrusage ru_maxrss, the same as
