@@ -4,6 +4,7 @@
  * @module
  */
 
+import { kindWords, statKind } from "../engine/native/files.ts";
 import { usageError } from "../engine/errors.ts";
 import { packTrunk } from "../pack/pack.ts";
 import { verifyTrunk } from "../pack/verify.ts";
@@ -58,14 +59,11 @@ export async function main(args: string[]): Promise<number> {
   }
   // The trunk goes into a directory (new or existing): a file there is a mistake, not
   // something to replace.
-  try {
-    if (!Deno.statSync(positionals[1]).isDirectory) {
-      throw usageError(
-        `pack: ${positionals[1]} is a file; the trunk needs a directory (a new path, or a trunk directory)`,
-      );
-    }
-  } catch (e) {
-    if (!(e instanceof Deno.errors.NotFound)) throw e;
+  const kind = statKind(positionals[1]); // devices too (the runtime may not stat them)
+  if (kind !== "missing" && kind !== "directory") {
+    throw usageError(
+      `pack: ${positionals[1]} is ${kindWords(kind)}; the trunk needs a directory (a new path, or a trunk directory)`,
+    );
   }
   await packTrunk(positionals[0], positionals[1], { force: values.force });
   return 0;

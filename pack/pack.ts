@@ -99,9 +99,9 @@ export async function packTrunk(
 
     // An existing trunk: identical source -> nothing to do; different -> only with --force.
     const special = specialKind(trunkDir);
-    if (special) throw new K3Error(`pack: ${trunkDir} is not a trunk directory: it is ${special}`, EXIT.usage);
+    if (special) throw new K3Error(`pack: ${trunkDir} is ${special}; the trunk needs a directory`, EXIT.usage);
     if (isRegularFile(trunkDir)) {
-      throw new K3Error(`pack: ${trunkDir} is not a trunk directory: it is a file`, EXIT.usage);
+      throw new K3Error(`pack: ${trunkDir} is a file; the trunk needs a directory`, EXIT.usage);
     }
     try {
       await Deno.mkdir(trunkDir, { recursive: true });

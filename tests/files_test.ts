@@ -96,7 +96,7 @@ Deno.test("item 7: a FIFO in place of any input file is refused at once, never r
   mkfifo(fifo);
   assertOneLine(await k3t(["run", TINY, "--prompt-file", fifo]), 2, /--prompt-file: cannot read .*a FIFO/);
   assertOneLine(await k3t(["tokenize", "--tok", TINY, "--file", fifo]), 2, /--file: cannot read .*a FIFO/);
-  assertOneLine(await k3t(["run", TINY, "--prompt-file", d.path]), 2, /a directory, expected a regular file/);
+  assertOneLine(await k3t(["run", TINY, "--prompt-file", d.path]), 2, /is a directory, not a file/);
   // `-` is stdin where the flag documents it.
   const viaStdin = await k3t(["tokenize", "--tok", TINY, "--file", "-"], { stdin: "The capital of France is" });
   const viaText = await k3t(["tokenize", "--tok", TINY, "--text", "The capital of France is"]);
@@ -114,7 +114,7 @@ Deno.test("item 14: ordinary mistakes get a message, not an internal error", asy
   assertOneLine(
     await k3t(["pack", TINY, "/dev/null"]),
     2,
-    /\/dev\/null is not a trunk directory: it is a character device/,
+    /\/dev\/null is a character device; the trunk needs a directory/,
   );
   assertOneLine(
     await k3t(["run", `${ROOT}/README.md`, "--ids", "1"]),

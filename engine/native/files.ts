@@ -76,6 +76,11 @@ export function statKind(path: string): PathKind {
   }
 }
 
+/** Words for a kind ("a FIFO", "a character device"). */
+export function kindWords(k: PathKind): string {
+  return KIND_WORDS[k];
+}
+
 /** Why a path is not a regular file (following symlinks), or undefined when it is one. */
 export function notRegular(path: string): string | undefined {
   let k: PathKind;
@@ -134,7 +139,11 @@ export function readInput(path: string, opts: InputOptions): Uint8Array {
   const code = opts.exitCode ?? EXIT.runtime;
   if (path === "-" && opts.allowStdin) return readAllSync(Deno.stdin, opts.maxBytes, `${opts.what}: stdin`, code);
   const why = notRegular(path);
-  if (why !== undefined) throw err(`${opts.what}: cannot read ${path}: ${why}`, code);
+  if (why !== undefined) {
+    // A directory is said the way engine/paths.ts says it everywhere else.
+    const text = why.startsWith("a directory") ? readProblem(path, new Deno.errors.IsADirectory()) : `${path}: ${why}`;
+    throw err(`${opts.what}: cannot read ${text}`, code);
+  }
   let f: Deno.FsFile;
   try {
     f = Deno.openSync(path, { read: true });
