@@ -176,7 +176,9 @@ Deno.test("item 5: outputs are checked before the model loads and written throug
   out = await k3t([...base, "--out", "/dev/stdout"]);
   assert.equal(out.code, 0, out.stderr);
   assert.match(out.stdout, /"prompt_ids"/);
-  assert.ok(Deno.lstatSync("/dev/stdout").isSymlink, "/dev/stdout is untouched");
+  // Deno refuses to stat /dev under the test permissions; stat(1) may.
+  const kind = await new Deno.Command("stat", { args: ["-c", "%F", "/dev/stdout"], stdout: "piped" }).output();
+  assert.equal(new TextDecoder().decode(kind.stdout).trim(), "symbolic link", "/dev/stdout is untouched");
   out = await k3t([...base, "--out", "-"]);
   assert.match(out.stdout, /"generated_ids"/);
   // A FIFO is written directly (a reader gets the report).
