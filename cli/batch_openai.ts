@@ -29,13 +29,19 @@ export const BATCH_URLS = ["/v1/chat/completions", "/v1/completions"] as const;
 
 /** A request of an OpenAI batch line, ready to generate. */
 export interface OpenAIRequest {
+  /** The line's `custom_id`, echoed in its result. */
   customId: string;
+  /** Which endpoint the line's `url` names. */
   endpoint: "chat" | "completion";
   /** The model named in the body (echoed in the response), else the model directory. */
   model: string;
+  /** The rendered prompt as token ids. */
   promptIds: number[];
+  /** `max_tokens` (or `max_completion_tokens`), else the default. */
   maxTokens: number;
+  /** The sampling fields, OpenAI's defaults where absent. */
   sampling: SamplingParams;
+  /** Stop strings. */
   stops: string[];
   /** Chat: whether the think channel was opened (reasoning_content). */
   thinking: boolean;

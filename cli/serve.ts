@@ -17,6 +17,7 @@ import { intFlag, numFlag, parseFlags } from "./common.ts";
 import { MEMORY_FLAGS, MEMORY_HELP, memoryOptions, needTokenizer } from "./run_options.ts";
 import { startServer } from "./server.ts";
 
+/** `k3 serve --help`. */
 export const USAGE = `usage: k3 serve <model_dir> [options]
 
 An OpenAI-compatible API: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
@@ -62,6 +63,7 @@ function terminated(): Promise<string> {
   });
 }
 
+/** `k3 serve`: loads the model, serves until SIGTERM/SIGINT; returns the exit code. */
 export async function main(args: string[]): Promise<number> {
   const { values, positionals, tokens } = parseFlags("serve", args, {
     host: { type: "string" },

@@ -39,10 +39,13 @@ import {
 
 /** What the server generates with, available once the model is loaded. */
 export interface ServeEngine {
+  /** Runs every request as a sequence of the batch. */
   scheduler: Pick<Scheduler, "submit" | "queued" | "active">;
+  /** Renders prompts and decodes replies. */
   tokenizer: Tokenizer;
   /** Positions one sequence can hold: prompt plus generated tokens. */
   capacity: number;
+  /** Token ids must be below this. */
   vocabSize: number;
   /** Bytes read from disk so far (trunk and experts). */
   bytesRead: () => number;
@@ -50,6 +53,7 @@ export interface ServeEngine {
 
 /** How the server is set up. */
 export interface ServerOptions {
+  /** Address to listen on. */
   hostname: string;
   /** 0: any free port. */
   port: number;
@@ -61,6 +65,7 @@ export interface ServerOptions {
   parallel: number;
   /** Requests waiting beyond `parallel`; more get 429. */
   maxQueue: number;
+  /** Larger request bodies get 413. */
   maxBodyBytes: number;
   /** Access-Control-Allow-Origin to answer (no CORS headers at all when unset). */
   cors?: string;
@@ -70,6 +75,7 @@ export interface ServerOptions {
 
 /** A listening server. */
 export interface RunningServer {
+  /** Where it listens. */
   readonly addr: Deno.NetAddr;
   /** Starts answering generation requests (and /health 200). */
   ready(engine: ServeEngine): void;

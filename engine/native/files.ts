@@ -295,7 +295,9 @@ export function writeFailure(path: string, bytes: number, e: unknown): K3Error {
 
 /** Something written sequentially and closed. */
 export interface Writer {
+  /** Writes some of `p`; returns how many bytes. */
   writeSync(p: Uint8Array): number;
+  /** Closes it. */
   close(): void;
 }
 

@@ -248,6 +248,7 @@ export class IoWriter {
     return n;
   }
 
+  /** Closes the file descriptor. */
   close(): void {
     io().k3io_close(this.fd);
   }
