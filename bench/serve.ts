@@ -20,13 +20,12 @@
  * @module
  */
 
-import { parseArgs } from "node:util";
+import { benchArgs } from "./args.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
-const { values, positionals } = parseArgs({
-  args: Deno.args,
-  allowPositionals: true,
-  options: {
+const { values, positionals } = benchArgs(
+  "usage: deno run -A bench/serve.ts [--model DIR --tok DIR] [--clients 1,4,8] [--tokens N] [--prompt N] [--rounds N] [--unstreamed] [--json] [-- k3 serve flags]",
+  {
     model: { type: "string" },
     tok: { type: "string" },
     clients: { type: "string" },
@@ -36,7 +35,8 @@ const { values, positionals } = parseArgs({
     unstreamed: { type: "boolean" },
     json: { type: "boolean" },
   },
-});
+  true,
+);
 const MODEL = values.model ?? `${ROOT}/tests/fixtures/tiny`;
 const CLIENTS = (values.clients ?? "1,4,8").split(",").map(Number);
 const TOKENS = Number(values.tokens ?? 64);
