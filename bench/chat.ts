@@ -13,19 +13,19 @@
  * @module
  */
 
-import { parseArgs } from "node:util";
+import { benchArgs } from "./args.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname;
-const { values, positionals } = parseArgs({
-  args: Deno.args,
-  options: {
+const { values, positionals } = benchArgs(
+  "usage: deno run -A bench/chat.ts [--model DIR] [--turns 4] [--gen 8] [--json] [-- k3 flags...]",
+  {
     model: { type: "string", default: `${ROOT}tests/fixtures/tiny` },
     turns: { type: "string", default: "4" },
     gen: { type: "string", default: "8" },
     json: { type: "boolean" },
   },
-  allowPositionals: true,
-});
+  true,
+);
 const turns = Number(values.turns);
 const lines = Array.from({ length: turns }, (_, i) => `Question ${i + 1}: what comes after ${i + 1}?`);
 

@@ -12,15 +12,17 @@
  * @module
  */
 
-import { parseArgs } from "node:util";
+import { benchArgs } from "./args.ts";
 import { kernels } from "../engine/native/ffi.ts";
 import { hashHex, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import { readPieces } from "../engine/weights/trunk.ts";
 import { PIECE_BYTES } from "../engine/weights/manifest.ts";
 
-const { values } = parseArgs({
-  options: { rounds: { type: "string" }, json: { type: "boolean" }, clean: { type: "boolean" } },
+const { values } = benchArgs("usage: deno run -A bench/verify.ts [--rounds N] [--json] [--clean]", {
+  rounds: { type: "string" },
+  json: { type: "boolean" },
+  clean: { type: "boolean" },
 });
 const DIR = "/var/tmp/k3-bench";
 const FILE = `${DIR}/verify.bin`;

@@ -410,10 +410,23 @@ Deno.test("--threads above the cores: capped at the cores, said on stderr, same 
 });
 
 Deno.test("bench scripts: --help prints the usage (exit 0), a bad flag is one message (exit 2), no stack trace", async () => {
-  for (const script of ["disk", "ladder", "layers", "tokenizer_sweep"]) {
+  for (
+    const script of [
+      "disk",
+      "ladder",
+      "layers",
+      "tokenizer_sweep",
+      "batch",
+      "slice",
+      "serve",
+      "chat",
+      "verify",
+      "limits",
+    ]
+  ) {
     const help = await runCmd(Deno.execPath(), ["run", "-A", `${ROOT}/bench/${script}.ts`, "--help"]);
     assert.equal(help.code, 0, `${script}: ${help.stderr}`);
-    assert.match(help.stdout, new RegExp(`^usage: deno run -A bench/${script}\\.ts`), script);
+    assert.match(help.stdout, new RegExp(`^usage: deno (run -A bench/${script}\\.ts|task ${script})`), script);
     const bad = await runCmd(Deno.execPath(), ["run", "-A", `${ROOT}/bench/${script}.ts`, "--bogus"]);
     assert.equal(bad.code, 2, script);
     assert.match(bad.stderr, /^Unknown option '--bogus'\nusage: /, script);
