@@ -14,31 +14,12 @@
 import assert from "node:assert/strict";
 import { parseTiktokenModel } from "../engine/text/tokenizer.ts";
 import { K3Error } from "../engine/errors.ts";
-import { copyDir, type Output, ROOT, tempDir, TINY } from "./helpers.ts";
-import { K3_PERMISSIONS } from "../cli/permissions.ts";
+import { copyDir, k3, type Output, ROOT, tempDir, TINY } from "./helpers.ts";
+
+/** k3 with a 30 s limit by default: the inputs here used to hang it. */
+const k3t = (args: string[], opts: Parameters<typeof k3>[1] = {}) => k3(args, { seconds: 30, ...opts });
 
 /** `k3 <args>` with a deadline: a hang fails the test instead of stalling the suite. */
-async function k3t(
-  args: string[],
-  opts: { env?: Record<string, string>; stdin?: string; seconds?: number } = {},
-): Promise<Output> {
-  const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", ...K3_PERMISSIONS, `${ROOT}/main.ts`, ...args],
-    env: opts.env,
-    stdin: opts.stdin === undefined ? "null" : "piped",
-    stdout: "piped",
-    stderr: "piped",
-    signal: AbortSignal.timeout((opts.seconds ?? 30) * 1000),
-  }).spawn();
-  if (opts.stdin !== undefined) {
-    const w = child.stdin.getWriter();
-    await w.write(new TextEncoder().encode(opts.stdin));
-    await w.close();
-  }
-  const out = await child.output();
-  const dec = new TextDecoder();
-  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
-}
 
 /** Exit `code`, and the whole stderr is one `k3:` line matching `why` (nothing loaded first). */
 function assertOneLine(out: Output, code: number, why: RegExp, what = ""): void {

@@ -21,7 +21,7 @@ export interface Output {
 export async function runCmd(
   cmd: string,
   args: string[],
-  opts: { cwd?: string; env?: Record<string, string>; stdin?: string; clearEnv?: boolean } = {},
+  opts: { cwd?: string; env?: Record<string, string>; stdin?: string; clearEnv?: boolean; seconds?: number } = {},
 ): Promise<Output> {
   const child = new Deno.Command(cmd, {
     args,
@@ -31,6 +31,8 @@ export async function runCmd(
     stdin: opts.stdin === undefined ? "null" : "piped",
     stdout: "piped",
     stderr: "piped",
+    // A hang is a failure, not a stuck suite.
+    signal: opts.seconds === undefined ? undefined : AbortSignal.timeout(opts.seconds * 1000),
   }).spawn();
   if (opts.stdin !== undefined) {
     const w = child.stdin.getWriter();
@@ -47,7 +49,7 @@ export async function runCmd(
  * CLI test also proves that set is enough. */
 export function k3(
   args: string[],
-  opts: { env?: Record<string, string>; stdin?: string; cwd?: string } = {},
+  opts: { env?: Record<string, string>; stdin?: string; cwd?: string; seconds?: number } = {},
 ): Promise<Output> {
   return runCmd(Deno.execPath(), ["run", ...K3_PERMISSIONS, `${ROOT}/main.ts`, ...args], opts);
 }
