@@ -1,9 +1,11 @@
 /**
  * The cost of verifying every streamed trunk piece: reads real-width layer regions (1.2 GB,
  * a released KDA+MoE layer's dense tensors in bound form) the way the ring does (readPieces:
- * 16 MB O_DIRECT pieces, 8 in flight), with the per-piece k3h64 checked on the I/O thread
+ * 16 MB O_DIRECT pieces, 8 in flight), with the per-piece k3w64 checked on the I/O thread
  * and without, alternating, and prints seconds per layer, the ratio and what it means for
- * a floor-budget token (every one of the 93 layers streamed). Also the raw k3h64 speed.
+ * a floor-budget token (every one of the 93 layers streamed). Verified reads are timed with
+ * the piece read by one pread and by smaller preads each hashed while still in cache. Also
+ * the raw k3w64 speed, from DRAM and in cache.
  *
  * Data: /var/tmp/k3-bench/verify.bin (random, written once, --clean deletes it).
  *
@@ -16,7 +18,7 @@ import { benchArgs } from "./args.ts";
 import { kernels } from "../engine/native/ffi.ts";
 import { hashHex, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
-import { readPieces } from "../engine/weights/trunk.ts";
+import { HASH_CHUNK, readPieces } from "../engine/weights/trunk.ts";
 import { PIECE_BYTES } from "../engine/weights/manifest.ts";
 
 const { values } = benchArgs("usage: deno run -A bench/verify.ts [--rounds N] [--json] [--clean]", {
@@ -56,44 +58,71 @@ for (let r = 0; r < REGIONS; r++) {
   for (let at = 0; at < REGION; at += PIECE_BYTES) h.push(hashHex(buf.at(at), Math.min(PIECE_BYTES, REGION - at)));
   hashes.push(h);
 }
-const plain: number[] = [], verified: number[] = [], hashRates: number[] = [];
+// Variants, alternated in every round so drift hits them alike: no hashing, and verified
+// with the piece read in one pread or in smaller preads, each hashed while hot in cache.
+const CHUNKS = [0, 1 << 20, 256 << 10];
+const times = new Map<string, number[]>([
+  ["plain", []],
+  ...CHUNKS.map((c) => [`chunk ${c}`, []] as [string, number[]]),
+]);
+const hashRates: number[] = [], cacheRates: number[] = [];
 for (let i = 0; i < rounds; i++) {
-  for (const verify of i % 2 ? [true, false] : [false, true]) {
+  const order = [...times.keys()];
+  if (i % 2) order.reverse();
+  for (const name of order) {
     const r = i % REGIONS;
+    const verify = name !== "plain";
+    const chunk = verify ? Number(name.split(" ")[1]) : 0;
     const t0 = performance.now();
-    const n = await readPieces(f, buf.ptr, REGION, r * REGION, PIECE_BYTES, 8, verify ? hashes[r] : undefined);
-    const s = (performance.now() - t0) / 1000;
+    const n = await readPieces(f, buf.ptr, REGION, r * REGION, PIECE_BYTES, 8, verify ? hashes[r] : undefined, chunk);
+    times.get(name)!.push((performance.now() - t0) / 1000);
     if (n !== REGION) throw new Error("short read");
-    (verify ? verified : plain).push(s);
   }
-  const t0 = performance.now();
+  let t0 = performance.now();
   hashHex(buf.ptr, REGION);
   hashRates.push(REGION / ((performance.now() - t0) / 1000) / 1e9);
+  const small = 256 << 10, reps = 400;
+  t0 = performance.now();
+  for (let j = 0; j < reps; j++) hashHex(buf.at((j % 4) * small), small);
+  cacheRates.push(small * reps / ((performance.now() - t0) / 1000) / 1e9);
 }
 f.close();
 buf.free();
 const med = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
-const p = med(plain), v = med(verified), hr = med(hashRates);
+const p = med(times.get("plain")!), hr = med(hashRates), cr = med(cacheRates);
 const load = Deno.loadavg()[0];
-console.log(`| layer region 1.2 GB, 16 MB pieces, depth 8 | s/layer | GB/s | per 93-layer floor token |`);
-console.log(`| ----------------------------------------- | ------: | ---: | -----------------------: |`);
+console.log(`| layer region 1.2 GB, 16 MB pieces, depth 8 | s/layer | GB/s | ratio | per 93-layer floor token |`);
+console.log(`| ----------------------------------------- | ------: | ---: | ----: | -----------------------: |`);
+const row = (what: string, s: number) =>
+  console.log(
+    `| ${what.padEnd(41)} | ${s.toFixed(3)} | ${(REGION / s / 1e9).toFixed(2)} | ${(s / p).toFixed(3)} | ${
+      (93 * s).toFixed(1)
+    } s |`,
+  );
+row("read only", p);
+for (const c of CHUNKS) {
+  row(`read + verified, ${c ? `${c >> 10} KiB preads` : "one pread per piece"}`, med(times.get(`chunk ${c}`)!));
+}
+const v = med(times.get(`chunk ${HASH_CHUNK}`)!);
 console.log(
-  `| read only                                 | ${p.toFixed(3)} | ${(REGION / p / 1e9).toFixed(2)} | ${
-    (93 * p).toFixed(1)
-  } s |`,
-);
-console.log(
-  `| read + every piece verified               | ${v.toFixed(3)} | ${(REGION / v / 1e9).toFixed(2)} | ${
-    (93 * v).toFixed(1)
-  } s |`,
-);
-console.log(
-  `ratio verified/plain ${(v / p).toFixed(3)}; k3h64 alone ${hr.toFixed(2)} GB/s on one core; load average ${
+  `k3w64 alone on one core: ${hr.toFixed(2)} GB/s from DRAM, ${
+    cr.toFixed(2)
+  } GB/s in cache; ratio verified (engine default, chunk ${HASH_CHUNK})/plain ${(v / p).toFixed(3)}; load average ${
     load.toFixed(1)
   }; ${rounds} rounds, medians`,
 );
 if (values.json) {
   console.log(
-    JSON.stringify({ plain_s: p, verified_s: v, ratio: v / p, hash_gbps: hr, region_bytes: REGION, rounds, load }),
+    JSON.stringify({
+      plain_s: p,
+      verified_s: v,
+      ratio: v / p,
+      by_chunk: Object.fromEntries(CHUNKS.map((c) => [c, med(times.get(`chunk ${c}`)!)])),
+      hash_gbps: hr,
+      hash_cache_gbps: cr,
+      region_bytes: REGION,
+      rounds,
+      load,
+    }),
   );
 }

@@ -82,128 +82,172 @@ int32_t k3io_sync(int32_t fd) {
 
 int32_t k3io_truncate(int32_t fd, uint64_t len) { return ftruncate(fd, (off_t)len) == 0 ? 0 : -errno; }
 
-/* ---- k3h64 ---------------------------------------------------------------------- */
+/* ---- k3w64 ---------------------------------------------------------------------- */
 
-#define P1 0x9E3779B185EBCA87ULL
-#define P2 0xC2B2AE3D27D4EB4FULL
-#define P3 0x165667B19E3779F9ULL
-#define P4 0x85EBCA77C2B2AE63ULL
-#define P5 0x27D4EB2F165667C5ULL
+#if !defined(K3_SCALAR) && defined(__AVX512F__)
+#define K3W_AVX512 1
+#include <immintrin.h>
+#elif !defined(K3_SCALAR) && defined(__AVX2__)
+#define K3W_AVX2 1
+#include <immintrin.h>
+#elif !defined(K3_SCALAR) && defined(__ARM_NEON) && defined(__aarch64__)
+#define K3W_NEON 1
+#include <arm_neon.h>
+#endif
 
-static uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-static uint64_t rd64(const unsigned char *p) {
-  uint64_t v;
-  memcpy(&v, p, 8); /* little-endian hosts only: the trunk format is little-endian */
-  return v;
+#define K3W_STRIPE 64
+#define K3W_BLOCK 16 /* stripes between scrambles */
+
+/* The key: splitmix64 outputs 1..32 from seed 0x6B33773634 (tests/oracle/k3w64.py makes
+ * them). Stripe s of a block uses words s..s+7, the scramble 16..23, the digest 24..31. */
+static const uint64_t K3W_KEY[32] = {
+  0x75ad4e82416e408bULL, 0xc46df4c2ad8b5fd1ULL, 0xf5af07da44c0381cULL, 0x4c83af9198d02a2bULL,
+  0x13a87d5e8aab3985ULL, 0x49d02c01b2a604b3ULL, 0x6043bf9550704348ULL, 0xd008b2331b59cffdULL,
+  0xa71a0e5765086426ULL, 0xad6f30f477bff4a7ULL, 0x9354d4b721d16911ULL, 0x7b266d23a1ca0f17ULL,
+  0x3303f69c07990b2bULL, 0x32bbcdc82076eff0ULL, 0x7619c31e0f9d92d8ULL, 0x675ae638892995eeULL,
+  0x42ffffbf9b6cb713ULL, 0x0d70e36a5edb97b4ULL, 0x0f090b585341c661ULL, 0x3bfe26e5fa728f13ULL,
+  0x8a86881a86165274ULL, 0x1dc7607c57ec92baULL, 0xa708a0dc269c8904ULL, 0x3ba9e38f07b7f76eULL,
+  0xce40fd944f53f696ULL, 0x2d3a5117be4b45d4ULL, 0xb44815d4d4c725efULL, 0xd3b4838498f74caeULL,
+  0xef5e067473157e47ULL, 0x5efac7c19450bd14ULL, 0x3df2a8d267f718fdULL, 0xb53a316c7b809ec2ULL,
+};
+
+/* Accumulates n stripes at p into acc (8 lanes), stripe j keyed by key + j. Every path
+ * does the same integer arithmetic mod 2^64 (sums commute), so they agree bit for bit:
+ *   d = word i of the stripe, x = d ^ key[j + i]; acc[i ^ 1] += d; acc[i] += lo32(x) * hi32(x). */
+static void k3w_stripes(uint64_t *acc, const unsigned char *p, uint64_t n, const uint64_t *key) {
+#if defined(K3W_AVX512)
+  __m512i a = _mm512_loadu_si512((const void *)acc);
+  for (uint64_t j = 0; j < n; j++, p += K3W_STRIPE) {
+    __m512i d = _mm512_loadu_si512((const void *)p);
+    __m512i x = _mm512_xor_si512(d, _mm512_loadu_si512((const void *)(key + j)));
+    a = _mm512_add_epi64(a, _mm512_mul_epu32(x, _mm512_srli_epi64(x, 32)));
+    a = _mm512_add_epi64(a, _mm512_shuffle_epi32(d, (_MM_PERM_ENUM)0x4E));
+  }
+  _mm512_storeu_si512((void *)acc, a);
+#elif defined(K3W_AVX2)
+  __m256i a0 = _mm256_loadu_si256((const __m256i *)acc), a1 = _mm256_loadu_si256((const __m256i *)(acc + 4));
+  for (uint64_t j = 0; j < n; j++, p += K3W_STRIPE) {
+    __m256i d0 = _mm256_loadu_si256((const __m256i *)p), d1 = _mm256_loadu_si256((const __m256i *)(p + 32));
+    __m256i x0 = _mm256_xor_si256(d0, _mm256_loadu_si256((const __m256i *)(key + j)));
+    __m256i x1 = _mm256_xor_si256(d1, _mm256_loadu_si256((const __m256i *)(key + j + 4)));
+    a0 = _mm256_add_epi64(a0, _mm256_mul_epu32(x0, _mm256_srli_epi64(x0, 32)));
+    a1 = _mm256_add_epi64(a1, _mm256_mul_epu32(x1, _mm256_srli_epi64(x1, 32)));
+    a0 = _mm256_add_epi64(a0, _mm256_shuffle_epi32(d0, 0x4E)); /* swap the 64-bit halves: lane i ^ 1 */
+    a1 = _mm256_add_epi64(a1, _mm256_shuffle_epi32(d1, 0x4E));
+  }
+  _mm256_storeu_si256((__m256i *)acc, a0);
+  _mm256_storeu_si256((__m256i *)(acc + 4), a1);
+#elif defined(K3W_NEON)
+  uint64x2_t a[4];
+  for (int q = 0; q < 4; q++) a[q] = vld1q_u64(acc + 2 * q);
+  for (uint64_t j = 0; j < n; j++, p += K3W_STRIPE) {
+    for (int q = 0; q < 4; q++) {
+      uint64x2_t d = vreinterpretq_u64_u8(vld1q_u8(p + 16 * q));
+      uint64x2_t x = veorq_u64(d, vld1q_u64(key + j + 2 * q));
+      a[q] = vmlal_u32(a[q], vmovn_u64(x), vshrn_n_u64(x, 32));
+      a[q] = vaddq_u64(a[q], vextq_u64(d, d, 1));
+    }
+  }
+  for (int q = 0; q < 4; q++) vst1q_u64(acc + 2 * q, a[q]);
+#else
+  for (uint64_t j = 0; j < n; j++, p += K3W_STRIPE) {
+    for (int i = 0; i < 8; i++) {
+      uint64_t d, x;
+      memcpy(&d, p + 8 * i, 8); /* little-endian hosts only: the trunk format is little-endian */
+      x = d ^ key[j + i];
+      acc[i ^ 1] += d;
+      acc[i] += (x & 0xFFFFFFFFULL) * (x >> 32);
+    }
+  }
+#endif
 }
-static uint32_t rd32(const unsigned char *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
+
+/* After every block of 16 stripes (scalar on every path: once per KiB). */
+static void k3w_scramble(uint64_t *acc) {
+  for (int i = 0; i < 8; i++) {
+    uint64_t a = acc[i];
+    a ^= a >> 47;
+    a ^= K3W_KEY[16 + i];
+    acc[i] = a * 0x9E3779B1ULL;
+  }
 }
-static uint64_t round64(uint64_t acc, uint64_t in) {
-  acc += in * P2;
-  acc = rotl(acc, 31);
-  return acc * P1;
-}
-static uint64_t merge64(uint64_t acc, uint64_t v) {
-  acc ^= round64(0, v);
-  return acc * P1 + P4;
+
+/* State: acc[0..7], s[8] stripe index in the current block, s[9] total length, s[10]
+ * 1 once a partial stripe was hashed (the input has ended). */
+static void k3w_feed(uint64_t *s, const unsigned char *p, uint64_t n) {
+  while (n > 0) {
+    uint64_t at = s[8], m = K3W_BLOCK - at < n ? K3W_BLOCK - at : n;
+    k3w_stripes(s, p, m, K3W_KEY + at);
+    p += m * K3W_STRIPE;
+    n -= m;
+    s[8] = at + m;
+    if (s[8] == K3W_BLOCK) {
+      k3w_scramble(s);
+      s[8] = 0;
+    }
+  }
 }
 
 void k3io_hash_init(uint64_t *s) {
-  s[0] = P1 + P2;
-  s[1] = P2;
-  s[2] = 0;
-  s[3] = (uint64_t)0 - P1;
-  s[4] = 0; /* total length */
-  s[5] = 0; /* tail: bytes after the last full stripe, hashed at digest */
-}
-
-/* Folds a final partial stripe (< 32 bytes) into one word, the way XXH64 finishes. */
-static uint64_t tail_fold(uint64_t h, const unsigned char *p, uint64_t n) {
-  while (n >= 8) {
-    h ^= round64(0, rd64(p));
-    h = rotl(h, 27) * P1 + P4;
-    p += 8;
-    n -= 8;
-  }
-  if (n >= 4) {
-    h ^= (uint64_t)rd32(p) * P1;
-    h = rotl(h, 23) * P2 + P3;
-    p += 4;
-    n -= 4;
-  }
-  while (n > 0) {
-    h ^= (*p) * P5;
-    h = rotl(h, 11) * P1;
-    p++;
-    n--;
-  }
-  return h;
+  static const uint64_t init[8] = {0xC2B2AE3DULL,         0x9E3779B185EBCA87ULL, 0xC2B2AE3D27D4EB4FULL,
+                                   0x165667B19E3779F9ULL, 0x85EBCA77C2B2AE63ULL, 0x85EBCA77ULL,
+                                   0x27D4EB2F165667C5ULL, 0x9E3779B1ULL};
+  memcpy(s, init, sizeof init);
+  s[8] = s[9] = s[10] = 0;
 }
 
 int32_t k3io_hash_update(uint64_t *s, const void *p, uint64_t len) {
-  if (s[5] != 0) return -1;
+  if (s[10] != 0) return -1;
   const unsigned char *b = (const unsigned char *)p;
-  uint64_t v1 = s[0], v2 = s[1], v3 = s[2], v4 = s[3];
-  uint64_t n = len / 32;
-  for (uint64_t i = 0; i < n; i++, b += 32) {
-    v1 = round64(v1, rd64(b));
-    v2 = round64(v2, rd64(b + 8));
-    v3 = round64(v3, rd64(b + 16));
-    v4 = round64(v4, rd64(b + 24));
-  }
-  s[0] = v1;
-  s[1] = v2;
-  s[2] = v3;
-  s[3] = v4;
-  s[4] += len;
-  uint64_t rest = len - n * 32;
+  uint64_t n = len / K3W_STRIPE, rest = len - n * K3W_STRIPE;
+  k3w_feed(s, b, n);
+  s[9] += len;
   if (rest) {
-    /* The final partial stripe: fold it now into a tail word, marked finished. */
-    s[5] = tail_fold(P5 ^ 0x6B33696FULL, b, rest) | 1ULL;
+    /* The final partial stripe, zero-padded (the length in the digest tells them apart). */
+    unsigned char last[K3W_STRIPE] = {0};
+    memcpy(last, b + n * K3W_STRIPE, rest);
+    k3w_feed(s, last, 1);
+    s[10] = 1;
   }
   return 0;
 }
 
+static uint64_t k3w_fold(uint64_t a, uint64_t b) {
+  unsigned __int128 p = (unsigned __int128)a * b;
+  return (uint64_t)p ^ (uint64_t)(p >> 64);
+}
+
 uint64_t k3io_hash_digest(const uint64_t *s) {
-  uint64_t h = rotl(s[0], 1) + rotl(s[1], 7) + rotl(s[2], 12) + rotl(s[3], 18);
-  h = merge64(h, s[0]);
-  h = merge64(h, s[1]);
-  h = merge64(h, s[2]);
-  h = merge64(h, s[3]);
-  h += s[4];
-  if (s[5]) {
-    h ^= s[5];
-    h = rotl(h, 27) * P1 + P4;
-  }
-  h ^= h >> 33;
-  h *= P2;
-  h ^= h >> 29;
-  h *= P3;
+  uint64_t h = s[9] * 0x9E3779B185EBCA87ULL;
+  for (int j = 0; j < 4; j++) h += k3w_fold(s[2 * j] ^ K3W_KEY[24 + 2 * j], s[2 * j + 1] ^ K3W_KEY[25 + 2 * j]);
+  h ^= h >> 37;
+  h *= 0x165667919E3779F9ULL;
   h ^= h >> 32;
   return h;
 }
 
 uint64_t k3io_hash(const void *p, uint64_t len) {
-  uint64_t s[6];
+  uint64_t s[K3IO_HASH_STATE];
   k3io_hash_init(s);
   k3io_hash_update(s, p, len);
   return k3io_hash_digest(s);
 }
 
-int64_t k3io_pread_check(int32_t fd, void *buf, uint64_t len, uint64_t offset, uint64_t hash_len,
-                         int32_t full, uint64_t *out) {
-  int64_t n = k3io_pread(fd, buf, len, offset);
-  if (n < 0 || (uint64_t)n < len) return n;
-  if (hash_len > 0) {
-    uint64_t h = hash_len < len ? hash_len : len;
-    out[0] = k3io_hash(buf, h);
-    out[1] = k3io_hash((const char *)buf + (len - h), h);
+int64_t k3io_pread_hash(int32_t fd, void *buf, uint64_t len, uint64_t offset, uint64_t chunk, uint64_t *out) {
+  if (chunk == 0 || chunk >= len) chunk = len;
+  else if (chunk % K3W_STRIPE != 0) return -EINVAL;
+  uint64_t s[K3IO_HASH_STATE], done = 0;
+  k3io_hash_init(s);
+  while (done < len) {
+    uint64_t want = len - done < chunk ? len - done : chunk;
+    int64_t n = k3io_pread(fd, (char *)buf + done, want, offset + done);
+    if (n < 0) return n;
+    if ((uint64_t)n == want) k3io_hash_update(s, (char *)buf + done, want);
+    done += (uint64_t)n;
+    if ((uint64_t)n < want) return (int64_t)done; /* end of file: no digest */
   }
-  if (full) out[2] = k3io_hash(buf, len);
-  return n;
+  out[0] = k3io_hash_digest(s);
+  return (int64_t)done;
 }
 
 int32_t k3io_kind(const char *path) {

@@ -10,10 +10,13 @@
  * The TypeScript side calls the read/write functions as `nonblocking` FFI symbols, so they
  * run on Deno's blocking thread pool while the forward pass computes.
  *
- * k3io_hash* is the trunk checksum ("k3h64"): four 64-bit lanes of the xxHash64 round over
- * 32-byte stripes, merged as XXH64 merges them, then the remaining 8-byte words and bytes,
- * then the XXH64 avalanche. (Same construction as XXH64, not claimed bit-compatible.)
- * Streaming: init, update with lengths that are multiples of 32 (any length on the last
+ * k3io_hash* is k3's one checksum ("k3w64", a 64-bit digest): a wide multiply-accumulate
+ * hash built like XXH3's long-input loop, 8 lanes of 64 bits over 64-byte stripes, keyed
+ * per stripe, scrambled every 16 stripes, folded with 64x64->128 multiplies into one word
+ * (not claimed compatible with XXH3). The scalar, AVX2, AVX-512 and NEON paths do the same
+ * integer arithmetic, so they agree bit for bit; tests/oracle/k3w64.py is its definition
+ * in Python. ~10 GB/s from DRAM and ~35 GB/s in cache on one AVX2 core.
+ * Streaming: init, update with lengths that are multiples of 64 (any length on the last
  * call), digest.
  */
 #ifndef K3IO_H
@@ -45,18 +48,19 @@ int32_t k3io_truncate(int32_t fd, uint64_t len);
 
 /* One-shot checksum of len bytes. */
 uint64_t k3io_hash(const void *p, uint64_t len);
-/* Streaming checksum: state is 6 uint64_t (v1..v4, total length, finished flag). */
+/* Words of streaming state (lanes, stripe in block, length, ended flag). */
+#define K3IO_HASH_STATE 12
+/* Streaming checksum over a K3IO_HASH_STATE-word state. */
 void k3io_hash_init(uint64_t *state);
-/* len must be a multiple of 32 except on the last update. Returns 0, or -1 when a
+/* len must be a multiple of 64 except on the last update. Returns 0, or -1 when a
  * previous update already ended with a partial stripe. */
 int32_t k3io_hash_update(uint64_t *state, const void *p, uint64_t len);
 uint64_t k3io_hash_digest(const uint64_t *state);
 
-/* Reads like k3io_pread, then writes k3io_hash of the first `hash_len` bytes read and of
- * the last `hash_len` bytes of [0, len) to out[0] and out[1] (the trunk's cheap check on a
- * streamed read; hash_len 0 skips it). When full != 0, out[2] gets the hash of all len bytes. */
-int64_t k3io_pread_check(int32_t fd, void *buf, uint64_t len, uint64_t offset, uint64_t hash_len,
-                         int32_t full, uint64_t *out);
+/* Reads like k3io_pread, `chunk` bytes per pread (0 or >= len: all at once; else a multiple of 64),
+ * hashing each chunk right after it lands; when all len bytes were read, out[0] gets their
+ * k3io_hash. Returns the bytes read, or -errno (-EINVAL for a bad chunk). */
+int64_t k3io_pread_hash(int32_t fd, void *buf, uint64_t len, uint64_t offset, uint64_t chunk, uint64_t *out);
 
 /* What `path` is (following symlinks): one of K3IO_KIND_*, or -errno. Used where the
  * runtime's own stat is not permitted (devices, /sys), so a FIFO or device is recognised. */

@@ -19,7 +19,7 @@ import { configFingerprint, loadConfig } from "../engine/model/config.ts";
 import { EXIT, K3Error } from "../engine/errors.ts";
 import { isRegularFile, specialKind, writeFailure, writeFileDurable } from "../engine/native/files.ts";
 import { type Kernels, kernels } from "../engine/native/ffi.ts";
-import { ALIGN, Hasher, IoFile } from "../engine/native/io.ts";
+import { ALIGN, CHECKSUM, Hasher, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
 import { checkAccounted } from "../engine/weights/load.ts";
@@ -219,7 +219,7 @@ export async function packTrunk(
       vocab: cfg.vocabSize,
       source: { dir: modelDir, shards },
       data: { file: DATA_FILE, bytes: layout.bytes, align: ALIGN },
-      checksum: "k3h64",
+      checksum: CHECKSUM,
       piece,
       layer: layout.layers.map((r) => r.region),
       finals: layout.finals.region,

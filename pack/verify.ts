@@ -1,6 +1,6 @@
 /**
  * `k3 pack --verify`: checks the manifest completely, then re-reads every region of a
- * packed trunk and checks each piece's k3h64 (what every run checks on every read) and the
+ * packed trunk and checks each piece's k3w64 (what every run checks on every read) and the
  * region's whole hash, with two buffers so the next read runs while the current one is
  * hashed. Optionally checks the trunk belongs to a model.
  *
@@ -57,7 +57,7 @@ export interface VerifyResult {
 
 /**
  * Checks the manifest completely (structure always; against the model's config and weights
- * when `modelDir` is given), then every piece of every region against its k3h64 and each
+ * when `modelDir` is given), then every piece of every region against its k3w64 and each
  * region's whole hash. Throws K3Error (exit 1) naming the first bad one.
  */
 export async function verifyTrunk(

@@ -109,18 +109,29 @@ Deno.test("item 2: a bit flip anywhere in a streamed layer stops the run (exit 1
   assert.equal(ok.code, 0, ok.stderr);
 });
 
-Deno.test("item 2: a version 1 trunk (no piece checksums) is refused with the advice to re-pack", async () => {
+Deno.test("item 2: a version 1 trunk (no piece checksums) or 2 (k3h64) is refused with the advice to re-pack", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   await packTrunk(TINY, t, quiet);
-  const m = JSON.parse(await Deno.readTextFile(`${t}/${MANIFEST_FILE}`));
-  m.version = 1;
-  for (const r of m.layer) delete r.pieces;
+  const clean = JSON.parse(await Deno.readTextFile(`${t}/${MANIFEST_FILE}`));
+  assert.equal(clean.version, 3);
+  assert.equal(clean.checksum, "k3w64");
+  for (const version of [1, 2]) {
+    const m = structuredClone(clean);
+    m.version = version;
+    if (version === 1) { for (const r of m.layer) delete r.pieces; }
+    else m.checksum = "k3h64";
+    await Deno.writeTextFile(`${t}/${MANIFEST_FILE}`, JSON.stringify(m));
+    assertRefused(
+      await k3(["run", TINY, "--ids", "5", "--gen", "1", "--trunk", t]),
+      1,
+      new RegExp(`version ${version}, .*k3w64.*re-pack it with k3 pack --force`),
+    );
+    assertRefused(await k3(["pack", "--verify", t]), 1, new RegExp(`version ${version}`));
+  }
+  // the checksum name is checked too
+  const m = structuredClone(clean);
+  m.checksum = "k3h64";
   await Deno.writeTextFile(`${t}/${MANIFEST_FILE}`, JSON.stringify(m));
-  assertRefused(
-    await k3(["run", TINY, "--ids", "5", "--gen", "1", "--trunk", t]),
-    1,
-    /version 1, .*re-pack it with k3 pack --force/,
-  );
-  assertRefused(await k3(["pack", "--verify", t]), 1, /version 1/);
+  assertRefused(await k3(["pack", "--verify", t]), 1, /checksum "k3h64", expected "k3w64"/);
 });

@@ -30,7 +30,7 @@ export const ioSymbols = {
   k3io_pwrite: { parameters: [I, P, "u64", "u64"], result: "i64", nonblocking: true },
   k3io_sync: { parameters: [I], result: I, nonblocking: true },
   k3io_truncate: { parameters: [I, "u64"], result: I },
-  k3io_pread_check: { parameters: [I, P, "u64", "u64", "u64", I, P], result: "i64", nonblocking: true },
+  k3io_pread_hash: { parameters: [I, P, "u64", "u64", "u64", P], result: "i64", nonblocking: true },
   k3io_hash: { parameters: [P, "u64"], result: "u64" },
   k3io_kind: { parameters: ["buffer"], result: I },
   k3io_write: { parameters: [I, "buffer", "u64"], result: "i64" },
@@ -135,21 +135,30 @@ export class IoFile {
   }
 
   /**
-   * Reads like `pread` and computes the k3h64 of the bytes read on the same I/O thread
-   * (so verifying costs the JS thread nothing). Resolves to the bytes read and, when all
-   * `len` were read, their hash as 16 hex digits.
+   * Reads like `pread` and computes the k3w64 of the bytes read on the same I/O thread
+   * (so verifying costs the JS thread nothing), `chunk` bytes per pread (0: one pread),
+   * each chunk hashed right after it lands. Resolves to the bytes read and, when all `len`
+   * were read, their hash as 16 hex digits.
    */
   async preadHashed(
     ptr: NonNullable<Deno.PointerValue>,
     len: number,
     offset: number,
+    chunk = 0,
   ): Promise<{ n: number; hash?: string }> {
-    const out = new BigUint64Array(3);
+    const out = new BigUint64Array(1);
     readStarted();
     let n = -5;
     try {
       n = Number(
-        await io().k3io_pread_check(this.fd, ptr, BigInt(len), BigInt(offset), 0n, 1, Deno.UnsafePointer.of(out)),
+        await io().k3io_pread_hash(
+          this.fd,
+          ptr,
+          BigInt(len),
+          BigInt(offset),
+          BigInt(chunk),
+          Deno.UnsafePointer.of(out),
+        ),
       );
     } finally {
       readEnded(n);
@@ -157,7 +166,7 @@ export class IoFile {
     if (n < 0) {
       throw new K3Error(`${this.path}: read of ${len} bytes at ${offset} failed: ${errnoText(n)}`);
     }
-    return { n, hash: n === len ? out[2].toString(16).padStart(16, "0") : undefined };
+    return { n, hash: n === len ? out[0].toString(16).padStart(16, "0") : undefined };
   }
 
   /** Reads exactly len bytes (or throws naming the file and the shortfall). */
@@ -254,14 +263,17 @@ export class IoWriter {
   }
 }
 
-/** k3h64 of len bytes at ptr, as 16 hex digits. */
+/** The name of k3's checksum (kernels/k3io.h), as trunk manifests and expert tables record it. */
+export const CHECKSUM = "k3w64";
+
+/** k3w64 of len bytes at ptr, as 16 hex digits. */
 export function hashHex(ptr: NonNullable<Deno.PointerValue>, len: number): string {
   return io().k3io_hash(ptr, BigInt(len)).toString(16).padStart(16, "0");
 }
 
-/** A streaming k3h64 (updates must be multiples of 32 bytes except the last). */
+/** A streaming k3w64 (updates must be multiples of 64 bytes except the last). */
 export class Hasher {
-  private readonly state = new BigUint64Array(6);
+  private readonly state = new BigUint64Array(12);
   private readonly ptr = Deno.UnsafePointer.of(this.state)!;
   constructor() {
     io().k3io_hash_init(this.ptr);

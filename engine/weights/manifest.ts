@@ -15,18 +15,18 @@
  *   offsets.
  * - `manifest.json` (written last, so a trunk without it is never used):
  *   `format` "k3-trunk", `version` 1, `created`, `fingerprint` (configFingerprint of the
- *   model's config: the shape), `sample` (k3h64 over the raw checkpoint bytes of the final
+ *   model's config: the shape), `sample` (k3w64 over the raw checkpoint bytes of the final
  *   vectors and every layer's input_layernorm: the weights, so a trunk of a same-shaped
  *   but different model is refused too), `layers` count, `hidden`, `vocab`, `source` {dir, shards [{name,
- *   bytes}]}, `data` {file, bytes, align}, `checksum` "k3h64" (kernels/k3io.h), and the
+ *   bytes}]}, `data` {file, bytes, align}, `checksum` "k3w64" (kernels/k3io.h), and the
  *   regions `layer[]`, `finals`, `embed`, `head`, each {offset, size (padded), bytes
- *   (unpadded), hash (k3h64 of all `size` bytes), pieces (k3h64 of each `piece`-byte piece
+ *   (unpadded), hash (k3w64 of all `size` bytes), pieces (k3w64 of each `piece`-byte piece
  *   of the region, the last one shorter: checked on every read that brings a piece in,
  *   streamed or pinned), tensors [{name, dtype ("BF16" | "F32"), keep, shape, offset (in
  *   the region), bytes}]}, and `piece` (bytes per hashed piece, a multiple of 4096).
  *
- * Version 2 added the per-piece hashes; a version 1 trunk is refused with the advice to
- * re-pack. Nothing in a manifest is trusted: `checkLayout` recomputes the whole layout
+ * Version 2 added the per-piece hashes, version 3 changed the checksum from k3h64 to the
+ * faster k3w64; an older trunk is refused with the advice to re-pack. Nothing in a manifest is trusted: `checkLayout` recomputes the whole layout
  * (region offsets and sizes, every tensor's offset, bytes, dtype and shape) and refuses any
  * difference, before any byte of the data file is bound to a kernel.
  *
@@ -37,7 +37,7 @@ import { type K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
 import { directoryProblem } from "../paths.ts";
 import type { Kernels } from "../native/ffi.ts";
-import { ALIGN, alignUp, hashHex, IoFile } from "../native/io.ts";
+import { ALIGN, alignUp, CHECKSUM, hashHex, IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import { notRegular, readInputText } from "../native/files.ts";
 
@@ -57,7 +57,7 @@ import {
 /** The manifest's format name. */
 export const FORMAT = "k3-trunk";
 /** The manifest's format version. */
-export const VERSION = 2;
+export const VERSION = 3;
 /** Bytes per hashed piece: the unit of every trunk read and its checksum. */
 export const PIECE_BYTES = 16 << 20;
 /** File name of the packed data. */
@@ -91,9 +91,9 @@ export interface Region {
   size: number;
   /** Bytes of content before padding. */
   bytes: number;
-  /** Checksum (k3h64, hex). */
+  /** Checksum (k3w64, hex). */
   hash: string;
-  /** k3h64 of each `piece`-byte piece of the region's `size` bytes (the last shorter). */
+  /** k3w64 of each `piece`-byte piece of the region's `size` bytes (the last shorter). */
   pieces: string[];
   /** The tensors in the region, in order. */
   tensors: TensorEntry[];
@@ -122,7 +122,7 @@ export interface TrunkManifest {
   /** The data file, its size and alignment. */
   data: { file: string; bytes: number; align: number };
   /** The checksum used. */
-  checksum: "k3h64";
+  checksum: typeof CHECKSUM;
   /** Bytes per hashed piece. */
   piece: number;
   /** One region per layer. */
@@ -277,7 +277,7 @@ export function parseManifest(text: string, path: string): TrunkManifest {
     bad(
       `version ${
         JSON.stringify(j.version)
-      }, this k3 reads version ${VERSION} (per-piece checksums); re-pack it with k3 pack --force`,
+      }, this k3 reads version ${VERSION} (per-piece ${CHECKSUM} checksums); re-pack it with k3 pack --force`,
     );
   }
   const m = j as unknown as TrunkManifest;
@@ -285,7 +285,7 @@ export function parseManifest(text: string, path: string): TrunkManifest {
     Number.isSafeInteger(v) && (v as number) >= min && (v as number) <= max;
   if (typeof m.fingerprint !== "string" || !/^[0-9a-f]{32}$/.test(m.fingerprint)) bad("no fingerprint");
   if (typeof m.sample !== "string" || !HEX16.test(m.sample)) bad("no weight sample hash");
-  if (m.checksum !== "k3h64") bad(`checksum ${JSON.stringify(m.checksum)}, expected "k3h64"`);
+  if (m.checksum !== CHECKSUM) bad(`checksum ${JSON.stringify(m.checksum)}, expected "${CHECKSUM}"`);
   if (!int(m.layers, 1, MAX_DIM) || !int(m.hidden, 1, MAX_DIM) || !int(m.vocab, 1, MAX_DIM)) {
     bad("layers, hidden and vocab must be positive integers");
   }
@@ -400,7 +400,7 @@ export async function readManifest(dir: string): Promise<TrunkManifest> {
 }
 
 /**
- * k3h64 over the raw checkpoint bytes of a few small tensors that identify the weights
+ * k3w64 over the raw checkpoint bytes of a few small tensors that identify the weights
  * (final vectors, each layer's input_layernorm): cheap to recompute at start-up.
  */
 export async function weightSample(

@@ -2,7 +2,7 @@
  * The trunk (every layer's dense tensors) when it does not all stay in memory: a packed
  * trunk (manifest.ts) with some layers pinned and the rest streamed through a ring.
  *
- * Every read, pinned or streamed, checks each piece against its k3h64 in the manifest on
+ * Every read, pinned or streamed, checks each piece against its k3w64 in the manifest on
  * the I/O thread that read it (readPieces). Pinned layers are read once at start-up. The
  * ring is one arena used as a FIFO of variable-size layer regions: streamed layers are
  * read ahead in the order the forward pass uses them (wrapping to the next token's first
@@ -32,6 +32,9 @@ import {
   type TrunkManifest,
 } from "./manifest.ts";
 
+/** Bytes per pread when a piece is read and hashed (bench/verify.ts measures the choice). */
+export const HASH_CHUNK = 0;
+
 /** A piece of a region whose bytes did not match its checksum. */
 export class PieceMismatch extends Error {
   /** Piece `index` of a region, starting at byte `at`, did not match. */
@@ -42,9 +45,10 @@ export class PieceMismatch extends Error {
 
 /**
  * Reads a big region as `piece`-byte pieces, `depth` in flight at once (the device works on
- * several requests together; one huge pread is slower). With `hashes` (one k3h64 per
- * piece, from the manifest) every piece is hashed on the I/O thread that read it and a
- * mismatch rejects with PieceMismatch. Resolves to the bytes read.
+ * several requests together; one huge pread is slower). With `hashes` (one k3w64 per
+ * piece, from the manifest) every piece is hashed on the I/O thread that read it, `chunk`
+ * bytes per pread (0: the whole piece in one pread), and a mismatch rejects with
+ * PieceMismatch. Resolves to the bytes read.
  */
 export async function readPieces(
   f: IoFile,
@@ -54,6 +58,7 @@ export async function readPieces(
   piece = 16 << 20,
   depth = 8,
   hashes?: readonly string[],
+  chunk = HASH_CHUNK,
 ): Promise<number> {
   let next = 0, total = 0;
   let failure: unknown;
@@ -65,7 +70,7 @@ export async function readPieces(
       const dst = at === 0 ? ptr : Deno.UnsafePointer.offset(ptr, at)!;
       try {
         if (hashes) {
-          const r = await f.preadHashed(dst, want, offset + at);
+          const r = await f.preadHashed(dst, want, offset + at, chunk);
           total += r.n;
           if (r.n < want) return; // end of file: the caller sees the short total
           if (r.hash !== hashes[at / piece]) throw new PieceMismatch(at / piece, at);
