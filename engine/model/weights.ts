@@ -284,46 +284,37 @@ export async function loadTensors(
   const vectors = new Map<string, F32>();
   const owned: NativeBuffer[] = [];
   try {
-    // Every tensor is checked before anything is allocated; then each read runs while the
-    // next tensor's fresh pages are faulted in, so first-touch zeroing overlaps the disk.
+    // Every tensor is checked before anything is allocated; then all are read together
+    // (readTensors: deep direct reads) and each is bound as soon as its bytes are in.
     const tensors = specs.map((spec) => {
       const t = ckpt.get(prefix + spec.name);
       checkTensor(t, spec);
       return t;
     });
-    let next: NativeBuffer | undefined;
-    for (const [i, spec] of specs.entries()) {
-      const t = tensors[i];
-      let bound = next ?? NativeBuffer.alloc(k, t.bytes, t.name);
-      if (!next) owned.push(bound);
-      next = undefined;
-      const reading = ckpt.read(t, bound.u8);
-      try {
-        if (i + 1 < specs.length) {
-          next = NativeBuffer.alloc(k, tensors[i + 1].bytes, tensors[i + 1].name);
-          owned.push(next);
-          next.prefault();
-        }
-      } finally {
-        await reading; // never free a buffer a read is still writing into
-      }
+    await ckpt.readTensors(k, tensors, (i, { buf, delta }) => {
+      const t = tensors[i], spec = specs[i];
+      owned.push(buf);
+      let ptr = buf.at(delta);
       const widened = boundBytes(t, spec.keep) !== t.bytes;
       if (widened) {
-        const raw = bound;
         const elems = t.bytes / 2;
-        bound = NativeBuffer.alloc(k, elems * 4, t.name);
-        owned.push(bound);
-        widen(k, t.dtype, raw.ptr, bound.ptr, elems);
-        owned.splice(owned.indexOf(raw), 1);
-        raw.free();
+        const wide = NativeBuffer.alloc(k, elems * 4, t.name);
+        owned.push(wide);
+        widen(k, t.dtype, ptr, wide.ptr, elems);
+        owned.splice(owned.indexOf(buf), 1);
+        buf.free();
+        ptr = wide.ptr;
       }
       if (spec.keep === "matrix") {
         const wtype = widened || t.dtype === "F32" ? WTYPE.f32 : WTYPE.bf16;
-        matrices.set(spec.name, { ptr: bound.ptr, wtype, rows: spec.shape[0], cols: spec.shape[1] });
+        matrices.set(spec.name, { ptr, wtype, rows: spec.shape[0], cols: spec.shape[1] });
       } else if (spec.keep === "vector") {
-        vectors.set(spec.name, { ptr: bound.ptr, f: bound.f32() });
+        vectors.set(spec.name, {
+          ptr,
+          f: new Float32Array(Deno.UnsafePointerView.getArrayBuffer(ptr, boundBytes(t, spec.keep))),
+        });
       }
-    }
+    });
   } catch (e) {
     for (const b of owned) b.free();
     throw e;

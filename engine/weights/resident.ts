@@ -7,7 +7,7 @@
  */
 
 import type { K3Config } from "../model/config.ts";
-import { type ExpertLocation, expertView, locateExpert, readExpert } from "./experts.ts";
+import { expertView, locateExpert, readExpert } from "./experts.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import type { WeightSource } from "../model/model.ts";
@@ -100,13 +100,30 @@ export class ResidentWeights implements WeightSource {
     for (let L = 0; L < nLayers; L++) {
       layers.push(await loadTensors(k, ckpt, layerTensors(cfg, L)));
       if (L >= cfg.firstKDense) {
-        const list: Expert[] = [];
-        for (let E = 0; E < cfg.moe.numExperts; E++) {
-          const loc: ExpertLocation = locateExpert(cfg, ckpt, L, E);
-          const slot = NativeBuffer.alloc(k, loc.bytes, `expert ${L}.${E}`);
+        const locs = Array.from({ length: cfg.moe.numExperts }, (_, E) => locateExpert(cfg, ckpt, L, E));
+        const list: Expert[] = new Array(locs.length);
+        // Contiguous experts (the usual layout) are read together, deep and direct; an expert
+        // whose tensors are scattered is read tensor by tensor into one slot.
+        const runs = locs.filter((loc) => loc.contiguous);
+        await ckpt.readTensors(
+          k,
+          runs.map((loc) => ({
+            name: `layer ${L} expert ${loc.expert}`,
+            file: loc.file,
+            offset: loc.offset,
+            bytes: loc.bytes,
+          })),
+          (i, { buf, delta }) => {
+            buffers.push(buf);
+            const loc = runs[i];
+            list[loc.expert] = expertView(cfg, { ...loc, slotOffsets: loc.slotOffsets.map((o) => o + delta) }, buf);
+          },
+        );
+        for (const loc of locs.filter((loc) => !loc.contiguous)) {
+          const slot = NativeBuffer.alloc(k, loc.bytes, `expert ${L}.${loc.expert}`);
           buffers.push(slot);
           await readExpert(ckpt, loc, slot);
-          list.push(expertView(cfg, loc, slot));
+          list[loc.expert] = expertView(cfg, loc, slot);
         }
         expertsByLayer.set(L, list);
       }
