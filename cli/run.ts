@@ -20,8 +20,7 @@ import {
 } from "../engine/generate/state_file.ts";
 import { firstLayers, openModel } from "../engine/weights/load.ts";
 import type { IoStats } from "../engine/model/model.ts";
-import { readActivity } from "../engine/native/io.ts";
-import { formatLedger, ledgerBetween, markLedger } from "../engine/generate/ledger.ts";
+import { formatLedger, ledgerBetween, markLedger, readsBetween } from "../engine/generate/ledger.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { prefillProgress, progress } from "./progress.ts";
 import { reportHead, reportSettings, sequenceFields, snakeKeys } from "./report.ts";
@@ -196,7 +195,6 @@ export async function main(args: string[]): Promise<number> {
     );
     console.error("step   token   seconds  expert hits   GB read   tok/s");
     let last = io();
-    const reads0 = { ...readActivity };
     const t1 = performance.now();
     const mark0 = markLedger(opened.model);
     let tLast = t1, stepCount = 0;
@@ -232,7 +230,9 @@ export async function main(args: string[]): Promise<number> {
       },
     });
     const wall = (performance.now() - t1) / 1000;
-    const ledger = ledgerBetween(mark0, markLedger(opened.model));
+    const mark1 = markLedger(opened.model);
+    const ledger = ledgerBetween(mark0, mark1);
+    const reads = readsBetween(mark0, mark1);
     if (values.ledger) { for (const line of formatLedger(ledger)) console.error(`k3: ${line}`); }
     const ioWait = ledger.trunk_read_wait_seconds + ledger.expert_read_wait_seconds;
     const ids = result.tokens;
@@ -331,8 +331,8 @@ export async function main(args: string[]): Promise<number> {
         trunk_layers_pinned: weights.ioStats ? stats.pinnedLayers : cfg.numLayers,
         io_wait_seconds: ioWait,
         io_share: ioWait / Math.max(wall, 1e-9),
-        read_busy_seconds: readActivity.busySeconds - reads0.busySeconds,
-        read_bytes: readActivity.bytes - reads0.bytes,
+        read_busy_seconds: reads.busySeconds,
+        read_bytes: reads.bytes,
         ledger,
         memory: snakeKeys(opened.plan ?? null),
       };

@@ -54,6 +54,16 @@ export interface LedgerReport {
   read_bytes_per_second_in_flight: number | null;
 }
 
+/**
+ * Seconds with a read in flight so far, counting the interval still open now: a read the
+ * trunk ring issued during the load and still running when the run starts is split at the
+ * mark instead of being counted whole on one side.
+ */
+export function readBusyNow(): number {
+  const open = readActivity.inflight > 0 ? (performance.now() - readActivity.since) / 1000 : 0;
+  return readActivity.busySeconds + open;
+}
+
 /** The counters of `model` now. */
 export function markLedger(model: K3Model): LedgerMark {
   return {
@@ -61,7 +71,7 @@ export function markLedger(model: K3Model): LedgerMark {
     ledger: { ...model.ledger },
     io: model.weights.ioStats?.(),
     readBytes: readActivity.bytes,
-    readBusySeconds: readActivity.busySeconds,
+    readBusySeconds: readBusyNow(),
   };
 }
 
@@ -88,6 +98,11 @@ export function ledgerBetween(a: LedgerMark, b: LedgerMark): LedgerReport {
     expert_bytes_read: (b.io?.expertBytes ?? 0) - (a.io?.expertBytes ?? 0),
     read_bytes_per_second_in_flight: busy > 0 ? bytes / busy : null,
   };
+}
+
+/** Bytes read by the I/O layer between two marks, and the seconds with a read in flight. */
+export function readsBetween(a: LedgerMark, b: LedgerMark): { bytes: number; busySeconds: number } {
+  return { bytes: b.readBytes - a.readBytes, busySeconds: b.readBusySeconds - a.readBusySeconds };
 }
 
 /** The ledger as a table for stderr, one line per kind of time. */
