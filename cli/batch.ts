@@ -46,6 +46,7 @@ import {
   SAMPLING_FLAGS,
   samplingHelp,
   samplingOptions,
+  loadModelTokenizer,
   tokenizerDir,
 } from "./run_options.ts";
 
@@ -478,7 +479,7 @@ export async function main(args: string[]): Promise<number> {
   });
   const tokDir = tokenizerDir(dir, genOpts.tokDir);
   let tokenizer: Tokenizer | undefined;
-  const getTokenizer = () => (tokDir ? (tokenizer ??= Tokenizer.load(tokDir)) : undefined);
+  const getTokenizer = () => (tokDir ? (tokenizer ??= loadModelTokenizer(tokDir, cfg.vocabSize)) : undefined);
   if (tokDir) getTokenizer(); // generated text for every line, and a bad --tok fails up front
 
   // Parse every line first: the model's capacity is the longest prompt + gen.

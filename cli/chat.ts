@@ -187,7 +187,7 @@ export async function main(args: string[]): Promise<number> {
   const memory = memoryOptions(tokens);
   let cfg = await loadConfig(dir);
   if (values.layers !== undefined) cfg = firstLayers(cfg, intFlag("layers", values.layers, 0, 1, 100000));
-  const tok: Tokenizer = needTokenizer(dir, values.tok, "chat");
+  const tok: Tokenizer = needTokenizer(dir, values.tok, "chat", cfg.vocabSize);
 
   const conv = new Conversation();
   if (values.history !== undefined) conv.messages = (await readHistory(values.history)) ?? [];

@@ -158,10 +158,10 @@ export async function main(args: string[]): Promise<number> {
   let cfg = await loadConfig(dir);
   if (genOpts.layers !== undefined) cfg = firstLayers(cfg, genOpts.layers);
   let tokenizer: Tokenizer | undefined;
-  const getTokenizer = () => (tokenizer ??= needTokenizer(dir, genOpts.tokDir, "--prompt"));
+  const getTokenizer = () => (tokenizer ??= needTokenizer(dir, genOpts.tokDir, "--prompt", cfg.vocabSize));
   const prompt = await promptIds(source, cfg.vocabSize, getTokenizer);
   const stopIds = genOpts.stopIds.map((s) => parseIds("stop-id", s, cfg.vocabSize)[0]);
-  if (genOpts.stops.length > 0) tokenizer ??= needTokenizer(dir, genOpts.tokDir, "--stop");
+  if (genOpts.stops.length > 0) tokenizer ??= needTokenizer(dir, genOpts.tokDir, "--stop", cfg.vocabSize);
   if (!tokenizer && tokenizerDir(dir, genOpts.tokDir)) getTokenizer();
   // A saved state is checked for layout and checksum before the model is opened: its
   // length decides the capacity.

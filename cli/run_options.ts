@@ -213,11 +213,30 @@ export function tokenizerDir(modelDir: string, tokDir?: string): string | undefi
   return notRegular(`${modelDir}/tiktoken.model`) !== "no such file" ? modelDir : undefined;
 }
 
-/** Loads the tokenizer, or explains how to get one (usage error). */
-export function needTokenizer(modelDir: string, tokDir: string | undefined, why: string): Tokenizer {
+/**
+ * Loads the tokenizer in `dir` for a model of `vocab` ids. When it cannot name every id
+ * (e.g. no tokenizer_config.json, so the added tokens are unknown), says so once on
+ * stderr before the run, and those ids decode as `<|id:N|>` instead of failing.
+ */
+export function loadModelTokenizer(dir: string, vocab: number): Tokenizer {
+  const tok = Tokenizer.load(dir);
+  const unnamed = tok.forModel(vocab);
+  if (unnamed.length > 0) {
+    const count = unnamed.reduce((n, [a, b]) => n + b - a + 1, 0);
+    const shown = unnamed.slice(0, 4).map(([a, b]) => (a === b ? `${a}` : `${a}..${b}`)).join(", ");
+    console.error(
+      `k3: note: the tokenizer in ${dir} names ${vocab - count} of the model's ${vocab} ids; ` +
+        `${count} (${shown}${unnamed.length > 4 ? ", ..." : ""}) decode as <|id:N|>`,
+    );
+  }
+  return tok;
+}
+
+/** Loads the tokenizer for a model of `vocab` ids, or explains how to get one (usage error). */
+export function needTokenizer(modelDir: string, tokDir: string | undefined, why: string, vocab: number): Tokenizer {
   const dir = tokenizerDir(modelDir, tokDir);
   if (!dir) throw usageError(`${why} needs a tokenizer: pass --tok DIR (no tiktoken.model in ${modelDir})`);
-  return Tokenizer.load(dir);
+  return loadModelTokenizer(dir, vocab);
 }
 
 /** Turns a prompt source into ids checked against the vocabulary. */

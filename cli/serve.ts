@@ -103,7 +103,7 @@ export async function main(args: string[]): Promise<number> {
   const memory = memoryOptions(tokens);
   let cfg = await loadConfig(dir);
   if (values.layers !== undefined) cfg = firstLayers(cfg, intFlag("layers", values.layers, 0, 1, 100000));
-  const tokenizer = needTokenizer(dir, values.tok, "serve");
+  const tokenizer = needTokenizer(dir, values.tok, "serve", cfg.vocabSize);
   const modelName = values["served-model-name"] ?? basename(dir.replace(/\/+$/, ""));
 
   let server;

@@ -22,6 +22,15 @@ const MAX_TOKENIZER_FILE = 256 << 20;
 /** The longest `base64 rank` line accepted (a token of ~3 kB). */
 const MAX_RANK_LINE = 4096;
 
+/**
+ * The text an id without a token decodes to: `<|id:933|>`. A model's vocabulary can be
+ * larger than what its tokenizer files name (e.g. `tokenizer_config.json` missing, so
+ * the added tokens are unknown); such an id is shown, never dropped or fatal.
+ */
+export function unnamedIdText(id: number): string {
+  return `<|id:${id}|>`;
+}
+
 /** Options of {@link Tokenizer.encode}. */
 export interface EncodeOptions {
   /**
@@ -334,6 +343,8 @@ export class Tokenizer {
   /** Rank of each single byte: where BPE starts. */
   readonly #byteRank = new Int32Array(256);
   readonly #vocabSize: number;
+  /** Ids below this decode (as a placeholder when unnamed); see {@link forModel}. */
+  #decodeLimit: number;
   readonly #added: AddedToken[];
   readonly #addedByContent = new Map<string, number>();
   readonly #addedBytes = new Map<number, Uint8Array>();
@@ -372,6 +383,7 @@ export class Tokenizer {
       if (t.id >= size) size = t.id + 1;
     }
     this.#vocabSize = size;
+    this.#decodeLimit = size;
     this.#added = added;
     // Longest first, so that a token that prefixes another cannot shadow it.
     const contents = added.map((t) => t.content).sort((a, b) => b.length - a.length);
@@ -401,6 +413,24 @@ export class Tokenizer {
   /** Number of ids: one past the largest rank or added id. */
   get vocabSize(): number {
     return this.#vocabSize;
+  }
+
+  /**
+   * Binds the tokenizer to a model's vocabulary of `vocab` ids: from then on decoding
+   * accepts every id below `vocab` (and below the tokenizer's own size), and one that no
+   * rank or added token names decodes as {@link unnamedIdText}. Returns those unnamed
+   * ids as inclusive `[first, last]` ranges (empty when the tokenizer covers `vocab`).
+   */
+  forModel(vocab: number): [number, number][] {
+    this.#decodeLimit = Math.max(this.#vocabSize, vocab);
+    const t = this.#table, ranges: [number, number][] = [];
+    for (let id = 0; id < vocab; id++) {
+      if ((id < t.start.length && t.start[id] >= 0) || this.#addedBytes.has(id)) continue;
+      const last = ranges[ranges.length - 1];
+      if (last && last[1] === id - 1) last[1] = id;
+      else ranges.push([id, id]);
+    }
+    return ranges;
   }
 
   /** Number of BPE ranks (excluding added tokens). */
@@ -543,20 +573,25 @@ export class Tokenizer {
     return Array.from(part.subarray(0, parts));
   }
 
-  /** Bytes of `id` (a view; do not modify); usageError (exit 2) if outside the vocabulary. */
+  /**
+   * Bytes of `id` (a view; do not modify): its token's, or {@link unnamedIdText} for an
+   * id of the vocabulary without a token; usageError (exit 2) if outside the vocabulary.
+   */
   #tokenBytes(id: number): Uint8Array {
     const t = this.#table;
     if (Number.isInteger(id) && id >= 0 && id < t.start.length && t.start[id] >= 0) {
       return t.arena.subarray(t.start[id], t.start[id] + t.length[id]);
     }
     const added = this.#addedBytes.get(id);
-    if (added === undefined) {
-      throw usageError(`token id ${id} is outside the vocabulary (0..${this.#vocabSize - 1})`);
-    }
-    return added;
+    if (added !== undefined) return added;
+    if (Number.isInteger(id) && id >= 0 && id < this.#decodeLimit) return this.#encoder.encode(unnamedIdText(id));
+    throw usageError(`token id ${id} is outside the vocabulary (0..${this.#decodeLimit - 1})`);
   }
 
-  /** The bytes of `ids`, concatenated. Throws usageError for an id outside the vocabulary. */
+  /**
+   * The bytes of `ids`, concatenated (an id without a token as {@link unnamedIdText}).
+   * Throws usageError for an id outside the vocabulary.
+   */
   decodeBytes(ids: ArrayLike<number>): Uint8Array {
     const pieces: Uint8Array[] = new Array(ids.length);
     let total = 0;
@@ -574,8 +609,9 @@ export class Tokenizer {
   }
 
   /**
-   * The text of `ids`. Invalid UTF-8 (a model may emit any bytes) becomes U+FFFD.
-   * Throws usageError for an id outside the vocabulary.
+   * The text of `ids`. Invalid UTF-8 (a model may emit any bytes) becomes U+FFFD; an id
+   * without a token is {@link unnamedIdText}. Throws usageError for an id outside the
+   * vocabulary (the tokenizer's, or the model's after {@link forModel}).
    */
   decode(ids: ArrayLike<number>): string {
     return new TextDecoder("utf-8", { ignoreBOM: true }).decode(this.decodeBytes(ids));
