@@ -39,6 +39,7 @@ import {
   GENERATION_FLAGS,
   GENERATION_HELP,
   generationOptions,
+  loadModelTokenizer,
   MEMORY_FLAGS,
   MEMORY_HELP,
   memoryOptions,
@@ -46,7 +47,6 @@ import {
   SAMPLING_FLAGS,
   samplingHelp,
   samplingOptions,
-  loadModelTokenizer,
   tokenizerDir,
 } from "./run_options.ts";
 

@@ -19,7 +19,7 @@ import { checkCheckpoint } from "../engine/model/weights.ts";
 import { defaultLibraryPath, isaName, type Kernels, kernels } from "../engine/native/ffi.ts";
 import { cpuFlags } from "../engine/native/libpath.ts";
 import { IoFile } from "../engine/native/io.ts";
-import { memAvailable } from "../engine/weights/plan.ts";
+import { cgroupText, memoryAvailability } from "../engine/weights/plan.ts";
 import { fmtBytes, intFlag, parseFlags } from "./common.ts";
 import { progress } from "./progress.ts";
 import { releasedPlan } from "./presets.ts";
@@ -367,7 +367,8 @@ export async function main(args: string[]): Promise<number> {
   }
 
   // Memory: the engine's own memory plan for the full model at each preset.
-  facts.memAvailable = memAvailable();
+  const avail = memoryAvailability();
+  facts.memAvailable = avail?.bytes;
   facts.memTotal = memTotal();
   const needs = presetNeeds(positions);
   facts.minNeed = presetNeeds(MIN_POSITIONS).find((n) => n.name === "ultra")?.bytes;
@@ -382,6 +383,13 @@ export async function main(args: string[]): Promise<number> {
         (fit ? `fits --preset ${fit.name} (plan ${fmtBytes(fit.bytes)} with the runtime)` : "fits no preset") +
         (next ? `; ${next.name} would need ${fmtBytes(next.bytes)}` : ""),
     );
+    if (avail?.cgroup) {
+      line(
+        "cgroup",
+        `${cgroupText(avail.cgroup)}: leaves ${fmtBytes(avail.cgroup.remaining)}` +
+          (avail.source === "MemAvailable" ? " (MemAvailable is smaller)" : " (the smaller: used)"),
+      );
+    } else if (avail?.source === "MemAvailable") line("cgroup", "no memory limit");
     if (!fit && facts.minNeed !== undefined && facts.memAvailable >= facts.minNeed) {
       warnings.push(
         `only --preset ultra with a short context fits (${MIN_POSITIONS} positions: ${fmtBytes(facts.minNeed)})`,

@@ -275,3 +275,29 @@ int64_t k3io_write(int32_t fd, const void *buf, uint64_t len) {
   }
   return (int64_t)done;
 }
+
+int64_t k3io_read_small(const char *path, void *buf, uint64_t cap) {
+  /* O_NONBLOCK: a FIFO put in place of a /proc or /sys file cannot hang the open. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return -errno;
+  struct stat st;
+  int bad = fstat(fd, &st) != 0 ? -errno : !S_ISREG(st.st_mode) ? -EINVAL : 0;
+  if (bad != 0) {
+    close(fd);
+    return bad;
+  }
+  uint64_t done = 0;
+  while (done < cap) {
+    ssize_t n = read(fd, (char *)buf + done, cap - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      close(fd);
+      return -e;
+    }
+    if (n == 0) break;
+    done += (uint64_t)n;
+  }
+  close(fd);
+  return (int64_t)done;
+}

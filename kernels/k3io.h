@@ -76,4 +76,9 @@ int32_t k3io_kind(const char *path);
 /* Writes len bytes at the current position (FIFOs, devices); returns len or -errno. */
 int64_t k3io_write(int32_t fd, const void *buf, uint64_t len);
 
+/* Reads at most cap bytes of the regular file at path from its start (a /proc or /sys file
+ * the runtime is not permitted to read); returns the bytes read or -errno (-EINVAL for a
+ * file that is not regular). */
+int64_t k3io_read_small(const char *path, void *buf, uint64_t cap);
+
 #endif

@@ -37,6 +37,7 @@ export const ioSymbols = {
   k3io_hash_init: { parameters: [P], result: "void" },
   k3io_hash_update: { parameters: [P, P, "u64"], result: I },
   k3io_hash_digest: { parameters: [P], result: "u64" },
+  k3io_read_small: { parameters: ["buffer", "buffer", "u64"], result: "i64" },
 } as const;
 
 /** The loaded I/O functions of libk3. */
@@ -288,4 +289,15 @@ export class Hasher {
   hex(): string {
     return io().k3io_hash_digest(this.ptr).toString(16).padStart(16, "0");
   }
+}
+
+/**
+ * The text of a small regular file read natively (k3io_read_small: /proc and /sys files,
+ * which the `k3` permission set does not let the runtime read), at most `cap` bytes;
+ * undefined when it cannot be read (missing, not regular, refused).
+ */
+export function readSmallFile(path: string, cap = 1 << 16): string | undefined {
+  const buf = new Uint8Array(cap);
+  const n = Number(io().k3io_read_small(cstr(path), buf, BigInt(cap)));
+  return n < 0 ? undefined : new TextDecoder().decode(buf.subarray(0, n));
 }

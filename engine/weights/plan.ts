@@ -25,6 +25,7 @@
 
 import type { K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
+import { type CgroupMemory, cgroupMemory } from "../native/cgroup.ts";
 import { layerTensors } from "../model/weights.ts";
 import { scratchBytes, stateBytes } from "../model/model.ts";
 
@@ -135,8 +136,10 @@ export interface PlanInput {
   mem: MemoryOptions;
   /** A packed trunk is given (--trunk). */
   packed: boolean;
-  /** MemAvailable in bytes (undefined: do not check). */
+  /** Available memory in bytes (undefined: do not check); see {@link memoryAvailability}. */
   available?: number;
+  /** Where `available` comes from, for the refusal ("MemAvailable" unless given). */
+  availableSource?: string;
 }
 
 /** The memory plan. Every size in bytes. */
@@ -186,6 +189,8 @@ export interface MemoryPlan {
   overheadBytes: number;
   /** Available memory checked against (null: not checked). */
   availableBytes: number | null;
+  /** Where availableBytes comes from ("MemAvailable", a cgroup limit, the override). */
+  availableSource: string;
   /** Notes printed with the plan. */
   notes: string[];
 }
@@ -479,6 +484,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
     totalBytes: total,
     overheadBytes: FIXED_OVERHEAD_BYTES,
     availableBytes: input.available ?? null,
+    availableSource: input.availableSource ?? "MemAvailable",
     notes,
   };
   return plan;
@@ -492,7 +498,7 @@ export function checkFits(plan: MemoryPlan): void {
     throw new K3Error(
       `memory plan needs ${fmt(need)} (${fmt(plan.totalBytes)} + ${fmt(plan.overheadBytes)} runtime) but only ${
         fmt(plan.availableBytes)
-      } is available (MemAvailable); choose a smaller --preset, --trunk-gb or --cache-gb${
+      } is available (${plan.availableSource}); choose a smaller --preset, --trunk-gb or --cache-gb${
         plan.trunk.packed ? "" : ", or stream the trunk with --trunk"
       }`,
     );
@@ -562,14 +568,56 @@ export function formatPlan(p: MemoryPlan): string[] {
   return lines;
 }
 
-/** Available memory in bytes: Deno.systemMemoryInfo (MemAvailable on Linux; /proc itself
- * is readable only with --allow-all). K3_MEM_AVAILABLE_GB overrides, for tests. */
-export function memAvailable(): number | undefined {
+/** Memory this process can still use, and where the figure comes from. */
+export interface Availability {
+  /** Bytes available. */
+  bytes: number;
+  /** Where the figure comes from, for messages: "MemAvailable", or the cgroup limit. */
+  source: string;
+  /** The tightest cgroup limit, when there is one (whether or not it is the smaller). */
+  cgroup?: CgroupMemory;
+}
+
+/**
+ * Available memory: the smaller of MemAvailable (Deno.systemMemoryInfo; /proc itself is
+ * readable only with --allow-all) and what the process's cgroups still allow (cgroup.ts:
+ * limit - usage + inactive page cache, v1 and v2, every ancestor). K3_MEM_AVAILABLE_GB
+ * overrides both, for tests. Undefined when neither is known.
+ */
+export function memoryAvailability(): Availability | undefined {
   const o = Deno.env.get("K3_MEM_AVAILABLE_GB");
-  if (o !== undefined && o !== "") return Number(o) * GB;
+  if (o !== undefined && o !== "") return { bytes: Number(o) * GB, source: "K3_MEM_AVAILABLE_GB" };
+  let sys: number | undefined;
   try {
-    return Deno.systemMemoryInfo().available || undefined;
+    sys = Deno.systemMemoryInfo().available || undefined;
   } catch {
-    return undefined;
+    sys = undefined;
   }
+  let cg: CgroupMemory | undefined;
+  try {
+    cg = cgroupMemory();
+  } catch {
+    cg = undefined; // no kernel library: MemAvailable alone
+  }
+  if (cg && (sys === undefined || cg.remaining < sys)) {
+    return { bytes: cg.remaining, source: cgroupText(cg), cgroup: cg };
+  }
+  return sys === undefined ? undefined : { bytes: sys, source: "MemAvailable", cgroup: cg };
+}
+
+/** "cgroup v1 /k3-test limit 150.0 MB, 80.1 MB in use, 2.0 MB of it reclaimable cache". */
+export function cgroupText(cg: CgroupMemory): string {
+  return `cgroup ${cg.version} ${cg.cgroup} limit ${fmt(cg.limit)}, ${fmt(cg.usage)} in use` +
+    (cg.reclaimable > 0 ? `, ${fmt(cg.reclaimable)} of it reclaimable cache` : "");
+}
+
+/** The `available` and `availableSource` of a {@link PlanInput} ({@link memoryAvailability}). */
+export function planAvailability(): { available?: number; availableSource?: string } {
+  const a = memoryAvailability();
+  return a ? { available: a.bytes, availableSource: a.source } : {};
+}
+
+/** Available memory in bytes ({@link memoryAvailability}), or undefined when unknown. */
+export function memAvailable(): number | undefined {
+  return memoryAvailability()?.bytes;
 }

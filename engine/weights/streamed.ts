@@ -32,9 +32,9 @@ import {
   formatPlan,
   HEAD_CHUNK_BYTES,
   makePlan,
-  memAvailable,
   type MemoryOptions,
   type MemoryPlan,
+  planAvailability,
   wantsStreaming,
 } from "./plan.ts";
 import { embedRow, loadGlobals, ResidentWeights } from "./resident.ts";
@@ -445,7 +445,7 @@ export async function openWeights(
         sequences,
         mem,
         packed: trunkFile !== undefined,
-        available: memAvailable(),
+        ...planAvailability(),
       });
       checkFits(plan);
       return plan;
