@@ -40,6 +40,7 @@ import {
   GENERATION_HELP,
   generationOptions,
   loadModelTokenizer,
+  MAX_PROMPT_IDS,
   MEMORY_FLAGS,
   MEMORY_HELP,
   memoryOptions,
@@ -313,8 +314,8 @@ export function parseJob(
     }
   }
   if (promptIds.length === 0) throw new Error("the prompt is empty");
-  if (promptIds.length > 32768) {
-    throw new Error(`the prompt has ${promptIds.length} ids, at most 32768`);
+  if (promptIds.length > MAX_PROMPT_IDS) {
+    throw new Error(`the prompt has ${promptIds.length} ids, at most ${MAX_PROMPT_IDS}`);
   }
   let gen = opts.gen;
   if (o.gen !== undefined) {

@@ -13,6 +13,7 @@
 import { checkSampling, type SamplingParams } from "../engine/generate/sampling.ts";
 import { type ChatMessage, chatPrompt, splitChannels } from "../engine/text/chat.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
+import { MAX_PROMPT_IDS } from "./run_options.ts";
 import {
   ApiError,
   chatCompletion,
@@ -108,7 +109,9 @@ export function parseOpenAILine(
     const bad = promptIds.find((x) => x >= opts.vocab);
     if (bad !== undefined) throw new ApiError(400, `the prompt holds id ${bad}, outside the vocabulary`, "prompt");
     if (promptIds.length === 0) throw new ApiError(400, "the prompt is empty", "prompt");
-    if (promptIds.length > 32768) throw new ApiError(400, `the prompt has ${promptIds.length} tokens, at most 32768`);
+    if (promptIds.length > MAX_PROMPT_IDS) {
+      throw new ApiError(400, `the prompt has ${promptIds.length} tokens, at most ${MAX_PROMPT_IDS}`);
+    }
     // Defaults as OpenAI's: completions 16 tokens; chat up to the model (here --gen).
     const maxTokens = req.maxTokens ?? (endpoint === "completion" ? 16 : opts.gen);
     if (maxTokens > 4096) {

@@ -23,6 +23,7 @@ import { cgroupText, memoryAvailability } from "../engine/weights/plan.ts";
 import { fmtBytes, intFlag, parseFlags } from "./common.ts";
 import { progress } from "./progress.ts";
 import { releasedPlan } from "./presets.ts";
+import { MAX_PROMPT_IDS } from "./run_options.ts";
 
 /** Usage text of `k3 doctor`. */
 export const USAGE = `usage: k3 doctor [--dir PATH] [--size-mb N] [--checkpoint MODEL_DIR]
@@ -323,7 +324,8 @@ export async function main(args: string[]): Promise<number> {
   // The disk that matters: --dir, else the checkpoint's own directory, else here.
   const dir = values.dir ?? values.checkpoint ?? ".";
   const sizeMb = intFlag("size-mb", values["size-mb"], 1024, 64, 65536);
-  const positions = intFlag("positions", values.positions, 4096, 1, 32768 + 4096);
+  // The longest run: the longest prompt plus the most --gen (4096).
+  const positions = intFlag("positions", values.positions, 4096, 1, MAX_PROMPT_IDS + 4096);
   if (values["no-read"] && values["size-mb"] !== undefined) {
     throw usageError("doctor: --size-mb and --no-read conflict: choose one");
   }

@@ -14,7 +14,17 @@ import { intFlag, lastFlagWins, numFlag, parseFlags, parseIds } from "./common.t
 import { checkSampling, GREEDY, type SamplingParams } from "../engine/generate/sampling.ts";
 import { notRegular, readInput } from "../engine/native/files.ts";
 
-/** The largest prompt file read (32,768 ids are far less). */
+/**
+ * The longest prompt in ids (run, batch and its OpenAI lines; doctor's longest context).
+ * Prefill is quadratic in it through MLA attention over the cache (the only such work:
+ * the rest is linear; tests/prefill_work_test.ts counts it, bench/long_prompt.ts times
+ * it), so the limit is what the tiny model prefills well within a minute on 2 shared
+ * cores: 8,192 ids took 25 s (57 s with the machine 3x oversubscribed); 16,384 took 65 s
+ * and 32,768 took 527 s. (`k3 serve` and `k3 chat` size their own --context.)
+ */
+export const MAX_PROMPT_IDS = 8192;
+
+/** The largest prompt file read (MAX_PROMPT_IDS ids are far less). */
 export const MAX_PROMPT_FILE = 64 << 20;
 
 /** Flags of the memory budget; applied in command-line order (a later one overrides). */
@@ -263,7 +273,7 @@ export function promptIds(src: PromptSource, vocab: number, tokenizer: () => Tok
     }
   }
   if (ids.length === 0) throw usageError("the prompt is empty");
-  if (ids.length > 32768) throw usageError(`the prompt has ${ids.length} ids, at most 32768`);
+  if (ids.length > MAX_PROMPT_IDS) throw usageError(`the prompt has ${ids.length} ids, at most ${MAX_PROMPT_IDS}`);
   return Promise.resolve(ids);
 }
 

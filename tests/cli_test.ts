@@ -422,6 +422,7 @@ Deno.test("bench scripts: --help prints the usage (exit 0), a bad flag is one me
       "chat",
       "verify",
       "limits",
+      "long_prompt",
     ]
   ) {
     const help = await runCmd(Deno.execPath(), ["run", "-A", `${ROOT}/bench/${script}.ts`, "--help"]);

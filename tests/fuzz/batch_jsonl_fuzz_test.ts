@@ -7,6 +7,7 @@ import { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { oneLine } from "../../engine/errors.ts";
 import { check, jsonMutations, mutateAll } from "./fuzz.ts";
 import { TINY } from "../helpers.ts";
+import { MAX_PROMPT_IDS } from "../../cli/run_options.ts";
 
 Deno.test("fuzz batch JSONL: a line is refused with a plain message (printed as one line) or gives a sound job", () => {
   const tok = Tokenizer.load(TINY);
@@ -28,7 +29,7 @@ Deno.test("fuzz batch JSONL: a line is refused with a plain message (printed as 
       assert.ok(!/\n/.test(oneLine(e.message)));
       return;
     }
-    assert.ok(job.promptIds.length >= 1 && job.promptIds.length <= 32768);
+    assert.ok(job.promptIds.length >= 1 && job.promptIds.length <= MAX_PROMPT_IDS);
     assert.ok(job.promptIds.every((x) => Number.isInteger(x) && x >= 0 && x < opts.vocab));
     assert.ok(Number.isInteger(job.gen) && job.gen >= 1 && job.gen <= 4096);
     assert.ok(job.stopIds.every((x) => Number.isInteger(x) && x >= 0 && x < opts.vocab));
