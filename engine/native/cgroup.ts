@@ -52,7 +52,8 @@ function unescapeMount(s: string): string {
 }
 
 /** A cgroup mount from /proc/self/mountinfo. */
-interface CgroupMount {
+export interface CgroupMount {
+  /** cgroup2, or cgroup v1 with the memory controller. */
   version: "v1" | "v2";
   /** The part of the hierarchy it shows. */
   root: string;
