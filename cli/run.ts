@@ -80,6 +80,7 @@ examples:
 
 const ZERO_IO: IoStats = {
   trunkBytes: 0,
+  trunkEarlyBytes: 0,
   expertBytes: 0,
   expertHits: 0,
   expertMisses: 0,
@@ -323,6 +324,7 @@ export async function main(args: string[]): Promise<number> {
         trunk_bytes_read: stats.trunkBytes,
         expert_bytes_read: stats.expertBytes,
         trunk_bytes_per_token: stats.trunkBytes / n,
+        trunk_bytes_read_early: stats.trunkEarlyBytes,
         expert_bytes_per_token: stats.expertBytes / n,
         expert_cache_hits: stats.expertHits,
         expert_cache_misses: stats.expertMisses,

@@ -92,17 +92,19 @@ export async function readReference(path: string): Promise<Reference> {
   return JSON.parse(await Deno.readTextFile(path));
 }
 
-/** Packs `model`'s trunk into `trunk` and returns the floor budget (the ring holds the largest
- * layer, the cache top-k + 1 experts) with the packed layer sizes. */
+/** Packs `model`'s trunk into `trunk` (hashed pieces of `pieceBytes`, default the format's) and
+ * returns the floor budget (the ring holds the largest layer, the cache top-k + 1 experts) with
+ * the packed layer sizes. */
 export async function packedFloor(
   model: string,
   trunk: string,
+  pieceBytes?: number,
 ): Promise<{ floor: { trunkDir: string; trunkGB: number; cacheGB: number }; layerSizes: number[] }> {
   const { packTrunk } = await import("../pack/pack.ts");
   const { readManifest } = await import("../engine/weights/manifest.ts");
   const { loadConfig } = await import("../engine/model/config.ts");
   const { expertBytesOf, expertSlotBytes } = await import("../engine/weights/plan.ts");
-  await packTrunk(model, trunk, { log: null });
+  await packTrunk(model, trunk, { log: null, pieceBytes });
   const layerSizes = (await readManifest(trunk)).layer.map((r) => r.size);
   const cfg = await loadConfig(model);
   return {

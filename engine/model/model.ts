@@ -23,6 +23,9 @@ import type { BoundTensors, Expert, F32, Matrix } from "./weights.ts";
 export interface WeightSource {
   /** Dense tensors of layer L (resolves when they are in memory). */
   layer(L: number): Promise<BoundTensors> | BoundTensors;
+  /** Called when the pass is done with layer L's attention tensors (`self_attn.*`): a
+   * streamer may read the next layers into their space while the MLP computes. */
+  doneWithAttention?(L: number): void;
   /** Called when the pass is done with layer L, so a streamer can reuse its slot. */
   doneWithLayer?(L: number): void;
   /** Routed experts `ids` of layer L, one per id in order, each a promise that settles
@@ -58,6 +61,8 @@ export interface WeightSource {
 export interface IoStats {
   /** Trunk bytes read. */
   trunkBytes: number;
+  /** Trunk bytes read into ring space a layer still in use had released after its attention. */
+  trunkEarlyBytes: number;
   /** Routed expert bytes read. */
   expertBytes: number;
   /** Expert lookups served from the cache. */
@@ -393,6 +398,7 @@ export class K3Model {
       k.k3_rmsnorm(s.x.ptr, w.vector(`layers.${L}.input_layernorm.weight`).ptr, s.xn.ptr, D, R, cfg.rmsNormEps);
       if (cfg.layerKinds[L] === "kda") this.kda(L, w, spans, R);
       else this.mla(L, w, spans, R);
+      this.weights.doneWithAttention?.(L);
       // 4. partial = a, or partial + a.
       for (let t = 0; t < R; t++) {
         const dst = t * this.nsrc * D + nblocks * D;

@@ -174,6 +174,7 @@ export class StreamedWeights implements WeightSource {
   outputResProj!: F32;
   private readonly stats: IoStats = {
     trunkBytes: 0,
+    trunkEarlyBytes: 0,
     expertBytes: 0,
     expertHits: 0,
     expertMisses: 0,
@@ -287,6 +288,10 @@ export class StreamedWeights implements WeightSource {
 
   layer(L: number): BoundTensors | Promise<BoundTensors> {
     return this.trunk ? this.trunk.layer(L) : this.residentLayers[L];
+  }
+
+  doneWithAttention(L: number): void {
+    this.trunk?.attentionDone(L);
   }
 
   doneWithLayer(L: number): void {

@@ -3,14 +3,15 @@
  * trunk (manifest.ts) with some layers pinned and the rest streamed through a ring.
  *
  * Every read, pinned or streamed, checks each piece against its k3w64 in the manifest on
- * the I/O thread that read it (readPieces). Pinned layers are read once at start-up. The
- * ring is one arena used as a FIFO of variable-size layer regions: streamed layers are
- * read ahead in the order the forward pass uses them (wrapping to the next token's first
- * streamed layer), as many as fit, while the current layer computes. A layer's space is
- * reused only after `done(L)` (the forward pass's doneWithLayer), so the layer being
- * computed is never overwritten, and a layer is handed out only after its read fully
- * succeeded and every piece matched. A failed
- * check stops the run (exit 1) naming the layer.
+ * the I/O thread that read it. Pinned layers are read once at start-up. The ring is one
+ * arena holding a FIFO of variable-size layer regions: streamed layers are read ahead in
+ * the order the forward pass uses them (wrapping to the next token's first streamed layer)
+ * while the current layer computes. Reads go piece by piece, each piece once no older layer
+ * needs its ring bytes: a layer frees its attention tensors' bytes when the pass is past its
+ * attention (`attentionDone`) and the rest at `done(L)`, so the next layer reads into the
+ * first while the MLP computes, and the layer being computed is never overwritten. A layer
+ * is handed out only after every piece came in and matched; a failed check stops the run
+ * (exit 1) naming the layer.
  *
  * @module
  */
@@ -105,21 +106,27 @@ export async function readRegionVerified(
   try {
     n = await readPieces(f, ptr, r.size, r.offset, m.piece, 8, r.pieces);
   } catch (e) {
-    if (e instanceof PieceMismatch) {
-      throw new K3Error(
-        `${dir}: ${what}: checksum mismatch in piece ${e.index} (bytes ${
-          r.offset + e.at
-        }.. of ${DATA_FILE}): the trunk is corrupt; re-pack it (k3 pack --force)`,
-      );
-    }
-    if (e instanceof K3Error) throw e;
-    throw new K3Error(`${dir}: ${what}: read failed: ${(e as Error).message}`);
+    throw regionReadError(dir, what, r, e);
   }
-  if (n !== r.size) {
-    throw new K3Error(
-      `${dir}: ${what}: short read (${n} of ${r.size} bytes): the trunk data is truncated; re-pack it`,
+  if (n !== r.size) throw regionShortRead(dir, what, n, r.size);
+}
+
+/** The K3Error (exit 1) for a failed read of region `r`: a piece mismatch names the piece. */
+function regionReadError(dir: string, what: string, r: Region, e: unknown): K3Error {
+  if (e instanceof PieceMismatch) {
+    return new K3Error(
+      `${dir}: ${what}: checksum mismatch in piece ${e.index} (bytes ${
+        r.offset + e.at
+      }.. of ${DATA_FILE}): the trunk is corrupt; re-pack it (k3 pack --force)`,
     );
   }
+  if (e instanceof K3Error) return e;
+  return new K3Error(`${dir}: ${what}: read failed: ${(e as Error).message}`);
+}
+
+/** The K3Error for a region that came back short (`n` of `want` bytes). */
+function regionShortRead(dir: string, what: string, n: number, want: number): K3Error {
+  return new K3Error(`${dir}: ${what}: short read (${n} of ${want} bytes): the trunk data is truncated; re-pack it`);
 }
 
 /** Bound tensors over a region's bytes at `base` (nothing owned: the region buffer is). */
@@ -204,14 +211,52 @@ export class TrunkFile {
   }
 }
 
+/**
+ * Ring pieces in flight at most (16 MB each). Reads are issued from the JS thread, which
+ * the forward pass keeps busy for a whole layer at a time, so what is in flight when a
+ * layer starts computing is all the disk gets until the pass next yields: issue deep.
+ */
+const RING_PIECES_IN_FLIGHT = 64;
+
 interface RingEntry {
   L: number;
   off: number;
   size: number;
-  /** Settles when the read is done; never rejects (errors go to `error`). */
+  region: Region;
+  /** Region bytes [attn[0], attn[1]): the attention tensors, free once the pass is past them. */
+  attn: [number, number];
+  /** The pass is done with this layer's attention. */
+  attnDone: boolean;
+  /** Per piece: its read was started. */
+  started: Uint8Array;
+  /** Pieces read and verified. */
+  done: number;
+  /** Pieces in flight. */
+  inflight: number;
+  /** The ring is dropping this entry: start nothing more. */
+  cancelled: boolean;
+  /** Settles when every piece is in (or the read failed or was dropped); never rejects. */
   settled: Promise<void>;
+  settle: () => void;
   bound?: BoundTensors;
   error?: Error;
+}
+
+/**
+ * The byte range of a region's attention tensors (`self_attn.*`), when they form one run in
+ * the region with nothing else inside; else an empty range (the layer is then freed whole).
+ */
+export function attentionSpan(tensors: readonly TensorEntry[]): [number, number] {
+  const sorted = [...tensors].sort((a, b) => a.offset - b.offset);
+  const isAttn = (t: TensorEntry) => t.name.includes(".self_attn.");
+  const first = sorted.findIndex(isAttn);
+  if (first < 0) return [0, 0];
+  let last = first;
+  while (last + 1 < sorted.length && isAttn(sorted[last + 1])) last++;
+  if (sorted.slice(last + 1).some(isAttn)) return [0, 0];
+  // The run ends where the next tensor starts (padding included), or at the last one's end.
+  const end = last + 1 < sorted.length ? sorted[last + 1].offset : sorted[last].offset + sorted[last].bytes;
+  return [sorted[first].offset, end];
 }
 
 /** Pinned layers plus a read-ahead ring over the rest. */
@@ -221,6 +266,8 @@ export class StreamedTrunk {
   private readonly queue: RingEntry[] = [];
   private next = 0;
   private readonly ring?: NativeBuffer;
+  /** Ring pieces in flight. */
+  private inflight = 0;
 
   private constructor(
     private readonly k: Kernels,
@@ -259,48 +306,110 @@ export class StreamedTrunk {
     return t;
   }
 
-  /** Where a region of `size` bytes can go in the ring now, or -1. */
+  /**
+   * Where a region of `size` bytes goes in the ring, or -1 for not yet. Regions follow each
+   * other around the ring; a new one may overlap the oldest region (the layer in use or next
+   * in use), whose bytes its pieces then wait for, but no other.
+   */
   private place(size: number): number {
     const cap = this.ring!.bytes;
-    if (this.queue.length === 0) return size <= cap ? 0 : -1;
-    const head = this.queue[0].off;
+    if (size > cap) return -1;
+    if (this.queue.length === 0) return 0;
     const last = this.queue[this.queue.length - 1];
     const tail = last.off + last.size;
-    if (last.off >= head) {
-      if (tail + size <= cap) return tail;
-      return size <= head ? 0 : -1;
-    }
-    return tail + size <= head ? tail : -1;
+    const off = tail + size <= cap ? tail : 0;
+    const overlapsYounger = this.queue.slice(1).some((e) => off < e.off + e.size && off + size > e.off);
+    return overlapsYounger ? -1 : off;
   }
 
-  /** Starts reads of the next streamed layers while they fit. */
+  /** Queues reads of the next streamed layers while they have a place, and starts what can start. */
   private fill(): void {
     if (!this.ring) return;
     while (true) {
       const L = this.streamed[this.next];
-      if (this.queue.some((e) => e.L === L)) return; // every streamed layer is already in the ring
-      const r = this.trunk.manifest.layer[L];
-      const off = this.place(r.size);
-      if (off < 0) return;
-      const entry: RingEntry = { L, off, size: r.size, settled: Promise.resolve() };
-      entry.settled = this.read(entry, r);
-      this.queue.push(entry);
+      if (this.queue.some((e) => e.L === L)) break; // every streamed layer is already in the ring
+      const region = this.trunk.manifest.layer[L];
+      const off = this.place(region.size);
+      if (off < 0) break;
+      const { promise, resolve } = Promise.withResolvers<void>();
+      this.queue.push({
+        L,
+        off,
+        size: region.size,
+        region,
+        attn: attentionSpan(region.tensors),
+        attnDone: false,
+        started: new Uint8Array(Math.ceil(region.size / this.trunk.manifest.piece)),
+        done: 0,
+        inflight: 0,
+        cancelled: false,
+        settled: promise,
+        settle: resolve,
+      });
       this.next = (this.next + 1) % this.streamed.length;
+    }
+    this.pump();
+  }
+
+  /** True when entry `e` still needs any ring byte of [from, to). */
+  private holds(e: RingEntry, from: number, to: number): boolean {
+    const a = e.off, b = e.off + e.size;
+    if (to <= a || from >= b) return false;
+    if (!e.attnDone) return true;
+    const x = a + e.attn[0], y = a + e.attn[1];
+    return (from < x && to > a) || (from < b && to > y);
+  }
+
+  /**
+   * Starts every piece whose ring bytes no older entry needs, oldest entries first, up to
+   * RING_PIECES_IN_FLIGHT. Synchronous: called where space is released (attentionDone, done)
+   * so the reads go out at once even while the pass keeps the JS thread.
+   */
+  private pump(): void {
+    const piece = this.trunk.manifest.piece;
+    for (let qi = 0; qi < this.queue.length; qi++) {
+      const e = this.queue[qi];
+      if (e.cancelled || e.error) continue;
+      for (let j = 0; j < e.started.length; j++) {
+        if (this.inflight >= RING_PIECES_IN_FLIGHT) return;
+        if (e.started[j]) continue;
+        const from = e.off + j * piece, to = Math.min(from + piece, e.off + e.size);
+        const older = this.queue.slice(0, qi);
+        if (older.some((o) => this.holds(o, from, to))) continue;
+        // Space an older layer still occupies but released after its attention: read early.
+        if (older.some((o) => from < o.off + o.size && to > o.off)) this.stats.trunkEarlyBytes += to - from;
+        e.started[j] = 1;
+        this.readPiece(e, j, from - e.off, to - from);
+      }
     }
   }
 
-  /** Reads region `r` into ring entry `e`. */
-  private async read(e: RingEntry, r: Region): Promise<void> {
-    const ring = this.ring!;
-    const dir = this.trunk.dir;
-    try {
-      await this.trunk.readInto(`layer ${e.L} (streamed)`, r, ring.at(e.off));
-      e.bound = bindRegion(r.tensors, ring, e.off);
-    } catch (err) {
-      e.error = err instanceof K3Error
-        ? err
-        : new K3Error(`${dir}: layer ${e.L}: read failed: ${(err as Error).message}`);
-    }
+  /** Reads and verifies piece j of entry e (region bytes [at, at+len)). */
+  private readPiece(e: RingEntry, j: number, at: number, len: number): void {
+    this.inflight++;
+    e.inflight++;
+    const what = `layer ${e.L} (streamed)`;
+    this.trunk.file.preadHashed(this.ring!.at(e.off + at), len, e.region.offset + at, HASH_CHUNK)
+      .then((r) => {
+        if (r.n < len) throw regionShortRead(this.trunk.dir, what, at + r.n, e.size);
+        if (r.hash !== e.region.pieces[j]) throw new PieceMismatch(j, at);
+        e.done++;
+      })
+      .catch((err) => {
+        e.error ??= regionReadError(this.trunk.dir, what, e.region, err);
+      })
+      .finally(() => {
+        this.inflight--;
+        e.inflight--;
+        if (e.inflight === 0 && (e.error || e.cancelled || e.done === e.started.length)) this.finish(e);
+        this.pump();
+      });
+  }
+
+  /** Settles entry e: bound when every piece came in verified. */
+  private finish(e: RingEntry): void {
+    if (!e.error && !e.cancelled) e.bound = bindRegion(e.region.tensors, this.ring!, e.off);
+    e.settle();
   }
 
   /** The bound tensors of layer L (waits for its read). */
@@ -310,17 +419,26 @@ export class StreamedTrunk {
     return this.streamedLayer(L);
   }
 
+  /** Drops every queued entry: pieces not started never start; those in flight finish. */
+  private async drain(): Promise<void> {
+    for (const e of this.queue) {
+      e.cancelled = true;
+      if (e.inflight === 0) this.finish(e);
+    }
+    await Promise.all(this.queue.map((x) => x.settled));
+    this.queue.length = 0;
+  }
+
   /** Layer `L` from the ring (read ahead, then bound). */
   private async streamedLayer(L: number): Promise<BoundTensors> {
-    let e = this.queue.find((x) => x.L === L);
-    if (!e) {
+    let e = this.queue[0];
+    if (!e || e.L !== L) {
       // Not the layer the ring expected (a different pass order): drain and restart there.
-      await Promise.all(this.queue.map((x) => x.settled));
-      this.queue.length = 0;
+      await this.drain();
       this.next = this.streamed.indexOf(L);
       if (this.next < 0) throw new Error(`internal: layer ${L} is neither pinned nor streamed`);
       this.fill();
-      e = this.queue.find((x) => x.L === L)!;
+      e = this.queue[0];
     }
     const t0 = performance.now();
     await e.settled;
@@ -329,6 +447,14 @@ export class StreamedTrunk {
     // Counted when used, so a read-ahead the run never uses is not charged to a token.
     this.stats.trunkBytes += e.size;
     return e.bound!;
+  }
+
+  /** The pass is done with layer L's attention tensors: the next layers may read into them now. */
+  attentionDone(L: number): void {
+    const e = this.queue.find((x) => x.L === L);
+    if (!e || e.attnDone) return;
+    e.attnDone = true;
+    this.pump();
   }
 
   /** The pass is done with layer L: its ring space can be reused. */
@@ -340,10 +466,9 @@ export class StreamedTrunk {
     this.fill();
   }
 
-  /** Waits for reads in flight, then frees everything. */
+  /** Waits for reads in flight (dropping those not started), then frees everything. */
   async close(): Promise<void> {
-    await Promise.all(this.queue.map((x) => x.settled));
-    this.queue.length = 0;
+    await this.drain();
     for (const p of this.pinnedLayers.values()) p.buf.free();
     this.pinnedLayers.clear();
     this.ring?.free();
