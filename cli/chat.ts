@@ -188,6 +188,8 @@ export async function main(args: string[]): Promise<number> {
   let cfg = await loadConfig(dir);
   if (values.layers !== undefined) cfg = firstLayers(cfg, intFlag("layers", values.layers, 0, 1, 100000));
   const tok: Tokenizer = needTokenizer(dir, values.tok, "chat", cfg.vocabSize);
+  // Before the model opens: a tokenizer without the chat template's tokens is refused now.
+  const ends = stopIds(tok);
 
   const conv = new Conversation();
   if (values.history !== undefined) conv.messages = (await readHistory(values.history)) ?? [];
@@ -210,7 +212,6 @@ export async function main(args: string[]): Promise<number> {
   const { model } = opened;
   const scheduler = new Scheduler(model, { chunk });
   const sampler = makeSampler(sampling);
-  const ends = stopIds(tok);
   const tty = Deno.stdout.isTerminal();
   const interrupts = new Interrupts();
   const turns: TurnReport[] = [];

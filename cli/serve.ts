@@ -16,6 +16,7 @@ import { loadConfig } from "../engine/model/config.ts";
 import { intFlag, numFlag, parseFlags } from "./common.ts";
 import { MEMORY_FLAGS, MEMORY_HELP, memoryOptions, needTokenizer } from "./run_options.ts";
 import { startServer } from "./server.ts";
+import { stopIds } from "../engine/text/chat.ts";
 
 /** `k3 serve --help`. */
 export const USAGE = `usage: k3 serve <model_dir> [options]
@@ -104,6 +105,9 @@ export async function main(args: string[]): Promise<number> {
   let cfg = await loadConfig(dir);
   if (values.layers !== undefined) cfg = firstLayers(cfg, intFlag("layers", values.layers, 0, 1, 100000));
   const tokenizer = needTokenizer(dir, values.tok, "serve", cfg.vocabSize);
+  // Every request stops at the chat template's end tokens: without them, refuse now rather
+  // than fail each request.
+  stopIds(tokenizer);
   const modelName = values["served-model-name"] ?? basename(dir.replace(/\/+$/, ""));
 
   let server;

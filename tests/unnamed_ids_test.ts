@@ -45,7 +45,7 @@ Deno.test("tokenizer: forModel names the uncovered ids; they decode as <|id:N|>,
   assert.deepEqual(tok.forModel(770), [[768, 769]]);
 });
 
-Deno.test("run and batch without tokenizer_config.json: one note first, placeholders in the text, same tokens, exit 0", async () => {
+Deno.test("run and batch without tokenizer_config.json: one note first, placeholders in the text, same tokens, exit 0; chat and serve refuse up front", async () => {
   await using dir = await tempDir();
   const model = await tinyWithoutConfig(dir.path);
   const args = ["--prompt", "hi", "--gen", "12", "--json"];
@@ -82,4 +82,15 @@ Deno.test("run and batch without tokenizer_config.json: one note first, placehol
   assert.deepEqual(r.generated_ids, summary.generated_ids);
   assert.equal(r.generated_text, summary.generated_text);
   assert.equal(out.stderr.split("\n").filter((l) => l.includes("decode as <|id:N|>")).length, 1);
+
+  // chat needs the template's added tokens: refused before the model is opened.
+  const chat = await k3(["chat", model, "--gen", "4"], { stdin: "hi\n" });
+  assert.equal(chat.code, 1, chat.stderr);
+  assert.match(chat.stderr, /^k3: .*vocabulary has no added token <\|end_of_msg\|>$/m);
+  assert.ok(!chat.stderr.includes("memory plan"), chat.stderr);
+  // So does serve (every request stops at them), before it listens.
+  const serve = await k3(["serve", model, "--port", "0"], { seconds: 60 });
+  assert.equal(serve.code, 1, serve.stderr);
+  assert.match(serve.stderr, /^k3: .*vocabulary has no added token <\|end_of_msg\|>$/m);
+  assert.ok(!/listening/i.test(serve.stderr + serve.stdout), serve.stderr);
 });
