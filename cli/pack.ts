@@ -1,5 +1,5 @@
 /**
- * `k3 pack <model_dir> <trunk_dir> [--force]` and `k3 pack --verify <trunk_dir> [model_dir]`.
+ * `k3 pack <model_dir> <trunk_dir> [--force] [--hash-experts]` and `k3 pack --verify <trunk_dir> [model_dir]`.
  *
  * @module
  */
@@ -8,10 +8,11 @@ import { kindWords, statKind } from "../engine/native/files.ts";
 import { usageError } from "../engine/errors.ts";
 import { packTrunk } from "../pack/pack.ts";
 import { verifyTrunk } from "../pack/verify.ts";
+import { hashExperts, verifyExperts } from "../pack/experts.ts";
 import { parseFlags } from "./common.ts";
 
 /** Usage text of `k3 pack`. */
-export const USAGE = `usage: k3 pack <model_dir> <trunk_dir> [--force]
+export const USAGE = `usage: k3 pack <model_dir> <trunk_dir> [--force] [--hash-experts]
        k3 pack --verify <trunk_dir> [model_dir]
 
 Packs the trunk (every layer's dense tensors, the shared experts, embedding, lm_head and
@@ -19,9 +20,12 @@ final vectors) into <trunk_dir>/trunk.bin with one 4096-aligned region per layer
 checksummed manifest.json, for \`k3 run --trunk <trunk_dir>\`. Memory stays bounded (a
 few staging buffers) whatever the layer size. An interrupted pack leaves no usable trunk.
 
-  --force      replace an existing trunk packed from a different model or source
-  --verify     re-check every checksum of <trunk_dir> (and, given model_dir, that the
-               trunk belongs to that model)
+  --force         replace an existing trunk packed from a different model or source
+  --hash-experts  also hash every routed expert once into <trunk_dir>/experts.json, so
+                  every expert read is verified; adds the table to an existing trunk
+                  without repacking it
+  --verify        re-check every checksum of <trunk_dir> (and, given model_dir, that the
+                  trunk belongs to that model, and every expert against experts.json)
   -h, --help   this help
 
 examples:
@@ -34,6 +38,7 @@ export async function main(args: string[]): Promise<number> {
   const { values, positionals } = parseFlags("pack", args, {
     force: { type: "boolean" },
     verify: { type: "boolean" },
+    "hash-experts": { type: "boolean" },
     help: { type: "boolean", short: "h" },
   });
   if (values.help) {
@@ -45,11 +50,24 @@ export async function main(args: string[]): Promise<number> {
       throw usageError("pack --verify: expected <trunk_dir> [model_dir] (see k3 pack --help)");
     }
     if (values.force) throw usageError("pack: --force does not apply to --verify");
+    if (values["hash-experts"]) throw usageError("pack: --hash-experts does not apply to --verify");
     const r = await verifyTrunk(positionals[0], { modelDir: positionals[1] });
     console.error(
       `pack: ${positionals[0]}: all ${r.regions} regions verified (${(r.bytes / 1e9).toFixed(3)} GB in ${
         r.seconds.toFixed(1)
       } s)`,
+    );
+    const e = await verifyExperts(positionals[0], positionals[1], (s) => console.error(s));
+    console.error(
+      e === undefined
+        ? `pack: ${
+          positionals[0]
+        }: no expert table (routed experts are not verified per read; add one with k3 pack --hash-experts)`
+        : e.checked
+        ? `pack: ${positionals[0]}: all ${e.experts} routed experts match the expert table`
+        : `pack: ${
+          positionals[0]
+        }: the expert table is well-formed (${e.experts} experts); give model_dir to check the experts against it`,
     );
     console.log("ok");
     return 0;
@@ -66,5 +84,6 @@ export async function main(args: string[]): Promise<number> {
     );
   }
   await packTrunk(positionals[0], positionals[1], { force: values.force });
+  if (values["hash-experts"]) await hashExperts(positionals[0], positionals[1]);
   return 0;
 }

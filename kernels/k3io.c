@@ -250,6 +250,19 @@ int64_t k3io_pread_hash(int32_t fd, void *buf, uint64_t len, uint64_t offset, ui
   return (int64_t)done;
 }
 
+int64_t k3io_pread_parts(int32_t fd, void *buf, uint64_t len, uint64_t offset, const uint64_t *parts,
+                         int32_t nparts, uint64_t *out) {
+  if (nparts < 1) return -EINVAL;
+  for (int32_t i = 0; i < nparts; i++) {
+    if (parts[2 * i] > len || parts[2 * i + 1] > len - parts[2 * i]) return -EINVAL;
+  }
+  int64_t n = k3io_pread(fd, buf, len, offset);
+  if (n < 0 || (uint64_t)n < len) return n;
+  for (int32_t i = 0; i < nparts; i++) out[i] = k3io_hash((const char *)buf + parts[2 * i], parts[2 * i + 1]);
+  out[nparts] = k3io_hash(out, 8 * (uint64_t)nparts); /* little-endian words, as the table defines */
+  return n;
+}
+
 int32_t k3io_kind(const char *path) {
   struct stat st;
   if (stat(path, &st) != 0) return errno == ENOENT || errno == ENOTDIR ? K3IO_KIND_MISSING : -errno;

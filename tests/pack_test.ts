@@ -8,57 +8,15 @@ import assert from "node:assert/strict";
 import { packTrunk } from "../pack/pack.ts";
 import { DATA_FILE, MANIFEST_FILE, readManifest } from "../engine/weights/manifest.ts";
 import { verifyTrunk } from "../pack/verify.ts";
-import { Checkpoint } from "../engine/weights/safetensors.ts";
 import { layerTensors } from "../engine/model/weights.ts";
 import { loadConfig } from "../engine/model/config.ts";
 import { jsonIds, k3, python, readReference, tempDir, TINY } from "./helpers.ts";
+import { shuffledCopy } from "./shuffled.ts";
 
 const quiet = { log: null };
 
 async function ids(): Promise<string> {
   return (await readReference(`${TINY}/reference.json`)).prompt_ids.join(",");
-}
-
-/** Writes the tiny checkpoint again with its tensors shuffled over 4 shards. */
-async function shuffledCopy(dst: string): Promise<void> {
-  const ck = await Checkpoint.open(TINY);
-  try {
-    const names = [...ck.tensors.keys()];
-    // A fixed permutation that scatters each layer's tensors over every shard.
-    const order = names.map((n, i) => ({ n, key: (i * 7919) % names.length })).sort((a, b) => a.key - b.key).map((x) =>
-      x.n
-    );
-    const shards: string[][] = [[], [], [], []];
-    order.forEach((n, i) => shards[i % 4].push(n));
-    for (let s = 0; s < 4; s++) {
-      const header: Record<string, unknown> = {};
-      let at = 0;
-      const parts: Uint8Array[] = [];
-      for (const n of shards[s]) {
-        const t = ck.get(n);
-        const buf = new Uint8Array(t.bytes);
-        await ck.read(t, buf);
-        header[n] = { dtype: t.dtype, shape: t.shape, data_offsets: [at, at + t.bytes] };
-        parts.push(buf);
-        at += t.bytes;
-      }
-      let json = JSON.stringify(header);
-      json += " ".repeat((8 - (json.length % 8)) % 8);
-      const hb = new TextEncoder().encode(json);
-      const out = new Uint8Array(8 + hb.length + at);
-      new DataView(out.buffer).setBigUint64(0, BigInt(hb.length), true);
-      out.set(hb, 8);
-      let p = 8 + hb.length;
-      for (const b of parts) {
-        out.set(b, p);
-        p += b.length;
-      }
-      await Deno.writeFile(`${dst}/model-0000${s + 1}-of-00004.safetensors`, out);
-    }
-  } finally {
-    ck.close();
-  }
-  await Deno.copyFile(`${TINY}/config.json`, `${dst}/config.json`);
 }
 
 Deno.test("pack: layout is aligned, layers hold layerTensors in order, routed experts excluded, shared experts in", async () => {

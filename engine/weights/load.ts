@@ -76,6 +76,11 @@ export interface OpenOptions {
   log?: (line: string) => void;
   /** Progress of long phases (what, done, total). */
   onProgress?: (what: string, done: number, total: number) => void;
+  /**
+   * Verify every trunk piece and expert read against its checksum (default true). False
+   * only for bench/verify.ts, which measures what verifying costs; never a CLI flag.
+   */
+  verify?: boolean;
 }
 
 /** An opened model, ready to generate. */
@@ -116,6 +121,7 @@ export async function openModel(dir: string, opts: OpenOptions): Promise<OpenedM
       autoSequences: opts.autoSequences,
       log: opts.log,
       onLayer: (d, n) => opts.onProgress?.("load", d, n),
+      verify: opts.verify,
     });
     const weights = opened.weights;
     const compute = await startCompute(

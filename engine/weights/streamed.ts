@@ -22,6 +22,7 @@
 import { EXIT, K3Error, usageError } from "../errors.ts";
 import { configFingerprint, type K3Config } from "../model/config.ts";
 import { ExpertCache } from "./expert_cache.ts";
+import { EXPERTS_FILE, type ExpertTable, readExpertTable, TABLE_ADVICE } from "./expert_table.ts";
 import { expertBytes } from "./experts.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { ALIGN, alignUp, IoFile } from "../native/io.ts";
@@ -200,6 +201,7 @@ export class StreamedWeights implements WeightSource {
     ckpt: Checkpoint,
     plan: MemoryPlan,
     trunkFile: TrunkFile | undefined,
+    table?: { table: ExpertTable; path: string },
   ): Promise<StreamedWeights> {
     const w = new StreamedWeights(k, cfg);
     try {
@@ -271,7 +273,7 @@ export class StreamedWeights implements WeightSource {
         w.stats.pinnedLayers = cfg.numLayers;
       }
       // Expert cache.
-      w.cache = new ExpertCache(k, cfg, ckpt, plan.experts.slots, plan.experts.slotBytes, w.stats);
+      w.cache = new ExpertCache(k, cfg, ckpt, plan.experts.slots, plan.experts.slotBytes, w.stats, table);
     } catch (e) {
       await w.close();
       throw e;
@@ -417,19 +419,20 @@ export async function openWeights(
     autoSequences?: boolean;
     log?: (line: string) => void;
     onLayer?: (done: number, total: number) => void;
+    /** Verify trunk pieces and expert reads (default true; false only for bench/verify.ts). */
+    verify?: boolean;
   },
 ): Promise<OpenedWeights> {
   const mem = opts.mem ?? {};
   const streaming = wantsStreaming(mem);
+  const verify = opts.verify ?? true;
   let trunkFile: TrunkFile | undefined;
+  let table: { table: ExpertTable; path: string } | undefined;
   if (streaming && mem.trunkDir !== undefined) {
-    trunkFile = await TrunkFile.open(
-      k,
-      mem.trunkDir,
-      cfg,
-      await configFingerprint(fullCfg),
-      await weightSample(k, fullCfg, ckpt),
-    );
+    const fingerprint = await configFingerprint(fullCfg), sample = await weightSample(k, fullCfg, ckpt);
+    trunkFile = await TrunkFile.open(k, mem.trunkDir, cfg, fingerprint, sample, verify);
+    const t = readExpertTable(mem.trunkDir, fullCfg, fingerprint, sample);
+    if (t && verify) table = { table: t, path: `${mem.trunkDir}/${EXPERTS_FILE}` };
   }
   try {
     const sizes = trunkFile
@@ -456,12 +459,21 @@ export async function openWeights(
       return plan;
     };
     const plan = fitSequences(planFor, opts.sequences ?? 1, opts.autoSequences ?? false);
-    if (opts.log) { for (const line of formatPlan(plan)) opts.log(line); }
+    if (opts.log) {
+      for (const line of formatPlan(plan)) opts.log(line);
+      if (!table && fullCfg.numLayers > fullCfg.firstKDense) {
+        opts.log(
+          `  (routed experts are not verified per read: ${
+            mem.trunkDir === undefined ? "no packed trunk" : `no ${EXPERTS_FILE} in ${mem.trunkDir}`
+          }; add the table with ${TABLE_ADVICE})`,
+        );
+      }
+    }
     if (!streaming) {
       const weights = await ResidentWeights.load(k, cfg, ckpt, { onLayer: opts.onLayer });
       return { weights, plan, passRows: plan.passRows, close: () => Promise.resolve(weights.free()) };
     }
-    const weights = await StreamedWeights.open(k, cfg, ckpt, plan, trunkFile);
+    const weights = await StreamedWeights.open(k, cfg, ckpt, plan, trunkFile, table);
     const tf = trunkFile;
     trunkFile = undefined;
     return {

@@ -91,7 +91,8 @@ export async function readPieces(
 }
 
 /**
- * Reads region `r` of a trunk into `ptr`, every piece verified against the manifest.
+ * Reads region `r` of a trunk into `ptr`, every piece verified against the manifest
+ * (`verify` false skips the hashing: only bench/verify.ts, to measure what it costs).
  * Throws K3Error (exit 1) naming the trunk, `what` and the bad piece.
  */
 export async function readRegionVerified(
@@ -101,10 +102,11 @@ export async function readRegionVerified(
   what: string,
   r: Region,
   ptr: NonNullable<Deno.PointerValue>,
+  verify = true,
 ): Promise<void> {
   let n: number;
   try {
-    n = await readPieces(f, ptr, r.size, r.offset, m.piece, 8, r.pieces);
+    n = await readPieces(f, ptr, r.size, r.offset, m.piece, 8, verify ? r.pieces : undefined);
   } catch (e) {
     throw regionReadError(dir, what, r, e);
   }
@@ -159,6 +161,8 @@ export class TrunkFile {
     readonly manifest: TrunkManifest,
     readonly file: IoFile,
     private readonly k: Kernels,
+    /** Check every piece against the manifest (false only to measure the cost). */
+    readonly verify: boolean,
   ) {}
 
   /**
@@ -171,6 +175,7 @@ export class TrunkFile {
     cfg: K3Config,
     fingerprint: string,
     sample?: string,
+    verify = true,
   ): Promise<TrunkFile> {
     const m = await readManifest(dir);
     if (m.fingerprint !== fingerprint) {
@@ -185,7 +190,7 @@ export class TrunkFile {
     }
     checkLayout(m, cfg, dir);
     const f = openTrunkData(dir, m);
-    return new TrunkFile(dir, m, f, k);
+    return new TrunkFile(dir, m, f, k, verify);
   }
 
   /** Reads a whole region into a new buffer, every piece checked against its checksum. */
@@ -202,7 +207,7 @@ export class TrunkFile {
 
   /** Reads region `r` to `ptr`, every piece checked against its checksum. */
   readInto(what: string, r: Region, ptr: NonNullable<Deno.PointerValue>): Promise<void> {
-    return readRegionVerified(this.dir, this.file, this.manifest, what, r, ptr);
+    return readRegionVerified(this.dir, this.file, this.manifest, what, r, ptr, this.verify);
   }
 
   /** Stops the read-ahead and frees the ring and the pinned layers. */
