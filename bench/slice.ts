@@ -18,6 +18,10 @@
 
 import { benchArgs } from "./args.ts";
 import { parseConfig } from "../engine/model/config.ts";
+import { readManifest, VERSION as TRUNK_VERSION } from "../engine/weights/manifest.ts";
+import { EXPERTS_FILE, parseExpertTable } from "../engine/weights/expert_table.ts";
+import { packTrunk } from "../pack/pack.ts";
+import { hashExperts } from "../pack/experts.ts";
 import { expertTensors, globalTensors, HEAD_NAME, layerTensors, PREFIX } from "../engine/model/weights.ts";
 
 /** Where benchmark data lives (outside the repo). */
@@ -342,6 +346,30 @@ export async function ensureSlice(
   const s = (performance.now() - t0) / 1000;
   log(`wrote ${(total / 1e9).toFixed(1)} GB in ${s.toFixed(1)} s (${(total / 1e9 / s).toFixed(2)} GB/s)`);
   await Deno.writeTextFile(`${dir}/slice.json`, stamp);
+  return dir;
+}
+
+/**
+ * The packed trunk of a slice, with its expert table: `<slice>-trunk`, re-packed when it is
+ * missing or of an older trunk version (the manifest's version is part of the cache key),
+ * left alone when current (packTrunk checks it is this slice's); the table is made when
+ * missing or not this trunk's.
+ */
+export async function ensureTrunk(
+  model: string,
+  dir = `${model}-trunk`,
+  log: (s: string) => void = (s) => console.error(`slice: ${s}`),
+): Promise<string> {
+  const m = await readManifest(dir).catch(() => undefined);
+  const current = m?.version === TRUNK_VERSION;
+  if (!current) log(`packing ${dir} (${m ? `version ${m.version}` : "none or unreadable"}, want ${TRUNK_VERSION})`);
+  const packed = await packTrunk(model, dir, { force: !current, log });
+  let tableOk = false;
+  try {
+    const t = parseExpertTable(await Deno.readTextFile(`${dir}/${EXPERTS_FILE}`), EXPERTS_FILE);
+    tableOk = t.fingerprint === packed.manifest.fingerprint && t.sample === packed.manifest.sample;
+  } catch { /* missing or stale: made below */ }
+  if (!tableOk) await hashExperts(model, dir, log);
   return dir;
 }
 

@@ -1,15 +1,20 @@
 /**
- * The cost of verifying every streamed trunk piece: reads real-width layer regions (1.2 GB,
- * a released KDA+MoE layer's dense tensors in bound form) the way the ring does (readPieces:
- * 16 MB O_DIRECT pieces, 8 in flight), with the per-piece k3w64 checked on the I/O thread
- * and without, alternating, and prints seconds per layer, the ratio and what it means for
- * a floor-budget token (every one of the 93 layers streamed). Verified reads are timed with
- * the piece read by one pread and by smaller preads each hashed while still in cache. Also
- * the raw k3w64 speed, from DRAM and in cache.
+ * The cost of verifying what k3 reads.
  *
- * Data: /var/tmp/k3-bench/verify.bin (random, written once, --clean deletes it).
+ * 1. Trunk pieces: reads real-width layer regions (1.2 GB, a released KDA+MoE layer's
+ *    dense tensors in bound form) the way the ring does (readPieces: 16 MB O_DIRECT
+ *    pieces, 8 in flight), with the per-piece k3w64 checked on the I/O thread and without,
+ *    alternating; verified reads are timed with the piece read by one pread and by smaller
+ *    preads each hashed while still in cache. Also the raw k3w64 speed, from DRAM and in
+ *    cache. Data: /var/tmp/k3-bench/verify.bin (random, written once, --clean deletes it).
+ * 2. The floor-budget token (unless --skip-floor): the 3-layer 32-expert real-width slice
+ *    (bench/slice.ts, packed with its expert table; re-packed when the trunk format moved
+ *    on) at trunk 2.5 GB + cache 0.31 GB, so every layer streams and most experts miss:
+ *    seconds per decode token with every trunk piece and expert read verified and with
+ *    verification off (openModel's `verify: false`, which exists for this), alternating
+ *    runs, medians, and their ratio.
  *
- *   deno run -A bench/verify.ts [--rounds N] [--json] [--clean]
+ *   deno run -A bench/verify.ts [--rounds N] [--tokens N] [--skip-floor] [--json] [--clean]
  *
  * @module
  */
@@ -20,9 +25,16 @@ import { hashHex, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import { HASH_CHUNK, readPieces } from "../engine/weights/trunk.ts";
 import { PIECE_BYTES } from "../engine/weights/manifest.ts";
+import { openModel } from "../engine/weights/load.ts";
+import type { IoStats } from "../engine/model/model.ts";
+import { prefill } from "../engine/generate/generate.ts";
+import { ensureSlice, ensureTrunk, ROUTER_SLICE } from "./slice.ts";
 
-const { values } = benchArgs("usage: deno run -A bench/verify.ts [--rounds N] [--json] [--clean]", {
+const USAGE = "usage: deno run -A bench/verify.ts [--rounds N] [--tokens N] [--skip-floor] [--json] [--clean]";
+const { values } = benchArgs(USAGE, {
   rounds: { type: "string" },
+  tokens: { type: "string" },
+  "skip-floor": { type: "boolean" },
   json: { type: "boolean" },
   clean: { type: "boolean" },
 });
@@ -111,6 +123,61 @@ console.log(
     load.toFixed(1)
   }; ${rounds} rounds, medians`,
 );
+// ---- The floor-budget token on a real-width slice, verification on and off. ----
+let floorFigure: Record<string, number> | undefined;
+if (!values["skip-floor"]) {
+  const tokens = Number(values.tokens ?? 4);
+  const recipe = { ...ROUTER_SLICE, experts: 32 };
+  const model = await ensureSlice(recipe);
+  const trunk = await ensureTrunk(model);
+  const BUDGET = { trunkDir: trunk, trunkGB: 2.5, cacheGB: 0.31 };
+  const run = async (verify: boolean) => {
+    const opened = await openModel(model, { capacity: 64, chunk: 16, memory: BUDGET, verify });
+    try {
+      const m = opened.model;
+      const state = m.newState();
+      await prefill(m, state, [11, 12]); // warm-up: first touch of the ring, slots, scratch
+      const t: number[] = [];
+      for (let i = 0; i < tokens; i++) {
+        const t0 = performance.now();
+        await m.forward(state, [100 + 7 * i]);
+        t.push((performance.now() - t0) / 1000);
+      }
+      state.free();
+      return { s: med(t), io: opened.model.weights.ioStats?.() };
+    } finally {
+      await opened.close();
+    }
+  };
+  const on: number[] = [], off: number[] = [];
+  let lastIo: IoStats | undefined;
+  for (let i = 0; i < rounds; i++) {
+    for (const verify of i % 2 ? [true, false] : [false, true]) {
+      const r = await run(verify);
+      (verify ? on : off).push(r.s);
+      lastIo = r.io;
+    }
+  }
+  const sOn = med(on), sOff = med(off), loadF = Deno.loadavg()[0];
+  console.log("");
+  console.log(
+    `| floor budget (trunk 2.5 GB, cache 0.31 GB), slice ${recipe.layers}l-${recipe.experts}e | s/token |`,
+  );
+  console.log(`| --------------------------------------------------- | ------: |`);
+  console.log(`| every trunk piece and expert read verified          | ${sOn.toFixed(3)} |`);
+  console.log(`| verification off (openModel verify: false)          | ${sOff.toFixed(3)} |`);
+  console.log(
+    `ratio verified/unverified ${(sOn / sOff).toFixed(3)} (${((sOn / sOff - 1) * 100).toFixed(1)}% of a token); ${
+      lastIo ? `${((lastIo.trunkBytes + lastIo.expertBytes) / 1e9).toFixed(1)} GB read over the last run; ` : ""
+    }load average ${loadF.toFixed(1)}; ${rounds} runs each of ${tokens} tokens, medians`,
+  );
+  floorFigure = {
+    floor_verified_s_per_token: sOn,
+    floor_unverified_s_per_token: sOff,
+    floor_ratio: sOn / sOff,
+    floor_load: loadF,
+  };
+}
 if (values.json) {
   console.log(
     JSON.stringify({
@@ -123,6 +190,7 @@ if (values.json) {
       region_bytes: REGION,
       rounds,
       load,
+      ...floorFigure,
     }),
   );
 }
