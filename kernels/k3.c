@@ -16,15 +16,20 @@
  *        dot  = p[0]   + p[1]
  *    bf16 weights are widened exactly (16-bit shift) before the multiply.
  *
- * 2. MXFP4 row dot (k3_matmul_mxfp4). Per group g of 32 elements with scale byte s:
- *    if s == 255 the group is skipped (it contributes nothing, not even 0 * inf);
- *    otherwise, with d = 2 * E2M1 value (a small integer, exact float; nibble 8, the E2M1
- *    -0, gives +0) and lanes l = 0..15,
- *        part[l] = d[32g+l] * x[32g+l];  part[l] = part[l] + d[32g+16+l] * x[32g+16+l]
- *        acc[l]  = acc[l] + part[l] * 2^(s-128)        (2^(s-128) built from its bits)
- *    Doubling is exact, so this is the E2M1 * 2^(s-127) product of the format; the doubled
- *    values are what a byte-table lookup can produce as integers in one step (AVX2).
- *    groups in ascending order, acc starting at +0, then the same tree as in 1.
+ * 2. MXFP4 row dot (k3_matmul_mxfp4). Eight lane sums acc[0..7] start at +0. Per group g of
+ *    32 elements with scale byte s, groups in ascending order: if s == 255 the group is
+ *    skipped (it contributes nothing, not even 0 * inf); otherwise, with d[e] = 2 * E2M1 value
+ *    of element e of the group (an exact float; nibble 8, the E2M1 -0, gives +0), x[e] the
+ *    matching x, and the lane order E(j, l) = 16*(j>>1) + 4*(l&3) + 2*(j&1) + (l>>2)
+ *    (j = 0..3, l = 0..7; MX_ELEM below), for each lane l:
+ *        p[j]   = d[E(j,l)] * x[E(j,l)]
+ *        part   = (p[0] + p[1]) + (p[2] + p[3])
+ *        acc[l] = acc[l] + part * 2^(s-128)        (2^(s-128) built from its bits)
+ *    then  h[l] = acc[l] + acc[l+4] (l < 4), q[l] = h[l] + h[l+2] (l < 2), dot = q[0] + q[1].
+ *    Doubling is exact, so this is the E2M1 * 2^(s-127) product of the format. The lane order
+ *    is the one an AVX2 decode produces without moving data across lanes (see mx8_decode);
+ *    x is permuted into it once per call (it is shared by all rows), and each group's
+ *    products are summed before its scale is applied (one multiply per group, not four).
  *
  * 3. Column sums (KDA u = S^T k and o = S^T q, MLA out = sum_s p_s v_s, AttnRes out) are
  *    lane-wise: each output element is its own sequential sum over rows in ascending order,
@@ -38,15 +43,16 @@
  *
  * How the ISAs share one algorithm: the kernels below are written once against a 16-lane
  * vector type v16 (one zmm on AVX-512, two ymm on AVX2, four q registers on NEON, a float[16]
- * in the scalar build) whose operations are all lane-wise. The only cross-lane operation,
+ * in the scalar build) or, for MXFP4, an 8-lane m8, whose operations are all lane-wise. The only cross-lane operation,
  * the final tree, is done in scalar code on the stored lanes, shared by every ISA. So the
  * SIMD paths cannot reorder anything; they only change how lanes are computed.
  *
  * Batching: k3_matmul computes register tiles of rows x tokens (each weight block loaded and
  * widened once for up to 4 tokens) over column chunks whose x stays in L1;
- * k3_matmul_mxfp4 decodes a chunk of 4 rows once into an L1 buffer and reuses it for up to
- * 8 tokens. A tile only decides which lanes are computed together: the per-row order above
- * does not depend on the tile, ntok or the row range.
+ * k3_matmul_mxfp4 decodes each group of a row once, in registers, for up to 8 tokens whose
+ * permuted x stays in L1 (column chunks of 256). A tile only decides which lanes are
+ * computed together: the per-row order above does not depend on the tile, ntok or the row
+ * range.
  *
  * Edge conventions: k3_argmax returns -1 when n <= 0 or every value is NaN; in
  * k3_router_topk a NaN selection score ranks as -inf; k3_rmsnorm accepts w == NULL.
@@ -82,6 +88,13 @@
 #define K3_UNROLL4 _Pragma("GCC unroll 4")
 #else
 #define K3_UNROLL4
+#endif
+#if defined(__clang__)
+#define K3_UNROLL8 _Pragma("unroll 8")
+#elif defined(__GNUC__)
+#define K3_UNROLL8 _Pragma("GCC unroll 8")
+#else
+#define K3_UNROLL8
 #endif
 #if defined(__GNUC__)
 #define K3_PREFETCH(p) __builtin_prefetch(p)
@@ -127,12 +140,6 @@ int32_t k3_cpu_features(void) {
 #endif
 }
 
-#if defined(K3_ISA_SCALAR) || defined(K3_ISA_AVX512) /* AVX2 and NEON look up byte tables */
-/* Twice the E2M1 value, by nibble (contract 2; nibble 8, the E2M1 -0, is +0). */
-static const float E2M1X2[16] = {0.0f, 1.0f,  2.0f,  3.0f,  4.0f,  6.0f,  8.0f,  12.0f,
-                                 0.0f, -1.0f, -2.0f, -3.0f, -4.0f, -6.0f, -8.0f, -12.0f};
-#endif
-
 K3_INLINE float bits_f32(uint32_t u) {
   float f;
   memcpy(&f, &u, 4);
@@ -141,9 +148,6 @@ K3_INLINE float bits_f32(uint32_t u) {
 
 K3_INLINE float bf16_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
 
-/* 2^(s-128), the scale of the doubled E2M1 values, for an MXFP4 scale byte s < 255, exactly
- * (s = 1 and s = 0 are the subnormals 2^-127 and 2^-128). */
-K3_INLINE float mx_scale(uint8_t s) { return bits_f32(s >= 2 ? (uint32_t)(s - 1) << 23 : 0x00200000u << s); }
 
 /* ---------------------------------------------------------------- v16: 16 float lanes */
 
@@ -159,15 +163,6 @@ K3_INLINE v16 v16_div(v16 a, v16 b) { return _mm512_div_ps(a, b); }
 K3_INLINE v16 v16_load_bf16(const uint16_t *p) {
   __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-/* 8 packed bytes -> 16 doubled E2M1 values in element order (low nibble first). */
-K3_INLINE v16 v16_load_e2m1(const uint8_t *p) {
-  __m128i b = _mm_loadl_epi64((const __m128i *)p);
-  b = _mm_unpacklo_epi8(b, b); /* b0 b0 b1 b1 ... : lane 2j and 2j+1 both see byte j */
-  __m512i n = _mm512_cvtepu8_epi32(b);
-  n = _mm512_srlv_epi32(n, _mm512_set_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0));
-  /* 16-entry table lookup; permutexvar reads only the low 4 bits of n (the nibble). */
-  return _mm512_permutexvar_ps(n, _mm512_loadu_ps(E2M1X2));
 }
 
 #elif K3_ISA_AVX2
@@ -205,21 +200,6 @@ static const int BF16_LANES[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13,
 K3_INLINE v16 v16_load_bf16_lanes(const uint16_t *p) {
   __m256i w = _mm256_loadu_si256((const __m256i *)p), z = _mm256_setzero_si256();
   return v16_mk(_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w)));
-}
-/* One MXFP4 group (16 packed bytes) -> its 32 doubled E2M1 values in element order: split
- * the nibbles into bytes, look the doubled values up as int8 with one byte shuffle
- * (vpshufb), widen to int32 and convert (exact: small integers). */
-#define K3_MX_DECODE_GROUP 1
-K3_INLINE __m256 i8x8_f32(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
-K3_INLINE void mx_decode(const uint8_t *p, v16 *w0, v16 *w1) {
-  const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-  const __m128i m = _mm_set1_epi8(15);
-  __m128i b = _mm_loadu_si128((const __m128i *)p);
-  __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
-  __m128i e0 = _mm_shuffle_epi8(tab, _mm_unpacklo_epi8(lo, hi)); /* elements 0..15 */
-  __m128i e1 = _mm_shuffle_epi8(tab, _mm_unpackhi_epi8(lo, hi)); /* elements 16..31 */
-  *w0 = v16_mk(i8x8_f32(e0), i8x8_f32(_mm_unpackhi_epi64(e0, e0)));
-  *w1 = v16_mk(i8x8_f32(e1), i8x8_f32(_mm_unpackhi_epi64(e1, e1)));
 }
 
 #elif K3_ISA_NEON
@@ -266,22 +246,6 @@ K3_INLINE v16 v16_load_bf16(const uint16_t *p) {
   return v16_mk(bf16x4(vget_low_u16(lo)), bf16x4(vget_high_u16(lo)), bf16x4(vget_low_u16(hi)),
                 bf16x4(vget_high_u16(hi)));
 }
-/* Doubled E2M1 values are exact bf16 numbers: look up the two bytes of their bf16 pattern
- * (nibble 8, the E2M1 -0, gives +0 as in the scalar table). */
-static const uint8_t E2M1X2_BF16_HI[16] = {0x00, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41,
-                                           0x00, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0, 0xC1, 0xC1};
-static const uint8_t E2M1X2_BF16_LO[16] = {0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40,
-                                           0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40};
-K3_INLINE v16 v16_load_e2m1(const uint8_t *p) {
-  uint8x8_t b = vld1_u8(p);
-  uint8x8_t lo = vand_u8(b, vdup_n_u8(15)), hi = vshr_n_u8(b, 4);
-  uint8x16_t nib = vcombine_u8(vzip1_u8(lo, hi), vzip2_u8(lo, hi)); /* element order */
-  uint8x16_t h = vqtbl1q_u8(vld1q_u8(E2M1X2_BF16_HI), nib);
-  uint8x16_t l = vqtbl1q_u8(vld1q_u8(E2M1X2_BF16_LO), nib);
-  uint16x8_t w0 = vreinterpretq_u16_u8(vzip1q_u8(l, h)), w1 = vreinterpretq_u16_u8(vzip2q_u8(l, h));
-  return v16_mk(bf16x4(vget_low_u16(w0)), bf16x4(vget_high_u16(w0)), bf16x4(vget_low_u16(w1)),
-                bf16x4(vget_high_u16(w1)));
-}
 
 #else /* scalar: the reference definition of every lane operation */
 typedef struct {
@@ -319,22 +283,6 @@ K3_INLINE v16 v16_load_bf16(const uint16_t *p) {
   v16 r;
   for (int l = 0; l < 16; l++) r.v[l] = bf16_f32(p[l]);
   return r;
-}
-K3_INLINE v16 v16_load_e2m1(const uint8_t *p) {
-  v16 r;
-  for (int j = 0; j < 8; j++) {
-    r.v[2 * j] = E2M1X2[p[j] & 15];
-    r.v[2 * j + 1] = E2M1X2[p[j] >> 4];
-  }
-  return r;
-}
-#endif
-
-#if !defined(K3_MX_DECODE_GROUP)
-/* One MXFP4 group (16 packed bytes) -> its 32 doubled E2M1 values in element order. */
-K3_INLINE void mx_decode(const uint8_t *p, v16 *w0, v16 *w1) {
-  *w0 = v16_load_e2m1(p);
-  *w1 = v16_load_e2m1(p + 8);
 }
 #endif
 
@@ -680,100 +628,308 @@ void k3_matmul(const void *w, int32_t wtype, const float *x, float *y, int32_t n
 
 /* ---------------------------------------------------------------- MXFP4 matmul */
 
-/* One group's contribution to one row's lanes (contract 2): w0, w1 = decoded elements
- * 0..15 and 16..31, x0, x1 = the matching x. */
-K3_INLINE v16 mx_group(v16 acc, v16 w0, v16 w1, v16 x0, v16 x1, float scale) {
-  v16 part = v16_add(v16_mul(w0, x0), v16_mul(w1, x1));
-  return v16_add(acc, v16_mul(part, v16_set1(scale)));
+/* m8: the 8 lanes of an MXFP4 row accumulator (contract 2): one ymm on AVX2 (and on AVX-512,
+ * where a zmm would need a second decode per group), two q registers on NEON, a float[8] in
+ * the scalar build. mx8_decode turns one group (16 packed bytes) into its 32 doubled E2M1
+ * values as four m8, v[j] lane l holding element MX_ELEM(j, l) of the group. */
+#define MX_ELEM(j, l) (16 * ((j) >> 1) + 4 * ((l) & 3) + 2 * ((j) & 1) + ((l) >> 2))
+
+/* The bf16 bit pattern of twice the E2M1 value, by nibble, as its high and low byte (doubled
+ * E2M1 values are exact bf16 numbers; nibble 8, the E2M1 -0, gives +0). */
+static const uint8_t E2M1X2_BF16_HI[16] = {0x00, 0x3F, 0x40, 0x40, 0x40, 0x40, 0x41, 0x41,
+                                           0x00, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0, 0xC1, 0xC1};
+static const uint8_t E2M1X2_BF16_LO[16] = {0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40,
+                                           0x00, 0x80, 0x00, 0x40, 0x80, 0xC0, 0x00, 0x40};
+
+/* 2^(s-128), the scale of the doubled E2M1 values, by scale byte s, exactly (s = 1 and s = 0
+ * are the subnormals 2^-127 and 2^-128; s = 255 is never used: its group is skipped). A table
+ * so that SIMD paths broadcast the scale straight from memory. */
+#define MXS(s) {(s) >= 2 ? (uint32_t)((s)-1) << 23 : 0x00200000u << (s)}
+#define MXS4(s) MXS(s), MXS((s) + 1), MXS((s) + 2), MXS((s) + 3)
+#define MXS16(s) MXS4(s), MXS4((s) + 4), MXS4((s) + 8), MXS4((s) + 12)
+#define MXS64(s) MXS16(s), MXS16((s) + 16), MXS16((s) + 32), MXS16((s) + 48)
+static const union {
+  uint32_t u;
+  float f;
+} MX_SCALE[256] = {MXS64(0), MXS64(64), MXS64(128), MXS64(192)};
+#undef MXS64
+#undef MXS16
+#undef MXS4
+#undef MXS
+
+#if !defined(K3_SCALAR) && defined(__AVX2__)
+typedef __m256 m8;
+K3_INLINE m8 m8_zero(void) { return _mm256_setzero_ps(); }
+K3_INLINE m8 m8_load(const float *p) { return _mm256_loadu_ps(p); }
+K3_INLINE void m8_store(float *p, m8 a) { _mm256_storeu_ps(p, a); }
+K3_INLINE m8 m8_add(m8 a, m8 b) { return _mm256_add_ps(a, b); }
+K3_INLINE m8 m8_mul(m8 a, m8 b) { return _mm256_mul_ps(a, b); }
+K3_INLINE m8 m8_bcast(const float *p) { return _mm256_broadcast_ss(p); }
+/* The decode's constants, made once per call so that they stay in registers. */
+typedef struct {
+  __m256i th, tl, nib, sh, top;
+} mxc;
+K3_INLINE mxc mx_consts(void) {
+  mxc c;
+  c.th = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)E2M1X2_BF16_HI));
+  c.tl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)E2M1X2_BF16_LO));
+  c.nib = _mm256_set1_epi8(15);
+  c.sh = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+  c.top = _mm256_set1_epi32((int)0xFFFF0000u);
+  return c;
+}
+/* Both halves of a ymm get the 16 bytes; the low half keeps the low nibbles (even elements),
+ * the high half the high ones (odd elements). Two byte lookups give the high and low bytes of
+ * each value's bf16 pattern, two unpacks pair them into 16-bit words, and each word becomes
+ * an f32 by a shift (even words) or a mask (odd words): no conversion, no cross-lane move. */
+K3_INLINE void mx8_decode(mxc c, const uint8_t *p, m8 *v) {
+  __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+  __m256i n = _mm256_and_si256(_mm256_srlv_epi32(b, c.sh), c.nib);
+  __m256i h = _mm256_shuffle_epi8(c.th, n), l = _mm256_shuffle_epi8(c.tl, n);
+  __m256i w0 = _mm256_unpacklo_epi8(l, h), w1 = _mm256_unpackhi_epi8(l, h);
+  v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+  v[1] = _mm256_castsi256_ps(_mm256_and_si256(w0, c.top));
+  v[2] = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
+  v[3] = _mm256_castsi256_ps(_mm256_and_si256(w1, c.top));
 }
 
-/* One token: NR (1 or 4) rows against one x, decoding straight from the packed bytes.
- * p[k], s[k]: packed bytes and scales of row k. */
-K3_INLINE void mx_rows(const uint8_t *const *p, const uint8_t *const *s, int nr, const float *x,
-                       int ngroups, float *out, int ostride) {
-  v16 acc[4];
-  for (int k = 0; k < nr; k++) acc[k] = v16_zero();
-  for (int g = 0; g < ngroups; g++) {
-    v16 x0 = v16_load(x + 32 * g), x1 = v16_load(x + 32 * g + 16);
+#elif K3_ISA_NEON
+typedef struct {
+  float32x4_t a, b; /* lanes 0..3, 4..7 */
+} m8;
+K3_INLINE m8 m8_mk(float32x4_t a, float32x4_t b) {
+  m8 r;
+  r.a = a;
+  r.b = b;
+  return r;
+}
+K3_INLINE m8 m8_zero(void) { return m8_mk(vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)); }
+K3_INLINE m8 m8_load(const float *p) { return m8_mk(vld1q_f32(p), vld1q_f32(p + 4)); }
+K3_INLINE void m8_store(float *p, m8 x) {
+  vst1q_f32(p, x.a);
+  vst1q_f32(p + 4, x.b);
+}
+K3_INLINE m8 m8_add(m8 x, m8 y) { return m8_mk(vaddq_f32(x.a, y.a), vaddq_f32(x.b, y.b)); }
+K3_INLINE m8 m8_mul(m8 x, m8 y) { return m8_mk(vmulq_f32(x.a, y.a), vmulq_f32(x.b, y.b)); }
+K3_INLINE m8 m8_bcast(const float *p) { return m8_mk(vld1q_dup_f32(p), vld1q_dup_f32(p)); }
+/* The AVX2 decode's lane order with q registers: a table lookup per nibble half and byte,
+ * zips into 16-bit words, shift (even words) or mask (odd words) to f32. */
+K3_INLINE float32x4_t mx_even(uint8x16_t w) { return vreinterpretq_f32_u32(vshlq_n_u32(vreinterpretq_u32_u8(w), 16)); }
+K3_INLINE float32x4_t mx_odd(uint8x16_t w) {
+  return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_u8(w), vdupq_n_u32(0xFFFF0000u)));
+}
+typedef int mxc; /* no constants to hoist */
+K3_INLINE mxc mx_consts(void) { return 0; }
+K3_INLINE void mx8_decode(mxc c, const uint8_t *p, m8 *v) {
+  (void)c;
+  uint8x16_t th = vld1q_u8(E2M1X2_BF16_HI), tl = vld1q_u8(E2M1X2_BF16_LO), b = vld1q_u8(p);
+  uint8x16_t lo = vandq_u8(b, vdupq_n_u8(15)), hi = vshrq_n_u8(b, 4);
+  uint8x16_t hl = vqtbl1q_u8(th, lo), ll = vqtbl1q_u8(tl, lo), hh = vqtbl1q_u8(th, hi), lh = vqtbl1q_u8(tl, hi);
+  uint8x16_t la = vzip1q_u8(ll, hl), lb = vzip2q_u8(ll, hl), ha = vzip1q_u8(lh, hh), hb = vzip2q_u8(lh, hh);
+  v[0] = m8_mk(mx_even(la), mx_even(ha));
+  v[1] = m8_mk(mx_odd(la), mx_odd(ha));
+  v[2] = m8_mk(mx_even(lb), mx_even(hb));
+  v[3] = m8_mk(mx_odd(lb), mx_odd(hb));
+}
+
+#else /* scalar: the reference definition */
+typedef struct {
+  float v[8];
+} m8;
+K3_INLINE m8 m8_zero(void) {
+  m8 r;
+  for (int l = 0; l < 8; l++) r.v[l] = 0.0f;
+  return r;
+}
+K3_INLINE m8 m8_load(const float *p) {
+  m8 r;
+  memcpy(r.v, p, sizeof r.v);
+  return r;
+}
+K3_INLINE void m8_store(float *p, m8 a) { memcpy(p, a.v, sizeof a.v); }
+K3_INLINE m8 m8_add(m8 a, m8 b) {
+  for (int l = 0; l < 8; l++) a.v[l] = a.v[l] + b.v[l];
+  return a;
+}
+K3_INLINE m8 m8_mul(m8 a, m8 b) {
+  for (int l = 0; l < 8; l++) a.v[l] = a.v[l] * b.v[l];
+  return a;
+}
+K3_INLINE m8 m8_bcast(const float *p) {
+  m8 r;
+  for (int l = 0; l < 8; l++) r.v[l] = *p;
+  return r;
+}
+typedef int mxc; /* no constants to hoist */
+K3_INLINE mxc mx_consts(void) { return 0; }
+K3_INLINE void mx8_decode(mxc c, const uint8_t *p, m8 *v) {
+  (void)c;
+  for (int j = 0; j < 4; j++)
+    for (int l = 0; l < 8; l++) {
+      int e = MX_ELEM(j, l), nib = e & 1 ? p[e >> 1] >> 4 : p[e >> 1] & 15;
+      v[j].v[l] = bits_f32((uint32_t)E2M1X2_BF16_HI[nib] << 24 | (uint32_t)E2M1X2_BF16_LO[nib] << 16);
+    }
+}
+#endif
+
+/* The 8-lane tree of contract 2, in scalar code shared by all ISAs. */
+K3_INLINE float m8_reduce(m8 acc) {
+  float a[8];
+  m8_store(a, acc);
+  for (int l = 0; l < 4; l++) a[l] = a[l] + a[l + 4];
+  a[0] = a[0] + a[2];
+  a[1] = a[1] + a[3];
+  return a[0] + a[1];
+}
+
+/* One group's contribution to one row's lanes (contract 2): w = the decoded group, xg = its
+ * x in MX_ELEM order, sc = its scale. */
+K3_INLINE m8 mx_group(m8 acc, const m8 *w, const float *xg, m8 sc) {
+  m8 a = m8_add(m8_mul(w[0], m8_load(xg)), m8_mul(w[1], m8_load(xg + 8)));
+  m8 b = m8_add(m8_mul(w[2], m8_load(xg + 16)), m8_mul(w[3], m8_load(xg + 24)));
+  return m8_add(acc, m8_mul(m8_add(a, b), sc));
+}
+
+/* x of one token in contract 2's lane order: xp[32g + 8j + l] = x[32g + MX_ELEM(j, l)]. */
+static const uint8_t MX_PERM[32] = {
+#define K3_MXP(j) MX_ELEM(j, 0), MX_ELEM(j, 1), MX_ELEM(j, 2), MX_ELEM(j, 3), MX_ELEM(j, 4), MX_ELEM(j, 5), MX_ELEM(j, 6), MX_ELEM(j, 7)
+    K3_MXP(0), K3_MXP(1), K3_MXP(2), K3_MXP(3)
+#undef K3_MXP
+};
+K3_INLINE void mx_xperm(float *xp, const float *x, int ng) {
+  for (int g = 0; g < ng; g++)
+    for (int i = 0; i < 32; i++) xp[32 * g + i] = x[32 * g + MX_PERM[i]];
+}
+
+/* One token, nr (1..MX_R1) rows: x (permuted) is shared by the rows, each row's group is
+ * decoded in registers. p[k], s[k]: packed bytes and scales of row k. */
+#ifndef MX_R1
+#define MX_R1 4
+#endif
+K3_INLINE void mx_rows1(mxc c, const uint8_t *const *p, const uint8_t *const *s, int nr, const float *xp,
+                        int ng, float *out) {
+  m8 acc[MX_R1];
+  K3_UNROLL4
+  for (int k = 0; k < nr; k++) acc[k] = m8_zero();
+  for (int g = 0; g < ng; g++) {
     K3_UNROLL4
     for (int k = 0; k < nr; k++) {
-      if (s[k][g] == 255) continue;
-      v16 w0, w1;
-      mx_decode(p[k] + 16 * g, &w0, &w1);
-      acc[k] = mx_group(acc[k], w0, w1, x0, x1, mx_scale(s[k][g]));
+      uint8_t sc = s[k][g];
+      if (sc != 255) {
+        m8 w[4];
+        mx8_decode(c, p[k] + 16 * g, w);
+        acc[k] = mx_group(acc[k], w, xp + 32 * g, m8_bcast(&MX_SCALE[sc].f));
+      }
     }
   }
-  for (int k = 0; k < nr; k++) out[k * ostride] = v16_reduce(acc[k]);
+  K3_UNROLL4
+  for (int k = 0; k < nr; k++) out[k] = m8_reduce(acc[k]);
 }
 
-/* Several tokens: the same per-row operations, but each chunk of MX_CHUNK groups of the NR
- * rows is decoded once into an L1 buffer and reused by every token of the tile. */
-enum { MX_CHUNK = 8 }; /* 4 rows x 8 groups x 32 floats = 4 KB */
-K3_INLINE void mx_rows_tok(const uint8_t *const *p, const uint8_t *const *s, int nr, const float *x,
-                           int cols, int nt, float *y, int rows) {
-  v16 acc[TILE_TOK][4];
-  float dec[4][MX_CHUNK][32], scl[4][MX_CHUNK]; /* scl 0: skipped group (2^(s-127) > 0) */
-  int ng = cols / 32;
-  for (int t = 0; t < nt; t++)
-    for (int k = 0; k < nr; k++) acc[t][k] = v16_zero();
-  for (int g0 = 0; g0 < ng; g0 += MX_CHUNK) {
-    int gn = ng - g0 < MX_CHUNK ? ng - g0 : MX_CHUNK;
-    for (int k = 0; k < nr; k++)
-      for (int i = 0; i < gn; i++) {
-        uint8_t sc = s[k][g0 + i];
-        scl[k][i] = sc == 255 ? 0.0f : mx_scale(sc);
-        v16 w0, w1;
-        mx_decode(p[k] + 16 * (g0 + i), &w0, &w1);
-        v16_store(dec[k][i], w0);
-        v16_store(dec[k][i] + 16, w1);
-      }
-    for (int t = 0; t < nt; t++) {
-      const float *xt = x + (size_t)t * cols + 32 * g0;
-      v16 a[4];
-      K3_UNROLL4
-      for (int k = 0; k < nr; k++) a[k] = acc[t][k];
-      for (int i = 0; i < gn; i++) {
-        v16 x0 = v16_load(xt + 32 * i), x1 = v16_load(xt + 32 * i + 16);
-        K3_UNROLL4
-        for (int k = 0; k < nr; k++) {
-          if (scl[k][i] == 0.0f) continue;
-          a[k] = mx_group(a[k], v16_load(dec[k][i]), v16_load(dec[k][i] + 16), x0, x1, scl[k][i]);
-        }
-      }
-      K3_UNROLL4
-      for (int k = 0; k < nr; k++) acc[t][k] = a[k];
+/* Several tokens: one row's groups [g0, g1), each decoded once in registers for the nt
+ * tokens of a tile; xt + t * kc + 32 * (g - g0) is token t's permuted x of group g. */
+enum { MX_TT = 8 };      /* tokens per tile (their accumulators stay in registers) */
+enum { MX_KG = 8 };      /* groups per column chunk: 16 tokens x 256 columns of x stay in L1 */
+enum { MX_RB = 8 };      /* rows per block whose accumulators are parked between chunks */
+enum { MX_TSUPER = 16 }; /* tokens per packed x */
+K3_INLINE void mx_tile(mxc c, const uint8_t *p, const uint8_t *s, int g0, int g1, const float *xt, int nt,
+                       m8 *acc) {
+  enum { kc = 32 * MX_KG };
+  m8 a[MX_TT];
+  K3_UNROLL8
+  for (int t = 0; t < nt; t++) a[t] = acc[t];
+  for (int g = g0; g < g1; g++) {
+    uint8_t sc = s[g];
+    if (sc != 255) {
+      m8 w[4], sv = m8_bcast(&MX_SCALE[sc].f);
+      mx8_decode(c, p + 16 * g, w);
+      const float *xg = xt + 32 * (g - g0);
+      K3_UNROLL8
+      for (int t = 0; t < nt; t++) a[t] = mx_group(a[t], w, xg + t * kc, sv);
     }
   }
-  for (int t = 0; t < nt; t++)
-    for (int k = 0; k < nr; k++) y[(size_t)t * rows + k] = v16_reduce(acc[t][k]);
+  K3_UNROLL8
+  for (int t = 0; t < nt; t++) acc[t] = a[t];
+}
+K3_INLINE void mx_tile_n(mxc c, const uint8_t *p, const uint8_t *s, int g0, int g1, const float *xt, int nt,
+                         m8 *acc) {
+  switch (nt) { /* a constant tile width per instance */
+#define K3_MXT(T)                        \
+  case T:                                \
+    mx_tile(c, p, s, g0, g1, xt, T, acc); \
+    break;
+    K3_MXT(1) K3_MXT(2) K3_MXT(3) K3_MXT(4) K3_MXT(5) K3_MXT(6) K3_MXT(7) default : mx_tile(c, p, s, g0, g1, xt, MX_TT, acc);
+#undef K3_MXT
+  }
 }
 
 void k3_matmul_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *x, float *y,
                      int32_t ntok, int32_t rows, int32_t cols, int32_t r0, int32_t r1) {
-  int ng = cols / 32;
+  int ng = cols / 32, kc = 32 * MX_KG, nchunk = (ng + MX_KG - 1) / MX_KG;
+  mxc mc = mx_consts();
   size_t pstride = (size_t)cols / 2, sstride = (size_t)ng;
-  for (int t0 = 0; t0 < ntok; t0 += TILE_TOK) {
-    int nt = ntok - t0 < TILE_TOK ? ntok - t0 : TILE_TOK;
-    const float *xt = x + (size_t)t0 * cols;
-    float *yt = y + (size_t)t0 * rows;
+  float *xp = xpack_get((size_t)(ntok < MX_TSUPER ? ntok : MX_TSUPER) * nchunk * kc);
+  if (!xp) { /* no scratch: the same per-row operations, one group of x permuted at a time */
+    float xg[32];
+    for (int t = 0; t < ntok; t++)
+      for (int r = r0; r < r1; r++) {
+        const uint8_t *pr = packed + (size_t)r * pstride, *sr = scales + (size_t)r * sstride;
+        m8 acc = m8_zero();
+        for (int g = 0; g < ng; g++) {
+          if (sr[g] == 255) continue;
+          m8 w[4];
+          mx_xperm(xg, x + (size_t)t * cols + 32 * g, 1);
+          mx8_decode(mc, pr + 16 * g, w);
+          acc = mx_group(acc, w, xg, m8_bcast(&MX_SCALE[sr[g]].f));
+        }
+        y[(size_t)t * rows + r] = m8_reduce(acc);
+      }
+    return;
+  }
+  if (ntok == 1) { /* passes of MX_R1 whole rows (weights streaming, x in L1) */
+    mx_xperm(xp, x, ng);
     for (int r = r0; r < r1;) {
-      const uint8_t *pr[4], *sr[4];
-      /* One token: one row at a time (its two lane chains hide the add latency, and its
-       * accumulators and x stay in registers); several tokens: tiles of 4 rows. */
-      int nr = nt > 1 && r1 - r >= 4 ? 4 : 1;
+      int nr = r1 - r >= MX_R1 ? MX_R1 : 1;
+      const uint8_t *pr[MX_R1], *sr[MX_R1];
       for (int k = 0; k < nr; k++) {
         pr[k] = packed + (size_t)(r + k) * pstride;
         sr[k] = scales + (size_t)(r + k) * sstride;
       }
-      if (nt == 1 && nr == 4)
-        mx_rows(pr, sr, 4, xt, ng, yt + r, 1);
-      else if (nt == 1)
-        mx_rows(pr, sr, 1, xt, ng, yt + r, 1);
-      else if (nr == 4)
-        mx_rows_tok(pr, sr, 4, xt, cols, nt, yt + r, rows);
+      if (nr == MX_R1)
+        mx_rows1(mc, pr, sr, MX_R1, xp, ng, y + r);
       else
-        mx_rows_tok(pr, sr, 1, xt, cols, nt, yt + r, rows);
+        mx_rows1(mc, pr, sr, 1, xp, ng, y + r);
       r += nr;
+    }
+    return;
+  }
+  /* Several tokens: x of up to MX_TSUPER tokens permuted chunk-major (chunk c of token t at
+   * (c * tn + t) * kc); for each block of rows and each chunk, every row's groups are decoded
+   * once per tile of MX_TT tokens. */
+  m8 acc[MX_RB][MX_TSUPER];
+  for (int ts = 0; ts < ntok; ts += MX_TSUPER) {
+    int tn = ntok - ts < MX_TSUPER ? ntok - ts : MX_TSUPER;
+    for (int c = 0; c < nchunk; c++)
+      for (int t = 0; t < tn; t++) {
+        int gn = ng - c * MX_KG < MX_KG ? ng - c * MX_KG : MX_KG;
+        mx_xperm(xp + ((size_t)c * tn + t) * kc, x + (size_t)(ts + t) * cols + (size_t)c * kc, gn);
+      }
+    for (int rb = r0; rb < r1; rb += MX_RB) {
+      int rbn = r1 - rb < MX_RB ? r1 - rb : MX_RB;
+      for (int k = 0; k < rbn; k++)
+        for (int t = 0; t < tn; t++) acc[k][t] = m8_zero();
+      for (int c = 0; c < nchunk; c++) {
+        int g0 = c * MX_KG, g1 = ng - g0 < MX_KG ? ng : g0 + MX_KG;
+        for (int k = 0; k < rbn; k++) {
+          const uint8_t *pr = packed + (size_t)(rb + k) * pstride, *sr = scales + (size_t)(rb + k) * sstride;
+          for (int t0 = 0; t0 < tn; t0 += MX_TT) {
+            int nt = tn - t0 < MX_TT ? tn - t0 : MX_TT;
+            mx_tile_n(mc, pr, sr, g0, g1, xp + ((size_t)c * tn + t0) * kc, nt, &acc[k][t0]);
+          }
+        }
+      }
+      for (int k = 0; k < rbn; k++)
+        for (int t = 0; t < tn; t++) y[(size_t)(ts + t) * rows + rb + k] = m8_reduce(acc[k][t]);
     }
   }
 }
