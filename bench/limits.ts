@@ -9,7 +9,9 @@
  * - the matrix kernels, one thread: bf16 matrix-vector at a real width (12288 x 7168,
  *   176 MB), MXFP4 matrix-vector of one routed expert matrix (3072 x 3584; 16 experts
  *   rotated so they come from DRAM), each as a ratio to the one-thread DRAM rate, and the
- *   per-token cost of 16 tokens in one call against one token (the prefill's gain).
+ *   per-token cost of 16 tokens in one call against one token (the prefill's gain); and what
+ *   bounds them when they miss: the same kernels on a few rows that stay in L2 (no DRAM
+ *   traffic: the compute-bound rate), best of many calls.
  *
  *   deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk]
  *
@@ -210,6 +212,35 @@ export async function timeMxfp4(k: Kernels, rows: number, cols: number, toks: nu
   }
 }
 
+/**
+ * Compute-bound rates, best of many calls on weights that stay in cache (so they never come
+ * from DRAM): MXFP4 at 1 token on 64 expert rows in L2, as GB/s of packed bytes; bf16 at 16
+ * tokens on 512 rows in L3 (enough rows that packing x, once per call, is a few percent), as
+ * seconds per call per row (scale by the rows of a real matrix).
+ */
+export async function timeCached(k: Kernels, reps: number) {
+  const mr = 64, mc = 3584, br = 512, bc = 7168, bt = 16;
+  const pb = mr * mc / 2, sb = mr * mc / 32;
+  const p = NativeBuffer.alloc(k, pb, "MXFP4 packed"), s = NativeBuffer.alloc(k, sb, "MXFP4 scales");
+  const w = NativeBuffer.alloc(k, br * bc * 2, "bf16 rows");
+  const x = NativeBuffer.alloc(k, bt * bc * 4, "x"), y = NativeBuffer.alloc(k, bt * br * 4, "y");
+  try {
+    fillBytes(p.u8);
+    fillBytes(s.u8, 118, 12);
+    fillBf16(new Uint16Array(w.u8.buffer, w.u8.byteOffset, br * bc));
+    x.f32().forEach((_, i, a) => (a[i] = Math.sin(i) * 0.5));
+    const n = 20 * reps, calls = 8;
+    // bf16: fewer, longer calls (each ~1 ms)
+    const m = await timeRuns(n, () => {
+      for (let i = 0; i < calls; i++) k.k3_matmul_mxfp4(p.ptr, s.ptr, x.ptr, y.ptr, 1, mr, mc, 0, mr);
+    });
+    const b = await timeRuns(4 * reps, () => k.k3_matmul(w.ptr, 1, x.ptr, y.ptr, bt, br, bc, 0, br));
+    return { mxfp4Gbps: (pb + sb) * calls / m.best / 1e9, bf16PerRow: b.best / br, bf16Tokens: bt, bf16Cols: bc };
+  } finally {
+    [p, s, w, x, y].forEach((b) => b.free());
+  }
+}
+
 /** DRAM read rates. */
 export const dramSection: Section = async (ctx) => {
   ctx.log(`DRAM: reading ${(ctx.opts.dramBytes / 1e9).toFixed(1)} GB, 1 and 2 threads`);
@@ -249,6 +280,9 @@ export const kernelSection: Section = async (ctx) => {
   const m = await timeMxfp4(k, mr, mc, [1, 16], reps);
   const bBytes = br * bc * 2, mBytes = mr * mc / 2 + mr * mc / 32;
   const bGbps = bBytes / b.get(1)! / 1e9, mGbps = mBytes / m.get(1)! / 1e9;
+  const c = await timeCached(k, reps);
+  if (c.bf16Cols !== bc) throw new Error("limits: the cached bf16 rows must have the matrix's width");
+  const bCachedTok = c.bf16PerRow * br / c.bf16Tokens; // scaled to the real matrix's rows
   return [
     {
       key: "bf16_matvec_gbps",
@@ -284,6 +318,22 @@ export const kernelSection: Section = async (ctx) => {
       ratio: m.get(16)! / 16 / m.get(1)!,
     },
     { key: "mxfp4_t1_ms", label: `mxfp4 ${mr}x${mc}, 1 token`, value: m.get(1)! * 1e3, unit: "ms" },
+    {
+      key: "mxfp4_cached_gbps",
+      label: `mxfp4 64x${mc} in L2 (compute), 1 token`,
+      value: c.mxfp4Gbps,
+      unit: "GB/s",
+      of: "dram_read_gbps_1t",
+      ratio: c.mxfp4Gbps / dram,
+    },
+    {
+      key: "bf16_t16_cached_per_token_ms",
+      label: `bf16 512x${bc} in L3 (compute), 16 tok, per tok`,
+      value: bCachedTok * 1e3,
+      unit: "ms",
+      of: "bf16_t1_ms",
+      ratio: bCachedTok / b.get(1)!,
+    },
   ];
 };
 
