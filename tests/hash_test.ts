@@ -200,3 +200,58 @@ Deno.test("k3io_pread_hash: any chunking gives the one-shot digest; a short read
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("k3io_pread_parts: per-part digests and their combination are the same for any chunking", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "k3-hash-" });
+  const all = libs();
+  try {
+    const data = noise(5 * 65536 + 123, 11);
+    const path = `${dir}/d.bin`;
+    await Deno.writeFile(path, data);
+    // six parts, as an expert's tensors: odd sizes and offsets, one empty, in any order
+    const parts = [[0, 70_001], [70_001, 4_099], [74_100, 200_000], [300_000, 0], [274_100, 25_900], [300_000, 20_000]];
+    const at = 4096, len = 320_000;
+    for (const [name, l] of all) {
+      const want = parts.map(([s, n]) => oneShot(l, data.subarray(at + s, at + s + n)));
+      const words = new BigUint64Array(want.map((h) => BigInt("0x" + h)));
+      const combined = oneShot(l, new Uint8Array(words.buffer));
+      const fd = l.symbols.k3io_open(new TextEncoder().encode(path + "\0"), 0);
+      const buf = new Uint8Array(len);
+      const spec = new BigUint64Array(parts.flat().map(BigInt));
+      for (const chunk of [0, 4096, 65536, 1 << 20]) {
+        const out = new BigUint64Array(parts.length + 1);
+        const n = await l.symbols.k3io_pread_parts(
+          fd,
+          Deno.UnsafePointer.of(buf),
+          BigInt(len),
+          BigInt(at),
+          BigInt(chunk),
+          Deno.UnsafePointer.of(spec),
+          parts.length,
+          Deno.UnsafePointer.of(out),
+        );
+        assert.equal(Number(n), len);
+        assert.deepEqual([...out.subarray(0, parts.length)].map(hex), want, `${name}, chunk ${chunk}`);
+        assert.equal(hex(out[parts.length]), combined, `${name}, chunk ${chunk}`);
+      }
+      // a part outside the read is refused before reading
+      const badSpec = new BigUint64Array([0n, BigInt(len + 1)]);
+      const out = new BigUint64Array(2);
+      const bad = await l.symbols.k3io_pread_parts(
+        fd,
+        Deno.UnsafePointer.of(buf),
+        BigInt(len),
+        0n,
+        0n,
+        Deno.UnsafePointer.of(badSpec),
+        1,
+        Deno.UnsafePointer.of(out),
+      );
+      assert.equal(Number(bad), -22);
+      l.symbols.k3io_close(fd);
+    }
+  } finally {
+    all.forEach(([, l]) => l.close());
+    await Deno.remove(dir, { recursive: true });
+  }
+});

@@ -31,7 +31,7 @@ export const ioSymbols = {
   k3io_sync: { parameters: [I], result: I, nonblocking: true },
   k3io_truncate: { parameters: [I, "u64"], result: I },
   k3io_pread_hash: { parameters: [I, P, "u64", "u64", "u64", P], result: "i64", nonblocking: true },
-  k3io_pread_parts: { parameters: [I, P, "u64", "u64", P, I, P], result: "i64", nonblocking: true },
+  k3io_pread_parts: { parameters: [I, P, "u64", "u64", "u64", P, I, P], result: "i64", nonblocking: true },
   k3io_hash: { parameters: [P, "u64"], result: "u64" },
   k3io_kind: { parameters: ["buffer"], result: I },
   k3io_write: { parameters: [I, "buffer", "u64"], result: "i64" },
@@ -174,7 +174,8 @@ export class IoFile {
   /**
    * Reads bytes [offset, offset+len) into `buf` (capacity `cap`) like `readSpan` (rounded
    * out to ALIGN on a direct file) and, on the same I/O thread, hashes `parts` of them
-   * ([start, length] pairs relative to `offset`): resolves to where byte `offset` landed,
+   * ([start, length] pairs relative to `offset`), `chunk` bytes per pread (0: one pread),
+   * each part hashed once its last byte is in: resolves to where byte `offset` landed,
    * each part's k3w64 and the k3w64 of those digests (kernels/k3io.h k3io_pread_parts).
    * Throws when the file ends before offset+len.
    */
@@ -184,6 +185,7 @@ export class IoFile {
     offset: number,
     len: number,
     parts: readonly (readonly [number, number])[],
+    chunk = 0,
   ): Promise<{ delta: number; parts: bigint[]; digest: bigint }> {
     const start = this.direct ? alignDown(offset) : offset;
     const delta = offset - start;
@@ -200,6 +202,7 @@ export class IoFile {
           buf,
           BigInt(want),
           BigInt(start),
+          BigInt(chunk),
           Deno.UnsafePointer.of(spec),
           parts.length,
           Deno.UnsafePointer.of(out),
