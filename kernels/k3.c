@@ -801,10 +801,12 @@ K3_INLINE void mx_xperm(float *xp, const float *x, int ng) {
     for (int i = 0; i < 32; i++) xp[32 * g + i] = x[32 * g + MX_PERM[i]];
 }
 
-/* One token, nr (1..MX_R1) rows: x (permuted) is shared by the rows, each row's group is
- * decoded in registers. p[k], s[k]: packed bytes and scales of row k. */
+/* One token, nr (1..MX_R1) rows: x (permuted, in L1) is shared by the rows, each row's group
+ * is decoded in registers. p[k], s[k]: packed bytes and scales of row k. */
+/* Rows per pass: 1, so the weights stream in order. (4 rows in lockstep ran as fast from L2
+ * but slower from DRAM: 1.0-1.1x the previous kernel against 1.3-1.5x for one row.) */
 #ifndef MX_R1
-#define MX_R1 4
+#define MX_R1 1
 #endif
 K3_INLINE void mx_rows1(mxc c, const uint8_t *const *p, const uint8_t *const *s, int nr, const float *xp,
                         int ng, float *out) {
