@@ -214,12 +214,12 @@ export async function timeMxfp4(k: Kernels, rows: number, cols: number, toks: nu
 
 /**
  * Compute-bound rates, best of many calls on weights that stay in cache (so they never come
- * from DRAM): MXFP4 at 1 token on 64 expert rows in L2, as GB/s of packed bytes; bf16 at 16
+ * from DRAM): MXFP4 at 1 token on 128 expert rows in L2, as GB/s of packed bytes; bf16 at 16
  * tokens on 512 rows in L3 (enough rows that packing x, once per call, is a few percent), as
  * seconds per call per row (scale by the rows of a real matrix).
  */
 export async function timeCached(k: Kernels, reps: number) {
-  const mr = 64, mc = 3584, br = 512, bc = 7168, bt = 16;
+  const mr = 128, mc = 3584, br = 512, bc = 7168, bt = 16;
   const pb = mr * mc / 2, sb = mr * mc / 32;
   const p = NativeBuffer.alloc(k, pb, "MXFP4 packed"), s = NativeBuffer.alloc(k, sb, "MXFP4 scales");
   const w = NativeBuffer.alloc(k, br * bc * 2, "bf16 rows");
@@ -320,7 +320,7 @@ export const kernelSection: Section = async (ctx) => {
     { key: "mxfp4_t1_ms", label: `mxfp4 ${mr}x${mc}, 1 token`, value: m.get(1)! * 1e3, unit: "ms" },
     {
       key: "mxfp4_cached_gbps",
-      label: `mxfp4 64x${mc} in L2 (compute), 1 token`,
+      label: `mxfp4 128x${mc} in L2 (compute), 1 token`,
       value: c.mxfp4Gbps,
       unit: "GB/s",
       of: "dram_read_gbps_1t",

@@ -924,6 +924,11 @@ void k3_matmul_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *
         int g0 = c * MX_KG, g1 = ng - g0 < MX_KG ? ng : g0 + MX_KG;
         for (int k = 0; k < rbn; k++) {
           const uint8_t *pr = packed + (size_t)(rb + k) * pstride, *sr = scales + (size_t)(rb + k) * sstride;
+          if (c + 1 < nchunk) { /* the row's next chunk, a whole block-pass ahead of its use */
+            K3_PREFETCH(pr + 16 * g1);
+            K3_PREFETCH(pr + 16 * g1 + 64);
+            K3_PREFETCH(sr + g1);
+          }
           for (int t0 = 0; t0 < tn; t0 += MX_TT) {
             int nt = tn - t0 < MX_TT ? tn - t0 : MX_TT;
             mx_tile_n(mc, pr, sr, g0, g1, xp + ((size_t)c * tn + t0) * kc, nt, &acc[k][t0]);
