@@ -4,10 +4,10 @@
  *
  * Layout (little-endian):
  *   0   8 bytes  magic "K3STATE\n"
- *   8   u32      version (1)
+ *   8   u32      version (2: the weight sample became k3w64; a version 1 file is refused)
  *   12  u32      header length H
  *   16  H bytes  header, UTF-8 JSON: format, version, config (fingerprint of the config the
- *                state was made with), weights (k3h64 of the weight sample), layers, pos,
+ *                state was made with), weights (k3w64 of the weight sample), layers, pos,
  *                tokens (exactly pos ids), kda and mla (layer indices), payload_bytes, meta
  *   ..  payload  float32: each KDA layer in order (convQ, convK, convV, S: fixed size),
  *                then each MLA layer (latent [pos][kvLoraRank], krope [pos][ropeDim])
@@ -34,7 +34,7 @@ import { weightSample } from "../weights/manifest.ts";
 
 const MAGIC = new TextEncoder().encode("K3STATE\n");
 /** The state file version this build writes and reads. */
-export const STATE_VERSION = 1;
+export const STATE_VERSION = 2;
 const PREFIX = 16;
 const DIGEST = 32;
 
@@ -42,7 +42,7 @@ const DIGEST = 32;
 export interface ModelFingerprint {
   /** configFingerprint of the config as opened. */
   config: string;
-  /** weightSample (k3h64) of the layers in use. */
+  /** weightSample (k3w64) of the layers in use. */
   weights: string;
 }
 
