@@ -386,7 +386,7 @@ export const decodeSection: Section = async (ctx) => {
   // The cold start's other limit: the first touch of fresh memory. On a virtual machine whose
   // hypervisor takes freed guest memory back (free page reporting), each first touch is a
   // fault on the host too, and no guest-side trick (huge pages, faulting ahead) is faster.
-  const touchBytes = 2 << 30;
+  const touchBytes = 2 ** 31;
   const fresh = NativeBuffer.alloc(ctx.k, touchBytes, "fresh-memory probe");
   const t0 = performance.now();
   fresh.prefault();
