@@ -19,7 +19,7 @@ import {
   type StateFile,
 } from "../engine/generate/state_file.ts";
 import { firstLayers, openModel } from "../engine/weights/load.ts";
-import type { IoStats } from "../engine/model/model.ts";
+import { noIoStats } from "../engine/model/model.ts";
 import { formatLedger, ledgerBetween, markLedger, readsBetween } from "../engine/generate/ledger.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { prefillProgress, progress } from "./progress.ts";
@@ -77,16 +77,6 @@ examples:
   k3 run tests/fixtures/tiny --ids 5,17,300 --gen 20 --out report.json
   k3 run /data/kimi-k3 --trunk /data/k3-trunk --preset laptop --prompt-file q.txt
 `;
-
-const ZERO_IO: IoStats = {
-  trunkBytes: 0,
-  trunkEarlyBytes: 0,
-  expertBytes: 0,
-  expertHits: 0,
-  expertMisses: 0,
-  ioWaitSeconds: 0,
-  pinnedLayers: 0,
-};
 
 /** Writes stdout as tokens arrive: text (stop strings held back and cut), ids, or JSON lines. */
 class Output {
@@ -182,7 +172,7 @@ export async function main(args: string[]): Promise<number> {
   });
   const loadSeconds = (performance.now() - t0) / 1000;
   const weights = opened.model.weights;
-  const io = () => weights.ioStats?.() ?? ZERO_IO;
+  const io = () => weights.ioStats?.() ?? noIoStats();
   const logitRows: Float32Array[] = [];
   const interrupts = new Interrupts();
   let loaded: LoadedState | undefined;

@@ -241,15 +241,7 @@ Deno.test("expert cache: in-flight reads are shared, held slots are never evicte
   const { kernels } = await import("../engine/native/ffi.ts");
   const cfg = await loadConfig(TINY);
   const ckpt = await Checkpoint.open(TINY);
-  const stats = {
-    trunkBytes: 0,
-    trunkEarlyBytes: 0,
-    expertBytes: 0,
-    expertHits: 0,
-    expertMisses: 0,
-    ioWaitSeconds: 0,
-    pinnedLayers: 0,
-  };
+  const stats = (await import("../engine/model/model.ts")).noIoStats();
   const cache = new ExpertCache(kernels(), cfg, ckpt, 3, expertSlotBytes(expertBytesOf(cfg)), stats);
   try {
     // Two requests for the same experts at once: read once, the second waits.

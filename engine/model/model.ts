@@ -75,6 +75,19 @@ export interface IoStats {
   pinnedLayers: number;
 }
 
+/** IoStats with every counter at zero (a fresh source's, or a resident one's for good). */
+export function noIoStats(): IoStats {
+  return {
+    trunkBytes: 0,
+    trunkEarlyBytes: 0,
+    expertBytes: 0,
+    expertHits: 0,
+    expertMisses: 0,
+    ioWaitSeconds: 0,
+    pinnedLayers: 0,
+  };
+}
+
 /**
  * Bytes of sequence state: the KDA layers' conv histories and recurrent states (fixed) and
  * the MLA layers' latent cache per position (the normed kv latent and the shared raw key

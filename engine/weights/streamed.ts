@@ -30,7 +30,7 @@ import { expertBytes } from "./experts.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { ALIGN, alignUp, IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
-import type { IoStats, WeightSource } from "../model/model.ts";
+import { type IoStats, noIoStats, type WeightSource } from "../model/model.ts";
 import {
   checkFits,
   formatPlan,
@@ -299,15 +299,7 @@ export class StreamedWeights implements WeightSource {
   outputResNorm!: F32;
   /** output_attn_res_proj. */
   outputResProj!: F32;
-  private readonly stats: IoStats = {
-    trunkBytes: 0,
-    trunkEarlyBytes: 0,
-    expertBytes: 0,
-    expertHits: 0,
-    expertMisses: 0,
-    ioWaitSeconds: 0,
-    pinnedLayers: 0,
-  };
+  private readonly stats: IoStats = noIoStats();
   private trunk?: StreamedTrunk;
   private residentLayers: BoundTensors[] = [];
   private cache?: ExpertCache;
