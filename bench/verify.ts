@@ -3,7 +3,7 @@
  *
  * 1. Trunk pieces: reads real-width layer regions (1.2 GB, a released KDA+MoE layer's
  *    dense tensors in bound form) the way the ring does (readPieces: 16 MB O_DIRECT
- *    pieces, 8 in flight), with the per-piece k3w64 checked on the I/O thread and without,
+ *    pieces, VERIFIED_DEPTH in flight), with the per-piece k3w64 checked on the I/O thread and without,
  *    alternating; verified reads are timed with the piece read by one pread and by smaller
  *    preads each hashed while still in cache. Also the raw k3w64 speed, from DRAM and in
  *    cache. Data: /var/tmp/k3-bench/verify.bin (random, written once, --clean deletes it).
@@ -23,7 +23,7 @@ import { benchArgs } from "./args.ts";
 import { kernels } from "../engine/native/ffi.ts";
 import { hashHex, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
-import { HASH_CHUNK, readPieces } from "../engine/weights/trunk.ts";
+import { HASH_CHUNK, readPieces, VERIFIED_DEPTH } from "../engine/weights/trunk.ts";
 import { PIECE_BYTES } from "../engine/weights/manifest.ts";
 import { openModel } from "../engine/weights/load.ts";
 import type { IoStats } from "../engine/model/model.ts";
@@ -86,7 +86,16 @@ for (let i = 0; i < rounds; i++) {
     const verify = name !== "plain";
     const chunk = verify ? Number(name.split(" ")[1]) : 0;
     const t0 = performance.now();
-    const n = await readPieces(f, buf.ptr, REGION, r * REGION, PIECE_BYTES, 8, verify ? hashes[r] : undefined, chunk);
+    const n = await readPieces(
+      f,
+      buf.ptr,
+      REGION,
+      r * REGION,
+      PIECE_BYTES,
+      VERIFIED_DEPTH,
+      verify ? hashes[r] : undefined,
+      chunk,
+    );
     times.get(name)!.push((performance.now() - t0) / 1000);
     if (n !== REGION) throw new Error("short read");
   }
@@ -103,7 +112,9 @@ buf.free();
 const med = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
 const p = med(times.get("plain")!), hr = med(hashRates), cr = med(cacheRates);
 const load = Deno.loadavg()[0];
-console.log(`| layer region 1.2 GB, 16 MB pieces, depth 8 | s/layer | GB/s | ratio | per 93-layer floor token |`);
+console.log(
+  `| layer region 1.2 GB, 16 MB pieces, depth ${VERIFIED_DEPTH} | s/layer | GB/s | ratio | per 93-layer floor token |`,
+);
 console.log(`| ----------------------------------------- | ------: | ---: | ----: | -----------------------: |`);
 const row = (what: string, s: number) =>
   console.log(
