@@ -62,3 +62,14 @@ export function assertRefused(out: Output, code: number, pattern: RegExp): void 
   assert.doesNotMatch(out.stderr, /\s+at .*:\d+:\d+/, "no stack trace");
   assert.equal(out.stdout.trim(), "", "no generated ids");
 }
+
+/** A refusal after the run printed its plan: the exit code, no ids on stdout, the last stderr
+ * line the one `k3:` error matching `why`, and no internal error or stack trace. */
+export function assertRefusedLast(out: Output, code: number, why: RegExp): void {
+  assert.equal(out.code, code, out.stderr);
+  assert.equal(out.stdout.trim(), "", "no ids are printed");
+  assert.doesNotMatch(out.stderr, /internal error|panicked|Stack backtrace|^\s+at /m);
+  const last = out.stderr.trim().split("\n").at(-1)!;
+  assert.match(last, /^k3: /);
+  assert.match(last, why);
+}

@@ -16,8 +16,9 @@ import { Checkpoint } from "../engine/weights/safetensors.ts";
 import { locateExpert } from "../engine/weights/experts.ts";
 import { DATA_FILE, MANIFEST_FILE } from "../engine/weights/manifest.ts";
 import { EXPERTS_FILE } from "../engine/weights/expert_table.ts";
-import { jsonIds, k3, type Output, tempDir, TINY } from "./helpers.ts";
+import { jsonIds, k3, tempDir, TINY } from "./helpers.ts";
 import { shuffledCopy } from "./shuffled.ts";
+import { assertRefusedLast } from "./damage.ts";
 
 const quiet = { log: null };
 const PROMPT = ["--ids", "5,17,300,12,99,1000,7,640,33,250,511,2,870,64,123,456", "--gen", "3"];
@@ -26,15 +27,6 @@ const BUDGETS: [string, string[]][] = [
   ["pinned (trunk pinned, few expert slots)", ["--trunk-gb", "1", "--cache-gb", "0.0001"]],
   ["floor (every layer streamed)", ["--trunk-gb", "0.0003", "--cache-gb", "0.0001"]],
 ];
-
-function assertRefused(out: Output, code: number, why: RegExp): void {
-  assert.equal(out.code, code, out.stderr);
-  assert.equal(out.stdout.trim(), "", "no ids are printed");
-  assert.doesNotMatch(out.stderr, /internal error|panicked|Stack backtrace|^\s+at /m);
-  const last = out.stderr.trim().split("\n").at(-1)!;
-  assert.match(last, /^k3: /);
-  assert.match(last, why);
-}
 
 /** A copy of the tiny model (shards, config, tokenizer) to damage. */
 async function copyModel(dst: string): Promise<void> {
@@ -105,10 +97,10 @@ Deno.test("item 3: a flipped byte in one expert inside a shard is caught at ever
     const why = new RegExp(`layer ${c.L} expert ${c.E} \\(shard ${name.replace(/\./g, "\\.")}\\): checksum mismatch`);
     for (const [what, flags] of BUDGETS) {
       const out = await k3(["run", model, ...PROMPT, "--trunk", t, ...flags]);
-      assertRefused(out, 1, why);
+      assertRefusedLast(out, 1, why);
       assert.ok(out.stderr.includes(EXPERTS_FILE), what);
     }
-    assertRefused(await k3(["pack", "--verify", t, model]), 1, why);
+    assertRefusedLast(await k3(["pack", "--verify", t, model]), 1, why);
     await Deno.writeFile(`${model}/${name}`, clean);
   }
   // Without the table the same damage is not detected (what the table is for): exit 0.
@@ -142,17 +134,17 @@ Deno.test("item 3: a foreign, other-weights, stale-version or damaged expert tab
     const tb = structuredClone(clean) as unknown as Record<string, unknown>;
     change(tb);
     await Deno.writeTextFile(`${t}/${EXPERTS_FILE}`, JSON.stringify(tb));
-    assertRefused(await k3(["run", TINY, "--ids", "5", "--gen", "1", "--trunk", t]), 1, why);
-    assertRefused(await k3(["pack", "--verify", t, TINY]), 1, why);
+    assertRefusedLast(await k3(["run", TINY, "--ids", "5", "--gen", "1", "--trunk", t]), 1, why);
+    assertRefusedLast(await k3(["pack", "--verify", t, TINY]), 1, why);
     void what;
   }
   await Deno.writeTextFile(`${t}/${EXPERTS_FILE}`, JSON.stringify(clean).slice(0, 300));
-  assertRefused(
+  assertRefusedLast(
     await k3(["run", TINY, "--ids", "5", "--gen", "1", "--trunk", t]),
     1,
     /not a usable k3 expert table: invalid JSON/,
   );
-  assertRefused(await k3(["pack", "--verify", t]), 1, /not a usable k3 expert table/);
+  assertRefusedLast(await k3(["pack", "--verify", t]), 1, /not a usable k3 expert table/);
   // a table for a trunk of another model: pack --hash-experts refuses to write it
   await Deno.remove(`${t}/${MANIFEST_FILE}`);
   const out = await k3(["pack", TINY, t, "--hash-experts"]);
@@ -188,6 +180,8 @@ Deno.test("item 3: experts whose tensors are scattered over shards (per-tensor r
   await Deno.writeFile(c.file, bad);
   const name = c.file.slice(c.file.lastIndexOf("/") + 1);
   const why = new RegExp(`layer 6 expert 3 \\(shard [^)]*${name.replace(/\./g, "\\.")}[^)]*\\): checksum mismatch`);
-  for (const [, flags] of BUDGETS) assertRefused(await k3(["run", model, ...PROMPT, "--trunk", t, ...flags]), 1, why);
-  assertRefused(await k3(["pack", "--verify", t, model]), 1, why);
+  for (const [, flags] of BUDGETS) {
+    assertRefusedLast(await k3(["run", model, ...PROMPT, "--trunk", t, ...flags]), 1, why);
+  }
+  assertRefusedLast(await k3(["pack", "--verify", t, model]), 1, why);
 });

@@ -9,21 +9,12 @@
 import assert from "node:assert/strict";
 import { packTrunk } from "../pack/pack.ts";
 import { DATA_FILE, MANIFEST_FILE, type TrunkManifest } from "../engine/weights/manifest.ts";
-import { k3, type Output, tempDir, TINY } from "./helpers.ts";
+import { k3, tempDir, TINY } from "./helpers.ts";
+import { assertRefusedLast } from "./damage.ts";
 
 const quiet = { log: null };
 /** Budget that streams every layer of the tiny model through the ring (0 pinned). */
 const STREAM_ALL = ["--trunk-gb", "0.0003", "--cache-gb", "0.0001"];
-
-/** A refusal: the exit code, no ids on stdout, one `k3:` line that is the error, no internal error. */
-function assertRefused(out: Output, code: number, why: RegExp): void {
-  assert.equal(out.code, code, out.stderr);
-  assert.equal(out.stdout.trim(), "", "no ids are printed");
-  assert.doesNotMatch(out.stderr, /internal error|panicked|Stack backtrace|^\s+at /m);
-  const last = out.stderr.trim().split("\n").at(-1)!;
-  assert.match(last, /^k3: /);
-  assert.match(last, why);
-}
 
 Deno.test("item 1: a tampered trunk manifest is refused by the run and by pack --verify (shape, offset, keep, bytes, region)", async () => {
   await using d = await tempDir();
@@ -60,11 +51,11 @@ Deno.test("item 1: a tampered trunk manifest is refused by the run and by pack -
     tamper(m);
     await Deno.writeTextFile(`${dir}/${MANIFEST_FILE}`, JSON.stringify(m));
     const why = /not a usable k3 trunk manifest|does not match the model/;
-    assertRefused(await k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", dir]), 1, why);
-    assertRefused(await k3(["pack", "--verify", dir, TINY]), 1, why);
+    assertRefusedLast(await k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", dir]), 1, why);
+    assertRefusedLast(await k3(["pack", "--verify", dir, TINY]), 1, why);
     // Without the model, the structure alone (what the shapes imply) refuses all but the
     // swap, which is well-formed; the model check above catches that one.
-    if (what !== "two tensors swapped") assertRefused(await k3(["pack", "--verify", dir]), 1, why);
+    if (what !== "two tensors swapped") assertRefusedLast(await k3(["pack", "--verify", dir]), 1, why);
   }
 });
 
@@ -86,14 +77,14 @@ Deno.test("item 2: a bit flip anywhere in a streamed layer stops the run (exit 1
     bad[r.offset + at] ^= 0x04;
     await Deno.writeFile(`${flip}/${DATA_FILE}`, bad);
     const out = await k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", flip, ...STREAM_ALL]);
-    assertRefused(
+    assertRefusedLast(
       out,
       1,
       new RegExp(`layer ${L} \\(streamed\\): checksum mismatch in piece ${Math.floor(at / 4096)} `),
     );
     // Pinned (everything resident from the trunk): the same check on the pin read.
     const pinned = await k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", flip]);
-    assertRefused(pinned, 1, new RegExp(`layer ${L}: checksum mismatch in piece ${Math.floor(at / 4096)} `));
+    assertRefusedLast(pinned, 1, new RegExp(`layer ${L}: checksum mismatch in piece ${Math.floor(at / 4096)} `));
   }
   // A flip in the embedding and in the head region (read and verified when resident).
   for (const r of [m.embed, m.head, m.finals]) {
@@ -101,7 +92,7 @@ Deno.test("item 2: a bit flip anywhere in a streamed layer stops the run (exit 1
     bad[r.offset + Math.floor(r.bytes / 2)] ^= 0x80;
     await Deno.writeFile(`${flip}/${DATA_FILE}`, bad);
     const out = await k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", flip, ...STREAM_ALL]);
-    assertRefused(out, 1, /checksum mismatch in piece/);
+    assertRefusedLast(out, 1, /checksum mismatch in piece/);
   }
   // The clean trunk at the same budget runs and gives the reference ids.
   await Deno.copyFile(`${t}/${DATA_FILE}`, `${flip}/${DATA_FILE}`);
@@ -122,16 +113,16 @@ Deno.test("item 2: a version 1 trunk (no piece checksums) or 2 (k3h64) is refuse
     if (version === 1) { for (const r of m.layer) delete r.pieces; }
     else m.checksum = "k3h64";
     await Deno.writeTextFile(`${t}/${MANIFEST_FILE}`, JSON.stringify(m));
-    assertRefused(
+    assertRefusedLast(
       await k3(["run", TINY, "--ids", "5", "--gen", "1", "--trunk", t]),
       1,
       new RegExp(`version ${version}, .*k3w64.*re-pack it with k3 pack --force`),
     );
-    assertRefused(await k3(["pack", "--verify", t]), 1, new RegExp(`version ${version}`));
+    assertRefusedLast(await k3(["pack", "--verify", t]), 1, new RegExp(`version ${version}`));
   }
   // the checksum name is checked too
   const m = structuredClone(clean);
   m.checksum = "k3h64";
   await Deno.writeTextFile(`${t}/${MANIFEST_FILE}`, JSON.stringify(m));
-  assertRefused(await k3(["pack", "--verify", t]), 1, /checksum "k3h64", expected "k3w64"/);
+  assertRefusedLast(await k3(["pack", "--verify", t]), 1, /checksum "k3h64", expected "k3w64"/);
 });
