@@ -191,8 +191,13 @@ export class IoFile {
     const delta = offset - start;
     const want = this.direct ? alignUp(delta + len) : len;
     if (want > cap) throw new Error(`internal: readSpanParts needs ${want} bytes, buffer holds ${cap}`);
-    const spec = new BigUint64Array(parts.flatMap(([s, n]) => [BigInt(s + delta), BigInt(n)]));
-    const out = new BigUint64Array(parts.length + 1);
+    // One array for the part list and the digests: the I/O thread reads and writes it after
+    // this call returns, so it must outlive the await, and `out` (read below) keeps it alive.
+    // (A separate part-list array, unused after the call, was collected by a GC during the
+    // read: the thread then hashed ranges from freed memory. tests/gc_reads_test.ts.)
+    const words = new BigUint64Array(3 * parts.length + 1);
+    parts.forEach(([s, n], i) => words.set([BigInt(s + delta), BigInt(n)], 2 * i));
+    const spec = words.subarray(0, 2 * parts.length), out = words.subarray(2 * parts.length);
     readStarted();
     let n = -5;
     try {
