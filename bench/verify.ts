@@ -6,7 +6,9 @@
  *    pieces, VERIFIED_DEPTH in flight), with the per-piece k3w64 checked on the I/O thread and without,
  *    alternating; verified reads are timed with the piece read by one pread and by smaller
  *    preads each hashed while still in cache. Also the raw k3w64 speed, from DRAM and in
- *    cache. Data: /var/tmp/k3-bench/verify.bin (random, written once, --clean deletes it).
+ *    cache, and a bound: the plain read followed by one read-only pass over each piece
+ *    on an I/O thread (k3_read_sum: loads only, no hash arithmetic), i.e. what any check
+ *    that reads the bytes a second time costs this machine's reads. Data: /var/tmp/k3-bench/verify.bin (random, written once, --clean deletes it).
  * 2. The floor-budget token (unless --skip-floor): the 3-layer 32-expert real-width slice
  *    (bench/slice.ts, packed with its expert table; re-packed when the trunk format moved
  *    on) at trunk 2.5 GB + cache 0.31 GB, so every layer streams and most experts miss:
@@ -20,7 +22,7 @@
  */
 
 import { benchArgs } from "./args.ts";
-import { kernels } from "../engine/native/ffi.ts";
+import { defaultLibraryPath, kernels } from "../engine/native/ffi.ts";
 import { hashHex, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import { HASH_CHUNK, readPieces, VERIFIED_DEPTH } from "../engine/weights/trunk.ts";
@@ -70,23 +72,44 @@ for (let r = 0; r < REGIONS; r++) {
   for (let at = 0; at < REGION; at += PIECE_BYTES) h.push(hashHex(buf.at(at), Math.min(PIECE_BYTES, REGION - at)));
   hashes.push(h);
 }
-// Variants, alternated in every round so drift hits them alike: no hashing, and verified
-// with the piece read in one pread or in smaller preads, each hashed while hot in cache.
+// Variants, alternated in every round so drift hits them alike: no hashing, verified with
+// the piece read in one pread or in smaller preads (each hashed while hot in cache), and
+// the plain read plus a read-only pass.
 const CHUNKS = [0, 1 << 20, 256 << 10];
 const times = new Map<string, number[]>([
   ["plain", []],
   ...CHUNKS.map((c) => [`chunk ${c}`, []] as [string, number[]]),
+  ["touch", []],
 ]);
+const probe = Deno.dlopen(defaultLibraryPath(), {
+  k3_read_sum: { parameters: ["pointer", "u64"], result: "u64", nonblocking: true },
+});
+/** Reads like readPieces (VERIFIED_DEPTH in flight), then loads every byte of each piece once more. */
+async function readThenTouch(offset: number): Promise<number> {
+  let next = 0, total = 0;
+  const worker = async () => {
+    while (next < REGION) {
+      const at = next;
+      next += PIECE_BYTES;
+      const want = Math.min(PIECE_BYTES, REGION - at), dst = buf.at(at);
+      const n = await f.pread(dst, want, offset + at);
+      total += n;
+      await probe.symbols.k3_read_sum(dst, BigInt(n));
+    }
+  };
+  await Promise.all(Array.from({ length: VERIFIED_DEPTH }, worker));
+  return total;
+}
 const hashRates: number[] = [], cacheRates: number[] = [];
 for (let i = 0; i < rounds; i++) {
   const order = [...times.keys()];
   if (i % 2) order.reverse();
   for (const name of order) {
     const r = i % REGIONS;
-    const verify = name !== "plain";
+    const verify = name.startsWith("chunk");
     const chunk = verify ? Number(name.split(" ")[1]) : 0;
     const t0 = performance.now();
-    const n = await readPieces(
+    const n = name === "touch" ? await readThenTouch(r * REGION) : await readPieces(
       f,
       buf.ptr,
       REGION,
@@ -108,6 +131,7 @@ for (let i = 0; i < rounds; i++) {
   cacheRates.push(small * reps / ((performance.now() - t0) / 1000) / 1e9);
 }
 f.close();
+probe.close();
 buf.free();
 const med = (a: number[]) => [...a].sort((x, y) => x - y)[Math.floor(a.length / 2)];
 const p = med(times.get("plain")!), hr = med(hashRates), cr = med(cacheRates);
@@ -126,7 +150,8 @@ row("read only", p);
 for (const c of CHUNKS) {
   row(`read + verified, ${c ? `${c >> 10} KiB preads` : "one pread per piece"}`, med(times.get(`chunk ${c}`)!));
 }
-const v = med(times.get(`chunk ${HASH_CHUNK}`)!);
+row("read + a read-only pass per piece", med(times.get("touch")!));
+const v = med(times.get(`chunk ${HASH_CHUNK}`)!), touch = med(times.get("touch")!);
 console.log(
   `k3w64 alone on one core: ${hr.toFixed(2)} GB/s from DRAM, ${
     cr.toFixed(2)
@@ -170,6 +195,8 @@ if (!values["skip-floor"]) {
     }
   }
   const sOn = med(on), sOff = med(off), loadF = Deno.loadavg()[0];
+  // Each round ran both, back to back: the ratio within a round is the least drift-prone figure.
+  const pairs = on.map((s, i) => s / off[i]).sort((a, b) => a - b);
   console.log("");
   console.log(
     `| floor budget (trunk 2.5 GB, cache 0.31 GB), slice ${recipe.layers}l-${recipe.experts}e | s/token |`,
@@ -182,10 +209,18 @@ if (!values["skip-floor"]) {
       lastIo ? `${((lastIo.trunkBytes + lastIo.expertBytes) / 1e9).toFixed(1)} GB read over the last run; ` : ""
     }load average ${loadF.toFixed(1)}; ${rounds} runs each of ${tokens} tokens, medians`,
   );
+  console.log(
+    `ratio within each round: median ${med(pairs).toFixed(3)}, range ${pairs[0].toFixed(3)}..${
+      pairs[pairs.length - 1].toFixed(3)
+    } (${pairs.map((x) => x.toFixed(3)).join(" ")})`,
+  );
   floorFigure = {
     floor_verified_s_per_token: sOn,
     floor_unverified_s_per_token: sOff,
     floor_ratio: sOn / sOff,
+    floor_pair_ratio_median: med(pairs),
+    floor_pair_ratio_min: pairs[0],
+    floor_pair_ratio_max: pairs[pairs.length - 1],
     floor_load: loadF,
   };
 }
@@ -196,6 +231,8 @@ if (values.json) {
       verified_s: v,
       ratio: v / p,
       by_chunk: Object.fromEntries(CHUNKS.map((c) => [c, med(times.get(`chunk ${c}`)!)])),
+      touch_s: touch,
+      touch_ratio: touch / p,
       hash_gbps: hr,
       hash_cache_gbps: cr,
       region_bytes: REGION,
