@@ -8,7 +8,8 @@
  *    preads each hashed while still in cache. Also the raw k3w64 speed, from DRAM and in
  *    cache, and a bound: the plain read followed by one read-only pass over each piece
  *    on an I/O thread (k3_read_sum: loads only, no hash arithmetic), i.e. what any check
- *    that reads the bytes a second time costs this machine's reads. Data: /var/tmp/k3-bench/verify.bin (random, written once, --clean deletes it).
+ *    that reads the bytes a second time costs this machine's reads.
+ *    Data: /var/tmp/k3-bench/verify.bin (random, written once, --clean deletes it).
  * 2. The floor-budget token (unless --skip-floor): the 3-layer 32-expert real-width slice
  *    (bench/slice.ts, packed with its expert table; re-packed when the trunk format moved
  *    on) at trunk 2.5 GB + cache 0.31 GB, so every layer streams and most experts miss:
