@@ -65,6 +65,20 @@ int main(void) {
       k3_matmul(wb, K3_BF16, x, y1, nt, rows, cols, 0, rows);
       s_k3_matmul(wb, K3_BF16, x, y2, nt, rows, cols, 0, rows);
       same(y1, y2, (size_t)nt * rows * 4, "matmul bf16", cols, nt);
+      /* the checked product: the same y, and the scalar k3_matrix_check of its rows */
+      for (int wt = 0; wt < 2; wt++) {
+        const void *w = wt ? (const void *)wb : (const void *)wf;
+        int type = wt ? K3_BF16 : K3_F32, rb = cols * (wt ? 2 : 4);
+        uint64_t c1 = 0, c2 = 0;
+        k3_matmul_checked(w, type, x, y1, nt, rows, cols, 2, rows, &c1);
+        s_k3_matmul(w, type, x, y2, nt, rows, cols, 2, rows);
+        same(y1 + 2, y2 + 2, (size_t)(nt * rows - 2) * 4, "matmul_checked y", cols, nt);
+        s_k3_matrix_check((const char *)w + 2 * rb, rb, 2, rows, &c2);
+        same(&c1, &c2, 8, "matmul_checked check", cols, nt);
+        c1 = 0;
+        k3_matrix_check((const char *)w + 2 * rb, rb, 2, rows, &c1);
+        same(&c1, &c2, 8, "matrix_check", cols, nt);
+      }
     }
     /* rmsnorm, l2norm, elementwise */
     {

@@ -37,6 +37,9 @@
  *
  * 4. Scalar sequential sums in index order: softmax denominators, router weight sum.
  *
+ * 5. The matrix check (k3.h) is integer arithmetic mod 2^64 per row, summed over rows: it
+ *    has no order to keep, and k3_matmul_checked gives the k3_matrix_check bits on every path.
+ *
  * Transcendentals (expf, tanhf) come from libm through one scalar code path shared by all
  * ISAs; sqrtf and division are IEEE correctly rounded everywhere. Normalisations divide by
  * the root (x / r), they never multiply by a reciprocal.
@@ -343,6 +346,116 @@ static void axpy_lanes(float *y, float a, const float *x, int n) {
 
 static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+/* ---------------------------------------------------------------- matrix check */
+
+/* The matrix check (contract 5 in k3.h): c4 is four 64-bit lanes (one ymm on AVX2 and AVX-512,
+ * two q registers on NEON, uint64_t[4] in the scalar build) and c4_unit accumulates one
+ * 32-byte unit. Integer arithmetic mod 2^64 only, so every path gives the same bits. Words
+ * are read little-endian (the hosts k3 builds for). */
+static const uint64_t CHECK_KEY[19] = {
+  0x80f4b3b5159811b6ULL, 0x1bb0bda46df1d396ULL, 0x83252a420a07d664ULL, 0x34d51b3f6e0605b4ULL,
+  0x81d3742b513a982bULL, 0x6a50511684021245ULL, 0xae798d79fdc8873fULL, 0xe5139adb093fd6bbULL,
+  0x011bb39417eeda40ULL, 0x62d48ab014a71b4bULL, 0x982946c2071f16b5ULL, 0x65c09985e0a56948ULL,
+  0x61585b85fc3a5b4dULL, 0xf8df20075f5e38bbULL, 0x029ed767ae583be9ULL, 0x807317f97bda379eULL,
+  0xfde5cf117371eff2ULL, 0xaf644af9edae2549ULL, 0xeea9b82e7c1d3126ULL,
+};
+#define CHECK_UNIT 32 /* bytes: 16 bf16 weights, one block of contract 1 */
+
+#if K3_ISA_AVX512 || K3_ISA_AVX2
+typedef __m256i c4;
+K3_INLINE c4 c4_zero(void) { return _mm256_setzero_si256(); }
+/* a[i] += d[i] + lo32(x[i]) * hi32(x[i]), x = d ^ key[i] */
+K3_INLINE c4 c4_unit(c4 a, const void *p, const uint64_t *key) {
+  __m256i d = _mm256_loadu_si256((const __m256i *)p);
+  __m256i x = _mm256_xor_si256(d, _mm256_loadu_si256((const __m256i *)key));
+  return _mm256_add_epi64(a, _mm256_add_epi64(d, _mm256_mul_epu32(x, _mm256_srli_epi64(x, 32))));
+}
+K3_INLINE void c4_store(uint64_t *o, c4 a) { _mm256_storeu_si256((__m256i *)o, a); }
+#elif K3_ISA_NEON
+typedef struct {
+  uint64x2_t a, b;
+} c4;
+K3_INLINE c4 c4_zero(void) {
+  c4 r = {vdupq_n_u64(0), vdupq_n_u64(0)};
+  return r;
+}
+K3_INLINE uint64x2_t c2_unit(uint64x2_t a, uint64x2_t d, const uint64_t *key) {
+  uint64x2_t x = veorq_u64(d, vld1q_u64(key));
+  return vaddq_u64(a, vaddq_u64(d, vmull_u32(vmovn_u64(x), vshrn_n_u64(x, 32))));
+}
+K3_INLINE c4 c4_unit(c4 a, const void *p, const uint64_t *key) {
+  const uint8_t *b = (const uint8_t *)p;
+  c4 r = {c2_unit(a.a, vreinterpretq_u64_u8(vld1q_u8(b)), key),
+          c2_unit(a.b, vreinterpretq_u64_u8(vld1q_u8(b + 16)), key + 2)};
+  return r;
+}
+K3_INLINE void c4_store(uint64_t *o, c4 a) {
+  vst1q_u64(o, a.a);
+  vst1q_u64(o + 2, a.b);
+}
+#else /* scalar: the reference definition */
+typedef struct {
+  uint64_t w[4];
+} c4;
+K3_INLINE c4 c4_zero(void) {
+  c4 r = {{0, 0, 0, 0}};
+  return r;
+}
+K3_INLINE c4 c4_unit(c4 a, const void *p, const uint64_t *key) {
+  uint64_t d[4];
+  memcpy(d, p, sizeof d);
+  for (int i = 0; i < 4; i++) {
+    uint64_t x = d[i] ^ key[i];
+    a.w[i] += d[i] + (x & 0xFFFFFFFFu) * (x >> 32);
+  }
+  return a;
+}
+K3_INLINE void c4_store(uint64_t *o, c4 a) { memcpy(o, a.w, sizeof a.w); }
+#endif
+
+/* The key of unit u of a row. */
+K3_INLINE const uint64_t *check_key(size_t u) { return CHECK_KEY + (u & 15); }
+
+/* The final unit of a row of `n` < CHECK_UNIT bytes, zero padded. */
+K3_INLINE c4 c4_pad(c4 a, const void *p, size_t n, size_t u) {
+  unsigned char b[CHECK_UNIT] = {0};
+  memcpy(b, p, n);
+  return c4_unit(a, b, check_key(u));
+}
+
+K3_INLINE uint64_t rotl64(uint64_t v, int s) { return (v << s) | (v >> (64 - s)); }
+
+/* The word of row r from its four lanes. */
+static uint64_t check_row_word(c4 acc, int32_t r) {
+  uint64_t a[4];
+  c4_store(a, acc);
+  uint64_t h = a[0] ^ rotl64(a[1], 16) ^ rotl64(a[2], 32) ^ rotl64(a[3], 48);
+  h += (uint64_t)(uint32_t)r * 0x9E3779B97F4A7C15ULL;
+  h ^= h >> 33;
+  h *= 0xFF51AFD7ED558CCDULL;
+  h ^= h >> 33;
+  h *= 0xC4CEB9FE1A85EC53ULL;
+  return h ^ (h >> 33);
+}
+
+/* Sum of the row words of rows [r0, r1), each `rowbytes` bytes, back to back from `w` (row r0). */
+static uint64_t check_rows(const void *w, size_t rowbytes, int32_t r0, int32_t r1) {
+  uint64_t sum = 0;
+  for (int32_t r = r0; r < r1; r++) {
+    const unsigned char *p = (const unsigned char *)w + (size_t)(r - r0) * rowbytes;
+    c4 acc = c4_zero();
+    size_t o = 0, u = 0;
+    for (; o + CHECK_UNIT <= rowbytes; o += CHECK_UNIT, u++) acc = c4_unit(acc, p + o, check_key(u));
+    if (o < rowbytes) acc = c4_pad(acc, p + o, rowbytes - o, u);
+    sum += check_row_word(acc, r);
+  }
+  return sum;
+}
+
+void k3_matrix_check(const void *w, int32_t rowbytes, int32_t r0, int32_t r1, uint64_t *sum) {
+  *sum += check_rows(w, (size_t)rowbytes, r0, r1);
+}
+
 /* ---------------------------------------------------------------- memory, conversions */
 
 #define K3_HUGE ((size_t)2 << 20)
@@ -436,6 +549,15 @@ K3_INLINE v16 pad_w(const void *w, int wtype, int lanes, size_t i, int n) {
   }
   return wtype == K3_BF16 ? pad_bf16((const uint16_t *)w + i, n) : pad_f32((const float *)w + i, n);
 }
+/* Accumulates the check units (contract 5) of elements [i, i + n) of a row: i a multiple of
+ * 16, n = 16 except in the row's final block. */
+K3_INLINE c4 check_block(c4 acc, const void *row, int wtype, size_t i, int n) {
+  size_t es = wtype == K3_BF16 ? 2 : 4, bytes = (size_t)n * es, o = 0, u = i * es / CHECK_UNIT;
+  const unsigned char *p = (const unsigned char *)row + i * es;
+  for (; o + CHECK_UNIT <= bytes; o += CHECK_UNIT, u++) acc = c4_unit(acc, p + o, check_key(u));
+  if (o < bytes) acc = c4_pad(acc, p + o, bytes - o, u);
+  return acc;
+}
 K3_INLINE const void *row_ptr(const void *w, int wtype, int r, int cols) {
   size_t off = (size_t)r * (size_t)cols;
   return wtype == K3_BF16 ? (const void *)((const uint16_t *)w + off)
@@ -445,19 +567,24 @@ K3_INLINE const void *row_ptr(const void *w, int wtype, int r, int cols) {
 /* Columns [i0, i1) of an nr x nt tile (nr, nt, lanes compile-time after inlining).
  * acc[k][t] is row k, token t. xt[t] + i addresses column i of token t; packed x (lanes or
  * not) is zero padded to whole blocks, so only the weights of the final block need padding.
- * Unpacked x (one token) is padded here. */
+ * Unpacked x (one token) is padded here. With `check` (one token, whole rows) the rows'
+ * check lanes ck[k] also take in every weight block as it is loaded. */
 K3_INLINE void mm_tile(const void *const *wr, int wtype, int lanes, int packed, const float *const *xt, int nr,
-                       int nt, int i0, int i1, int cols, v16 (*acc)[MM_TSUPER]) {
+                       int nt, int i0, int i1, int cols, v16 (*acc)[MM_TSUPER], int check, c4 *ck) {
   v16 a[MM_R1][MM_T];
+  c4 c[MM_R1];
   K3_UNROLL4
-  for (int k = 0; k < nr; k++)
+  for (int k = 0; k < nr; k++) {
     K3_UNROLL4
     for (int t = 0; t < nt; t++) a[k][t] = acc[k][t];
+    if (check) c[k] = ck[k];
+  }
   int i = i0;
   for (; i + 16 <= i1; i += 16) {
     K3_UNROLL4
     for (int k = 0; k < nr; k++) {
       v16 wv = load_w(wr[k], wtype, lanes, (size_t)i);
+      if (check) c[k] = check_block(c[k], wr[k], wtype, (size_t)i, 16);
       K3_UNROLL4
       for (int t = 0; t < nt; t++) a[k][t] = v16_add(a[k][t], v16_mul(wv, v16_load(xt[t] + i)));
     }
@@ -466,22 +593,25 @@ K3_INLINE void mm_tile(const void *const *wr, int wtype, int lanes, int packed, 
     K3_UNROLL4
     for (int k = 0; k < nr; k++) {
       v16 wv = pad_w(wr[k], wtype, lanes, (size_t)i, cols - i);
+      if (check) c[k] = check_block(c[k], wr[k], wtype, (size_t)i, cols - i);
       K3_UNROLL4
       for (int t = 0; t < nt; t++)
         a[k][t] = v16_add(a[k][t], v16_mul(wv, packed ? v16_load(xt[t] + i) : pad_f32(xt[t] + i, cols - i)));
     }
   }
   K3_UNROLL4
-  for (int k = 0; k < nr; k++)
+  for (int k = 0; k < nr; k++) {
     K3_UNROLL4
     for (int t = 0; t < nt; t++) acc[k][t] = a[k][t];
+    if (check) ck[k] = c[k];
+  }
 }
 
-/* Dispatch to a tile specialised for its shape: one token (MM_R1 rows or 1, x unpacked) or
- * several (MM_R rows or 1, nt 1..MM_T, x packed). */
+/* Dispatch to a tile specialised for its shape: one token (MM_R1 rows or 1, x unpacked,
+ * checking the rows when ck is not NULL) or several (MM_R rows or 1, nt 1..MM_T, x packed). */
 K3_INLINE void mm_tile_n(const void *const *wr, int wtype, int lanes, const float *const *xt, int nr, int nt,
-                         int i0, int i1, int cols, v16 (*acc)[MM_TSUPER], int packed) {
-#define K3_TILE(R, T) mm_tile(wr, wtype, lanes, 1, xt, R, T, i0, i1, cols, acc)
+                         int i0, int i1, int cols, v16 (*acc)[MM_TSUPER], int packed, c4 *ck) {
+#define K3_TILE(R, T) mm_tile(wr, wtype, lanes, 1, xt, R, T, i0, i1, cols, acc, 0, NULL)
 #define K3_TILES(R) \
   switch (nt) {     \
   case 1:           \
@@ -496,11 +626,16 @@ K3_INLINE void mm_tile_n(const void *const *wr, int wtype, int lanes, const floa
   default:          \
     K3_TILE(R, 4);  \
   }
-  if (!packed) {
+  if (!packed && ck) {
     if (nr == MM_R1)
-      mm_tile(wr, wtype, 0, 0, xt, MM_R1, 1, i0, i1, cols, acc);
+      mm_tile(wr, wtype, 0, 0, xt, MM_R1, 1, i0, i1, cols, acc, 1, ck);
     else
-      mm_tile(wr, wtype, 0, 0, xt, 1, 1, i0, i1, cols, acc);
+      mm_tile(wr, wtype, 0, 0, xt, 1, 1, i0, i1, cols, acc, 1, ck);
+  } else if (!packed) {
+    if (nr == MM_R1)
+      mm_tile(wr, wtype, 0, 0, xt, MM_R1, 1, i0, i1, cols, acc, 0, NULL);
+    else
+      mm_tile(wr, wtype, 0, 0, xt, 1, 1, i0, i1, cols, acc, 0, NULL);
   } else if (nr == MM_R) {
     K3_TILES(MM_R)
   } else {
@@ -552,8 +687,9 @@ static void xpack_fill(float *xp, const float *x, int tn, int cols, int lanes) {
  * would stream all of x from L2 for every row). */
 enum { MM_RB = 8 };
 K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int ntok, int rows,
-                        int cols, int r0, int r1) {
+                        int cols, int r0, int r1, uint64_t *sum) {
   v16 acc[MM_RB][MM_TSUPER];
+  c4 ck[MM_R1];
   int nchunk = (cols + MM_KC - 1) / MM_KC;
   size_t esize = wtype == K3_BF16 ? 2 : 4;
   for (int ts = 0; ts < ntok;) {
@@ -567,9 +703,14 @@ K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int 
         for (int k = 0; k < nr; k++) {
           wr[k] = row_ptr(w, wtype, r + k, cols);
           acc[k][0] = v16_zero();
+          ck[k] = c4_zero();
         }
-        mm_tile_n(wr, wtype, 0, xt, nr, 1, 0, cols, cols, acc, 0);
-        for (int k = 0; k < nr; k++) y[(size_t)ts * rows + r + k] = v16_reduce(acc[k][0]);
+        /* one token: the rows are checked as they stream by */
+        mm_tile_n(wr, wtype, 0, xt, nr, 1, 0, cols, cols, acc, 0, sum && ntok == 1 ? ck : NULL);
+        for (int k = 0; k < nr; k++) {
+          y[(size_t)ts * rows + r + k] = v16_reduce(acc[k][0]);
+          if (sum && ntok == 1) *sum += check_row_word(ck[k], r + k);
+        }
         r += nr;
       }
       ts += 1;
@@ -598,7 +739,7 @@ K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int 
             /* offset so that xt[t] + i addresses column i of this chunk */
             for (int t = 0; t < nt; t++) xt[t] = xp + ((size_t)c * tn + t0 + t) * MM_KC - i0;
             v16(*at)[MM_TSUPER] = (v16(*)[MM_TSUPER]) & acc[r - rb][t0];
-            mm_tile_n(wr, wtype, lanes, xt, nr, nt, i0, i1, cols, at, 1);
+            mm_tile_n(wr, wtype, lanes, xt, nr, nt, i0, i1, cols, at, 1, NULL);
           }
           r += nr;
         }
@@ -609,21 +750,30 @@ K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int 
     }
     ts += tn;
   }
+  /* several tokens: the tiles hold each weight block for a moment only; one pass after */
+  if (sum && ntok > 1) *sum += check_rows(row_ptr(w, wtype, r0, cols), (size_t)cols * esize, r0, r1);
 }
 
-static void matmul_f32(const void *w, const float *x, float *y, int ntok, int rows, int cols, int r0, int r1) {
-  matmul_t(w, K3_F32, x, y, ntok, rows, cols, r0, r1);
+static void matmul_f32(const void *w, const float *x, float *y, int ntok, int rows, int cols, int r0, int r1,
+                       uint64_t *sum) {
+  matmul_t(w, K3_F32, x, y, ntok, rows, cols, r0, r1, sum);
 }
-static void matmul_bf16(const void *w, const float *x, float *y, int ntok, int rows, int cols, int r0, int r1) {
-  matmul_t(w, K3_BF16, x, y, ntok, rows, cols, r0, r1);
+static void matmul_bf16(const void *w, const float *x, float *y, int ntok, int rows, int cols, int r0, int r1,
+                        uint64_t *sum) {
+  matmul_t(w, K3_BF16, x, y, ntok, rows, cols, r0, r1, sum);
+}
+
+void k3_matmul_checked(const void *w, int32_t wtype, const float *x, float *y, int32_t ntok, int32_t rows,
+                       int32_t cols, int32_t r0, int32_t r1, uint64_t *sum) {
+  if (wtype == K3_BF16)
+    matmul_bf16(w, x, y, ntok, rows, cols, r0, r1, sum);
+  else if (wtype == K3_F32)
+    matmul_f32(w, x, y, ntok, rows, cols, r0, r1, sum);
 }
 
 void k3_matmul(const void *w, int32_t wtype, const float *x, float *y, int32_t ntok, int32_t rows,
                int32_t cols, int32_t r0, int32_t r1) {
-  if (wtype == K3_BF16)
-    matmul_bf16(w, x, y, ntok, rows, cols, r0, r1);
-  else if (wtype == K3_F32)
-    matmul_f32(w, x, y, ntok, rows, cols, r0, r1);
+  k3_matmul_checked(w, wtype, x, y, ntok, rows, cols, r0, r1, NULL);
 }
 
 /* ---------------------------------------------------------------- MXFP4 matmul */

@@ -42,6 +42,26 @@ void k3_f16_to_f32(const uint16_t *src, float *dst, int32_t n);
 void k3_matmul(const void *w, int32_t wtype, const float *x, float *y,
                int32_t ntok, int32_t rows, int32_t cols, int32_t r0, int32_t r1);
 
+/* Matrix check (contract 5), k3's checksum of a weight matrix that the product itself
+ * computes, so streamed weights are verified without a second pass over their bytes. Each
+ * row of `rowbytes` bytes is cut into 32-byte units (the last zero padded) of four
+ * little-endian 64-bit words d[0..3]; unit u uses key words K[(u mod 16) + i] (CHECK_KEY in
+ * k3.c: splitmix64 outputs 1..19 from seed 0x6B33636B). With lanes a[0..3] = 0, mod 2^64:
+ *   x = d[i] ^ K[(u mod 16) + i];  a[i] += d[i] + lo32(x) * hi32(x)
+ * then h = a[0] ^ rotl(a[1], 16) ^ rotl(a[2], 32) ^ rotl(a[3], 48), h += r * 0x9E3779B97F4A7C15
+ * (r the row's index in the matrix), and the row word is murmur3's fmix64(h). The check of a
+ * matrix is the sum of its row words mod 2^64, so any split of the rows adds up to it.
+ * tests/oracle/k3check.py states it in Python.
+ * k3_matrix_check: *sum += the words of rows [r0, r1), which w holds back to back from row r0
+ * (so a row can be checked from a copy). */
+void k3_matrix_check(const void *w, int32_t rowbytes, int32_t r0, int32_t r1, uint64_t *sum);
+
+/* k3_matmul that also adds the check of rows [r0, r1) of W to *sum (sum NULL: k3_matmul).
+ * One token: computed from the weight blocks as the product loads them; several: one pass
+ * over the rows after the product. */
+void k3_matmul_checked(const void *w, int32_t wtype, const float *x, float *y, int32_t ntok, int32_t rows,
+                       int32_t cols, int32_t r0, int32_t r1, uint64_t *sum);
+
 /* The same for an MXFP4 matrix: packed [rows][cols/2] (low nibble = even element),
  * scales [rows][cols/32] (value = E2M1[nibble] * 2^(scale-127); scale 255 = zero group).
  * cols must be a multiple of 32. */

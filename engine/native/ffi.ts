@@ -25,6 +25,8 @@ export const symbols = {
   k3_bf16_to_f32: { parameters: [P, P, I], result: V },
   k3_f16_to_f32: { parameters: [P, P, I], result: V },
   k3_matmul: { parameters: [P, I, P, P, I, I, I, I, I], result: V },
+  k3_matmul_checked: { parameters: [P, I, P, P, I, I, I, I, I, P], result: V },
+  k3_matrix_check: { parameters: [P, I, I, I, P], result: V },
   k3_matmul_mxfp4: { parameters: [P, P, P, P, I, I, I, I, I], result: V },
   k3_rmsnorm: { parameters: [P, P, P, I, I, F], result: V },
   k3_situ_glu: { parameters: [P, P, P, I, F, F], result: V },

@@ -1,0 +1,148 @@
+/**
+ * The matrix check (kernels/k3.h, contract 5): every build of the library (scalar, avx2,
+ * avx512 where present, native) gives the answers of tests/oracle/k3check.py, an
+ * independent pure Python statement of the definition; k3_matmul_checked gives the same
+ * check as k3_matrix_check and the same products as k3_matmul, for one token (computed
+ * inside the product) and several (a pass after it), whatever the row split. Any changed
+ * bit and any swap of two rows changes the check. (`make -C kernels check-arm` compares
+ * NEON to scalar.)
+ *
+ * @module
+ */
+import assert from "node:assert/strict";
+import { openKernels, type symbols, WTYPE } from "../engine/native/ffi.ts";
+import { python } from "./helpers.ts";
+
+const KDIR = new URL("../kernels/", import.meta.url).pathname;
+const EXT = Deno.build.os === "darwin" ? "dylib" : "so";
+type Lib = Deno.DynamicLibrary<typeof symbols>;
+
+/** Every library build present, by name (scalar always: it is the reference path). */
+function libs(): [string, Lib][] {
+  const out = new Deno.Command("make", { args: ["-s", "-C", KDIR, "all", "variants"] }).outputSync();
+  if (!out.success) throw new Error("make all variants failed:\n" + new TextDecoder().decode(out.stderr));
+  const found: [string, Lib][] = [];
+  for (const v of ["scalar", "avx2", "avx512"]) {
+    const p = `${KDIR}build/libk3-${v}.${EXT}`;
+    try {
+      Deno.statSync(p);
+    } catch {
+      assert.notEqual(v, "scalar", "the scalar build must exist");
+      continue;
+    }
+    found.push([v, openKernels(p)]);
+  }
+  found.push(["native", openKernels(`${KDIR}build/libk3.${EXT}`)]);
+  return found;
+}
+
+const hex = (b: bigint) => b.toString(16).padStart(16, "0");
+const ptr = (a: ArrayBufferView) => Deno.UnsafePointer.of(a)!;
+
+/** The check of rows [r0, r1) of `bytes` (all rows from row 0) by k3_matrix_check. */
+function matrixCheck(l: Lib, bytes: Uint8Array, rowbytes: number, r0: number, r1: number): string {
+  const sum = new BigUint64Array(1);
+  l.symbols.k3_matrix_check(ptr(bytes.subarray(r0 * rowbytes)), rowbytes, r0, r1, ptr(sum));
+  return hex(sum[0]);
+}
+
+/** Deterministic pseudo-random bytes (xorshift32). */
+function noise(n: number, seed: number): Uint8Array {
+  const out = new Uint8Array(n);
+  let x = seed | 1;
+  for (let i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    out[i] = x & 255;
+  }
+  return out;
+}
+
+/** bf16 weights of moderate size (no inf or NaN), rows x cols. */
+function bf16Matrix(rows: number, cols: number, seed: number): Uint16Array {
+  const w = new Uint16Array(noise(rows * cols * 2, seed).buffer);
+  for (let i = 0; i < w.length; i++) w[i] = (w[i] & 0x807f) | 0x3c00; // |value| in [2^-7, 2^-6)
+  return w;
+}
+
+Deno.test("matrix check: every build gives the Python definition's known answers", async () => {
+  const vectors: { rows: number; rowbytes: number; hex: string; r0: number; r1: number; check: string }[] = JSON
+    .parse(await python("k3check.py", ["vectors"]));
+  assert.ok(vectors.length >= 20);
+  const all = libs();
+  try {
+    for (const [name, l] of all) {
+      for (const v of vectors) {
+        const bytes = new Uint8Array(v.hex.match(/../g)!.map((h) => parseInt(h, 16)));
+        assert.equal(matrixCheck(l, bytes, v.rowbytes, v.r0, v.r1), v.check, `${name} ${v.rows}x${v.rowbytes}`);
+      }
+    }
+  } finally {
+    for (const [, l] of all) l.close();
+  }
+});
+
+Deno.test("matrix check: k3_matmul_checked = k3_matrix_check and k3_matmul, any tokens, any split", () => {
+  const all = libs();
+  try {
+    for (const [name, l] of all) {
+      const k = l.symbols;
+      for (const [rows, cols] of [[9, 16], [7, 33], [13, 1000], [6, 7168], [5, 7]]) {
+        for (const wtype of [WTYPE.bf16, WTYPE.f32]) {
+          const w = wtype === WTYPE.bf16
+            ? new Uint8Array(bf16Matrix(rows, cols, rows * cols).buffer)
+            : new Uint8Array(new Float32Array(rows * cols).map((_, i) => Math.sin(i) / 8).buffer);
+          const rowbytes = cols * (wtype === WTYPE.bf16 ? 2 : 4);
+          const whole = matrixCheck(l, w, rowbytes, 0, rows);
+          for (const ntok of [1, 3, 17]) {
+            const x = new Float32Array(ntok * cols).map((_, i) => Math.cos(i));
+            const plain = new Float32Array(ntok * rows), checked = new Float32Array(ntok * rows);
+            k.k3_matmul(ptr(w), wtype, ptr(x), ptr(plain), ntok, rows, cols, 0, rows);
+            const sum = new BigUint64Array(1);
+            const cut = Math.floor(rows / 3);
+            // two calls over a split of the rows add up to the whole matrix's check
+            k.k3_matmul_checked(ptr(w), wtype, ptr(x), ptr(checked), ntok, rows, cols, 0, cut, ptr(sum));
+            k.k3_matmul_checked(ptr(w), wtype, ptr(x), ptr(checked), ntok, rows, cols, cut, rows, ptr(sum));
+            const what = `${name} ${rows}x${cols} wtype ${wtype} ntok ${ntok}`;
+            assert.equal(hex(sum[0]), whole, what);
+            assert.deepEqual(new Uint8Array(checked.buffer), new Uint8Array(plain.buffer), what);
+            // a null sum is the plain product
+            k.k3_matmul_checked(ptr(w), wtype, ptr(x), ptr(checked), ntok, rows, cols, 0, rows, null);
+            assert.deepEqual(new Uint8Array(checked.buffer), new Uint8Array(plain.buffer), what);
+          }
+        }
+      }
+    }
+  } finally {
+    for (const [, l] of all) l.close();
+  }
+});
+
+Deno.test("matrix check: any flipped bit and any swap of two rows change it", () => {
+  const all = libs();
+  try {
+    const l = all.find(([n]) => n === "native")![1];
+    const rows = 3, cols = 40, rowbytes = cols * 2;
+    const w = new Uint8Array(bf16Matrix(rows, cols, 77).buffer);
+    const clean = matrixCheck(l, w, rowbytes, 0, rows);
+    const x = new Float32Array(cols).fill(1), y = new Float32Array(rows);
+    for (let i = 0; i < w.length; i++) {
+      for (let b = 0; b < 8; b++) {
+        w[i] ^= 1 << b;
+        assert.notEqual(matrixCheck(l, w, rowbytes, 0, rows), clean, `byte ${i} bit ${b}`);
+        const sum = new BigUint64Array(1);
+        l.symbols.k3_matmul_checked(ptr(w), WTYPE.bf16, ptr(x), ptr(y), 1, rows, cols, 0, rows, ptr(sum));
+        assert.notEqual(hex(sum[0]), clean, `byte ${i} bit ${b} (in the product)`);
+        w[i] ^= 1 << b;
+      }
+    }
+    const swapped = new Uint8Array(w);
+    swapped.set(w.subarray(0, rowbytes), rowbytes);
+    swapped.set(w.subarray(rowbytes, 2 * rowbytes), 0);
+    assert.notEqual(matrixCheck(l, swapped, rowbytes, 0, rows), clean, "rows 0 and 1 swapped");
+    assert.equal(matrixCheck(l, w, rowbytes, 0, rows), clean);
+  } finally {
+    for (const [, l] of all) l.close();
+  }
+});
