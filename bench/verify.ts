@@ -13,9 +13,10 @@
  * 2. The floor-budget token (unless --skip-floor): the 3-layer 32-expert real-width slice
  *    (bench/slice.ts, packed with its expert table; re-packed when the trunk format moved
  *    on) at trunk 2.5 GB + cache 0.31 GB, so every layer streams and most experts miss:
- *    seconds per decode token with every trunk piece and expert read verified and with
- *    verification off (openModel's `verify: false`, which exists for this), alternating
- *    runs, medians, and their ratio.
+ *    seconds per decode token with everything verified (each streamed tensor against its
+ *    tensor check, the matrices inside their products; each expert read on its I/O thread)
+ *    and with verification off (openModel's `verify: false`, which exists for this),
+ *    alternating runs, medians, and their ratio.
  *
  *   deno run -A bench/verify.ts [--rounds N] [--tokens N] [--skip-floor] [--json] [--clean]
  *
@@ -203,7 +204,7 @@ if (!values["skip-floor"]) {
     `| floor budget (trunk 2.5 GB, cache 0.31 GB), slice ${recipe.layers}l-${recipe.experts}e | s/token |`,
   );
   console.log(`| --------------------------------------------------- | ------: |`);
-  console.log(`| every trunk piece and expert read verified          | ${sOn.toFixed(3)} |`);
+  console.log(`| every streamed tensor and expert read verified      | ${sOn.toFixed(3)} |`);
   console.log(`| verification off (openModel verify: false)          | ${sOff.toFixed(3)} |`);
   console.log(
     `ratio verified/unverified ${(sOn / sOff).toFixed(3)} (${((sOn / sOff - 1) * 100).toFixed(1)}% of a token); ${

@@ -3,8 +3,9 @@
  *
  * Memory is bounded by two staging buffers and one conversion buffer (STAGE bytes each,
  * 64 MB by default) whatever the layer size: each tensor is streamed from its shard in
- * pieces, widened where its bound form needs it, and the staging buffer is hashed and
- * written (O_DIRECT when the filesystem allows) while the next one fills. Tensors are read
+ * pieces, widened where its bound form needs it, and the staging buffer is hashed (the
+ * pieces' k3w64, each tensor's check) and written (O_DIRECT when the filesystem allows)
+ * while the next one fills. Tensors are read
  * one by one, so a layer whose tensors are scattered over shards packs the same.
  *
  * The data goes to `trunk.bin.partial` and the manifest to `manifest.json.partial`; the
@@ -23,6 +24,7 @@ import { ALIGN, CHECKSUM, Hasher, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
 import { checkAccounted } from "../engine/weights/load.ts";
+import { RegionChecker } from "../engine/weights/tensor_check.ts";
 import {
   DATA_FILE,
   FORMAT,
@@ -272,6 +274,7 @@ async function packRegion(
 ): Promise<void> {
   const stage = bufs[0].bytes;
   const hasher = new Hasher();
+  const checker = new RegionChecker(k, r.region.tensors);
   // Start in the buffer the previous region did not end in (its write may be in flight).
   let cur = sink.next, pos = 0, regionPos = 0, fileOff = r.region.offset;
   // The hash of the current piece, fed the staged bytes split at piece boundaries.
@@ -279,6 +282,7 @@ async function packRegion(
   const flush = async () => {
     const b = bufs[cur];
     hasher.update(b.ptr, pos);
+    checker.update(b, pos);
     for (let at = 0; at < pos;) {
       const n = Math.min(pos - at, piece - pieceFill);
       pieceHasher.update(b.at(at), n);
@@ -344,6 +348,7 @@ async function packRegion(
   await pad(r.region.size);
   if (pos > 0) await flush();
   r.region.hash = hasher.hex();
+  checker.results().forEach((c, i) => r.region.tensors[i].check = c);
 }
 
 /**

@@ -1,7 +1,8 @@
 /**
  * `k3 pack --verify`: checks the manifest completely, then re-reads every region of a
- * packed trunk and checks each piece's k3w64 (what every run checks on every read) and the
- * region's whole hash, with two buffers so the next read runs while the current one is
+ * packed trunk and checks each piece's k3w64, each tensor's check (what runs check: the
+ * pieces of what they pin, the tensor checks of what they stream) and the region's whole
+ * hash, with two buffers so the next read runs while the current one is
  * hashed. Optionally checks the trunk belongs to a model.
  *
  * @module
@@ -22,6 +23,7 @@ import {
   weightSample,
 } from "../engine/weights/manifest.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
+import { checkMismatch, RegionChecker } from "../engine/weights/tensor_check.ts";
 
 /** Refuses a trunk whose fingerprint is not the model's. */
 export async function checkFingerprint(dir: string, m: TrunkManifest, modelDir: string): Promise<void> {
@@ -57,8 +59,8 @@ export interface VerifyResult {
 
 /**
  * Checks the manifest completely (structure always; against the model's config and weights
- * when `modelDir` is given), then every piece of every region against its k3w64 and each
- * region's whole hash. Throws K3Error (exit 1) naming the first bad one.
+ * when `modelDir` is given), then every piece of every region against its k3w64, every
+ * tensor against its check and each region's whole hash. Throws K3Error (exit 1) naming the first bad one.
  */
 export async function verifyTrunk(
   dir: string,
@@ -80,6 +82,7 @@ export async function verifyTrunk(
   try {
     for (const [what, r] of regions) {
       const h = new Hasher();
+      const checker = new RegionChecker(k, r.tensors);
       const n = r.pieces.length;
       const len = (i: number) => Math.min(m.piece, r.size - i * m.piece);
       const read = (i: number) => f.preadHashed(bufs[i % 2].ptr, len(i), r.offset + i * m.piece);
@@ -96,12 +99,17 @@ export async function verifyTrunk(
           );
         }
         h.update(bufs[i % 2].ptr, len(i));
+        checker.update(bufs[i % 2], len(i));
         done += len(i);
         if (performance.now() - lastLog > 1000) {
           lastLog = performance.now();
           log(`verify: ${(done / 1e9).toFixed(2)} / ${(m.data.bytes / 1e9).toFixed(2)} GB`);
         }
       }
+      const checks = checker.results();
+      r.tensors.forEach((t, i) => {
+        if (checks[i] !== t.check) throw checkMismatch(`${dir}: ${what}: tensor ${t.name}`, checks[i], t.check);
+      });
       if (h.hex() !== r.hash) {
         throw new K3Error(
           `${dir}: ${what}: checksum mismatch (manifest ${r.hash}, data ${h.hex()}): the trunk is corrupt; re-pack it`,

@@ -59,7 +59,7 @@ Deno.test("item 1: a tampered trunk manifest is refused by the run and by pack -
   }
 });
 
-Deno.test("item 2: a bit flip anywhere in a streamed layer stops the run (exit 1) naming the layer and piece", async () => {
+Deno.test("item 2: a bit flip anywhere in a layer stops the run (exit 1): streamed, the tensor is named; pinned, the piece", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   // 4 KiB pieces, so a layer has 34-61 pieces and the flip's piece is named exactly.
@@ -69,22 +69,44 @@ Deno.test("item 2: a bit flip anywhere in a streamed layer stops the run (exit 1
   const flip = `${d.path}/flip`;
   await Deno.mkdir(flip);
   await Deno.copyFile(`${t}/${MANIFEST_FILE}`, `${flip}/${MANIFEST_FILE}`);
-  // Mid-region flips: neither in the first nor in the last 4 KiB (the old cheap check).
-  for (const [L, frac] of [[1, 0.5], [6, 0.3], [10, 0.7], [12, 0.55]] as const) {
+  const esc = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+  // Mid-region flips (neither in the first nor in the last 4 KiB, the old cheap check) and
+  // one in each kind of tensor a streamed layer is checked by: a matrix (by its product: one
+  // token at a time, T = 1, or a 3-token prefill, one pass after the tiles), MLA's kv_b_proj
+  // (read by absorb and expand: checked before them) and a vector (when the layer is handed
+  // out).
+  const cases: [number, number][] = [[1, 0.5], [6, 0.3], [10, 0.7], [12, 0.55]].map(([L, frac]) => {
     const r = m.layer[L];
-    const at = 4096 + Math.floor((r.size - 8192) * frac);
+    return [L, 4096 + Math.floor((r.size - 8192) * frac)];
+  });
+  for (const L of [1, 3]) {
+    const r = m.layer[L];
+    for (const want of [/kv_b_proj/, /layernorm/, /o_proj/]) {
+      const e = r.tensors.find((x) => want.test(x.name));
+      if (e) cases.push([L, e.offset + Math.floor(e.bytes / 3)]);
+    }
+  }
+  assert.ok(cases.length >= 9, "the tiny model has kv_b_proj, layernorm and o_proj tensors");
+  for (const [i, [L, at]] of cases.entries()) {
+    const r = m.layer[L];
+    // a flip in the padding between two tensors feeds no kernel: move it into the next one
+    const e = r.tensors.find((x) => at < x.offset + x.bytes)!;
+    const pos = Math.max(at, e.offset);
     const bad = data.slice();
-    bad[r.offset + at] ^= 0x04;
+    bad[r.offset + pos] ^= 0x04;
     await Deno.writeFile(`${flip}/${DATA_FILE}`, bad);
-    const out = await k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", flip, ...STREAM_ALL]);
+    const ids = i % 2 ? "5" : "5,17,300";
+    const out = await k3(["run", TINY, "--ids", ids, "--gen", "2", "--trunk", flip, ...STREAM_ALL]);
     assertRefusedLast(
       out,
       1,
-      new RegExp(`layer ${L} \\(streamed\\): checksum mismatch in piece ${Math.floor(at / 4096)} `),
+      new RegExp(`layer ${L} \\(streamed\\): tensor ${esc(e.name)}: checksum mismatch \\(manifest [0-9a-f]{16}, data `),
     );
-    // Pinned (everything resident from the trunk): the same check on the pin read.
-    const pinned = await k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", flip]);
-    assertRefusedLast(pinned, 1, new RegExp(`layer ${L}: checksum mismatch in piece ${Math.floor(at / 4096)} `));
+    // Pinned (everything resident from the trunk): the pieces are checked on the pin read.
+    if (i < 4) {
+      const pinned = await k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", flip]);
+      assertRefusedLast(pinned, 1, new RegExp(`layer ${L}: checksum mismatch in piece ${Math.floor(pos / 4096)} `));
+    }
   }
   // A flip in the embedding and in the head region (read and verified when resident).
   for (const r of [m.embed, m.head, m.finals]) {
@@ -100,18 +122,19 @@ Deno.test("item 2: a bit flip anywhere in a streamed layer stops the run (exit 1
   assert.equal(ok.code, 0, ok.stderr);
 });
 
-Deno.test("item 2: a version 1 trunk (no piece checksums) or 2 (k3h64) is refused with the advice to re-pack", async () => {
+Deno.test("item 2: a version 1 trunk (no piece checksums), 2 (k3h64) or 3 (no tensor checks) is refused with the advice to re-pack", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   await packTrunk(TINY, t, quiet);
   const clean = JSON.parse(await Deno.readTextFile(`${t}/${MANIFEST_FILE}`));
-  assert.equal(clean.version, 3);
+  assert.equal(clean.version, 4);
   assert.equal(clean.checksum, "k3w64");
-  for (const version of [1, 2]) {
+  for (const version of [1, 2, 3]) {
     const m = structuredClone(clean);
     m.version = version;
     if (version === 1) { for (const r of m.layer) delete r.pieces; }
-    else m.checksum = "k3h64";
+    else if (version === 2) m.checksum = "k3h64";
+    else for (const r of m.layer) for (const x of r.tensors) delete x.check;
     await Deno.writeTextFile(`${t}/${MANIFEST_FILE}`, JSON.stringify(m));
     assertRefusedLast(
       await k3(["run", TINY, "--ids", "5", "--gen", "1", "--trunk", t]),

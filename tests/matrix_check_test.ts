@@ -12,6 +12,10 @@
 import assert from "node:assert/strict";
 import { openKernels, type symbols, WTYPE } from "../engine/native/ffi.ts";
 import { python } from "./helpers.ts";
+import { kernels } from "../engine/native/ffi.ts";
+import { NativeBuffer } from "../engine/native/memory.ts";
+import type { TensorEntry } from "../engine/weights/manifest.ts";
+import { RegionChecker, tensorCheck } from "../engine/weights/tensor_check.ts";
 
 const KDIR = new URL("../kernels/", import.meta.url).pathname;
 const EXT = Deno.build.os === "darwin" ? "dylib" : "so";
@@ -144,5 +148,44 @@ Deno.test("matrix check: any flipped bit and any swap of two rows change it", ()
     assert.equal(matrixCheck(l, w, rowbytes, 0, rows), clean);
   } finally {
     for (const [, l] of all) l.close();
+  }
+});
+
+Deno.test("RegionChecker: fed in any split, gives each tensor's one-shot check", () => {
+  const k = kernels();
+  // matrices and vectors at 64-byte offsets, rows that do not divide the feeds
+  const tensors: TensorEntry[] = [];
+  let at = 0;
+  for (
+    const [keep, shape, dtype] of [
+      ["vector", [130], "F32"],
+      ["matrix", [7, 40], "BF16"],
+      ["matrix", [3, 9], "F32"],
+      ["vector", [1, 3, 4], "F32"],
+      ["matrix", [50, 100], "BF16"],
+    ] as const
+  ) {
+    at = Math.ceil(at / 64) * 64;
+    const bytes = (shape as readonly number[]).reduce((a, b) => a * b, 1) * (dtype === "F32" ? 4 : 2);
+    tensors.push({ name: `t${tensors.length}`, keep, shape: [...shape], dtype, offset: at, bytes, check: "" });
+    at += bytes;
+  }
+  const region = NativeBuffer.alloc(k, at, "region");
+  const feed = NativeBuffer.alloc(k, at, "feed");
+  try {
+    region.u8.set(noise(at, 99));
+    const want = tensors.map((t) => tensorCheck(k, t, region.at(t.offset)));
+    for (const step of [1, 3, 64, 100, 333, 4096, at]) {
+      const c = new RegionChecker(k, tensors);
+      for (let p = 0; p < at; p += step) {
+        const n = Math.min(step, at - p);
+        feed.u8.set(region.u8.subarray(p, p + n));
+        c.update(feed, n);
+      }
+      assert.deepEqual(c.results(), want, `feeds of ${step} bytes`);
+    }
+  } finally {
+    region.free();
+    feed.free();
   }
 });

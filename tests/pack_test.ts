@@ -6,7 +6,8 @@
 
 import assert from "node:assert/strict";
 import { packTrunk } from "../pack/pack.ts";
-import { DATA_FILE, MANIFEST_FILE, readManifest } from "../engine/weights/manifest.ts";
+import { DATA_FILE, MANIFEST_FILE, readManifest, regionsOf } from "../engine/weights/manifest.ts";
+import { checkRows } from "../engine/weights/tensor_check.ts";
 import { verifyTrunk } from "../pack/verify.ts";
 import { layerTensors } from "../engine/model/weights.ts";
 import { loadConfig } from "../engine/model/config.ts";
@@ -25,7 +26,7 @@ Deno.test("pack: layout is aligned, layers hold layerTensors in order, routed ex
   const m = r.manifest;
   const cfg = await loadConfig(TINY);
   assert.equal(m.format, "k3-trunk");
-  assert.equal(m.version, 3);
+  assert.equal(m.version, 4);
   assert.equal(m.layer.length, cfg.numLayers);
   assert.equal(m.source.shards.length, 3);
   let end = 0;
@@ -45,6 +46,14 @@ Deno.test("pack: layout is aligned, layers hold layerTensors in order, routed ex
   }
   assert.equal(m.data.bytes, end);
   assert.equal((await Deno.stat(`${d.path}/trunk/${DATA_FILE}`)).size, end);
+  // Every tensor's check is the one tests/oracle/k3check.py computes from the data file.
+  const all = regionsOf(m).flatMap(([, reg]) => reg.tensors.map((t) => ({ reg, t })));
+  const args = all.flatMap(({ reg, t }) => {
+    const { rows, rowbytes } = checkRows(t);
+    return [reg.offset + t.offset, rows, rowbytes].map(String);
+  });
+  const want: string[] = JSON.parse(await python("k3check.py", ["file", `${d.path}/trunk/${DATA_FILE}`, ...args]));
+  assert.deepEqual(all.map(({ t }) => t.check), want);
 });
 
 Deno.test("pack: a tiny staging buffer and a shuffled, scattered source give the same bytes; verify round-trips", async () => {
@@ -59,6 +68,8 @@ Deno.test("pack: a tiny staging buffer and a shuffled, scattered source give the
   assert.deepEqual(await Deno.readFile(`${d.path}/c/${DATA_FILE}`), a);
   const [ma, mc] = [await readManifest(`${d.path}/a`), await readManifest(`${d.path}/c`)];
   assert.deepEqual(mc.layer, ma.layer);
+  // 8 KB staging splits rows between buffers: the tensor checks come out the same
+  assert.deepEqual((await readManifest(`${d.path}/b`)).layer, ma.layer);
   assert.equal(mc.fingerprint, ma.fingerprint);
   assert.equal(mc.sample, ma.sample);
   for (const x of ["a", "b", "c"]) {
@@ -145,13 +156,31 @@ Deno.test("a damaged or foreign trunk is refused with exit 1: flipped byte, trun
   out = await k3(["pack", "--verify", flip]);
   assert.equal(out.code, 1);
   assert.match(out.stderr, /layer 5: checksum mismatch/);
-  // A flipped byte in a streamed layer's first page: caught on the streamed read.
+  // A flipped byte in a streamed layer's first page (its first vector): caught when the
+  // layer is handed out.
   const bad2 = data.slice();
   bad2[m.layer[7].offset + 100] ^= 0x01;
   await Deno.writeFile(`${flip}/${DATA_FILE}`, bad2);
   out = await run(flip, ["--trunk-gb", "0.0006", "--cache-gb", "0.0001"]);
   assert.equal(out.code, 1, out.stderr);
-  assert.match(out.stderr, /layer 7 \(streamed\): checksum mismatch in piece 0/);
+  assert.match(out.stderr, /layer 7 \(streamed\): tensor layers\.7\.[a-z_.]+: checksum mismatch/);
+  // A manifest whose tensor check does not fit its (sound) bytes: --verify and a streamed
+  // run name the tensor.
+  await Deno.writeFile(`${flip}/${DATA_FILE}`, data);
+  const forged = structuredClone(m);
+  const victim = forged.layer[9].tensors.find((x) => x.keep === "matrix")!;
+  victim.check = victim.check.replace(/^./, (c) => (c === "0" ? "1" : "0"));
+  await Deno.writeTextFile(`${flip}/${MANIFEST_FILE}`, JSON.stringify(forged));
+  out = await k3(["pack", "--verify", flip]);
+  assert.equal(out.code, 1, out.stderr);
+  assert.match(out.stderr, new RegExp(`layer 9: tensor ${victim.name.replaceAll(".", "\\.")}: checksum mismatch`));
+  out = await run(flip, ["--trunk-gb", "0.0006", "--cache-gb", "0.0001"]);
+  assert.equal(out.code, 1, out.stderr);
+  assert.match(
+    out.stderr,
+    new RegExp(`layer 9 \\(streamed\\): tensor ${victim.name.replaceAll(".", "\\.")}: checksum`),
+  );
+  await Deno.copyFile(`${t}/${MANIFEST_FILE}`, `${flip}/${MANIFEST_FILE}`);
 
   // Truncated data file.
   const trunc = `${d.path}/trunc`;

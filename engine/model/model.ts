@@ -18,6 +18,7 @@ import type { Kernels } from "../native/ffi.ts";
 import { Vec } from "../native/memory.ts";
 import { type Compute, serialCompute } from "../native/pool.ts";
 import type { BoundTensors, Expert, F32, Matrix } from "./weights.ts";
+import { verifyMatrix } from "../weights/tensor_check.ts";
 
 /** Where the forward pass gets its weights. Implementations may read from disk. */
 export interface WeightSource {
@@ -546,6 +547,7 @@ export class K3Model {
     const cw = dc + dr;
     this.mm(w.matrix(n("kv_a_proj_with_mqa.weight")), s.xn.ptr, c.ptr, R);
     const kvb = w.matrix(n("kv_b_proj.weight"));
+    verifyMatrix(k, kvb); // read by absorb and expand, not by a product that checks it
     const o = qa; // q_a's output is consumed; o [R][H][vDim] reuses it
     const tAttn = performance.now();
     for (const sp of spans) {

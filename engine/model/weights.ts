@@ -14,6 +14,7 @@ import { K3Error } from "../errors.ts";
 import { type Kernels, WTYPE } from "../native/ffi.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import type { Checkpoint, TensorInfo } from "../weights/safetensors.ts";
+import type { MatrixCheck } from "../weights/tensor_check.ts";
 
 /** Prefix of every decoder tensor's name in the checkpoint. */
 export const PREFIX = "language_model.model.";
@@ -30,6 +31,8 @@ export interface Matrix {
   rows: number;
   /** Input columns. */
   cols: number;
+  /** For a streamed matrix: the check its first product settles (tensor_check.ts). */
+  check?: MatrixCheck;
 }
 
 /** A float32 vector in native memory. */

@@ -6,7 +6,9 @@
  * SharedArrayBuffer and woken with Atomics (a round trip costs ~10-40 us, so only large
  * products are split). The rows of a product are divided between the main thread and the
  * workers; each row's dot product has the same bits whichever thread computes it, so the
- * thread count never changes a token.
+ * thread count never changes a token. A matrix with a check still to settle (a streamed
+ * one, tensor_check.ts) is multiplied by k3_matmul_checked: each thread adds its rows'
+ * check into its own word and the words' sum is compared with the manifest's.
  *
  * @module
  */
@@ -14,13 +16,16 @@
 import { type Kernels, libraryPath } from "./ffi.ts";
 import type { Matrix, Mxfp4 } from "../model/weights.ts";
 import { workerUrl } from "./embedded.ts";
+import { NativeBuffer } from "./memory.ts";
+import { type MatrixCheck, settleCheck } from "../weights/tensor_check.ts";
 
 /** A native pointer that is not null. */
 export type Ptr = NonNullable<Deno.PointerValue>;
 
 /** The products the forward pass needs; the single-threaded form calls the kernels directly. */
 export interface Compute {
-  /** y[t][r] = W[r] . x[t] for t < ntok. */
+  /** y[t][r] = W[r] . x[t] for t < ntok; settles m.check when it is still open (throws
+   * K3Error, exit 1, when the matrix's bytes do not match it). */
   matmul(m: Matrix, x: Ptr, y: Ptr, ntok: number): void;
   /** The same with an MXFP4 matrix. */
   mxfp4(m: Mxfp4, x: Ptr, y: Ptr, ntok: number): void;
@@ -28,10 +33,21 @@ export interface Compute {
   close(): void;
 }
 
+/** The check a product must settle: m.check until it is verified. */
+function openCheck(m: Matrix): MatrixCheck | undefined {
+  return m.check && !m.check.verified ? m.check : undefined;
+}
+
 /** Direct kernel calls on the calling thread. */
 export function serialCompute(k: Kernels): Compute {
+  const sum = new BigUint64Array(1), sumPtr = Deno.UnsafePointer.of(sum);
   return {
-    matmul: (m, x, y, ntok) => k.k3_matmul(m.ptr, m.wtype, x, y, ntok, m.rows, m.cols, 0, m.rows),
+    matmul(m, x, y, ntok) {
+      const c = openCheck(m);
+      sum[0] = 0n;
+      k.k3_matmul_checked(m.ptr, m.wtype, x, y, ntok, m.rows, m.cols, 0, m.rows, c ? sumPtr : null);
+      if (c) settleCheck(c, sum[0]);
+    },
     mxfp4: (m, x, y, ntok) => k.k3_matmul_mxfp4(m.packed, m.scales, x, y, ntok, m.rows, m.cols, 0, m.rows),
     close() {},
   };
@@ -47,10 +63,10 @@ export const CTRL = {
   /** i32 arguments: wtype, ntok, rows, cols, r0, r1. */
   args: 3,
   nargs: 6,
-  /** Byte offset of the BigUint64 pointer slots: w (or packed), scales, x, y. */
+  /** Byte offset of the BigUint64 pointer slots: w (or packed), scales, x, y, check word. */
   ptrBytes: 64,
-  nptr: 4,
-  bytes: 96,
+  nptr: 5,
+  bytes: 104,
 } as const;
 
 /** Operation codes of a job in the control block. */
@@ -68,11 +84,18 @@ interface WorkerSlot {
 
 /** A pool of `threads - 1` workers plus the calling thread. */
 export class WorkerPool implements Compute {
+  /** One matrix-check word per thread (the calling one first). */
+  private readonly sums: NativeBuffer;
+  private readonly sumWords: BigUint64Array;
+
   private constructor(
     private readonly k: Kernels,
     private readonly slots: WorkerSlot[],
     private readonly splitMin: number,
-  ) {}
+  ) {
+    this.sums = NativeBuffer.alloc(k, 8 * (slots.length + 1), "check words");
+    this.sumWords = new BigUint64Array(this.sums.u8.buffer, this.sums.u8.byteOffset, slots.length + 1);
+  }
 
   /** Starts the workers and waits until each has loaded the kernel library. `splitMin`:
    * products with fewer weight elements run on the calling thread alone. */
@@ -115,7 +138,10 @@ export class WorkerPool implements Compute {
   }
 
   matmul(m: Matrix, x: Ptr, y: Ptr, ntok: number): void {
-    this.run(OP.matmul, m.ptr, null, m.wtype, x, y, ntok, m.rows, m.cols);
+    const c = openCheck(m);
+    if (c) this.sumWords.fill(0n);
+    this.run(OP.matmul, m.ptr, null, m.wtype, x, y, ntok, m.rows, m.cols, c !== undefined);
+    if (c) settleCheck(c, BigInt.asUintN(64, this.sumWords.reduce((a, b) => a + b, 0n)));
   }
 
   mxfp4(m: Mxfp4, x: Ptr, y: Ptr, ntok: number): void {
@@ -133,11 +159,13 @@ export class WorkerPool implements Compute {
     ntok: number,
     rows: number,
     cols: number,
+    check = false,
   ): void {
     const k = this.k;
+    const sum = (i: number) => check ? this.sums.at(8 * i) : null;
     const call = (r0: number, r1: number) =>
       op === OP.matmul
-        ? k.k3_matmul(w, wtype, x, y, ntok, rows, cols, r0, r1)
+        ? k.k3_matmul_checked(w, wtype, x, y, ntok, rows, cols, r0, r1, sum(0))
         : k.k3_matmul_mxfp4(w, scales, x, y, ntok, rows, cols, r0, r1);
     const n = this.slots.length + 1;
     if (n === 1 || rows * cols < this.splitMin || rows < 2 * n) {
@@ -161,6 +189,7 @@ export class WorkerPool implements Compute {
       s.ptrs[1] = BigInt(ps);
       s.ptrs[2] = BigInt(px);
       s.ptrs[3] = BigInt(py);
+      s.ptrs[4] = check ? BigInt(Deno.UnsafePointer.value(sum(i + 1))) : 0n;
       s.seq++;
       Atomics.store(c, CTRL.seq, s.seq);
       Atomics.notify(c, CTRL.seq);
@@ -179,6 +208,7 @@ export class WorkerPool implements Compute {
       s.worker.terminate();
     }
     this.slots.length = 0;
+    this.sums.free();
   }
 }
 

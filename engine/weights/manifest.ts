@@ -21,12 +21,16 @@
  *   bytes}]}, `data` {file, bytes, align}, `checksum` "k3w64" (kernels/k3io.h), and the
  *   regions `layer[]`, `finals`, `embed`, `head`, each {offset, size (padded), bytes
  *   (unpadded), hash (k3w64 of all `size` bytes), pieces (k3w64 of each `piece`-byte piece
- *   of the region, the last one shorter: checked on every read that brings a piece in,
- *   streamed or pinned), tensors [{name, dtype ("BF16" | "F32"), keep, shape, offset (in
- *   the region), bytes}]}, and `piece` (bytes per hashed piece, a multiple of 4096).
+ *   of the region, the last one shorter: checked on the reads that bring a region in to be
+ *   pinned, and on ultra's embedding and lm_head reads), tensors [{name, dtype ("BF16" |
+ *   "F32"), keep, shape, offset (in the region), bytes, check (the tensor's matrix check,
+ *   tensor_check.ts: verified by the product that uses a streamed matrix, and for a streamed
+ *   layer's vectors when it is handed out)}]}, and `piece` (bytes per hashed piece, a
+ *   multiple of 4096).
  *
  * Version 2 added the per-piece hashes, version 3 changed the checksum from k3h64 to the
- * faster k3w64; an older trunk is refused with the advice to re-pack. Nothing in a manifest is trusted: `checkLayout` recomputes the whole layout
+ * faster k3w64, version 4 added the tensor checks; an older trunk is refused with the advice
+ * to re-pack. Nothing in a manifest is trusted: `checkLayout` recomputes the whole layout
  * (region offsets and sizes, every tensor's offset, bytes, dtype and shape) and refuses any
  * difference, before any byte of the data file is bound to a kernel.
  *
@@ -44,6 +48,7 @@ import { notRegular, readInputText } from "../native/files.ts";
 /** The largest manifest read (the full model's, with piece hashes: ~0.3 MB). */
 const MAX_MANIFEST_BYTES = 256 << 20;
 import type { Checkpoint, TensorInfo } from "./safetensors.ts";
+import { checkRows } from "./tensor_check.ts";
 import {
   checkTensor,
   globalTensors,
@@ -57,7 +62,7 @@ import {
 /** The manifest's format name. */
 export const FORMAT = "k3-trunk";
 /** The manifest's format version. */
-export const VERSION = 3;
+export const VERSION = 4;
 /** Bytes per hashed piece: the unit of every trunk read and its checksum. */
 export const PIECE_BYTES = 16 << 20;
 /** File name of the packed data. */
@@ -81,6 +86,8 @@ export interface TensorEntry {
   offset: number;
   /** Bytes in the region. */
   bytes: number;
+  /** The matrix check of its bytes (tensor_check.ts), hex. */
+  check: string;
 }
 
 /** One aligned region of the data file. */
@@ -184,6 +191,7 @@ function region(
       shape: src.shape,
       offset: at,
       bytes: b.bytes,
+      check: "", // filled in while packing
     };
     at += b.bytes;
     return { src, spec, entry };
@@ -239,6 +247,8 @@ const HEX16 = /^[0-9a-f]{16}$/;
 const isObj = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
 /** The largest number of layers, width or vocabulary a manifest may claim (sanity bounds). */
 const MAX_DIM = 1 << 24;
+/** The longest row (a vector: all its bytes) a tensor check takes (an i32 for the kernel). */
+const MAX_ROW_BYTES = 1 << 30;
 
 /** The regions of a manifest in file order, named. */
 export function regionsOf(m: TrunkManifest): [string, Region][] {
@@ -277,7 +287,7 @@ export function parseManifest(text: string, path: string): TrunkManifest {
     bad(
       `version ${
         JSON.stringify(j.version)
-      }, this k3 reads version ${VERSION} (per-piece ${CHECKSUM} checksums); re-pack it with k3 pack --force`,
+      }, this k3 reads version ${VERSION} (per-piece ${CHECKSUM} checksums and tensor checks); re-pack it with k3 pack --force`,
     );
   }
   const m = j as unknown as TrunkManifest;
@@ -336,6 +346,8 @@ export function parseManifest(text: string, path: string): TrunkManifest {
       if (t.bytes !== want) {
         tb(`bytes ${JSON.stringify(t.bytes)}, but ${t.dtype} ${JSON.stringify(t.shape)} takes ${want}`);
       }
+      if (checkRows(t).rowbytes > MAX_ROW_BYTES) tb(`rows of over ${MAX_ROW_BYTES} bytes`);
+      if (typeof t.check !== "string" || !HEX16.test(t.check)) tb("bad check");
       const off = Math.ceil(end / TENSOR_ALIGN) * TENSOR_ALIGN;
       if (t.offset !== off) tb(`offset ${JSON.stringify(t.offset)}, expected ${off}`);
       end = off + want;

@@ -8,11 +8,11 @@
  * Every path runs the same kernels on the same bytes in the same order as
  * ResidentWeights, so the tokens and logits are identical at every budget.
  *
- * Checks, with a packed trunk: every byte read from it (pinned and streamed layers, the
- * final vectors, the embedding and lm_head, resident or streamed) is read as whole pieces,
- * each checked against its k3w64 in the manifest on the I/O thread that read it (ultra: an
+ * Checks, with a packed trunk: what is read once (pinned layers, the final vectors, the
+ * embedding and lm_head when resident) is read as whole pieces, each checked against its
+ * k3w64 in the manifest on the I/O thread that read it, and so are ultra's reads (an
  * embedding row reads the one or two pieces holding it, the lm_head is read in chunks of
- * whole pieces). Routed experts are checked against the expert table when the trunk has
+ * whole pieces). Streamed layers are checked tensor by tensor where they are used (trunk.ts). Routed experts are checked against the expert table when the trunk has
  * one (experts.json, `k3 pack --hash-experts`); the plan says so once when it has not.
  * Without a trunk nothing is verified per read: the checkpoint's shards carry no checksum.
  *

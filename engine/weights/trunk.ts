@@ -2,16 +2,23 @@
  * The trunk (every layer's dense tensors) when it does not all stay in memory: a packed
  * trunk (manifest.ts) with some layers pinned and the rest streamed through a ring.
  *
- * Every read, pinned or streamed, checks each piece against its k3w64 in the manifest on
- * the I/O thread that read it. Pinned layers are read once at start-up. The ring is one
+ * What is pinned is read once at start-up, each piece checked against its k3w64 in the
+ * manifest on the I/O thread that read it. What is streamed is read plainly and checked
+ * where it is used, against the manifest's tensor checks (tensor_check.ts): each matrix by
+ * the product that multiplies it (k3_matmul_checked, from the weight blocks it loads
+ * anyway), each vector when the layer is handed out; by the time a layer is done, every one
+ * of its matrices has been verified, or the run has stopped. Hashing each 16 MB piece
+ * after it lands was a second pass over every streamed byte, 5-8% of a floor-budget token
+ * here; the check in the product costs ~13% of the dense product's own time, which the
+ * disk hides at the floor (bench/verify.ts). The ring is one
  * arena holding a FIFO of variable-size layer regions: streamed layers are read ahead in
  * the order the forward pass uses them (wrapping to the next token's first streamed layer)
  * while the current layer computes. Reads go piece by piece, each piece once no older layer
  * needs its ring bytes: a layer frees its attention tensors' bytes when the pass is past its
  * attention (`attentionDone`) and the rest at `done(L)`, so the next layer reads into the
  * first while the MLP computes, and the layer being computed is never overwritten. A layer
- * is handed out only after every piece came in and matched; a failed check stops the run
- * (exit 1) naming the layer.
+ * is handed out only after every piece came in and its vectors matched; a failed check
+ * stops the run (exit 1) naming the layer and the tensor.
  *
  * @module
  */
@@ -23,6 +30,7 @@ import type { IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import type { IoStats } from "../model/model.ts";
 import { BoundTensors, type F32, type Matrix } from "../model/weights.ts";
+import { checkMismatch, tensorCheck } from "./tensor_check.ts";
 import {
   checkLayout,
   DATA_FILE,
@@ -145,20 +153,36 @@ function regionShortRead(dir: string, what: string, n: number, want: number): K3
   return new K3Error(`${dir}: ${what}: short read (${n} of ${want} bytes): the trunk data is truncated; re-pack it`);
 }
 
-/** Bound tensors over a region's bytes at `base` (nothing owned: the region buffer is). */
-export function bindRegion(tensors: TensorEntry[], base: NativeBuffer, at = 0): BoundTensors {
+/**
+ * Bound tensors over a region's bytes at `base` (nothing owned: the region buffer is).
+ * `checked` (a streamed layer read unverified): each vector is checked against its tensor
+ * check now (throws K3Error, exit 1, on a mismatch) and each matrix carries its check, for
+ * the product that uses it to settle.
+ */
+export function bindRegion(
+  tensors: TensorEntry[],
+  base: NativeBuffer,
+  at = 0,
+  checked?: { k: Kernels; what: string },
+): BoundTensors {
   const matrices = new Map<string, Matrix>();
   const vectors = new Map<string, F32>();
   for (const t of tensors) {
     const ptr = base.at(at + t.offset);
+    const what = checked && `${checked.what}: tensor ${t.name}`;
     if (t.keep === "matrix") {
       matrices.set(t.name, {
         ptr,
         wtype: t.dtype === "BF16" ? WTYPE.bf16 : WTYPE.f32,
         rows: t.shape[0],
         cols: t.shape.slice(1).reduce((a, b) => a * b, 1),
+        check: what ? { expect: t.check, verified: false, what } : undefined,
       });
     } else if (t.keep === "vector") {
+      if (checked) {
+        const got = tensorCheck(checked.k, t, ptr);
+        if (got !== t.check) throw checkMismatch(what!, got, t.check);
+      }
       vectors.set(t.name, {
         ptr,
         f: new Float32Array(base.u8.buffer, base.u8.byteOffset + at + t.offset, t.bytes / 4),
@@ -398,25 +422,21 @@ export class StreamedTrunk {
         // Space an older layer still occupies but released after its attention: read early.
         if (older.some((o) => from < o.off + o.size && to > o.off)) this.stats.trunkEarlyBytes += to - from;
         e.started[j] = 1;
-        this.readPiece(e, j, from - e.off, to - from);
+        this.readPiece(e, from - e.off, to - from);
       }
     }
   }
 
-  /** Reads and verifies piece j of entry e (region bytes [at, at+len)). */
-  private readPiece(e: RingEntry, j: number, at: number, len: number): void {
+  /** Reads piece j of entry e (region bytes [at, at+len)); its bytes are verified by their
+   * tensor checks once bound. */
+  private readPiece(e: RingEntry, at: number, len: number): void {
     this.inflight++;
     e.inflight++;
     const what = `layer ${e.L} (streamed)`;
     const dst = this.ring!.at(e.off + at), off = e.region.offset + at, f = this.trunk.file;
-    // (verify is false only when bench/verify.ts measures what verifying costs)
-    const read = this.trunk.verify
-      ? f.preadHashed(dst, len, off, HASH_CHUNK)
-      : f.pread(dst, len, off).then((n) => ({ n, hash: undefined }));
-    read
-      .then((r) => {
-        if (r.n < len) throw regionShortRead(this.trunk.dir, what, at + r.n, e.size);
-        if (this.trunk.verify && r.hash !== e.region.pieces[j]) throw new PieceMismatch(j, at);
+    f.pread(dst, len, off)
+      .then((n) => {
+        if (n < len) throw regionShortRead(this.trunk.dir, what, at + n, e.size);
         e.done++;
       })
       .catch((err) => {
@@ -430,9 +450,17 @@ export class StreamedTrunk {
       });
   }
 
-  /** Settles entry e: bound when every piece came in verified. */
+  /** Settles entry e: bound when every piece came in, its vectors checked and its matrices
+   * carrying their checks (verify false, only for bench/verify.ts: nothing checked). */
   private finish(e: RingEntry): void {
-    if (!e.error && !e.cancelled) e.bound = bindRegion(e.region.tensors, this.ring!, e.off);
+    if (!e.error && !e.cancelled) {
+      const checked = this.trunk.verify ? { k: this.k, what: `${this.trunk.dir}: layer ${e.L} (streamed)` } : undefined;
+      try {
+        e.bound = bindRegion(e.region.tensors, this.ring!, e.off, checked);
+      } catch (err) {
+        e.error = err as Error;
+      }
+    }
     e.settle();
   }
 
@@ -481,12 +509,16 @@ export class StreamedTrunk {
     this.pump();
   }
 
-  /** The pass is done with layer L: its ring space can be reused. */
+  /** The pass is done with layer L: its ring space can be reused. Every matrix of a streamed
+   * layer must have been verified by then (a product, or verifyMatrix for other kernels). */
   done(L: number): void {
     if (this.pinnedLayers.has(L)) return;
     const i = this.queue.findIndex((x) => x.L === L);
     if (i < 0) return;
-    this.queue.splice(i, 1);
+    const [e] = this.queue.splice(i, 1);
+    for (const [name, m] of e.bound?.matrices ?? []) {
+      if (m.check && !m.check.verified) throw new Error(`internal: layer ${L}: ${name} was never verified`);
+    }
     this.fill();
   }
 

@@ -5,6 +5,8 @@ checked against an independent statement.
 
   python3 tests/oracle/k3check.py vectors   JSON known answers:
                                             [{"rows", "rowbytes", "hex", "r0", "r1", "check"}]
+  python3 tests/oracle/k3check.py file PATH OFFSET ROWS ROWBYTES [OFFSET ROWS ROWBYTES ...]
+                                            JSON list of the checks of those tensors of a file
 
 Definition (all arithmetic mod 2**64, words little-endian): each row of `rowbytes` bytes is
 cut into 32-byte units, the last zero padded; unit u is four words d[0..3] and uses key
@@ -79,5 +81,14 @@ def vectors():
 if __name__ == "__main__":
     if sys.argv[1:] == ["vectors"]:
         print(json.dumps(vectors()))
+    elif sys.argv[1:2] == ["file"] and len(sys.argv) % 3 == 0:
+        with open(sys.argv[2], "rb") as f:
+            data = f.read()
+        n = [int(a) for a in sys.argv[3:]]
+        out = []
+        for i in range(0, len(n), 3):
+            off, rows, rowbytes = n[i:i + 3]
+            out.append("%016x" % check(data[off:off + rows * rowbytes], rowbytes, 0, rows))
+        print(json.dumps(out))
     else:
-        sys.exit("usage: k3check.py vectors")
+        sys.exit(__doc__)
