@@ -135,6 +135,13 @@ int main(void) {
       k3_matmul_mxfp4(p, s, x, y1, nt, rows, cols, 0, rows);
       s_k3_matmul_mxfp4(p, s, x, y2, nt, rows, cols, 0, rows);
       same(y1, y2, (size_t)nt * rows * 4, "mxfp4", cols, nt);
+      /* checked: the same y, and the scalar checks of the packed and scale rows */
+      uint64_t c1[2] = {0, 0}, c2[2] = {0, 0};
+      k3_matmul_mxfp4_checked(p, s, x, y1, nt, rows, cols, 1, rows, c1);
+      same(y1 + 1, y2 + 1, (size_t)(nt * rows - 1) * 4, "mxfp4_checked y", cols, nt);
+      s_k3_matrix_check(p + (size_t)cols / 2, cols / 2, 1, rows, &c2[0]);
+      s_k3_matrix_check(s + (size_t)cols / 32, cols / 32, 1, rows, &c2[1]);
+      same(c1, c2, 16, "mxfp4_checked checks", cols, nt);
     }
     free(p), free(s), free(x), free(y1), free(y2);
   }

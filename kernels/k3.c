@@ -959,10 +959,14 @@ K3_INLINE void mx_xperm(float *xp, const float *x, int ng) {
 #define MX_R1 1
 #endif
 K3_INLINE void mx_rows1(mxc c, const uint8_t *const *p, const uint8_t *const *s, int nr, const float *xp,
-                        int ng, float *out) {
+                        int ng, float *out, int check, c4 *ck) {
   m8 acc[MX_R1];
+  c4 cc[MX_R1];
   K3_UNROLL4
-  for (int k = 0; k < nr; k++) acc[k] = m8_zero();
+  for (int k = 0; k < nr; k++) {
+    acc[k] = m8_zero();
+    if (check) cc[k] = c4_zero();
+  }
   for (int g = 0; g < ng; g++) {
     K3_UNROLL4
     for (int k = 0; k < nr; k++) {
@@ -972,10 +976,17 @@ K3_INLINE void mx_rows1(mxc c, const uint8_t *const *p, const uint8_t *const *s,
         mx8_decode(c, p[k] + 16 * g, w);
         acc[k] = mx_group(acc[k], w, xp + 32 * g, m8_bcast(&MX_SCALE[sc].f));
       }
+      /* the packed row's check takes each 32-byte unit (two groups) as it goes by,
+       * skipped groups included */
+      if (check && (g & 1)) cc[k] = c4_unit(cc[k], p[k] + 16 * (g - 1), check_key((size_t)g / 2));
     }
   }
   K3_UNROLL4
-  for (int k = 0; k < nr; k++) out[k] = m8_reduce(acc[k]);
+  for (int k = 0; k < nr; k++) {
+    out[k] = m8_reduce(acc[k]);
+    if (check && (ng & 1)) cc[k] = c4_pad(cc[k], p[k] + 16 * (ng - 1), 16, (size_t)ng / 2);
+    if (check) ck[k] = cc[k];
+  }
 }
 
 /* Several tokens: one row's groups [g0, g1), each decoded once in registers for the nt
@@ -1015,8 +1026,22 @@ K3_INLINE void mx_tile_n(mxc c, const uint8_t *p, const uint8_t *s, int g0, int 
   }
 }
 
+/* Several tokens, or no scratch: the packed and scale rows' checks in one pass after. */
+static void mx_check_after(const uint8_t *packed, const uint8_t *scales, int32_t cols, int32_t r0, int32_t r1,
+                           uint64_t *sums) {
+  if (!sums) return;
+  size_t pstride = (size_t)cols / 2, sstride = (size_t)cols / 32;
+  sums[0] += check_rows(packed + (size_t)r0 * pstride, pstride, r0, r1);
+  sums[1] += check_rows(scales + (size_t)r0 * sstride, sstride, r0, r1);
+}
+
 void k3_matmul_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *x, float *y,
                      int32_t ntok, int32_t rows, int32_t cols, int32_t r0, int32_t r1) {
+  k3_matmul_mxfp4_checked(packed, scales, x, y, ntok, rows, cols, r0, r1, NULL);
+}
+
+void k3_matmul_mxfp4_checked(const uint8_t *packed, const uint8_t *scales, const float *x, float *y,
+                             int32_t ntok, int32_t rows, int32_t cols, int32_t r0, int32_t r1, uint64_t *sums) {
   int ng = cols / 32, kc = 32 * MX_KG, nchunk = (ng + MX_KG - 1) / MX_KG;
   mxc mc = mx_consts();
   size_t pstride = (size_t)cols / 2, sstride = (size_t)ng;
@@ -1036,6 +1061,7 @@ void k3_matmul_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *
         }
         y[(size_t)t * rows + r] = m8_reduce(acc);
       }
+    mx_check_after(packed, scales, cols, r0, r1, sums);
     return;
   }
   if (ntok == 1) { /* passes of MX_R1 whole rows (weights streaming, x in L1) */
@@ -1047,10 +1073,19 @@ void k3_matmul_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *
         pr[k] = packed + (size_t)(r + k) * pstride;
         sr[k] = scales + (size_t)(r + k) * sstride;
       }
-      if (nr == MX_R1)
-        mx_rows1(mc, pr, sr, MX_R1, xp, ng, y + r);
+      c4 ck[MX_R1];
+      if (sums && nr == MX_R1)
+        mx_rows1(mc, pr, sr, MX_R1, xp, ng, y + r, 1, ck);
+      else if (sums)
+        mx_rows1(mc, pr, sr, 1, xp, ng, y + r, 1, ck);
+      else if (nr == MX_R1)
+        mx_rows1(mc, pr, sr, MX_R1, xp, ng, y + r, 0, NULL);
       else
-        mx_rows1(mc, pr, sr, 1, xp, ng, y + r);
+        mx_rows1(mc, pr, sr, 1, xp, ng, y + r, 0, NULL);
+      for (int k = 0; sums && k < nr; k++) {
+        sums[0] += check_row_word(ck[k], r + k);
+        sums[1] += check_rows(sr[k], sstride, r + k, r + k + 1); /* ng bytes, just read */
+      }
       r += nr;
     }
     return;
@@ -1089,6 +1124,7 @@ void k3_matmul_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *
         for (int t = 0; t < tn; t++) y[(size_t)(ts + t) * rows + rb + k] = m8_reduce(acc[k][t]);
     }
   }
+  mx_check_after(packed, scales, cols, r0, r1, sums);
 }
 
 /* ---------------------------------------------------------------- norms and activations */

@@ -68,6 +68,13 @@ void k3_matmul_checked(const void *w, int32_t wtype, const float *x, float *y, i
 void k3_matmul_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *x, float *y,
                      int32_t ntok, int32_t rows, int32_t cols, int32_t r0, int32_t r1);
 
+/* k3_matmul_mxfp4 that also adds the checks (contract 5) of rows [r0, r1) of `packed` (rows
+ * of cols/2 bytes) to sums[0] and of `scales` (rows of cols/32 bytes) to sums[1] (sums NULL:
+ * k3_matmul_mxfp4). One token: the packed rows' checks come from the groups as the product
+ * decodes them (skipped groups included); several: one pass after. */
+void k3_matmul_mxfp4_checked(const uint8_t *packed, const uint8_t *scales, const float *x, float *y,
+                             int32_t ntok, int32_t rows, int32_t cols, int32_t r0, int32_t r1, uint64_t *sums);
+
 /* RMSNorm of ngroups consecutive groups of n: y = w * x / sqrt(mean(x^2) + eps).
  * w may be NULL (no gain). y may equal x. */
 void k3_rmsnorm(const float *x, const float *w, float *y, int32_t n, int32_t ngroups, float eps);

@@ -250,31 +250,6 @@ int64_t k3io_pread_hash(int32_t fd, void *buf, uint64_t len, uint64_t offset, ui
   return (int64_t)done;
 }
 
-int64_t k3io_pread_parts(int32_t fd, void *buf, uint64_t len, uint64_t offset, uint64_t chunk,
-                         const uint64_t *parts, int32_t nparts, uint64_t *out) {
-  if (nparts < 1) return -EINVAL;
-  for (int32_t i = 0; i < nparts; i++) {
-    if (parts[2 * i] > len || parts[2 * i + 1] > len - parts[2 * i]) return -EINVAL;
-  }
-  if (chunk == 0 || chunk >= len) chunk = len;
-  /* Read chunk by chunk; hash each part as soon as its last byte is in (still warm). */
-  uint64_t done = 0;
-  while (done < len) {
-    uint64_t want = len - done < chunk ? len - done : chunk;
-    int64_t n = k3io_pread(fd, (char *)buf + done, want, offset + done);
-    if (n < 0) return n;
-    done += (uint64_t)n;
-    if ((uint64_t)n < want) return (int64_t)done; /* end of file: no digests */
-    for (int32_t i = 0; i < nparts; i++) {
-      uint64_t end = parts[2 * i] + parts[2 * i + 1];
-      if (end <= done && end > done - (uint64_t)n) out[i] = k3io_hash((const char *)buf + parts[2 * i], parts[2 * i + 1]);
-      else if (end == 0 && done == (uint64_t)n) out[i] = k3io_hash(buf, 0);
-    }
-  }
-  out[nparts] = k3io_hash(out, 8 * (uint64_t)nparts); /* little-endian words, as the table defines */
-  return (int64_t)done;
-}
-
 int32_t k3io_kind(const char *path) {
   struct stat st;
   if (stat(path, &st) != 0) return errno == ENOENT || errno == ENOTDIR ? K3IO_KIND_MISSING : -errno;

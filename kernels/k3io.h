@@ -62,15 +62,6 @@ uint64_t k3io_hash_digest(const uint64_t *state);
  * k3io_hash. Returns the bytes read, or -errno (-EINVAL for a bad chunk). */
 int64_t k3io_pread_hash(int32_t fd, void *buf, uint64_t len, uint64_t offset, uint64_t chunk, uint64_t *out);
 
-/* Reads len bytes at offset like k3io_pread, `chunk` bytes per pread (0 or >= len: one
- * pread); when all were read, has hashed `nparts` byte ranges of the buffer, parts[2i] =
- * start and parts[2i+1] = length (each inside [0, len), else -EINVAL before reading), each
- * as soon as the chunk holding its last byte was in: out[i] = k3io_hash of range i and
- * out[nparts] = k3io_hash of out[0..nparts) as little-endian words (a routed expert's
- * digest over its tensors, see engine/weights/expert_table.ts). Returns the bytes read. */
-int64_t k3io_pread_parts(int32_t fd, void *buf, uint64_t len, uint64_t offset, uint64_t chunk,
-                         const uint64_t *parts, int32_t nparts, uint64_t *out);
-
 /* What `path` is (following symlinks): one of K3IO_KIND_*, or -errno. Used where the
  * runtime's own stat is not permitted (devices, /sys), so a FIFO or device is recognised. */
 #define K3IO_KIND_MISSING 0

@@ -15,8 +15,8 @@ import { loadConfig } from "../engine/model/config.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
 import { locateExpert } from "../engine/weights/experts.ts";
 import { DATA_FILE, MANIFEST_FILE } from "../engine/weights/manifest.ts";
-import { EXPERTS_FILE } from "../engine/weights/expert_table.ts";
-import { jsonIds, k3, tempDir, TINY } from "./helpers.ts";
+import { EXPERTS_FILE, tableDigest } from "../engine/weights/expert_table.ts";
+import { jsonIds, k3, python, tempDir, TINY } from "./helpers.ts";
 import { shuffledCopy } from "./shuffled.ts";
 import { assertRefusedLast } from "./damage.ts";
 
@@ -113,6 +113,26 @@ Deno.test("item 3: a flipped byte in one expert inside a shard is caught at ever
   assert.equal(out.code, 0, out.stderr);
 });
 
+Deno.test("item 3: a table digest is k3w64 of the expert's six tensor checks (tests/oracle/k3check.py)", async () => {
+  await using d = await tempDir();
+  const t = `${d.path}/trunk`;
+  await packTrunk(TINY, t, quiet);
+  const table = await hashExperts(TINY, t, () => {});
+  const cfg = await loadConfig(TINY);
+  const ckpt = await Checkpoint.open(TINY);
+  try {
+    for (const [L, E] of [[cfg.firstKDense, 0], [7, 5], [cfg.numLayers - 1, cfg.moe.numExperts - 1]]) {
+      const loc = locateExpert(cfg, ckpt, L, E);
+      assert.ok(loc.tensors.every((x) => x.file === loc.file));
+      const args = loc.tensors.flatMap((x) => [x.offset, x.shape[0], x.bytes / x.shape[0]].map(String));
+      const want = JSON.parse(await python("k3check.py", ["digest", loc.file, ...args]));
+      assert.equal(tableDigest(table, L, E), want, `layer ${L} expert ${E}`);
+    }
+  } finally {
+    ckpt.close();
+  }
+});
+
 Deno.test("item 3: a foreign, other-weights, stale-version or damaged expert table is refused (run and pack --verify)", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
@@ -121,7 +141,8 @@ Deno.test("item 3: a foreign, other-weights, stale-version or damaged expert tab
   const cases: [string, (tb: Record<string, unknown>) => unknown, RegExp][] = [
     ["another model", (tb) => void (tb.fingerprint = "0".repeat(32)), /made for a different model/],
     ["other weights", (tb) => void (tb.sample = "0123456789abcdef"), /made from different weights/],
-    ["a later version", (tb) => void (tb.version = 2), /version 2, this k3 reads version 1/],
+    ["a later version", (tb) => void (tb.version = 3), /version 3, this k3 reads version 2/],
+    ["version 1 (k3w64 of each tensor's bytes)", (tb) => void (tb.version = 1), /version 1, this k3 reads version 2/],
     ["another checksum", (tb) => void (tb.checksum = "k3h64"), /checksum "k3h64"/],
     [
       "a digest cut short",

@@ -189,3 +189,64 @@ Deno.test("RegionChecker: fed in any split, gives each tensor's one-shot check",
     feed.free();
   }
 });
+
+Deno.test("matrix check: k3_matmul_mxfp4_checked = the checks of its packed and scale rows, and k3_matmul_mxfp4", () => {
+  const all = libs();
+  try {
+    for (const [name, l] of all) {
+      const k = l.symbols;
+      for (const [rows, cols] of [[7, 32], [9, 96], [5, 1024], [6, 3584]]) {
+        const packed = noise(rows * cols / 2, rows + cols), scales = noise(rows * cols / 32, 7 * cols);
+        // scales near 2^0, some groups skipped (255): their bytes are checked all the same
+        scales.forEach((v, i) => (scales[i] = v % 9 === 0 ? 255 : 120 + (v % 14)));
+        const want = [matrixCheck(l, packed, cols / 2, 0, rows), matrixCheck(l, scales, cols / 32, 0, rows)];
+        for (const ntok of [1, 4, 19]) {
+          const x = new Float32Array(ntok * cols).map((_, i) => Math.cos(i * 0.37));
+          const plain = new Float32Array(ntok * rows), checked = new Float32Array(ntok * rows);
+          k.k3_matmul_mxfp4(ptr(packed), ptr(scales), ptr(x), ptr(plain), ntok, rows, cols, 0, rows);
+          const sums = new BigUint64Array(2), cut = Math.floor(rows / 2);
+          for (const [r0, r1] of [[0, cut], [cut, rows]]) {
+            k.k3_matmul_mxfp4_checked(
+              ptr(packed),
+              ptr(scales),
+              ptr(x),
+              ptr(checked),
+              ntok,
+              rows,
+              cols,
+              r0,
+              r1,
+              ptr(sums),
+            );
+          }
+          const what = `${name} ${rows}x${cols} ntok ${ntok}`;
+          assert.deepEqual([...sums].map(hex), want, what);
+          assert.deepEqual(new Uint8Array(checked.buffer), new Uint8Array(plain.buffer), what);
+          // a flipped nibble in a skipped group changes no output, but the check
+          const g = scales.indexOf(255), saved = packed[g * 16 + 3];
+          if (g >= 0) {
+            packed[g * 16 + 3] ^= 0x10;
+            sums.fill(0n);
+            k.k3_matmul_mxfp4_checked(
+              ptr(packed),
+              ptr(scales),
+              ptr(x),
+              ptr(checked),
+              ntok,
+              rows,
+              cols,
+              0,
+              rows,
+              ptr(sums),
+            );
+            assert.notEqual(hex(sums[0]), want[0], what);
+            assert.deepEqual(new Uint8Array(checked.buffer), new Uint8Array(plain.buffer), what);
+            packed[g * 16 + 3] = saved;
+          }
+        }
+      }
+    }
+  } finally {
+    for (const [, l] of all) l.close();
+  }
+});

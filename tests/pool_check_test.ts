@@ -14,7 +14,7 @@ import type { Matrix } from "../engine/model/weights.ts";
 import { tensorCheck } from "../engine/weights/tensor_check.ts";
 import { EXIT, K3Error } from "../engine/errors.ts";
 
-Deno.test("checked products: serial and over 3 threads, any token count; mismatch throws K3Error", async () => {
+Deno.test("checked products: serial and over 3 threads, any token count; mismatch throws K3Error; MXFP4 sums", async () => {
   const k = kernels();
   const rows = 61, cols = 200, ntokMax = 5;
   const w = NativeBuffer.alloc(k, rows * cols * 2, "w");
@@ -51,6 +51,28 @@ Deno.test("checked products: serial and over 3 threads, any token count; mismatc
       const m: Matrix = { ptr: w.ptr, wtype: WTYPE.bf16, rows, cols, check: { expect, verified: false, what: "w" } };
       assert.throws(() => c.matmul(m, x.ptr, y1.ptr, 1), K3Error);
       wv[rows * cols - 1] ^= 1;
+    }
+    // MXFP4: the packed and scale rows' checks, summed over the threads' shares
+    const mrows = 64, mcols = 256;
+    const packed = NativeBuffer.alloc(k, mrows * mcols / 2, "packed"),
+      scales = NativeBuffer.alloc(k, mrows * mcols / 32, "scales");
+    try {
+      packed.u8.forEach((_, i, a) => (a[i] = (i * 2654435761) >>> 24));
+      scales.u8.forEach((_, i, a) => (a[i] = i % 7 === 0 ? 255 : 124 + (i % 6)));
+      const mx = { packed: packed.ptr, scales: scales.ptr, rows: mrows, cols: mcols };
+      const want = new BigUint64Array(2);
+      k.k3_matrix_check(packed.ptr, mcols / 2, 0, mrows, Deno.UnsafePointer.of(want));
+      k.k3_matrix_check(scales.ptr, mcols / 32, 0, mrows, Deno.UnsafePointer.offset(Deno.UnsafePointer.of(want)!, 8));
+      for (const c of [serialCompute(k), pool]) {
+        for (const ntok of [1, 3]) {
+          const sums = new BigUint64Array([5n, 7n]); // added to, not overwritten
+          c.mxfp4(mx, x.ptr, y1.ptr, ntok, sums);
+          assert.deepEqual([...sums], [BigInt.asUintN(64, want[0] + 5n), BigInt.asUintN(64, want[1] + 7n)]);
+        }
+      }
+    } finally {
+      packed.free();
+      scales.free();
     }
   } finally {
     pool.close();

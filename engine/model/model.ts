@@ -19,6 +19,7 @@ import { Vec } from "../native/memory.ts";
 import { type Compute, serialCompute } from "../native/pool.ts";
 import type { BoundTensors, Expert, F32, Matrix } from "./weights.ts";
 import { verifyMatrix } from "../weights/tensor_check.ts";
+import { settleExpert } from "../weights/expert_table.ts";
 
 /** Where the forward pass gets its weights. Implementations may read from disk. */
 export interface WeightSource {
@@ -599,10 +600,15 @@ export class K3Model {
       s.expertIn.f.set(z.f.subarray(users[j].t * latent, (users[j].t + 1) * latent), j * latent);
     }
     const nt = users.length;
-    this.compute.mxfp4(ex.w1, s.expertIn.ptr, s.t1.ptr, nt);
-    this.compute.mxfp4(ex.w3, s.expertIn.ptr, s.t2.ptr, nt);
+    // An expert fresh from the shards is verified by this run: its products add up its
+    // tensor checks, compared with the expert table before its output is used.
+    const c = ex.check && !ex.check.verified ? ex.check : undefined;
+    c?.words.fill(0n);
+    this.compute.mxfp4(ex.w1, s.expertIn.ptr, s.t1.ptr, nt, c?.words.subarray(0, 2));
+    this.compute.mxfp4(ex.w3, s.expertIn.ptr, s.t2.ptr, nt, c?.words.subarray(2, 4));
     k.k3_situ_glu(s.t1.ptr, s.t2.ptr, s.t1.ptr, nt * I, cfg.situBeta, cfg.situLinearBeta);
-    this.compute.mxfp4(ex.w2, s.t1.ptr, s.t5.ptr, nt);
+    this.compute.mxfp4(ex.w2, s.t1.ptr, s.t5.ptr, nt, c?.words.subarray(4, 6));
+    if (c) settleExpert(c);
     for (let j = 0; j < nt; j++) {
       const { t, slot } = users[j];
       s.expertOut.f.set(s.t5.f.subarray(j * latent, (j + 1) * latent), (t * topK + slot) * latent);

@@ -15,6 +15,7 @@ import { type Kernels, WTYPE } from "../native/ffi.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import type { Checkpoint, TensorInfo } from "../weights/safetensors.ts";
 import type { MatrixCheck } from "../weights/tensor_check.ts";
+import type { ExpertCheck } from "../weights/expert_table.ts";
 
 /** Prefix of every decoder tensor's name in the checkpoint. */
 export const PREFIX = "language_model.model.";
@@ -63,6 +64,8 @@ export interface Expert {
   w3: Mxfp4;
   /** Down projection. */
   w2: Mxfp4;
+  /** With an expert table: the digest its first run settles (expert_table.ts). */
+  check?: ExpertCheck;
 }
 
 /** How a tensor is kept in memory. */

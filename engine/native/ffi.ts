@@ -28,6 +28,7 @@ export const symbols = {
   k3_matmul_checked: { parameters: [P, I, P, P, I, I, I, I, I, P], result: V },
   k3_matrix_check: { parameters: [P, I, I, I, P], result: V },
   k3_matmul_mxfp4: { parameters: [P, P, P, P, I, I, I, I, I], result: V },
+  k3_matmul_mxfp4_checked: { parameters: [P, P, P, P, I, I, I, I, I, P], result: V },
   k3_rmsnorm: { parameters: [P, P, P, I, I, F], result: V },
   k3_situ_glu: { parameters: [P, P, P, I, F, F], result: V },
   k3_short_conv: { parameters: [P, P, P, P, I], result: V },

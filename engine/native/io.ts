@@ -31,7 +31,6 @@ export const ioSymbols = {
   k3io_sync: { parameters: [I], result: I, nonblocking: true },
   k3io_truncate: { parameters: [I, "u64"], result: I },
   k3io_pread_hash: { parameters: [I, P, "u64", "u64", "u64", P], result: "i64", nonblocking: true },
-  k3io_pread_parts: { parameters: [I, P, "u64", "u64", "u64", P, I, P], result: "i64", nonblocking: true },
   k3io_hash: { parameters: [P, "u64"], result: "u64" },
   k3io_kind: { parameters: ["buffer"], result: I },
   k3io_write: { parameters: [I, "buffer", "u64"], result: "i64" },
@@ -169,69 +168,6 @@ export class IoFile {
       throw new K3Error(`${this.path}: read of ${len} bytes at ${offset} failed: ${errnoText(n)}`);
     }
     return { n, hash: n === len ? out[0].toString(16).padStart(16, "0") : undefined };
-  }
-
-  /**
-   * Reads bytes [offset, offset+len) into `buf` (capacity `cap`) like `readSpan` (rounded
-   * out to ALIGN on a direct file) and, on the same I/O thread, hashes `parts` of them
-   * ([start, length] pairs relative to `offset`), `chunk` bytes per pread (0: one pread),
-   * each part hashed once its last byte is in: resolves to where byte `offset` landed,
-   * each part's k3w64 and the k3w64 of those digests (kernels/k3io.h k3io_pread_parts).
-   * Throws when the file ends before offset+len.
-   */
-  async readSpanParts(
-    buf: NonNullable<Deno.PointerValue>,
-    cap: number,
-    offset: number,
-    len: number,
-    parts: readonly (readonly [number, number])[],
-    chunk = 0,
-  ): Promise<{ delta: number; parts: bigint[]; digest: bigint }> {
-    const start = this.direct ? alignDown(offset) : offset;
-    const delta = offset - start;
-    const want = this.direct ? alignUp(delta + len) : len;
-    if (want > cap) throw new Error(`internal: readSpanParts needs ${want} bytes, buffer holds ${cap}`);
-    // One array for the part list and the digests: the I/O thread reads and writes it after
-    // this call returns, so it must outlive the await, and `out` (read below) keeps it alive.
-    // (A separate part-list array, unused after the call, was collected by a GC during the
-    // read: the thread then hashed ranges from freed memory. tests/gc_reads_test.ts.)
-    const words = new BigUint64Array(3 * parts.length + 1);
-    parts.forEach(([s, n], i) => words.set([BigInt(s + delta), BigInt(n)], 2 * i));
-    const spec = words.subarray(0, 2 * parts.length), out = words.subarray(2 * parts.length);
-    readStarted();
-    let n = -5;
-    try {
-      n = Number(
-        await io().k3io_pread_parts(
-          this.fd,
-          buf,
-          BigInt(want),
-          BigInt(start),
-          BigInt(chunk),
-          Deno.UnsafePointer.of(spec),
-          parts.length,
-          Deno.UnsafePointer.of(out),
-        ),
-      );
-    } finally {
-      readEnded(n);
-    }
-    if (n < 0) throw new K3Error(`${this.path}: read of ${want} bytes at ${start} failed: ${errnoText(n)}`);
-    if (n < want && (this.direct ? n < delta + len : true)) {
-      throw new K3Error(
-        `${this.path}: short read: file ends before byte ${offset + len} (got ${
-          Math.max(0, n - delta)
-        } of ${len} bytes at offset ${offset})`,
-      );
-    }
-    if (n < want) {
-      // A direct read rounded out past the end of the file: the wanted bytes are all there
-      // but the C side hashed nothing; hash them here (rare: the last expert of a shard).
-      const parts2 = parts.map(([s, l]) => io().k3io_hash(Deno.UnsafePointer.offset(buf, s + delta), BigInt(l)));
-      const words = new BigUint64Array(parts2);
-      return { delta, parts: parts2, digest: io().k3io_hash(Deno.UnsafePointer.of(words), BigInt(8 * words.length)) };
-    }
-    return { delta, parts: [...out.subarray(0, parts.length)], digest: out[parts.length] };
   }
 
   /** Reads exactly len bytes (or throws naming the file and the shortfall). */

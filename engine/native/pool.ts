@@ -7,8 +7,9 @@
  * products are split). The rows of a product are divided between the main thread and the
  * workers; each row's dot product has the same bits whichever thread computes it, so the
  * thread count never changes a token. A matrix with a check still to settle (a streamed
- * one, tensor_check.ts) is multiplied by k3_matmul_checked: each thread adds its rows'
- * check into its own word and the words' sum is compared with the manifest's.
+ * one, tensor_check.ts) is multiplied by k3_matmul_checked, and an expert fresh from the
+ * shards by k3_matmul_mxfp4_checked: each thread adds its rows' checks into its own words,
+ * and the words' sums go to the manifest's or the expert table's comparison.
  *
  * @module
  */
@@ -27,10 +28,20 @@ export interface Compute {
   /** y[t][r] = W[r] . x[t] for t < ntok; settles m.check when it is still open (throws
    * K3Error, exit 1, when the matrix's bytes do not match it). */
   matmul(m: Matrix, x: Ptr, y: Ptr, ntok: number): void;
-  /** The same with an MXFP4 matrix. */
-  mxfp4(m: Mxfp4, x: Ptr, y: Ptr, ntok: number): void;
+  /** The same with an MXFP4 matrix; with `sums`, adds the checks of its packed and scale
+   * rows (kernels/k3.h contract 5) to sums[0] and sums[1]. */
+  mxfp4(m: Mxfp4, x: Ptr, y: Ptr, ntok: number, sums?: BigUint64Array): void;
   /** Stops the workers. */
   close(): void;
+}
+
+/** Adds to target[j] (j = 0, 1) the words[threads * 2 + j] of `threads` threads, mod 2^64. */
+function addWords(target: BigUint64Array, words: BigUint64Array, threads: number): void {
+  for (let j = 0; j < 2; j++) {
+    let s = target[j];
+    for (let i = 0; i < threads; i++) s += words[2 * i + j];
+    target[j] = BigInt.asUintN(64, s);
+  }
 }
 
 /** The check a product must settle: m.check until it is verified. */
@@ -40,7 +51,7 @@ function openCheck(m: Matrix): MatrixCheck | undefined {
 
 /** Direct kernel calls on the calling thread. */
 export function serialCompute(k: Kernels): Compute {
-  const sum = new BigUint64Array(1), sumPtr = Deno.UnsafePointer.of(sum);
+  const sum = new BigUint64Array(2), sumPtr = Deno.UnsafePointer.of(sum);
   return {
     matmul(m, x, y, ntok) {
       const c = openCheck(m);
@@ -48,7 +59,11 @@ export function serialCompute(k: Kernels): Compute {
       k.k3_matmul_checked(m.ptr, m.wtype, x, y, ntok, m.rows, m.cols, 0, m.rows, c ? sumPtr : null);
       if (c) settleCheck(c, sum[0]);
     },
-    mxfp4: (m, x, y, ntok) => k.k3_matmul_mxfp4(m.packed, m.scales, x, y, ntok, m.rows, m.cols, 0, m.rows),
+    mxfp4(m, x, y, ntok, sums) {
+      sum.fill(0n);
+      k.k3_matmul_mxfp4_checked(m.packed, m.scales, x, y, ntok, m.rows, m.cols, 0, m.rows, sums ? sumPtr : null);
+      if (sums) addWords(sums, sum, 1);
+    },
     close() {},
   };
 }
@@ -84,7 +99,8 @@ interface WorkerSlot {
 
 /** A pool of `threads - 1` workers plus the calling thread. */
 export class WorkerPool implements Compute {
-  /** One matrix-check word per thread (the calling one first). */
+  /** Two check words per thread (the calling one first): a dense product uses the first, an
+   * MXFP4 one both (packed, scales). */
   private readonly sums: NativeBuffer;
   private readonly sumWords: BigUint64Array;
 
@@ -93,8 +109,8 @@ export class WorkerPool implements Compute {
     private readonly slots: WorkerSlot[],
     private readonly splitMin: number,
   ) {
-    this.sums = NativeBuffer.alloc(k, 8 * (slots.length + 1), "check words");
-    this.sumWords = new BigUint64Array(this.sums.u8.buffer, this.sums.u8.byteOffset, slots.length + 1);
+    this.sums = NativeBuffer.alloc(k, 16 * (slots.length + 1), "check words");
+    this.sumWords = new BigUint64Array(this.sums.u8.buffer, this.sums.u8.byteOffset, 2 * (slots.length + 1));
   }
 
   /** Starts the workers and waits until each has loaded the kernel library. `splitMin`:
@@ -141,11 +157,17 @@ export class WorkerPool implements Compute {
     const c = openCheck(m);
     if (c) this.sumWords.fill(0n);
     this.run(OP.matmul, m.ptr, null, m.wtype, x, y, ntok, m.rows, m.cols, c !== undefined);
-    if (c) settleCheck(c, BigInt.asUintN(64, this.sumWords.reduce((a, b) => a + b, 0n)));
+    if (c) {
+      const total = new BigUint64Array(2);
+      addWords(total, this.sumWords, this.slots.length + 1);
+      settleCheck(c, total[0]);
+    }
   }
 
-  mxfp4(m: Mxfp4, x: Ptr, y: Ptr, ntok: number): void {
-    this.run(OP.mxfp4, m.packed, m.scales, 0, x, y, ntok, m.rows, m.cols);
+  mxfp4(m: Mxfp4, x: Ptr, y: Ptr, ntok: number, sums?: BigUint64Array): void {
+    if (sums) this.sumWords.fill(0n);
+    this.run(OP.mxfp4, m.packed, m.scales, 0, x, y, ntok, m.rows, m.cols, sums !== undefined);
+    if (sums) addWords(sums, this.sumWords, this.slots.length + 1);
   }
 
   /** Splits rows evenly; the main thread takes the first share, workers the rest. */
@@ -162,11 +184,11 @@ export class WorkerPool implements Compute {
     check = false,
   ): void {
     const k = this.k;
-    const sum = (i: number) => check ? this.sums.at(8 * i) : null;
+    const sum = (i: number) => check ? this.sums.at(16 * i) : null;
     const call = (r0: number, r1: number) =>
       op === OP.matmul
         ? k.k3_matmul_checked(w, wtype, x, y, ntok, rows, cols, r0, r1, sum(0))
-        : k.k3_matmul_mxfp4(w, scales, x, y, ntok, rows, cols, r0, r1);
+        : k.k3_matmul_mxfp4_checked(w, scales!, x, y, ntok, rows, cols, r0, r1, sum(0));
     const n = this.slots.length + 1;
     if (n === 1 || rows * cols < this.splitMin || rows < 2 * n) {
       call(0, rows);

@@ -50,7 +50,18 @@ self.onmessage = (e: MessageEvent<{ sab: SharedArrayBuffer; libPath: string }>) 
         p(4),
       );
     } else {
-      k.k3_matmul_mxfp4(p(0), p(1), p(2), p(3), ctrl[a + 1], ctrl[a + 2], ctrl[a + 3], ctrl[a + 4], ctrl[a + 5]);
+      k.k3_matmul_mxfp4_checked(
+        p(0),
+        p(1),
+        p(2),
+        p(3),
+        ctrl[a + 1],
+        ctrl[a + 2],
+        ctrl[a + 3],
+        ctrl[a + 4],
+        ctrl[a + 5],
+        p(4),
+      );
     }
     Atomics.store(ctrl, CTRL.done, seq);
     Atomics.notify(ctrl, CTRL.done);

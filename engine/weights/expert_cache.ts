@@ -13,10 +13,11 @@
  * compute a token without every expert it routed to). Slots held by layer L are not
  * evicted until `release(L)` (the forward pass's doneWithExperts).
  *
- * With an expert table (expert_table.ts) every read, contiguous or per tensor, is hashed on
- * the I/O thread that made it and compared with the table before the slot is published: a
- * mismatch is one K3Error (exit 1, as a trunk piece mismatch) naming the layer, the expert
- * and the shard, and the damaged bytes are never handed to a matmul.
+ * With an expert table (expert_table.ts) every expert read carries its table digest
+ * (Expert.check), settled by its first run: its MXFP4 products add up its tensor checks from
+ * the bytes they decode, and a mismatch is one K3Error (exit 1, as a trunk mismatch) naming
+ * the layer, the expert and the shard before anything computed from the expert goes on. A
+ * slot stays verified while it holds the same expert.
  *
  * K3_FAULT_EXPERT_READ=L:E (tests only) makes the read of expert E of layer L come up short.
  *
@@ -28,21 +29,11 @@ import { K3Error } from "../errors.ts";
 import { type ExpertLocation, expertView, locateExpert } from "./experts.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { IoFile } from "../native/io.ts";
-import { type ExpertTable, hex64, readExpertHashed, TABLE_ADVICE, tableDigest } from "./expert_table.ts";
+import { expertCheck, type ExpertTable, readExpertSlot, tableDigest } from "./expert_table.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import type { IoStats } from "../model/model.ts";
 import type { Checkpoint } from "./safetensors.ts";
 import type { Expert } from "../model/weights.ts";
-
-/** An expert whose bytes did not match the expert table. */
-class ExpertMismatch extends Error {
-  constructor(loc: ExpertLocation, table: string) {
-    const shards = [...new Set(loc.tensors.map((t) => t.file.slice(t.file.lastIndexOf("/") + 1)))].join(", ");
-    super(
-      `layer ${loc.layer} expert ${loc.expert} (shard ${shards}): checksum mismatch against ${table}: the shard is damaged or the table is stale; re-download the shard, or re-make the table with ${TABLE_ADVICE}`,
-    );
-  }
-}
 
 interface Slot {
   buf: NativeBuffer;
@@ -197,29 +188,10 @@ export class ExpertCache {
           `short read: 0 of ${loc.bytes} bytes (fault injected by K3_FAULT_EXPERT_READ)`,
         );
       }
-      if (this.table) {
-        const r = await readExpertHashed(loc, s.buf, (p, d) => this.file(p, d));
-        const want = tableDigest(this.table.table, L, E);
-        if (hex64(r.digest) !== want) throw new ExpertMismatch(loc, this.table.path);
-        this.stats.expertBytes += r.bytesRead;
-        s.view = expertView(this.cfg, { ...loc, slotOffsets: loc.slotOffsets.map((o) => o + r.delta) }, s.buf);
-      } else if (loc.contiguous) {
-        const f = this.file(loc.file, true);
-        const delta = await f.readSpan(s.buf.ptr, s.buf.bytes, loc.offset, loc.bytes);
-        this.stats.expertBytes += f.direct ? Math.ceil((delta + loc.bytes) / 4096) * 4096 : loc.bytes;
-        s.view = expertView(this.cfg, {
-          ...loc,
-          slotOffsets: loc.slotOffsets.map((o) => o + delta),
-        }, s.buf);
-      } else {
-        await Promise.all(
-          loc.tensors.map((t, i) =>
-            this.file(t.file, false).readExact(s.buf.at(loc.slotOffsets[i]), t.bytes, t.offset)
-          ),
-        );
-        this.stats.expertBytes += loc.bytes;
-        s.view = expertView(this.cfg, loc, s.buf);
-      }
+      const r = await readExpertSlot(loc, s.buf, (p, d) => this.file(p, d));
+      this.stats.expertBytes += r.bytesRead;
+      s.view = expertView(this.cfg, { ...loc, slotOffsets: loc.slotOffsets.map((o) => o + r.delta) }, s.buf);
+      if (this.table) s.view.check = expertCheck(loc, tableDigest(this.table.table, L, E), this.table.path);
       s.state = "ready";
     } catch (e) {
       this.lru.delete(s.key);
@@ -227,7 +199,6 @@ export class ExpertCache {
       s.key = -1;
       s.holder = -1;
       s.view = undefined;
-      if (e instanceof ExpertMismatch) throw new K3Error(e.message);
       throw new K3Error(`layer ${L} expert ${E}: read failed: ${(e as Error).message}`);
     }
   }

@@ -1,15 +1,20 @@
 /**
- * The expert table: one k3w64 digest per routed expert, kept beside a packed trunk
+ * The expert table: one digest per routed expert, kept beside a packed trunk
  * (`<trunk_dir>/experts.json`, made by `k3 pack --hash-experts`), so every expert read
- * from the checkpoint's shards (which carry no checksum) is verified on the I/O thread
- * that read it (expert_cache.ts).
+ * from the checkpoint's shards (which carry no checksum) is verified before anything
+ * computed from it goes on.
  *
- * An expert's digest is the k3w64 of six little-endian 64-bit words: the k3w64 of each of
- * its tensors in `expertTensors` order (w1 packed, w1 scale, w3 packed, w3 scale, w2
- * packed, w2 scale). Per tensor, so the contiguous read (one pread, its tensors at their
- * offsets) and the per-tensor read give the same digest (kernels/k3io.h k3io_pread_parts).
+ * An expert's digest is the k3w64 of six little-endian 64-bit words: the matrix check
+ * (kernels/k3.h contract 5) of each of its tensors in `expertTensors` order (w1 packed, w1
+ * scale, w3 packed, w3 scale, w2 packed, w2 scale), each as its rows (shape[0] of them).
+ * The MXFP4 products compute those checks from the bytes they decode anyway
+ * (k3_matmul_mxfp4_checked), so an expert read from the shards is verified by its first run
+ * (`settleExpert`, before its output is summed) with no second pass over its bytes; once
+ * verified, its cache slot stays verified until it is refilled. Version 1 held the k3w64
+ * of each tensor's bytes instead, checked on the I/O thread; it is refused with the advice
+ * to re-make the table.
  *
- * Format (JSON): `format` "k3-experts", `version` 1, `checksum` "k3w64", `created`,
+ * Format (JSON): `format` "k3-experts", `version` 2, `checksum` "k3w64", `created`,
  * `fingerprint` (configFingerprint of the whole model's config) and `sample`
  * (weightSample: the weights) as in the trunk manifest, so a table of another model or of
  * other weights is refused, `layers`, `experts` (per MoE layer), `first` (first MoE
@@ -34,7 +39,7 @@ export const EXPERTS_FILE = "experts.json";
 /** Its format name. */
 export const TABLE_FORMAT = "k3-experts";
 /** Its format version. */
-export const TABLE_VERSION = 1;
+export const TABLE_VERSION = 2;
 /** The largest table read (the full model's: 93 x 896 digests, ~1.4 MB). */
 const MAX_TABLE_BYTES = 64 << 20;
 /** How to make one (for messages). */
@@ -81,7 +86,9 @@ export function parseExpertTable(text: string, path: string): ExpertTable {
   }
   if (!isObj(j)) return bad("not an object");
   if (j.format !== TABLE_FORMAT) bad(`format ${JSON.stringify(j.format)}, expected ${JSON.stringify(TABLE_FORMAT)}`);
-  if (j.version !== TABLE_VERSION) bad(`version ${JSON.stringify(j.version)}, this k3 reads version ${TABLE_VERSION}`);
+  if (j.version !== TABLE_VERSION) {
+    bad(`version ${JSON.stringify(j.version)}, this k3 reads version ${TABLE_VERSION} (digests of tensor checks)`);
+  }
   if (j.checksum !== CHECKSUM) bad(`checksum ${JSON.stringify(j.checksum)}, expected "${CHECKSUM}"`);
   if (typeof j.fingerprint !== "string" || !/^[0-9a-f]{32}$/.test(j.fingerprint)) bad("no fingerprint");
   if (typeof j.sample !== "string" || !/^[0-9a-f]{16}$/.test(j.sample)) bad("no weight sample hash");
@@ -142,9 +149,8 @@ export function readExpertTable(
 /** Hex of a 64-bit digest. */
 export const hex64 = (h: bigint): string => h.toString(16).padStart(16, "0");
 
-/** The expert digest from its tensors' digests (k3w64 of the little-endian words). */
-export function combineDigests(parts: readonly bigint[]): bigint {
-  const words = new BigUint64Array(parts);
+/** The expert digest from its tensors' checks (k3w64 of the little-endian words). */
+export function combineDigests(words: BigUint64Array): bigint {
   return io().k3io_hash(Deno.UnsafePointer.of(words), BigInt(8 * words.length));
 }
 
@@ -152,34 +158,71 @@ export function combineDigests(parts: readonly bigint[]): bigint {
 export const readRoom = (bytes: number): number => Math.ceil(bytes / 4096) * 4096 + 2 * 4096;
 
 /**
- * Reads one expert into `buf` (capacity `cap`) and digests it on the I/O thread. Contiguous:
- * one read of the run (direct file), its tensors at `slotOffsets` + the returned delta;
- * else each tensor at its slot offset (buffered). `file(path, direct)` gives open files;
- * `chunk`: bytes per pread of a contiguous expert (0: one pread, the default: 64 real-width
- * experts read 16 at a time took 0.45-0.52 s hashed in one pread each vs 0.49-0.55 s in
- * 1 MiB preads, 0.44-0.48 s unhashed, side by side on a loaded machine).
+ * Reads one expert into `buf`. Contiguous: one read of the run (direct file), its tensors at
+ * `slotOffsets` + the returned delta; else each tensor at its slot offset (buffered).
+ * `file(path, direct)` gives open files. Resolves to the delta and the bytes read from disk.
  */
-export async function readExpertHashed(
+export async function readExpertSlot(
   loc: ExpertLocation,
   buf: NativeBuffer,
   file: (path: string, direct: boolean) => IoFile,
-  chunk = 0,
-): Promise<{ delta: number; digest: bigint; bytesRead: number }> {
+): Promise<{ delta: number; bytesRead: number }> {
   if (loc.contiguous) {
     const f = file(loc.file, true);
-    const parts = loc.tensors.map((t, i) => [loc.slotOffsets[i], t.bytes] as const);
-    const r = await f.readSpanParts(buf.ptr, buf.bytes, loc.offset, loc.bytes, parts, chunk);
-    const bytesRead = f.direct ? Math.ceil((r.delta + loc.bytes) / 4096) * 4096 : loc.bytes;
-    return { delta: r.delta, digest: r.digest, bytesRead };
+    const delta = await f.readSpan(buf.ptr, buf.bytes, loc.offset, loc.bytes);
+    return { delta, bytesRead: f.direct ? Math.ceil((delta + loc.bytes) / 4096) * 4096 : loc.bytes };
   }
-  const parts = await Promise.all(
-    loc.tensors.map(async (t, i) => {
-      const at = loc.slotOffsets[i];
-      const r = await file(t.file, false).readSpanParts(buf.at(at), buf.bytes - at, t.offset, t.bytes, [[0, t.bytes]]);
-      return r.parts[0];
-    }),
+  await Promise.all(
+    loc.tensors.map((t, i) => file(t.file, false).readExact(buf.at(loc.slotOffsets[i]), t.bytes, t.offset)),
   );
-  return { delta: 0, digest: combineDigests(parts), bytesRead: loc.bytes };
+  return { delta: 0, bytesRead: loc.bytes };
+}
+
+/** The digest (as the table holds it) of an expert read into `buf` at `delta`. */
+export function expertDigest(k: Kernels, loc: ExpertLocation, buf: NativeBuffer, delta: number): string {
+  const words = new BigUint64Array(loc.tensors.length);
+  const ptr = Deno.UnsafePointer.of(words)!;
+  loc.tensors.forEach((t, i) => {
+    const rows = t.shape[0];
+    k.k3_matrix_check(
+      buf.at(loc.slotOffsets[i] + delta),
+      t.bytes / rows,
+      0,
+      rows,
+      Deno.UnsafePointer.offset(ptr, 8 * i),
+    );
+  });
+  return hex64(combineDigests(words));
+}
+
+/** An expert's digest to be settled by its first run: the six tensor checks its products add up. */
+export interface ExpertCheck {
+  /** The table's digest. */
+  expect: string;
+  /** The tensor checks, in table order (w1 packed, w1 scale, w3 ..., w2 ...). */
+  words: BigUint64Array;
+  /** True once the bytes in the slot were found to match. */
+  verified: boolean;
+  /** The message of a mismatch (layer, expert, shard, table). */
+  mismatch: string;
+}
+
+/** The ExpertCheck of an expert read from `loc`, against table `path`'s `expect`. */
+export function expertCheck(loc: ExpertLocation, expect: string, path: string): ExpertCheck {
+  const shards = [...new Set(loc.tensors.map((t) => t.file.slice(t.file.lastIndexOf("/") + 1)))].join(", ");
+  return {
+    expect,
+    words: new BigUint64Array(6),
+    verified: false,
+    mismatch:
+      `layer ${loc.layer} expert ${loc.expert} (shard ${shards}): checksum mismatch against ${path}: the shard is damaged or the table is stale; re-download the shard, or re-make the table with ${TABLE_ADVICE}`,
+  };
+}
+
+/** Compares the checks a run added up with the table (K3Error, exit 1, on a mismatch). */
+export function settleExpert(c: ExpertCheck): void {
+  if (hex64(combineDigests(c.words)) !== c.expect) throw new K3Error(c.mismatch);
+  c.verified = true;
 }
 
 /**
@@ -212,14 +255,14 @@ export async function hashAllExperts(
     if (!f) files.set(key, f = IoFile.open(path, { direct }));
     return f;
   };
-  const digests = new Map<number, bigint>();
+  const digests = new Map<number, string>();
   const t0 = performance.now();
   let next = 0, done = 0, lastLog = t0;
   const worker = async (buf: NativeBuffer) => {
     while (next < locs.length) {
       const loc = locs[next++];
-      const r = await readExpertHashed(loc, buf, file);
-      digests.set(loc.layer * NE + loc.expert, r.digest);
+      const r = await readExpertSlot(loc, buf, file);
+      digests.set(loc.layer * NE + loc.expert, expertDigest(k, loc, buf, r.delta));
       done += loc.bytes;
       const now = performance.now();
       if (now - lastLog > 1000) {
@@ -247,7 +290,7 @@ export async function hashAllExperts(
   );
   return Array.from(
     { length: cfg.numLayers },
-    (_, L) => L < cfg.firstKDense ? "" : Array.from({ length: NE }, (_, E) => hex64(digests.get(L * NE + E)!)).join(""),
+    (_, L) => L < cfg.firstKDense ? "" : Array.from({ length: NE }, (_, E) => digests.get(L * NE + E)!).join(""),
   );
 }
 

@@ -7,6 +7,9 @@ checked against an independent statement.
                                             [{"rows", "rowbytes", "hex", "r0", "r1", "check"}]
   python3 tests/oracle/k3check.py file PATH OFFSET ROWS ROWBYTES [OFFSET ROWS ROWBYTES ...]
                                             JSON list of the checks of those tensors of a file
+  python3 tests/oracle/k3check.py digest PATH OFFSET ROWS ROWBYTES [...]
+                                            the k3w64 (tests/oracle/k3w64.py) of those checks as
+                                            little-endian words: an expert table digest
 
 Definition (all arithmetic mod 2**64, words little-endian): each row of `rowbytes` bytes is
 cut into 32-byte units, the last zero padded; unit u is four words d[0..3] and uses key
@@ -81,14 +84,19 @@ def vectors():
 if __name__ == "__main__":
     if sys.argv[1:] == ["vectors"]:
         print(json.dumps(vectors()))
-    elif sys.argv[1:2] == ["file"] and len(sys.argv) % 3 == 0:
+    elif sys.argv[1:2] in (["file"], ["digest"]) and len(sys.argv) % 3 == 0:
         with open(sys.argv[2], "rb") as f:
             data = f.read()
         n = [int(a) for a in sys.argv[3:]]
-        out = []
+        checks = []
         for i in range(0, len(n), 3):
             off, rows, rowbytes = n[i:i + 3]
-            out.append("%016x" % check(data[off:off + rows * rowbytes], rowbytes, 0, rows))
-        print(json.dumps(out))
+            checks.append(check(data[off:off + rows * rowbytes], rowbytes, 0, rows))
+        if sys.argv[1] == "file":
+            print(json.dumps(["%016x" % c for c in checks]))
+        else:
+            sys.dont_write_bytecode = True  # no __pycache__ in the tree
+            from k3w64 import k3w64
+            print(json.dumps("%016x" % k3w64(struct.pack("<%dQ" % len(checks), *checks))))
     else:
         sys.exit(__doc__)
