@@ -14,7 +14,8 @@
  *    (bench/slice.ts, packed with its expert table; re-packed when the trunk format moved
  *    on) at trunk 2.5 GB + cache 0.31 GB, so every layer streams and most experts miss:
  *    seconds per decode token with everything verified (each streamed tensor against its
- *    tensor check, the matrices inside their products; each expert read on its I/O thread)
+ *    tensor check, the matrices inside their products; each expert read by its first run's
+ *    products against the expert table)
  *    and with verification off (openModel's `verify: false`, which exists for this),
  *    alternating runs, medians, and their ratio.
  *

@@ -9,35 +9,12 @@
  */
 import assert from "node:assert/strict";
 import { ioSymbols } from "../engine/native/io.ts";
-import { python } from "./helpers.ts";
-
-const KDIR = new URL("../kernels/", import.meta.url).pathname;
-const EXT = Deno.build.os === "darwin" ? "dylib" : "so";
+import { libraryBuilds, noise, python } from "./helpers.ts";
 
 type Io = Deno.DynamicLibrary<typeof ioSymbols>;
 
-function build(): void {
-  const out = new Deno.Command("make", { args: ["-s", "-C", KDIR, "all", "variants"] }).outputSync();
-  if (!out.success) throw new Error("make all variants failed:\n" + new TextDecoder().decode(out.stderr));
-}
-
-/** Every library build present, by name (scalar always; it is the reference path). */
-function libs(): [string, Io][] {
-  build();
-  const out: [string, Io][] = [];
-  for (const v of ["scalar", "avx2", "avx512"]) {
-    const p = `${KDIR}build/libk3-${v}.${EXT}`;
-    try {
-      Deno.statSync(p);
-    } catch {
-      assert.notEqual(v, "scalar", "the scalar build must exist");
-      continue;
-    }
-    out.push([v, Deno.dlopen(p, ioSymbols)]);
-  }
-  out.push(["native", Deno.dlopen(`${KDIR}build/libk3.${EXT}`, ioSymbols)]);
-  return out;
-}
+/** Every build, opened for the I/O symbols. */
+const libs = () => libraryBuilds(ioSymbols);
 
 const hex = (b: bigint) => b.toString(16).padStart(16, "0");
 
@@ -56,19 +33,6 @@ function streamed(l: Io, bytes: Uint8Array, splits: number[]): string {
     at += n;
   }
   return hex(l.symbols.k3io_hash_digest(sp));
-}
-
-/** Deterministic pseudo-random bytes (xorshift32). */
-function noise(n: number, seed: number): Uint8Array {
-  const out = new Uint8Array(n);
-  let x = seed | 1;
-  for (let i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    out[i] = x & 255;
-  }
-  return out;
 }
 
 Deno.test("k3w64: every build gives the Python definition's known answers", async () => {

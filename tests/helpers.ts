@@ -116,3 +116,42 @@ export async function packedFloor(
     layerSizes,
   };
 }
+
+const KDIR = new URL("../kernels/", import.meta.url).pathname;
+const EXT = Deno.build.os === "darwin" ? "dylib" : "so";
+
+/**
+ * Every build of the kernel library present (made first: `make all variants`), by name,
+ * opened for `symbols`: scalar (always: it is the reference path), avx2 and avx512 where this
+ * CPU runs them, and the native build.
+ */
+export function libraryBuilds<S extends Deno.ForeignLibraryInterface>(symbols: S): [string, Deno.DynamicLibrary<S>][] {
+  const out = new Deno.Command("make", { args: ["-s", "-C", KDIR, "all", "variants"] }).outputSync();
+  if (!out.success) throw new Error("make all variants failed:\n" + new TextDecoder().decode(out.stderr));
+  const found: [string, Deno.DynamicLibrary<S>][] = [];
+  for (const v of ["scalar", "avx2", "avx512"]) {
+    const p = `${KDIR}build/libk3-${v}.${EXT}`;
+    try {
+      Deno.statSync(p);
+    } catch {
+      if (v === "scalar") throw new Error("the scalar build must exist");
+      continue;
+    }
+    found.push([v, Deno.dlopen(p, symbols)]);
+  }
+  found.push(["native", Deno.dlopen(`${KDIR}build/libk3.${EXT}`, symbols)]);
+  return found;
+}
+
+/** Deterministic pseudo-random bytes (xorshift32). */
+export function noise(n: number, seed: number): Uint8Array {
+  const out = new Uint8Array(n);
+  let x = seed | 1;
+  for (let i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    out[i] = x & 255;
+  }
+  return out;
+}

@@ -10,35 +10,16 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { openKernels, type symbols, WTYPE } from "../engine/native/ffi.ts";
-import { python } from "./helpers.ts";
-import { kernels } from "../engine/native/ffi.ts";
+import { kernels, symbols, WTYPE } from "../engine/native/ffi.ts";
+import { libraryBuilds, noise, python } from "./helpers.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import type { TensorEntry } from "../engine/weights/manifest.ts";
 import { RegionChecker, tensorCheck } from "../engine/weights/tensor_check.ts";
 
-const KDIR = new URL("../kernels/", import.meta.url).pathname;
-const EXT = Deno.build.os === "darwin" ? "dylib" : "so";
 type Lib = Deno.DynamicLibrary<typeof symbols>;
 
-/** Every library build present, by name (scalar always: it is the reference path). */
-function libs(): [string, Lib][] {
-  const out = new Deno.Command("make", { args: ["-s", "-C", KDIR, "all", "variants"] }).outputSync();
-  if (!out.success) throw new Error("make all variants failed:\n" + new TextDecoder().decode(out.stderr));
-  const found: [string, Lib][] = [];
-  for (const v of ["scalar", "avx2", "avx512"]) {
-    const p = `${KDIR}build/libk3-${v}.${EXT}`;
-    try {
-      Deno.statSync(p);
-    } catch {
-      assert.notEqual(v, "scalar", "the scalar build must exist");
-      continue;
-    }
-    found.push([v, openKernels(p)]);
-  }
-  found.push(["native", openKernels(`${KDIR}build/libk3.${EXT}`)]);
-  return found;
-}
+/** Every build, opened for the kernel symbols. */
+const libs = () => libraryBuilds(symbols);
 
 const hex = (b: bigint) => b.toString(16).padStart(16, "0");
 const ptr = (a: ArrayBufferView) => Deno.UnsafePointer.of(a)!;
@@ -48,19 +29,6 @@ function matrixCheck(l: Lib, bytes: Uint8Array, rowbytes: number, r0: number, r1
   const sum = new BigUint64Array(1);
   l.symbols.k3_matrix_check(ptr(bytes.subarray(r0 * rowbytes)), rowbytes, r0, r1, ptr(sum));
   return hex(sum[0]);
-}
-
-/** Deterministic pseudo-random bytes (xorshift32). */
-function noise(n: number, seed: number): Uint8Array {
-  const out = new Uint8Array(n);
-  let x = seed | 1;
-  for (let i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    out[i] = x & 255;
-  }
-  return out;
 }
 
 /** bf16 weights of moderate size (no inf or NaN), rows x cols. */
@@ -205,7 +173,7 @@ Deno.test("matrix check: k3_matmul_mxfp4_checked = the checks of its packed and 
           const plain = new Float32Array(ntok * rows), checked = new Float32Array(ntok * rows);
           k.k3_matmul_mxfp4(ptr(packed), ptr(scales), ptr(x), ptr(plain), ntok, rows, cols, 0, rows);
           const sums = new BigUint64Array(2), cut = Math.floor(rows / 2);
-          for (const [r0, r1] of [[0, cut], [cut, rows]]) {
+          const checkedRows = (r0: number, r1: number) =>
             k.k3_matmul_mxfp4_checked(
               ptr(packed),
               ptr(scales),
@@ -218,7 +186,8 @@ Deno.test("matrix check: k3_matmul_mxfp4_checked = the checks of its packed and 
               r1,
               ptr(sums),
             );
-          }
+          checkedRows(0, cut);
+          checkedRows(cut, rows);
           const what = `${name} ${rows}x${cols} ntok ${ntok}`;
           assert.deepEqual([...sums].map(hex), want, what);
           assert.deepEqual(new Uint8Array(checked.buffer), new Uint8Array(plain.buffer), what);
@@ -227,18 +196,7 @@ Deno.test("matrix check: k3_matmul_mxfp4_checked = the checks of its packed and 
           if (g >= 0) {
             packed[g * 16 + 3] ^= 0x10;
             sums.fill(0n);
-            k.k3_matmul_mxfp4_checked(
-              ptr(packed),
-              ptr(scales),
-              ptr(x),
-              ptr(checked),
-              ntok,
-              rows,
-              cols,
-              0,
-              rows,
-              ptr(sums),
-            );
+            checkedRows(0, rows);
             assert.notEqual(hex(sums[0]), want[0], what);
             assert.deepEqual(new Uint8Array(checked.buffer), new Uint8Array(plain.buffer), what);
             packed[g * 16 + 3] = saved;

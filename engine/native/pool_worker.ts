@@ -35,34 +35,10 @@ self.onmessage = (e: MessageEvent<{ sab: SharedArrayBuffer; libPath: string }>) 
     last = seq;
     const a = CTRL.args;
     const p = (i: number) => Deno.UnsafePointer.create(ptrs[i]);
-    if (ctrl[CTRL.op] === OP.matmul) {
-      // p(4): where this share's matrix check goes (null: none wanted)
-      k.k3_matmul_checked(
-        p(0),
-        ctrl[a],
-        p(2),
-        p(3),
-        ctrl[a + 1],
-        ctrl[a + 2],
-        ctrl[a + 3],
-        ctrl[a + 4],
-        ctrl[a + 5],
-        p(4),
-      );
-    } else {
-      k.k3_matmul_mxfp4_checked(
-        p(0),
-        p(1),
-        p(2),
-        p(3),
-        ctrl[a + 1],
-        ctrl[a + 2],
-        ctrl[a + 3],
-        ctrl[a + 4],
-        ctrl[a + 5],
-        p(4),
-      );
-    }
+    const [ntok, rows, cols, r0, r1] = [ctrl[a + 1], ctrl[a + 2], ctrl[a + 3], ctrl[a + 4], ctrl[a + 5]];
+    // p(4): where this share's checks go (null: none wanted)
+    if (ctrl[CTRL.op] === OP.matmul) k.k3_matmul_checked(p(0), ctrl[a], p(2), p(3), ntok, rows, cols, r0, r1, p(4));
+    else k.k3_matmul_mxfp4_checked(p(0), p(1), p(2), p(3), ntok, rows, cols, r0, r1, p(4));
     Atomics.store(ctrl, CTRL.done, seq);
     Atomics.notify(ctrl, CTRL.done);
   }

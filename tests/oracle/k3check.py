@@ -24,21 +24,13 @@ import random
 import struct
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the tree
+from k3w64 import k3w64, key_words  # noqa: E402
+
 M = (1 << 64) - 1
 
 
-def key_words():
-    x, out = 0x6B33636B, []
-    for _ in range(19):
-        x = (x + 0x9E3779B97F4A7C15) & M
-        z = x
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
-        out.append(z ^ (z >> 31))
-    return out
-
-
-KEY = key_words()
+KEY = key_words(0x6B33636B, 19)
 
 
 def rotl(v, s):
@@ -95,8 +87,6 @@ if __name__ == "__main__":
         if sys.argv[1] == "file":
             print(json.dumps(["%016x" % c for c in checks]))
         else:
-            sys.dont_write_bytecode = True  # no __pycache__ in the tree
-            from k3w64 import k3w64
             print(json.dumps("%016x" % k3w64(struct.pack("<%dQ" % len(checks), *checks))))
     else:
         sys.exit(__doc__)

@@ -26,9 +26,10 @@ INIT = [0xC2B2AE3D, 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
         0x85EBCA77C2B2AE63, 0x85EBCA77, 0x27D4EB2F165667C5, 0x9E3779B1]
 
 
-def key_words():
-    x, out = 0x6B33773634, []
-    for _ in range(32):
+def key_words(seed=0x6B33773634, n=32):
+    """splitmix64 outputs 1..n from `seed` (also the matrix check's key: k3check.py)."""
+    x, out = seed, []
+    for _ in range(n):
         x = (x + 0x9E3779B97F4A7C15) & M
         z = x
         z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
