@@ -10,8 +10,9 @@
  * of its matrices has been verified, or the run has stopped. Hashing each 16 MB piece
  * after it lands was a second pass over every streamed byte, 5-8% of a floor-budget token
  * here; the check in the product costs ~13% of the dense product's own time, which the
- * disk hides at the floor (bench/verify.ts). The ring is one
- * arena holding a FIFO of variable-size layer regions: streamed layers are read ahead in
+ * disk hides at the floor (bench/verify.ts).
+ *
+ * The ring is one arena holding a FIFO of variable-size layer regions: streamed layers are read ahead in
  * the order the forward pass uses them (wrapping to the next token's first streamed layer)
  * while the current layer computes. Reads go piece by piece, each piece once no older layer
  * needs its ring bytes: a layer frees its attention tensors' bytes when the pass is past its
@@ -427,7 +428,7 @@ export class StreamedTrunk {
     }
   }
 
-  /** Reads piece j of entry e (region bytes [at, at+len)); its bytes are verified by their
+  /** Reads a piece of entry e (region bytes [at, at+len)); its bytes are verified by their
    * tensor checks once bound. */
   private readPiece(e: RingEntry, at: number, len: number): void {
     this.inflight++;
