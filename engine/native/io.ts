@@ -167,7 +167,7 @@ export class IoFile {
     if (n < 0) {
       throw new K3Error(`${this.path}: read of ${len} bytes at ${offset} failed: ${errnoText(n)}`);
     }
-    return { n, hash: n === len ? out[0].toString(16).padStart(16, "0") : undefined };
+    return { n, hash: n === len ? hex64(out[0]) : undefined };
   }
 
   /** Reads exactly len bytes (or throws naming the file and the shortfall). */
@@ -269,8 +269,11 @@ export const CHECKSUM = "k3w64";
 
 /** k3w64 of len bytes at ptr, as 16 hex digits. */
 export function hashHex(ptr: NonNullable<Deno.PointerValue>, len: number): string {
-  return io().k3io_hash(ptr, BigInt(len)).toString(16).padStart(16, "0");
+  return hex64(io().k3io_hash(ptr, BigInt(len)));
 }
+
+/** A 64-bit digest or check as 16 hex digits (how manifests and tables write them). */
+export const hex64 = (h: bigint): string => h.toString(16).padStart(16, "0");
 
 /** A streaming k3w64 (updates must be multiples of 64 bytes except the last). */
 export class Hasher {
@@ -287,7 +290,7 @@ export class Hasher {
   }
   /** The hash so far, as hex. */
   hex(): string {
-    return io().k3io_hash_digest(this.ptr).toString(16).padStart(16, "0");
+    return hex64(io().k3io_hash_digest(this.ptr));
   }
 }
 

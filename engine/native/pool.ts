@@ -35,7 +35,7 @@ export interface Compute {
   close(): void;
 }
 
-/** Adds to target[j] (j = 0, 1) the words[threads * 2 + j] of `threads` threads, mod 2^64. */
+/** Adds to target[j] (j = 0, 1) each thread's word j (words[2 * thread + j]), mod 2^64. */
 function addWords(target: BigUint64Array, words: BigUint64Array, threads: number): void {
   for (let j = 0; j < 2; j++) {
     let s = target[j];

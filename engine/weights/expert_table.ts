@@ -28,11 +28,12 @@
 import type { K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
 import { notRegular, readInputText, statKind, writeFailure, writeFileDurable } from "../native/files.ts";
-import { CHECKSUM, io, IoFile } from "../native/io.ts";
+import { CHECKSUM, hex64, io, IoFile } from "../native/io.ts";
 import { type Kernels } from "../native/ffi.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import { type ExpertLocation, locateExpert } from "./experts.ts";
 import type { Checkpoint } from "./safetensors.ts";
+import { tensorCheckWord } from "./tensor_check.ts";
 
 /** The table's file name, inside the trunk directory. */
 export const EXPERTS_FILE = "experts.json";
@@ -146,9 +147,6 @@ export function readExpertTable(
   return t;
 }
 
-/** Hex of a 64-bit digest. */
-export const hex64 = (h: bigint): string => h.toString(16).padStart(16, "0");
-
 /** The expert digest from its tensors' checks (k3w64 of the little-endian words). */
 export function combineDigests(words: BigUint64Array): bigint {
   return io().k3io_hash(Deno.UnsafePointer.of(words), BigInt(8 * words.length));
@@ -180,18 +178,9 @@ export async function readExpertSlot(
 
 /** The digest (as the table holds it) of an expert read into `buf` at `delta`. */
 export function expertDigest(k: Kernels, loc: ExpertLocation, buf: NativeBuffer, delta: number): string {
-  const words = new BigUint64Array(loc.tensors.length);
-  const ptr = Deno.UnsafePointer.of(words)!;
-  loc.tensors.forEach((t, i) => {
-    const rows = t.shape[0];
-    k.k3_matrix_check(
-      buf.at(loc.slotOffsets[i] + delta),
-      t.bytes / rows,
-      0,
-      rows,
-      Deno.UnsafePointer.offset(ptr, 8 * i),
-    );
-  });
+  const words = new BigUint64Array(
+    loc.tensors.map((t, i) => tensorCheckWord(k, { keep: "matrix", ...t }, buf.at(loc.slotOffsets[i] + delta))),
+  );
   return hex64(combineDigests(words));
 }
 

@@ -18,6 +18,7 @@ import { K3Error } from "../errors.ts";
 import { type Kernels, WTYPE } from "../native/ffi.ts";
 import type { Matrix } from "../model/weights.ts";
 import { NativeBuffer } from "../native/memory.ts";
+import { hex64 } from "../native/io.ts";
 import type { TensorEntry } from "./manifest.ts";
 
 /** A tensor as the rows its check is made of. */
@@ -25,21 +26,25 @@ export function checkRows(t: Pick<TensorEntry, "keep" | "shape" | "bytes">): { r
   return t.keep === "matrix" ? { rows: t.shape[0], rowbytes: t.bytes / t.shape[0] } : { rows: 1, rowbytes: t.bytes };
 }
 
-/** A check as the manifest writes it. */
-export function checkHex(sum: bigint): string {
-  return sum.toString(16).padStart(16, "0");
+/** The check of a tensor whose bytes are at `ptr`, as a word. */
+export function tensorCheckWord(
+  k: Kernels,
+  t: Pick<TensorEntry, "keep" | "shape" | "bytes">,
+  ptr: NonNullable<Deno.PointerValue>,
+): bigint {
+  const { rows, rowbytes } = checkRows(t);
+  const sum = new BigUint64Array(1);
+  k.k3_matrix_check(ptr, rowbytes, 0, rows, Deno.UnsafePointer.of(sum));
+  return sum[0];
 }
 
-/** The check of a tensor whose bytes are at `ptr`. */
+/** The check of a tensor whose bytes are at `ptr`, as the manifest writes it. */
 export function tensorCheck(
   k: Kernels,
   t: Pick<TensorEntry, "keep" | "shape" | "bytes">,
   ptr: NonNullable<Deno.PointerValue>,
 ): string {
-  const { rows, rowbytes } = checkRows(t);
-  const sum = new BigUint64Array(1);
-  k.k3_matrix_check(ptr, rowbytes, 0, rows, Deno.UnsafePointer.of(sum));
-  return checkHex(sum[0]);
+  return hex64(tensorCheckWord(k, t, ptr));
 }
 
 /**
@@ -64,7 +69,7 @@ export function checkMismatch(what: string, got: string, expect: string): K3Erro
 
 /** Compares a product's check with the expected one; throws checkMismatch when they differ. */
 export function settleCheck(c: MatrixCheck, sum: bigint): void {
-  const got = checkHex(sum);
+  const got = hex64(sum);
   if (got !== c.expect) throw checkMismatch(c.what, got, c.expect);
   c.verified = true;
 }
@@ -73,9 +78,8 @@ export function settleCheck(c: MatrixCheck, sum: bigint): void {
  * other than the product read (MLA's kv_b_proj), before they read it. */
 export function verifyMatrix(k: Kernels, m: Matrix): void {
   if (!m.check || m.check.verified) return;
-  const sum = new BigUint64Array(1);
-  k.k3_matrix_check(m.ptr, m.cols * (m.wtype === WTYPE.bf16 ? 2 : 4), 0, m.rows, Deno.UnsafePointer.of(sum));
-  settleCheck(m.check, sum[0]);
+  const bytes = m.rows * m.cols * (m.wtype === WTYPE.bf16 ? 2 : 4);
+  settleCheck(m.check, tensorCheckWord(k, { keep: "matrix", shape: [m.rows, m.cols], bytes }, m.ptr));
 }
 
 /**
@@ -155,6 +159,6 @@ export class RegionChecker {
   results(): string[] {
     this.carry.free();
     if (this.ti !== this.tensors.length) throw new Error("internal: region checked before all its bytes were fed");
-    return Array.from(this.sums, checkHex);
+    return Array.from(this.sums, hex64);
   }
 }
