@@ -5,7 +5,7 @@
  * that a JS number crosses the FFI on the fast path; allocation sizes are uint64_t
  * (passed as bigint).
  *
- * Determinism contract: the scalar path in k3.c defines the accumulation order of every
+ * Determinism contract: the scalar path of simd.h defines the accumulation order of every
  * reduction. SIMD paths (AVX-512, AVX2, NEON) reproduce it bit for bit; the build uses
  * -ffp-contract=off so no multiply-add is fused behind our back. Every op that takes a
  * [r0, r1) row range or [h0, h1) head range gives, for each row or head, a result that
@@ -46,7 +46,7 @@ void k3_matmul(const void *w, int32_t wtype, const float *x, float *y,
  * computes, so streamed weights are verified without a second pass over their bytes. Each
  * row of `rowbytes` bytes is cut into 32-byte units (the last zero padded) of four
  * little-endian 64-bit words d[0..3]; unit u uses key words K[(u mod 16) + i] (CHECK_KEY in
- * k3.c: splitmix64 outputs 1..19 from seed 0x6B33636B). With lanes a[0..3] = 0, mod 2^64:
+ * products.c: splitmix64 outputs 1..19 from seed 0x6B33636B). With lanes a[0..3] = 0, mod 2^64:
  *   x = d[i] ^ K[(u mod 16) + i];  a[i] += d[i] + lo32(x) * hi32(x)
  * then h = a[0] ^ rotl(a[1], 16) ^ rotl(a[2], 32) ^ rotl(a[3], 48), h += r * 0x9E3779B97F4A7C15
  * (r the row's index in the matrix), and the row word is murmur3's fmix64(h). The check of a

@@ -1,0 +1,415 @@
+/*
+ * k3 ops: ISA report, memory and conversions, norms and activations, the KDA step, MLA
+ * attention, the MoE router, Attention Residuals and the elementwise ops (k3.h says what
+ * each computes), written once against the lane types of simd.h.
+ */
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200112L /* posix_memalign */
+#define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
+#endif
+#include "k3.h"
+#include "simd.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+#if defined(_WIN32)
+#include <malloc.h> /* _aligned_malloc */
+#endif
+
+const char *k3_isa(void) { return K3_ISA_NAME; }
+
+int32_t k3_cpu_features(void) {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+  int32_t f = 0;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) f |= 1;
+  if (__builtin_cpu_supports("fma")) f |= 2;
+  if (__builtin_cpu_supports("f16c")) f |= 4;
+  if (__builtin_cpu_supports("avx512f")) f |= 8;
+  if (__builtin_cpu_supports("avx512bw")) f |= 16;
+  if (__builtin_cpu_supports("avx512vl")) f |= 32;
+  if (__builtin_cpu_supports("avx512dq")) f |= 64;
+  return f;
+#else
+  return 0;
+#endif
+}
+static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* ---------------------------------------------------------------- memory, conversions */
+
+#define K3_HUGE ((size_t)2 << 20)
+
+void *k3_alloc(uint64_t bytes) {
+  if (bytes == 0) bytes = 1;
+  if (bytes > (uint64_t)SIZE_MAX) return NULL;
+#if defined(_WIN32)
+  return _aligned_malloc((size_t)bytes, 4096);
+#else
+  void *p = NULL;
+  /* Large buffers (weights, trunk slots, expert slots) are 2 MiB aligned and asked to be
+   * backed by huge pages: first touch of fresh memory costs a fault per page, and on a
+   * virtual machine that fault is expensive (~15 us per 4 KiB page measured here). */
+  size_t align = bytes >= K3_HUGE ? K3_HUGE : 4096;
+  if (posix_memalign(&p, align, (size_t)bytes) != 0) return NULL;
+#if defined(MADV_HUGEPAGE)
+  if (bytes >= K3_HUGE) madvise(p, (size_t)bytes, MADV_HUGEPAGE);
+#endif
+  return p;
+#endif
+}
+
+void k3_free(void *p) {
+#if defined(_WIN32)
+  _aligned_free(p);
+#else
+  free(p);
+#endif
+}
+
+void k3_bf16_to_f32(const uint16_t *src, float *dst, int32_t n) {
+  int i = 0;
+  for (; i + 16 <= n; i += 16) v16_store(dst + i, v16_load_bf16(src + i));
+  for (; i < n; i++) dst[i] = bf16_f32(src[i]);
+}
+
+/* IEEE binary16 -> binary32, exact (subnormals normalised, inf and NaN kept). */
+static float f16_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3FFu;
+  if (e == 31) return bits_f32(sign | 0x7F800000u | (m << 13));
+  if (e == 0) {
+    if (m == 0) return bits_f32(sign);
+    e = 113; /* 127 - 15 + 1, decremented while normalising */
+    while (!(m & 0x400u)) {
+      m <<= 1;
+      e--;
+    }
+    return bits_f32(sign | (e << 23) | ((m & 0x3FFu) << 13));
+  }
+  return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+void k3_f16_to_f32(const uint16_t *src, float *dst, int32_t n) {
+  for (int i = 0; i < n; i++) dst[i] = f16_f32(src[i]);
+}
+/* ---------------------------------------------------------------- norms and activations */
+
+/* y = x / r * w lane-wise (w NULL: no gain). */
+static void div_gain(const float *x, const float *w, float *y, float r, int n) {
+  v16 rv = v16_set1(r);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    v16 v = v16_div(v16_load(x + i), rv);
+    if (w) v = v16_mul(v, v16_load(w + i));
+    v16_store(y + i, v);
+  }
+  for (; i < n; i++) y[i] = w ? (x[i] / r) * w[i] : x[i] / r;
+}
+
+void k3_rmsnorm(const float *x, const float *w, float *y, int32_t n, int32_t ngroups, float eps) {
+  for (int g = 0; g < ngroups; g++) {
+    const float *xg = x + (size_t)g * n;
+    float r = sqrtf(dot_f32(xg, xg, n) / (float)n + eps);
+    div_gain(xg, w, y + (size_t)g * n, r, n);
+  }
+}
+
+void k3_l2norm(float *x, int32_t d, int32_t nheads, float eps) {
+  for (int h = 0; h < nheads; h++) {
+    float *xh = x + (size_t)h * d;
+    float r = sqrtf(dot_f32(xh, xh, d) + eps);
+    div_gain(xh, NULL, xh, r, d);
+  }
+}
+
+void k3_situ_glu(const float *g, const float *u, float *out, int32_t n, float b1, float b2) {
+  for (int i = 0; i < n; i++) {
+    float gi = g[i], ui = u[i];
+    float a = (b1 * tanhf(gi / b1)) * sigm(gi);
+    float v = b2 * tanhf(ui / b2);
+    out[i] = a * v;
+  }
+}
+
+void k3_short_conv(float *state, const float *w, const float *x, float *y, int32_t channels) {
+  for (int c = 0; c < channels; c++) {
+    float *s = state + 3 * (size_t)c;
+    const float *wc = w + 4 * (size_t)c;
+    float xc = x[c];
+    float z = wc[0] * s[0];
+    z = z + wc[1] * s[1];
+    z = z + wc[2] * s[2];
+    z = z + wc[3] * xc;
+    s[0] = s[1];
+    s[1] = s[2];
+    s[2] = xc;
+    y[c] = z * sigm(z);
+  }
+}
+
+void k3_kda_decay(const float *f, const float *a_log, const float *dt_bias, float *alpha,
+                  int32_t nheads, int32_t d, float lb) {
+  for (int h = 0; h < nheads; h++) {
+    float a = expf(a_log[h]);
+    for (int i = 0; i < d; i++) {
+      size_t j = (size_t)h * d + i;
+      alpha[j] = expf(lb * sigm(a * (f[j] + dt_bias[j])));
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- KDA step */
+
+enum { KDA_COLS = 256 }; /* columns are independent, so they are processed in chunks */
+
+void k3_kda_step(float *S, const float *q, const float *k, const float *v, const float *beta,
+                 const float *alpha, float *o, int32_t d, int32_t h0, int32_t h1) {
+  float sd = sqrtf((float)d);
+  for (int h = h0; h < h1; h++) {
+    float *Sh = S + (size_t)h * d * d;
+    const float *qh = q + (size_t)h * d, *kh = k + (size_t)h * d, *vh = v + (size_t)h * d;
+    const float *ah = alpha + (size_t)h * d;
+    float *oh = o + (size_t)h * d;
+    float b = beta[h];
+    for (int j0 = 0; j0 < d; j0 += KDA_COLS) {
+      int nc = d - j0 < KDA_COLS ? d - j0 : KDA_COLS;
+      float u[KDA_COLS];
+      /* Pass 1: S = Diag(alpha) S; u = S^T k (rows ascending). */
+      memset(u, 0, sizeof u);
+      for (int i = 0; i < d; i++) {
+        float *row = Sh + (size_t)i * d + j0;
+        float ai = ah[i], ki = kh[i];
+        v16 av = v16_set1(ai), kv = v16_set1(ki);
+        int j = 0;
+        for (; j + 16 <= nc; j += 16) {
+          v16 sv = v16_mul(v16_load(row + j), av);
+          v16_store(row + j, sv);
+          v16_store(u + j, v16_add(v16_load(u + j), v16_mul(kv, sv)));
+        }
+        for (; j < nc; j++) {
+          row[j] = row[j] * ai;
+          u[j] = u[j] + ki * row[j];
+        }
+      }
+      /* delta = beta (v - u), kept in u. */
+      for (int j = 0; j < nc; j++) u[j] = b * (vh[j0 + j] - u[j]);
+      /* Pass 2: S += k delta^T; o = S^T (q / sqrt(d)) (rows ascending). */
+      float *oc = oh + j0;
+      memset(oc, 0, (size_t)nc * sizeof(float));
+      for (int i = 0; i < d; i++) {
+        float *row = Sh + (size_t)i * d + j0;
+        float ki = kh[i], qi = qh[i] / sd;
+        v16 kv = v16_set1(ki), qv = v16_set1(qi);
+        int j = 0;
+        for (; j + 16 <= nc; j += 16) {
+          v16 sv = v16_add(v16_load(row + j), v16_mul(kv, v16_load(u + j)));
+          v16_store(row + j, sv);
+          v16_store(oc + j, v16_add(v16_load(oc + j), v16_mul(qv, sv)));
+        }
+        for (; j < nc; j++) {
+          row[j] = row[j] + ki * u[j];
+          oc[j] = oc[j] + qi * row[j];
+        }
+      }
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- MLA attention */
+
+void k3_mla_attend(const float *q, const float *knope, const float *krope, const float *v,
+                   float *out, float *scores, int32_t npos, int32_t nheads, int32_t kvheads,
+                   int32_t dn, int32_t dr, int32_t dv, float scale, int32_t h0, int32_t h1) {
+  (void)nheads;
+  int dq = dn + dr;
+  /* Positions outer, heads inner, so a cache row is read once for all heads; every score
+   * and every output element still sees positions in ascending order. */
+  for (int s = 0; s < npos; s++) {
+    for (int h = h0; h < h1; h++) {
+      int kh = kvheads == 1 ? 0 : h;
+      const float *qh = q + (size_t)h * dq;
+      float a = dot_f32(qh, knope + ((size_t)s * kvheads + kh) * dn, dn);
+      float b = dot_f32(qh + dn, krope + (size_t)s * dr, dr);
+      scores[(size_t)h * npos + s] = (a + b) * scale;
+    }
+  }
+  for (int h = h0; h < h1; h++) {
+    float *sc = scores + (size_t)h * npos;
+    float m = -INFINITY;
+    for (int s = 0; s < npos; s++)
+      if (sc[s] > m) m = sc[s];
+    float z = 0.0f;
+    for (int s = 0; s < npos; s++) {
+      sc[s] = expf(sc[s] - m);
+      z = z + sc[s];
+    }
+    for (int s = 0; s < npos; s++) sc[s] = sc[s] / z;
+    memset(out + (size_t)h * dv, 0, (size_t)dv * sizeof(float));
+  }
+  for (int s = 0; s < npos; s++) {
+    for (int h = h0; h < h1; h++) {
+      int kh = kvheads == 1 ? 0 : h;
+      axpy_lanes(out + (size_t)h * dv, scores[(size_t)h * npos + s], v + ((size_t)s * kvheads + kh) * dv, dv);
+    }
+  }
+}
+
+void k3_mla_absorb(const void *kvb, int32_t wtype, const float *q, float *qlat, int32_t nheads,
+                   int32_t dn, int32_t dr, int32_t dv, int32_t dc, int32_t h0, int32_t h1) {
+  (void)nheads;
+  for (int h = h0; h < h1; h++) {
+    const float *qn = q + (size_t)h * (dn + dr);
+    float *y = qlat + (size_t)h * (dc + dr);
+    memset(y, 0, (size_t)dc * sizeof(float));
+    /* Contract 3: each y[j] is a sequential sum over the key rows i. */
+    for (int i = 0; i < dn; i++) {
+      size_t row = ((size_t)h * (dn + dv) + (size_t)i) * (size_t)dc;
+      if (wtype == K3_BF16) {
+        const uint16_t *w = (const uint16_t *)kvb + row;
+        for (int j = 0; j < dc; j++) y[j] = y[j] + bf16_f32(w[j]) * qn[i];
+      } else {
+        const float *w = (const float *)kvb + row;
+        for (int j = 0; j < dc; j++) y[j] = y[j] + w[j] * qn[i];
+      }
+    }
+    memcpy(y + dc, qn + dn, (size_t)dr * sizeof(float));
+  }
+}
+
+void k3_mla_expand(const void *kvb, int32_t wtype, const float *olat, float *out, int32_t nheads,
+                   int32_t dn, int32_t dv, int32_t dc, int32_t h0, int32_t h1) {
+  (void)nheads;
+  size_t esize = wtype == K3_BF16 ? 2 : 4;
+  for (int h = h0; h < h1; h++) {
+    const char *wv = (const char *)kvb + ((size_t)h * (dn + dv) + (size_t)dn) * (size_t)dc * esize;
+    k3_matmul(wv, wtype, olat + (size_t)h * dc, out + (size_t)h * dv, 1, dv, dc, 0, dv);
+  }
+}
+
+/* ---------------------------------------------------------------- router */
+
+/* Selection order: larger score first, ties to the lower index; NaN ranks as -inf. */
+K3_INLINE int ranks_before(float ka, int a, float kb, int b) { return ka > kb || (ka == kb && a < b); }
+
+int32_t k3_router_topk(const float *logits, const float *bias, int32_t nexperts, int32_t k,
+                       float scale, int32_t *ids, float *weights) {
+  if (k > nexperts) k = nexperts;
+  if (k < 0) k = 0;
+  int prev = -1;
+  float kprev = 0.0f;
+  /* Pick j is the best expert ranking strictly after pick j-1: O(k n), no scratch. */
+  for (int j = 0; j < k; j++) {
+    int best = -1;
+    float kbest = 0.0f;
+    for (int e = 0; e < nexperts; e++) {
+      float ke = sigm(logits[e]) + (bias ? bias[e] : 0.0f);
+      if (ke != ke) ke = -INFINITY;
+      if (prev >= 0 && !ranks_before(kprev, prev, ke, e)) continue;
+      if (best < 0 || ranks_before(ke, e, kbest, best)) {
+        best = e;
+        kbest = ke;
+      }
+    }
+    ids[j] = best;
+    prev = best;
+    kprev = kbest;
+  }
+  float sum = 0.0f;
+  for (int j = 0; j < k; j++) sum = sum + sigm(logits[ids[j]]);
+  for (int j = 0; j < k; j++) weights[j] = sigm(logits[ids[j]]) / (sum + 1e-20f) * scale;
+  return k;
+}
+
+/* ---------------------------------------------------------------- Attention Residuals */
+
+/* score = dot(src / rms(src), norm_w * proj_w), contract 1 with the element product
+ * ((src_j / r) * (norm_w_j * proj_w_j)). */
+static float attnres_score(const float *src, int n, const float *nw, const float *pw, float eps) {
+  float r = sqrtf(dot_f32(src, src, n) / (float)n + eps);
+  v16 rv = v16_set1(r), acc = v16_zero();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    v16 a = v16_div(v16_load(src + i), rv), f = v16_mul(v16_load(nw + i), v16_load(pw + i));
+    acc = v16_add(acc, v16_mul(a, f));
+  }
+  if (i < n) {
+    int m = n - i;
+    v16 a = v16_div(pad_f32(src + i, m), rv), f = v16_mul(pad_f32(nw + i, m), pad_f32(pw + i, m));
+    acc = v16_add(acc, v16_mul(a, f));
+  }
+  return v16_reduce(acc);
+}
+
+enum { ATTNRES_CACHE = 256 }; /* scores beyond this many sources are recomputed (same bits) */
+
+void k3_attnres(const float *src, int32_t nsrc, int32_t n, const float *norm_w,
+                const float *proj_w, float eps, float *out) {
+  float cache[ATTNRES_CACHE];
+#define K3_SCORE(i) \
+  ((i) < ATTNRES_CACHE ? cache[i] : attnres_score(src + (size_t)(i) * n, n, norm_w, proj_w, eps))
+  float m = -INFINITY;
+  for (int i = 0; i < nsrc; i++) {
+    float s = attnres_score(src + (size_t)i * n, n, norm_w, proj_w, eps);
+    if (i < ATTNRES_CACHE) cache[i] = s;
+    if (s > m) m = s;
+  }
+  float z = 0.0f;
+  for (int i = 0; i < nsrc; i++) z = z + expf(K3_SCORE(i) - m);
+  memset(out, 0, (size_t)n * sizeof(float));
+  for (int i = 0; i < nsrc; i++) axpy_lanes(out, expf(K3_SCORE(i) - m) / z, src + (size_t)i * n, n);
+#undef K3_SCORE
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+void k3_add(float *y, const float *x, int32_t n) {
+  int i = 0;
+  for (; i + 16 <= n; i += 16) v16_store(y + i, v16_add(v16_load(y + i), v16_load(x + i)));
+  for (; i < n; i++) y[i] = y[i] + x[i];
+}
+
+void k3_axpy(float *y, float a, const float *x, int32_t n) { axpy_lanes(y, a, x, n); }
+
+void k3_sigmoid_mul(float *y, const float *g, int32_t n) {
+  for (int i = 0; i < n; i++) y[i] = y[i] * sigm(g[i]);
+}
+
+void k3_sigmoid(const float *x, float *y, int32_t n) {
+  for (int i = 0; i < n; i++) y[i] = sigm(x[i]);
+}
+
+int32_t k3_argmax(const float *x, int32_t n) {
+  int best = -1;
+  for (int i = 0; i < n; i++)
+    if (x[i] == x[i] && (best < 0 || x[i] > x[best])) best = i;
+  return best;
+}
+
+/* ---------------------------------------------------------------- memory read probe */
+
+uint64_t k3_read_sum(const void *p, uint64_t bytes) {
+  const unsigned char *b = (const unsigned char *)p;
+  uint64_t a[8] = {0}, n = bytes / 8, i = 0;
+  /* eight independent chains of 8-byte loads: far more than DRAM can deliver per core */
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; j++) {
+      uint64_t v;
+      memcpy(&v, b + 8 * (i + j), 8);
+      a[j] ^= v;
+    }
+  for (; i < n; i++) {
+    uint64_t v;
+    memcpy(&v, b + 8 * i, 8);
+    a[0] ^= v;
+  }
+  if (bytes % 8) {
+    uint64_t v = 0;
+    memcpy(&v, b + 8 * n, (size_t)(bytes % 8)); /* little-endian hosts: the low bytes */
+    a[0] ^= v;
+  }
+  return a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7];
+}
