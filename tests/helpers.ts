@@ -4,7 +4,7 @@
  * @module
  */
 
-import { K3_PERMISSIONS } from "../cli/permissions.ts";
+import { K3_PERMISSIONS, PERMISSION_SETS, permissionFlags } from "../cli/permissions.ts";
 
 export const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 export const TINY = `${ROOT}/tests/fixtures/tiny`;
@@ -44,14 +44,33 @@ export async function runCmd(
   return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
 }
 
+/** The environment variables only tests set (fault injection, small sizes): what deno.json's
+ * set "k3-test" grants beyond "k3". Apart from them the two sets are the same. */
+const TEST_HOOKS: string[] = (() => {
+  const { env: prod, ...rest } = PERMISSION_SETS.k3, { env: test, ...testRest } = PERMISSION_SETS["k3-test"];
+  if (JSON.stringify(rest) !== JSON.stringify(testRest) || !Array.isArray(prod) || !Array.isArray(test)) {
+    throw new Error('deno.json: "k3-test" must be "k3" with more environment variables');
+  }
+  return test.filter((v) => !prod.includes(v));
+})();
+const K3_TEST_PERMISSIONS = permissionFlags("k3-test");
+
 /** Runs `k3 <args>` (main.ts under the current Deno) as a subprocess, with exactly the
  * permissions `deno task k3` and the one-file builds grant (deno.json's set "k3"), so every
- * CLI test also proves that set is enough. */
+ * CLI test also proves that set is enough; a child whose `env` sets a test hook
+ * (K3_FAULT_EXPERT_READ, K3_TEST_HEAD_CHUNK, K3_FAULT_WRITE_ENOSPC) gets the set "k3-test",
+ * which adds only those variables. */
 export function k3(
   args: string[],
   opts: { env?: Record<string, string>; stdin?: string; cwd?: string; seconds?: number } = {},
 ): Promise<Output> {
-  return runCmd(Deno.execPath(), ["run", ...K3_PERMISSIONS, `${ROOT}/main.ts`, ...args], opts);
+  const hooked = Object.keys(opts.env ?? {}).some((v) => TEST_HOOKS.includes(v));
+  return runCmd(Deno.execPath(), [
+    "run",
+    ...(hooked ? K3_TEST_PERMISSIONS : K3_PERMISSIONS),
+    `${ROOT}/main.ts`,
+    ...args,
+  ], opts);
 }
 
 /** The generated ids of `k3 run --json` (its last stdout line is the summary). */

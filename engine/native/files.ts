@@ -22,6 +22,7 @@
 import { EXIT, K3Error, usageError } from "../errors.ts";
 import { readProblem } from "../paths.ts";
 import { errnoText, IoWriter, pathKind } from "./io.ts";
+import { testHook } from "./test_hooks.ts";
 
 /** How to read one input. */
 export interface InputOptions {
@@ -256,17 +257,9 @@ export function prepareOutput(path: string, flag: string): OutputTarget {
 }
 
 let injectedBytes = 0;
-/** The injected ENOSPC limit (undefined unless the variable is set and readable). */
-function faultLimit(): string | undefined {
-  try {
-    return Deno.env.get("K3_FAULT_WRITE_ENOSPC");
-  } catch {
-    return undefined; // not in the permission set: no injection
-  }
-}
 /** Writes all of `data` to `f`, honouring the test fault injection. */
 export function writeAllSync(f: { writeSync(p: Uint8Array): number }, data: Uint8Array): void {
-  const limit = faultLimit();
+  const limit = testHook("K3_FAULT_WRITE_ENOSPC");
   let off = 0;
   while (off < data.length) {
     let chunk = data.subarray(off);

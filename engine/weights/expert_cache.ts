@@ -31,6 +31,7 @@ import type { Kernels } from "../native/ffi.ts";
 import { IoFile } from "../native/io.ts";
 import { expertCheck, type ExpertTable, readExpertSlot, tableDigest } from "./expert_table.ts";
 import { NativeBuffer } from "../native/memory.ts";
+import { testHook } from "../native/test_hooks.ts";
 import type { IoStats } from "../model/model.ts";
 import type { Checkpoint } from "./safetensors.ts";
 import type { Expert } from "../model/weights.ts";
@@ -81,7 +82,7 @@ export class ExpertCache {
       this.slots.forEach((s) => s.buf.free());
       throw e;
     }
-    const f = Deno.env.get("K3_FAULT_EXPERT_READ")?.match(/^(\d+):(\d+)$/);
+    const f = testHook("K3_FAULT_EXPERT_READ")?.match(/^(\d+):(\d+)$/);
     if (f) this.fault = [Number(f[1]), Number(f[2])];
   }
 

@@ -30,6 +30,7 @@ import { expertBytes } from "./experts.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { ALIGN, alignUp, IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
+import { testHook } from "../native/test_hooks.ts";
 import { type IoStats, noIoStats, type WeightSource } from "../model/model.ts";
 import {
   checkFits,
@@ -91,7 +92,7 @@ const esize = (dtype: string) => (dtype === "F32" ? 4 : 2);
  * many, with rows straddling them).
  */
 function piecesPerChunk(piece: number): number {
-  const test = Number(Deno.env.get("K3_TEST_HEAD_CHUNK") ?? NaN);
+  const test = Number(testHook("K3_TEST_HEAD_CHUNK") ?? NaN);
   return Math.max(1, Math.floor((test > 0 ? test : HEAD_CHUNK_BYTES) / piece));
 }
 
