@@ -42,7 +42,7 @@ export interface SamplingParams {
 /** Greedy decoding: temperature 0 gives exactly the argmax, ties to the lowest id. */
 export const GREEDY: SamplingParams = Object.freeze({ temperature: 0, topP: 1, topK: 0, minP: 0, seed: 0 });
 
-/** The vendor's guidance for chat (K3-MODEL.md section 5): temperature 1.0, top_p 0.95. */
+/** The model vendor's sampling guidance for chat: temperature 1.0, top_p 0.95. */
 export const CHAT_DEFAULTS: SamplingParams = Object.freeze({ temperature: 1, topP: 0.95, topK: 0, minP: 0, seed: 0 });
 
 /** Throws usageError (exit 2) naming the first parameter out of range. */

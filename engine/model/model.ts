@@ -1,6 +1,6 @@
 /**
  * Kimi K3's forward pass: one file for the architecture, reading like the math in
- * ../shared/spec/K3-MODEL.md section 2.
+ * docs/math.md (sections 3 to 9).
  *
  * The pass runs T tokens at once (T = 1 when decoding, a chunk when prefilling): every
  * projection is one matrix times T vectors, so each weight is read once per chunk, while

@@ -6,7 +6,7 @@
  * data and is encoded with them disabled, so a user writing `<|close|>` gets plain bytes
  * and cannot end their message early or forge a system turn.
  *
- * Choices the spec leaves open, made here: no [BOS] unless asked; an assistant message in
+ * Choices the released chat format leaves open, made here: no [BOS] unless asked; an assistant message in
  * the history gets a think channel only when it has reasoning.
  *
  * @module

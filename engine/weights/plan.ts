@@ -43,7 +43,7 @@ export interface Preset {
   about: string;
 }
 
-/** The anchor's presets (trunk / expert cache), plus `auto`, sized from MemAvailable. */
+/** The presets (trunk / expert cache GB, the README's table), plus `auto`, sized from MemAvailable. */
 export const PRESETS: Preset[] = [
   {
     name: "ultra",
@@ -389,7 +389,8 @@ export function makePlan(input: PlanInput): MemoryPlan {
           (input.packed ? "" : " without a packed trunk; --trunk needs far less"),
       );
     }
-    // Pinned trunk beats expert cache (ANCHORS.md): the trunk first, the rest to experts.
+    // Pinned trunk beats expert cache (the flat router makes cache hits rare: 1.69x at a fixed
+    // 128 GB, measured on another K3 engine): the trunk first, the rest to experts.
     trunkBudget ??= input.packed
       ? Math.max(Math.min(trunkTotal, usable - minCache), Math.min(trunkMin, usable - minCache))
       : trunkTotal;

@@ -6,7 +6,7 @@ Why: the real checkpoint is 1.56 TB; tests need a model that exercises every cod
 with MXFP4 experts stored out of order, AttnRes block bookkeeping over several blocks)
 but fits in a couple of MB, and benchmarks need the real widths with few layers/experts.
 
-Everything follows /work/shared/spec/K3-MODEL.md section 3: nested config.json
+Everything follows the released format (docs/formats.md, docs/math.md section 1): nested config.json
 (text_config + text_config.linear_attn_config, one-based layer lists), tensor names under
 `language_model.model.`, BF16 (or --float-dtype) for matrices and norm/AttnRes vectors,
 F32 for conv weights, A_log, dt_bias, o_norm and the correction bias, U8 for MXFP4.

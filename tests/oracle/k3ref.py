@@ -1,8 +1,8 @@
-"""Float64 reference ("oracle") for Kimi K3, written from /work/shared/spec/K3-MODEL.md only.
+"""Float64 reference ("oracle") for Kimi K3, written from the model's definition only (docs/math.md).
 
 Two layers of API:
   * per-op functions (rmsnorm, situ_glu, short_conv, kda_step, mla_attend, router_topk,
-    attnres, dequant_mxfp4, ...) that mirror the math of spec section 2 and the kernel
+    attnres, dequant_mxfp4, ...) that mirror the math of docs/math.md and the kernel
     contracts, reused by make_ops.py to produce kernel fixtures;
   * K3Model: loads a checkpoint in the released format (nested config, one-based layer
     lists, BF16/F16/F32 widened, MXFP4 dequantised exactly) and runs a full-sequence
@@ -20,7 +20,7 @@ import numpy as np
 
 from safetensors_io import load_file, read_header
 
-# E2M1 value by nibble 0..15 (sign bit 3, then exponent/mantissa): spec section 3.
+# E2M1 value by nibble 0..15 (sign bit 3, then exponent/mantissa): docs/math.md section 10.
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6],
                 dtype=np.float64)
 
@@ -93,7 +93,7 @@ def kda_decay(f, a_log, dt_bias, lb=-5.0):
 
 
 def kda_step(S, q, k, v, beta, alpha):
-    """One delta-rule step, all heads, step form of spec 2/KDA/6. Shapes: S [nh][d][d]
+    """One delta-rule step, all heads, step form of docs/math.md section 6. Shapes: S [nh][d][d]
     (keys x values), q/k/v/alpha [nh][d], beta [nh]. Returns (o [nh][d], new S).
     S = Diag(alpha) S; u = S^T k; S = S + k (beta (v - u))^T; o = S^T (q / sqrt(d))."""
     d = q.shape[-1]
@@ -341,7 +341,7 @@ class K3Model:
 
     def forward(self, ids, stats=None, trace=None):
         """Logits [T][vocab] (float64) for every position of ids.
-        Follows spec 'One decoder layer' literally: `partial` is the running sum since
+        Follows docs/math.md section 5 'One decoder layer' literally: `partial` is the running sum since
         the last block boundary (initially the embedding), `blocks` the snapshots.
         trace: optional dict, filled with intermediate [T][n] arrays for debugging ports:
         L{i}.attn_in (x after AttnRes, before input_layernorm), L{i}.attn (sub-layer
