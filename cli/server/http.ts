@@ -1,9 +1,10 @@
 /**
  * The HTTP side of `k3 serve`: an OpenAI-compatible API on `Deno.serve` in front of the
- * batching scheduler. Every generation request becomes one scheduler sequence with its
- * own sampler and stop matcher; a client that goes away aborts its sequence; the number
- * of requests waiting is bounded (429 beyond it); a shutdown stops accepting and gives
- * what is in flight a grace period before cancelling it.
+ * batching scheduler: routing, API keys, limits, metrics and one log line per request.
+ * Every generation request becomes one scheduler sequence (cli/server/tasks.ts), answered
+ * as JSON or server-sent events (cli/server/stream.ts); a client that goes away aborts its
+ * sequence; the number of requests waiting is bounded (429 beyond it); a shutdown stops
+ * accepting and gives what is in flight a grace period before cancelling it.
  *
  * Nothing here reads or writes files: the model, tokenizer and scheduler are handed in.
  *
@@ -11,45 +12,12 @@
  */
 
 import { createHash, timingSafeEqual } from "node:crypto";
-import type { Scheduler, SequenceResult } from "../engine/generate/scheduler.ts";
-import { CHAT_DEFAULTS, makeSampler, type SamplingParams } from "../engine/generate/sampling.ts";
-import { StopMatcher } from "../engine/generate/stops.ts";
-import { ChannelSplitter, type ChannelText, chatPrompt, stopIds } from "../engine/text/chat.ts";
-import type { Tokenizer } from "../engine/text/tokenizer.ts";
-import { K3Error } from "../engine/errors.ts";
-import {
-  ApiError,
-  chatChunk,
-  chatCompletion,
-  type ChatDelta,
-  type ChatRequest,
-  completion,
-  completionChunk,
-  type CompletionRequest,
-  errorBody,
-  finishReason,
-  modelList,
-  parseChatRequest,
-  parseCompletionRequest,
-  type ResponseHead,
-  sse,
-  usage,
-  usageChunk,
-} from "./openai.ts";
+import { K3Error } from "../../engine/errors.ts";
+import { ApiError, errorBody, modelList, type ResponseHead } from "../openai.ts";
+import { type Outcome, runTask, type ServeEngine, serveTask } from "./tasks.ts";
+import { ChunkWriter, completionBody, EventStream } from "./stream.ts";
 
-/** What the server generates with, available once the model is loaded. */
-export interface ServeEngine {
-  /** Runs every request as a sequence of the batch. */
-  scheduler: Pick<Scheduler, "submit" | "queued" | "active">;
-  /** Renders prompts and decodes replies. */
-  tokenizer: Tokenizer;
-  /** Positions one sequence can hold: prompt plus generated tokens. */
-  capacity: number;
-  /** Token ids must be below this. */
-  vocabSize: number;
-  /** Bytes read from disk so far (trunk and experts). */
-  bytesRead: () => number;
-}
+export type { ServeEngine } from "./tasks.ts";
 
 /** How the server is set up. */
 export interface ServerOptions {
@@ -86,9 +54,6 @@ export interface RunningServer {
 }
 
 const JSON_HEADERS = { "content-type": "application/json" };
-
-/** OpenAI's defaults for /v1/completions: temperature 1 over all tokens. */
-const COMPLETION_DEFAULTS: SamplingParams = { temperature: 1, topP: 1, topK: 0, minP: 0, seed: 0 };
 
 /** Counters and gauges for /metrics. */
 class Metrics {
@@ -171,23 +136,6 @@ async function readBody(req: Request, cap: number): Promise<string> {
   }
 }
 
-/** The request's sampler; parameters the sampler refuses are the client's error (400). */
-function samplerFor(p: SamplingParams): (logits: Float32Array) => number {
-  try {
-    return makeSampler(p);
-  } catch (e) {
-    if (e instanceof K3Error) throw new ApiError(400, e.message);
-    throw e;
-  }
-}
-
-/** What one generation request produced, for its response, log line and metrics. */
-interface Outcome {
-  result: SequenceResult;
-  /** Text emitted (stop strings and stop ids excluded). */
-  text: string;
-}
-
 /** Starts the server; it answers 503 to generation requests until `ready(engine)`. */
 export function startServer(opts: ServerOptions): RunningServer {
   const log = opts.log ?? ((line: string) => console.error(line));
@@ -216,77 +164,6 @@ export function startServer(opts: ServerOptions): RunningServer {
     return m !== null && timingSafeEqual(digest(m[1]), apiKey);
   };
 
-  /** Runs one validated request on the scheduler; `emit` gets text as it becomes safe. */
-  async function generate(
-    e: ServeEngine,
-    r: ChatRequest | CompletionRequest,
-    prompt: number[],
-    signal: AbortSignal,
-    emit: (text: string) => void,
-    onFirstToken: () => void,
-  ): Promise<Outcome> {
-    const maxTokens = r.maxTokens ??
-      (r.kind === "chat" ? e.capacity - prompt.length : Math.min(16, e.capacity - prompt.length));
-    const ends = r.ignoreEos ? [] : stopIds(e.tokenizer);
-    const matcher = new StopMatcher(e.tokenizer, r.stop);
-    // Chat defaults to the vendor's guidance, completions to OpenAI's (temperature 1, all tokens).
-    const d = r.kind === "chat" ? CHAT_DEFAULTS : COMPLETION_DEFAULTS;
-    const s = r.sampling;
-    const choose = samplerFor({
-      temperature: s.temperature ?? d.temperature,
-      topP: s.topP ?? d.topP,
-      topK: s.topK ?? d.topK,
-      minP: s.minP ?? d.minP,
-      seed: s.seed ?? crypto.getRandomValues(new Uint32Array(1))[0],
-    });
-    let text = "";
-    let stoppedByString = false;
-    let first = true;
-    const result = await e.scheduler.submit({
-      prompt,
-      maxTokens,
-      stopIds: ends,
-      choose,
-      signal,
-      onToken: (token) => {
-        if (first) (first = false, onFirstToken());
-        if (ends.includes(token)) return;
-        const out = matcher.push(token);
-        if (out.text) (text += out.text, emit(out.text));
-        if (out.stopped) return (stoppedByString = true);
-      },
-    });
-    if (!stoppedByString && result.finishReason !== "interrupted") {
-      const rest = matcher.flush();
-      if (rest) (text += rest, emit(rest));
-    }
-    return { result, text };
-  }
-
-  /** Checks the prompt and max_tokens against what one sequence can hold. */
-  function checkFits(e: ServeEngine, r: ChatRequest | CompletionRequest, prompt: number[]): void {
-    const param = r.kind === "chat" ? "messages" : "prompt";
-    if (prompt.length === 0) throw new ApiError(400, "the prompt is empty", param);
-    if (prompt.length >= e.capacity) {
-      throw new ApiError(
-        400,
-        `this server's context is ${e.capacity} tokens (prompt plus completion); the prompt has ${prompt.length}`,
-        param,
-        "context_length_exceeded",
-      );
-    }
-    if (r.maxTokens !== undefined && prompt.length + r.maxTokens > e.capacity) {
-      throw new ApiError(
-        400,
-        `this server's context is ${e.capacity} tokens; ${prompt.length} prompt tokens plus '${r.maxTokensParam}' ${r.maxTokens} do not fit (at most ${
-          e.capacity - prompt.length
-        })`,
-        r.maxTokensParam,
-        "context_length_exceeded",
-      );
-    }
-  }
-
   /** A generation endpoint: validate, admit, run, answer (JSON or SSE). */
   async function completions(req: Request, kind: "chat" | "completion", note: LogNote): Promise<Response> {
     const e = engine;
@@ -298,27 +175,8 @@ export function startServer(opts: ServerOptions): RunningServer {
     } catch {
       throw new ApiError(400, "the request body is not valid JSON");
     }
-    const r = kind === "chat" ? parseChatRequest(parsed) : parseCompletionRequest(parsed, e.vocabSize);
-    if (r.model !== undefined && r.model !== opts.modelName) {
-      throw new ApiError(
-        404,
-        `the model '${r.model}' does not exist (this server has '${opts.modelName}')`,
-        "model",
-        "model_not_found",
-      );
-    }
-    let prompt: number[];
-    try {
-      prompt = r.kind === "chat"
-        ? chatPrompt(e.tokenizer, r.messages, { thinking: r.thinking, effort: r.effort })
-        : typeof r.prompt === "string"
-        ? e.tokenizer.encode(r.prompt, { allowSpecial: false })
-        : r.prompt;
-    } catch (err) {
-      if (err instanceof K3Error) throw new ApiError(400, err.message, r.kind === "chat" ? "messages" : "prompt");
-      throw err;
-    }
-    checkFits(e, r, prompt);
+    const { request: r, task } = serveTask(e, kind, parsed, opts.modelName);
+    const prompt = task.promptIds;
     if (!accepting) throw new ApiError(503, "the server is shutting down", null, "shutting_down");
     if (inFlight.size >= opts.parallel + opts.maxQueue) {
       throw new ApiError(
@@ -359,101 +217,43 @@ export function startServer(opts: ServerOptions): RunningServer {
       }
     };
     const markFirst = () => (firstAt = performance.now());
-    const thinking = r.kind === "chat" && r.thinking;
 
     if (!r.stream) {
       let o: Outcome | undefined;
       try {
-        o = await generate(e, r, prompt, ac.signal, () => {}, markFirst);
+        o = await runTask(e, task, ac.signal, () => {}, markFirst);
       } finally {
         finish(o);
       }
       if (o.result.finishReason === "interrupted") {
         throw new ApiError(503, "the request was cancelled: the server is shutting down", null, "cancelled");
       }
-      const u = usage(prompt.length, o.result.tokens.length);
-      const fin = finishReason(o.result.finishReason);
-      if (r.kind === "completion") return json(200, completion(head, { text: o.text, finish: fin, usage: u }));
-      const split = new ChannelSplitter(thinking);
-      const pieces = [...split.push(o.text), ...split.flush()];
-      const text = (channel: string) => pieces.filter((p) => p.channel === channel).map((p) => p.text).join("");
-      const reasoning = text("think"), content = text("response");
-      return json(
-        200,
-        chatCompletion(head, { content, reasoning: thinking ? reasoning : null, finish: fin, usage: u }),
-      );
+      return json(200, completionBody(r, head, o, prompt.length));
     }
 
     // Streaming: headers now, chunks as text becomes safe, [DONE] at the end.
-    const enc = new TextEncoder();
-    let ctl!: ReadableStreamDefaultController<Uint8Array>;
-    let open = true;
-    const send = (data: unknown) => {
-      if (!open) return;
-      try {
-        ctl.enqueue(enc.encode(sse(data)));
-      } catch {
-        open = false;
-      }
-    };
-    const stream = new ReadableStream<Uint8Array>({
-      start: (c) => void (ctl = c),
-      cancel: () => {
-        open = false;
-        onGone();
-      },
-    });
-    const channels = new ChannelSplitter(thinking);
-    const sendPieces = (pieces: ChannelText[]) => {
-      for (const p of pieces) {
-        const d: ChatDelta = p.channel === "think" ? { reasoning_content: p.text } : { content: p.text };
-        send(chatChunk(head, d, null, r.includeUsage));
-      }
-    };
-    if (r.kind === "chat") send(chatChunk(head, { role: "assistant", content: "" }, null, r.includeUsage));
-    const emit = (text: string) =>
-      r.kind === "chat" ? sendPieces(channels.push(text)) : send(completionChunk(head, text, null, r.includeUsage));
+    const events = new EventStream(onGone);
+    const chunks = new ChunkWriter(events, r, head);
     (async () => {
       let o: Outcome | undefined;
       try {
-        o = await generate(e, r, prompt, ac.signal, emit, markFirst);
+        o = await runTask(e, task, ac.signal, (text) => chunks.text(text), markFirst);
         if (o.result.finishReason === "interrupted") {
-          send(
-            errorBody(new ApiError(503, "the request was cancelled: the server is shutting down", null, "cancelled")),
-          );
+          chunks.error(new ApiError(503, "the request was cancelled: the server is shutting down", null, "cancelled"));
         } else {
-          const fin = finishReason(o.result.finishReason);
-          if (r.kind === "chat") {
-            sendPieces(channels.flush());
-            send(chatChunk(head, {}, fin, r.includeUsage));
-          } else {
-            send(completionChunk(head, "", fin, r.includeUsage));
-          }
-          if (r.includeUsage) {
-            send(
-              usageChunk(
-                head,
-                r.kind === "chat" ? "chat.completion.chunk" : "text_completion",
-                usage(prompt.length, o.result.tokens.length),
-              ),
-            );
-          }
+          chunks.finish(o, prompt.length);
         }
       } catch (err) {
         note.status = 500;
-        send(errorBody(toApiError(err)));
+        chunks.error(toApiError(err));
       } finally {
         finish(o);
-        send("[DONE]");
-        if (open) {
-          open = false;
-          ctl.close();
-        }
+        events.close();
         note.done();
       }
     })();
     note.streaming = true;
-    return new Response(stream, {
+    return new Response(events.body, {
       status: 200,
       headers: { "content-type": "text/event-stream", "cache-control": "no-cache", ...cors },
     });
