@@ -12,18 +12,13 @@
 
 import { loadConfig } from "../engine/model/config.ts";
 import { EXIT, usageError } from "../engine/errors.ts";
-import { Scheduler, type SequenceResult } from "../engine/generate/scheduler.ts";
-import { ledgerBetween, type LedgerMark, type LedgerReport, markLedger } from "../engine/generate/ledger.ts";
+import { ledgerBetween, markLedger } from "../engine/generate/ledger.ts";
 import { firstLayers, openModel } from "../engine/weights/load.ts";
-import type { IoStats } from "../engine/model/model.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
-import { makeSampler } from "../engine/generate/sampling.ts";
-import { StopMatcher } from "../engine/generate/stops.ts";
-import { splitChannels } from "../engine/text/chat.ts";
 import { fmtBytes, parseIds, peakRssBytes, plural } from "./common.ts";
-import { reportHead, reportSettings, sequenceFields, snakeKeys } from "./report.ts";
+import { reportHead, reportSettings, snakeKeys } from "./report.ts";
 import { prepareOutput, readInput, writeOutput } from "../engine/native/files.ts";
-import { fmtDuration, progress } from "./progress.ts";
+import { progress } from "./progress.ts";
 import {
   GENERATION_FLAGS,
   GENERATION_HELP,
@@ -36,8 +31,8 @@ import {
   tokenizerDir,
 } from "./run_options.ts";
 import { SAMPLING_FLAGS, samplingHelp, samplingOptions } from "./request.ts";
-import { type Job, readJobs } from "./batch/jobs.ts";
-import { openaiResultLine } from "./batch/openai_lines.ts";
+import { readJobs } from "./batch/jobs.ts";
+import { type BatchRun, runJobs } from "./batch/run.ts";
 import { readDone, resumeMismatch } from "./batch/resume.ts";
 import { AppendLog } from "./batch/append_log.ts";
 
@@ -95,18 +90,6 @@ ${MEMORY_HELP}
 example:
   k3 batch tests/fixtures/tiny --input prompts.jsonl --output results.jsonl --gen 16
 `;
-
-/** Bytes read and expert-cache hits of one prompt (streamed weights only). */
-function ioDelta(a: IoStats | undefined, b: IoStats | undefined, ledger: LedgerReport): Record<string, number> {
-  if (!a || !b) return {};
-  const hits = b.expertHits - a.expertHits, lookups = hits + b.expertMisses - a.expertMisses;
-  return {
-    trunk_bytes_read: b.trunkBytes - a.trunkBytes,
-    expert_bytes_read: b.expertBytes - a.expertBytes,
-    expert_cache_hit_rate: lookups ? hits / lookups : 0,
-    io_wait_seconds: ledger.trunk_read_wait_seconds + ledger.expert_read_wait_seconds,
-  };
-}
 
 /** `--parallel auto` takes the most prompts at once that the memory plan holds, up to this. */
 const MAX_AUTO_PARALLEL = 16;
@@ -245,106 +228,21 @@ export async function main(args: string[]): Promise<number> {
         inFlight === 1 ? "prompt" : "prompts"
       } at a time; ready in ${((performance.now() - t0) / 1000).toFixed(2)} s`,
     );
-    const weights = opened.model.weights;
-    const io = () => weights.ioStats?.();
-    const io0 = io();
-    let tokensDone = 0, finished = 0;
-    const t1 = performance.now();
-    const start = markLedger(opened.model);
-    const scheduler = new Scheduler(opened.model, { maxSequences: inFlight, chunk: opened.plan.chunk });
-    // A prompt whose output is unsound stops the run: the others are interrupted and not
-    // written (they would resume on a rerun), results already written stay.
-    const stop = new AbortController();
-    let unsound: unknown;
-    const write = (job: Job, r: SequenceResult, admitted: LedgerMark, text: string) => {
-      const ledger = ledgerBetween(admitted, markLedger(opened.model));
-      const ids = r.tokens;
-      const seconds = r.prefillSeconds + r.decodeSeconds;
-      const result = job.openai
-        ? openaiResultLine(job.openai, {
-          text,
-          finishReason: r.finishReason as "stop" | "length",
-          completionTokens: ids.length,
-        })
-        : {
-          ...reportHead("batch_result"),
-          id: job.id,
-          ...sequenceFields({
-            promptTokens: job.promptIds.length,
-            completionTokens: ids.length,
-            finishReason: r.finishReason,
-            prefillSeconds: r.prefillSeconds,
-            decodeSeconds: r.decodeSeconds,
-          }),
-          prompt_ids: job.promptIds,
-          generated_ids: ids,
-          generated_text: tokenizer ? text : null,
-          ...(job.chat ? splitChannels(text, job.chat.thinking) : {}),
-          seconds,
-          seconds_per_token: seconds / Math.max(ids.length, 1),
-          ...ioDelta(admitted.io, io(), ledger),
-          // From admission to finish; with --parallel > 1 the passes were shared.
-          ledger,
-          settings: { ...settings, parallel: inFlight },
-        };
-      out.append(result);
-      finished++;
-      tokensDone += ids.length;
-      const elapsed = (performance.now() - t1) / 1000;
-      const now = io();
-      const bytes = now && io0 ? now.trunkBytes + now.expertBytes - io0.trunkBytes - io0.expertBytes : 0;
-      const left = todo.length - finished;
-      console.error(
-        `k3: batch: ${finished}/${todo.length} done (id ${job.key}: ${ids.length} ${plural(ids.length, "token")} in ${
-          seconds.toFixed(3)
-        } s); ` +
-          `${tokensDone} tokens, ${(tokensDone / elapsed).toFixed(2)} tok/s` +
-          (now ? `, ${fmtBytes(Math.round(bytes / Math.max(tokensDone, 1)))} read/token` : "") +
-          `, ETA ${left ? fmtDuration((elapsed / finished) * left) : "0 s"}`,
-      );
-    };
+    let run: BatchRun;
     try {
-      await Promise.all(todo.map((job) => {
-        let admitted = markLedger(opened.model);
-        // The text as it is generated: stop strings cut, a chat's closing stop id left out.
-        const matcher = tokenizer ? new StopMatcher(tokenizer, job.stops) : undefined;
-        let text = "";
-        return scheduler.submit({
-          prompt: job.promptIds,
-          maxTokens: job.maxTokens,
-          stopIds: job.stopIds,
-          choose: makeSampler(job.sampling),
-          onToken: (token) => {
-            if (!matcher || ((job.chat || job.openai) && job.stopIds.includes(token))) return;
-            const r = matcher.push(token);
-            text += r.text;
-            return r.stopped;
-          },
-          recompute: !genOpts.incremental,
-          signal: stop.signal,
-          onAdmit: () => (admitted = markLedger(opened.model)),
-        }).then(
-          (r) => {
-            if (matcher && !matcher.stopped) text += matcher.flush();
-            try {
-              if (r.finishReason !== "interrupted") write(job, r, admitted, text);
-            } catch (e) {
-              unsound ??= e; // a failed write stops the run like an unsound output
-              stop.abort();
-            }
-          },
-          (e) => {
-            unsound ??= e;
-            stop.abort();
-          },
-        );
-      }));
-      if (unsound) throw unsound;
+      run = await runJobs(opened.model, todo, {
+        inFlight,
+        chunk: opened.plan.chunk,
+        incremental: genOpts.incremental,
+        tokenizer,
+        settings,
+        out,
+      });
     } finally {
-      await scheduler.close();
       await opened.close();
     }
-    const wall = (performance.now() - t1) / 1000;
+    const { tokensDone, io, io0, start } = run;
+    const wall = (performance.now() - run.startedAt) / 1000;
     console.error(
       `k3: batch: ${todo.length} ${plural(todo.length, "prompt")}, ${tokensDone} ${plural(tokensDone, "token")} in ${
         wall.toFixed(3)

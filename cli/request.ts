@@ -38,20 +38,33 @@ export interface Task {
 /** OpenAI's sampling defaults (temperature 1 over all tokens), for `/v1/completions`. */
 const OPENAI_SAMPLING: SamplingParams = Object.freeze({ temperature: 1, topP: 1, topK: 0, minP: 0, seed: 0 });
 
+/** One row of {@link DEFAULTS}: what a kind of request gets for the fields it leaves out. */
+export interface RequestDefaults {
+  /** Sampling (the seed of an OpenAI request: the command's, see {@link OpenAIContext}). */
+  readonly sampling: SamplingParams;
+  /** Tokens to generate at most (undefined: up to the room the request has). */
+  readonly maxTokens?: number;
+}
+
 /**
- * The one table of defaults: what a request that leaves a field out gets, per kind of
- * request. The seed of an OpenAI request without one is the command's (batch: --seed,
- * so a rerun repeats; serve: a fresh random one per request, as OpenAI's).
+ * The one table of defaults, a row per kind of request (docs/requests.md says why each
+ * is what it is). The seed of an OpenAI request without one is the command's (batch:
+ * --seed, so a rerun repeats; serve: a fresh random one per request, as OpenAI's).
  */
-export const DEFAULTS = Object.freeze({
-  /** `k3 run` and the lines of `k3 batch`: greedy, 8 tokens. */
-  run: Object.freeze({ sampling: GREEDY, maxTokens: 8 }),
+export const DEFAULTS: {
+  /** `k3 run` and the lines of `k3 batch`: greedy, 8 tokens (--gen). */
+  readonly run: Required<RequestDefaults>;
   /** `k3 chat`: the vendor's chat sampling, replies up to 1,024 tokens. */
-  chat: Object.freeze({ sampling: CHAT_DEFAULTS, maxTokens: 1024 }),
+  readonly chat: Required<RequestDefaults>;
   /** OpenAI `/v1/chat/completions` (serve and batch): the vendor's chat sampling; up to the
    * context (serve) or --gen (batch). */
-  openaiChat: Object.freeze({ sampling: CHAT_DEFAULTS }),
+  readonly openaiChat: RequestDefaults;
   /** OpenAI `/v1/completions` (serve and batch): OpenAI's sampling and 16 tokens. */
+  readonly openaiCompletion: Required<RequestDefaults>;
+} = Object.freeze({
+  run: Object.freeze({ sampling: GREEDY, maxTokens: 8 }),
+  chat: Object.freeze({ sampling: CHAT_DEFAULTS, maxTokens: 1024 }),
+  openaiChat: Object.freeze({ sampling: CHAT_DEFAULTS }),
   openaiCompletion: Object.freeze({ sampling: OPENAI_SAMPLING, maxTokens: 16 }),
 });
 
