@@ -136,12 +136,18 @@ export function stopStrings(stops: string[] | undefined): string[] {
 
 /**
  * The prompt ids of a validated OpenAI request: a chat rendered with the template, a text
- * prompt encoded without special tokens, ids as given. Throws K3Error when the tokenizer
- * refuses (the caller says how that is answered).
+ * prompt encoded without special tokens, ids as given. Without a tokenizer only ids can
+ * be given (400 otherwise); a tokenizer that refuses throws K3Error (the caller says how
+ * that is answered).
  */
-export function openaiPrompt(r: ChatRequest | CompletionRequest, tokenizer: Tokenizer): number[] {
-  if (r.kind === "chat") return chatPrompt(tokenizer, r.messages, { thinking: r.thinking, effort: r.effort });
-  return typeof r.prompt === "string" ? tokenizer.encode(r.prompt, { allowSpecial: false }) : r.prompt;
+function openaiPrompt(r: ChatRequest | CompletionRequest, tokenizer: Tokenizer | undefined): number[] {
+  if (r.kind === "chat") {
+    if (!tokenizer) throw new ApiError(400, "chat requests need a tokenizer: pass --tok DIR", "messages");
+    return chatPrompt(tokenizer, r.messages, { thinking: r.thinking, effort: r.effort });
+  }
+  if (typeof r.prompt !== "string") return r.prompt;
+  if (!tokenizer) throw new ApiError(400, "a text prompt needs a tokenizer: pass --tok DIR (or send ids)", "prompt");
+  return tokenizer.encode(r.prompt, { allowSpecial: false });
 }
 
 /** What an OpenAI request's task takes from the command that runs it. */
@@ -150,18 +156,19 @@ export interface OpenAIContext {
   tokenizer?: Tokenizer;
   /** The seed when the request gives none. */
   seed: number;
-  /** Positions left for the completion after the prompt (serve: the context; batch: no bound). */
-  room: number;
-  /** A chat's tokens when the request gives no max_tokens (batch: --gen; default: `room`). */
+  /** Positions one sequence holds, prompt and completion (serve: the context; batch: no bound). */
+  capacity: number;
+  /** A chat's tokens when the request gives no max_tokens (batch: --gen; default: what fits). */
   chatMaxTokens?: number;
 }
 
 /**
- * The task of a validated OpenAI request whose prompt is `promptIds`: its row of
+ * The task of a validated OpenAI request: its prompt rendered, its row of
  * {@link DEFAULTS} where it leaves a field out; generation ends at the chat template's
  * end ids unless `ignore_eos` (or there is no tokenizer to name them). Sampling the sampler refuses is the client's error (400).
  */
-export function openaiTask(r: ChatRequest | CompletionRequest, promptIds: number[], ctx: OpenAIContext): Task {
+export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContext): Task {
+  const promptIds = openaiPrompt(r, ctx.tokenizer);
   const chat = r.kind === "chat";
   const row = chat ? DEFAULTS.openaiChat : DEFAULTS.openaiCompletion;
   let sampling: SamplingParams;
@@ -171,10 +178,11 @@ export function openaiTask(r: ChatRequest | CompletionRequest, promptIds: number
     if (e instanceof K3Error) throw new ApiError(400, e.message);
     throw e;
   }
+  const room = ctx.capacity - promptIds.length;
   return {
     promptIds,
     maxTokens: r.maxTokens ??
-      (chat ? ctx.chatMaxTokens ?? ctx.room : Math.min(DEFAULTS.openaiCompletion.maxTokens, ctx.room)),
+      (chat ? ctx.chatMaxTokens ?? room : Math.min(DEFAULTS.openaiCompletion.maxTokens, room)),
     sampling,
     stopIds: r.ignoreEos || !ctx.tokenizer ? [] : chatStopIds(ctx.tokenizer),
     stops: r.stop,

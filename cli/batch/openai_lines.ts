@@ -14,12 +14,11 @@
 import { splitChannels } from "../../engine/text/chat.ts";
 import type { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { MAX_PROMPT_IDS } from "../run_options.ts";
-import { MAX_TOKENS, openaiPrompt, openaiTask, type Task } from "../request.ts";
+import { MAX_TOKENS, openaiTask, type Task } from "../request.ts";
 import {
   ApiError,
   chatCompletion,
   completion,
-  type CompletionRequest,
   errorBody,
   finishReason,
   parseChatRequest,
@@ -80,28 +79,22 @@ export function parseOpenAILine(
     throw new Error(`"url" must be one of ${BATCH_URLS.join(", ")}, got ${JSON.stringify(o.url)}`);
   }
   try {
-    const tok = opts.tokenizer();
-    let r;
-    if (o.url === "/v1/chat/completions") {
-      r = parseChatRequest(o.body);
-      if (!tok) throw new ApiError(400, "chat requests need a tokenizer: pass --tok DIR", "messages");
-    } else {
-      r = parseCompletionRequest(o.body, opts.vocab);
-      if (typeof r.prompt === "string" && !tok) {
-        throw new ApiError(400, "a text prompt needs a tokenizer: pass --tok DIR (or send ids)", "prompt");
-      }
-    }
-    // Without a tokenizer only a completion of ids got here.
-    const promptIds = tok ? openaiPrompt(r, tok) : (r as CompletionRequest).prompt as number[];
+    const r = o.url === "/v1/chat/completions" ? parseChatRequest(o.body) : parseCompletionRequest(o.body, opts.vocab);
     if (r.stream) throw new ApiError(400, "'stream' must be false in a batch", "stream");
+    // A chat without max_tokens runs to --gen (the model's limit here), as serve's to its context.
+    const task = openaiTask(r, {
+      tokenizer: opts.tokenizer(),
+      seed: opts.seed,
+      capacity: Infinity,
+      chatMaxTokens: opts.gen,
+    });
+    const promptIds = task.promptIds;
     const bad = promptIds.find((x) => x >= opts.vocab);
     if (bad !== undefined) throw new ApiError(400, `the prompt holds id ${bad}, outside the vocabulary`, "prompt");
     if (promptIds.length === 0) throw new ApiError(400, "the prompt is empty", "prompt");
     if (promptIds.length > MAX_PROMPT_IDS) {
       throw new ApiError(400, `the prompt has ${promptIds.length} tokens, at most ${MAX_PROMPT_IDS}`);
     }
-    // A chat without max_tokens runs to --gen (the model's limit here), as serve's to its context.
-    const task = openaiTask(r, promptIds, { tokenizer: tok, seed: opts.seed, room: Infinity, chatMaxTokens: opts.gen });
     if (task.maxTokens > MAX_TOKENS) {
       throw new ApiError(
         400,

@@ -20,7 +20,7 @@ import {
   parseChatRequest,
   parseCompletionRequest,
 } from "../openai.ts";
-import { openaiPrompt, openaiTask, type Task } from "../request.ts";
+import { openaiTask, type Task } from "../request.ts";
 
 /** What the server generates with, available once the model is loaded. */
 export interface ServeEngine {
@@ -91,19 +91,18 @@ export function serveTask(e: ServeEngine, kind: "chat" | "completion", body: unk
       "model_not_found",
     );
   }
-  let prompt: number[];
+  let task: Task;
   try {
-    prompt = openaiPrompt(r, e.tokenizer);
+    task = openaiTask(r, {
+      tokenizer: e.tokenizer,
+      seed: crypto.getRandomValues(new Uint32Array(1))[0],
+      capacity: e.capacity,
+    });
   } catch (err) {
     if (err instanceof K3Error) throw new ApiError(400, err.message, r.kind === "chat" ? "messages" : "prompt");
     throw err;
   }
-  checkFits(e, r, prompt);
-  const task = openaiTask(r, prompt, {
-    tokenizer: e.tokenizer,
-    seed: crypto.getRandomValues(new Uint32Array(1))[0],
-    room: e.capacity - prompt.length,
-  });
+  checkFits(e, r, task.promptIds);
   return { request: r, task };
 }
 
