@@ -47,6 +47,9 @@ export interface RunningServer {
   readonly addr: Deno.NetAddr;
   /** Starts answering generation requests (and /health 200). */
   ready(engine: ServeEngine): void;
+  /** Resolves when no request is in flight (every admitted request answered and its
+   * sequence released): a hook a test can await instead of polling /metrics. */
+  idle(): Promise<void>;
   /** Stops accepting; in-flight requests get `graceSeconds` to finish, then are cancelled. */
   shutdown(graceSeconds: number): Promise<void>;
   /** Resolves when the server has stopped. */
@@ -136,37 +139,131 @@ async function readBody(req: Request, cap: number): Promise<string> {
   }
 }
 
-/** Starts the server; it answers 503 to generation requests until `ready(engine)`. */
-export function startServer(opts: ServerOptions): RunningServer {
-  const log = opts.log ?? ((line: string) => console.error(line));
-  const metrics = new Metrics();
-  const apiKey = opts.apiKey === undefined ? undefined : digest(opts.apiKey);
-  const inFlight = new Set<AbortController>();
-  let engine: ServeEngine | undefined;
-  let accepting = true;
-  const created = Math.floor(Date.now() / 1000);
+/** Per-request facts for its one log line, written when the response is done. */
+interface LogNote {
+  id: string;
+  status: number;
+  tokensIn: number;
+  tokensOut: number;
+  finish: string;
+  streaming: boolean;
+  done: () => void;
+}
 
-  const cors: Record<string, string> = opts.cors
+/** A failure as OpenAI's error: an ApiError as is, anything else a 500 naming it. */
+function toApiError(err: unknown): ApiError {
+  if (err instanceof ApiError) return err;
+  const msg = err instanceof Error ? err.message : String(err);
+  return new ApiError(500, `generation failed: ${msg}`, null, err instanceof K3Error ? `exit_${err.exitCode}` : null);
+}
+
+/** The CORS headers answered for `origin` (none when unset). */
+function corsHeaders(origin: string | undefined): Record<string, string> {
+  return origin
     ? {
-      "access-control-allow-origin": opts.cors,
+      "access-control-allow-origin": origin,
       "access-control-allow-headers": "authorization, content-type",
       "access-control-allow-methods": "GET, POST, OPTIONS",
       vary: "origin",
     }
     : {};
+}
 
-  const json = (status: number, body: unknown, headers: Record<string, string> = {}) =>
-    new Response(JSON.stringify(body), { status, headers: { ...JSON_HEADERS, ...cors, ...headers } });
+/** The server: its routes, its limits and what is in flight. */
+class HttpServer implements RunningServer {
+  readonly addr: Deno.NetAddr;
+  readonly finished: Promise<void>;
+  readonly #opts: ServerOptions;
+  readonly #log: (line: string) => void;
+  readonly #metrics = new Metrics();
+  readonly #apiKey: Uint8Array | undefined;
+  readonly #cors: Record<string, string>;
+  readonly #created = Math.floor(Date.now() / 1000);
+  /** Requests admitted and not yet answered, each with the controller that cancels it. */
+  readonly #inFlight = new Set<AbortController>();
+  #idle: { promise: Promise<void>; resolve: () => void } | undefined;
+  #engine: ServeEngine | undefined;
+  #accepting = true;
+  readonly #server: Deno.HttpServer<Deno.NetAddr>;
 
-  const authorized = (req: Request): boolean => {
-    if (!apiKey) return true;
+  constructor(opts: ServerOptions) {
+    this.#opts = opts;
+    this.#log = opts.log ?? ((line: string) => console.error(line));
+    this.#apiKey = opts.apiKey === undefined ? undefined : digest(opts.apiKey);
+    this.#cors = corsHeaders(opts.cors);
+    this.#server = Deno.serve(
+      { hostname: opts.hostname, port: opts.port, onListen: () => {} },
+      (req) => this.#handle(req),
+    );
+    this.addr = this.#server.addr;
+    this.finished = this.#server.finished;
+  }
+
+  ready(e: ServeEngine): void {
+    this.#engine = e;
+  }
+
+  idle(): Promise<void> {
+    if (this.#inFlight.size === 0) return Promise.resolve();
+    if (!this.#idle) {
+      let resolve!: () => void;
+      const promise = new Promise<void>((r) => (resolve = r));
+      this.#idle = { promise, resolve };
+    }
+    return this.#idle.promise;
+  }
+
+  async shutdown(graceSeconds: number): Promise<void> {
+    this.#accepting = false;
+    const stopped = this.#server.shutdown();
+    const timer = setTimeout(() => {
+      for (const ac of this.#inFlight) ac.abort(new Error("server shutting down"));
+    }, graceSeconds * 1000);
+    try {
+      await stopped;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  #json(status: number, body: unknown, headers: Record<string, string> = {}): Response {
+    return new Response(JSON.stringify(body), { status, headers: { ...JSON_HEADERS, ...this.#cors, ...headers } });
+  }
+
+  #authorized(req: Request): boolean {
+    if (!this.#apiKey) return true;
     const m = /^Bearer (.+)$/.exec(req.headers.get("authorization") ?? "");
-    return m !== null && timingSafeEqual(digest(m[1]), apiKey);
-  };
+    return m !== null && timingSafeEqual(digest(m[1]), this.#apiKey);
+  }
+
+  /** Admits a request (503 while shutting down, 429 beyond the queue); `release` frees its place. */
+  #admit(): { ac: AbortController; release: () => void } {
+    const opts = this.#opts;
+    if (!this.#accepting) throw new ApiError(503, "the server is shutting down", null, "shutting_down");
+    if (this.#inFlight.size >= opts.parallel + opts.maxQueue) {
+      throw new ApiError(
+        429,
+        `the server is busy: ${opts.parallel} requests generating and ${opts.maxQueue} waiting; retry later`,
+        null,
+        "queue_full",
+        "rate_limit_error",
+      );
+    }
+    const ac = new AbortController();
+    this.#inFlight.add(ac);
+    return {
+      ac,
+      release: () => {
+        this.#inFlight.delete(ac);
+        if (this.#inFlight.size === 0 && this.#idle) (this.#idle.resolve(), this.#idle = undefined);
+      },
+    };
+  }
 
   /** A generation endpoint: validate, admit, run, answer (JSON or SSE). */
-  async function completions(req: Request, kind: "chat" | "completion", note: LogNote): Promise<Response> {
-    const e = engine;
+  async #completions(req: Request, kind: "chat" | "completion", note: LogNote): Promise<Response> {
+    const opts = this.#opts, metrics = this.#metrics;
+    const e = this.#engine;
     if (!e) throw new ApiError(503, "the model is still loading", null, "model_loading");
     const body = await readBody(req, opts.maxBodyBytes);
     let parsed: unknown;
@@ -177,30 +274,19 @@ export function startServer(opts: ServerOptions): RunningServer {
     }
     const { request: r, task } = serveTask(e, kind, parsed, opts.modelName);
     const prompt = task.promptIds;
-    if (!accepting) throw new ApiError(503, "the server is shutting down", null, "shutting_down");
-    if (inFlight.size >= opts.parallel + opts.maxQueue) {
-      throw new ApiError(
-        429,
-        `the server is busy: ${opts.parallel} requests generating and ${opts.maxQueue} waiting; retry later`,
-        null,
-        "queue_full",
-        "rate_limit_error",
-      );
-    }
+    const { ac, release } = this.#admit();
 
     const id = randomId(kind === "chat" ? "chatcmpl-" : "cmpl-");
     note.id = id;
     const head: ResponseHead = { id, created: Math.floor(Date.now() / 1000), model: opts.modelName };
-    const ac = new AbortController();
     const onGone = () => ac.abort(new Error("client disconnected"));
     // A streamed response learns of a gone client from its body being cancelled; only a
     // request answered at the end watches its signal (which Deno also aborts on success).
     if (!r.stream) req.signal.addEventListener("abort", onGone);
-    inFlight.add(ac);
     const t0 = performance.now();
     let firstAt = 0;
     const finish = (o: Outcome | undefined) => {
-      inFlight.delete(ac);
+      release();
       req.signal.removeEventListener("abort", onGone);
       if (!o) return;
       const n = o.result.tokens.length;
@@ -228,7 +314,7 @@ export function startServer(opts: ServerOptions): RunningServer {
       if (o.result.finishReason === "interrupted") {
         throw new ApiError(503, "the request was cancelled: the server is shutting down", null, "cancelled");
       }
-      return json(200, completionBody(r, head, o, prompt.length));
+      return this.#json(200, completionBody(r, head, o, prompt.length));
     }
 
     // Streaming: headers now, chunks as text becomes safe, [DONE] at the end.
@@ -255,29 +341,12 @@ export function startServer(opts: ServerOptions): RunningServer {
     note.streaming = true;
     return new Response(events.body, {
       status: 200,
-      headers: { "content-type": "text/event-stream", "cache-control": "no-cache", ...cors },
+      headers: { "content-type": "text/event-stream", "cache-control": "no-cache", ...this.#cors },
     });
   }
 
-  function toApiError(err: unknown): ApiError {
-    if (err instanceof ApiError) return err;
-    const msg = err instanceof Error ? err.message : String(err);
-    return new ApiError(500, `generation failed: ${msg}`, null, err instanceof K3Error ? `exit_${err.exitCode}` : null);
-  }
-
-  /** Per-request facts for its one log line, written when the response is done. */
-  interface LogNote {
-    id: string;
-    status: number;
-    tokensIn: number;
-    tokensOut: number;
-    finish: string;
-    streaming: boolean;
-    done: () => void;
-  }
-
-  async function route(req: Request, path: string, note: LogNote): Promise<Response> {
-    if (req.method === "OPTIONS" && opts.cors) return new Response(null, { status: 204, headers: cors });
+  async #route(req: Request, path: string, note: LogNote): Promise<Response> {
+    if (req.method === "OPTIONS" && this.#opts.cors) return new Response(null, { status: 204, headers: this.#cors });
     const want = (method: string) => {
       if (req.method !== method) {
         throw new ApiError(405, `${path} takes ${method}, not ${req.method}`, null, "method_not_allowed");
@@ -285,35 +354,32 @@ export function startServer(opts: ServerOptions): RunningServer {
     };
     if (path === "/health") {
       want("GET");
-      return engine ? json(200, { status: "ok" }) : json(503, { status: "loading" });
+      return this.#engine ? this.#json(200, { status: "ok" }) : this.#json(503, { status: "loading" });
     }
-    if (!authorized(req)) {
+    if (!this.#authorized(req)) {
       throw new ApiError(401, "a valid API key is required: Authorization: Bearer <key>", null, "invalid_api_key");
     }
     switch (path) {
       case "/v1/models":
         want("GET");
-        return json(200, modelList(opts.modelName, created));
+        return this.#json(200, modelList(this.#opts.modelName, this.#created));
       case "/metrics":
         want("GET");
-        return new Response(metrics.text(engine, inFlight.size), {
-          headers: { "content-type": "text/plain; version=0.0.4", ...cors },
+        return new Response(this.#metrics.text(this.#engine, this.#inFlight.size), {
+          headers: { "content-type": "text/plain; version=0.0.4", ...this.#cors },
         });
       case "/v1/chat/completions":
         want("POST");
-        return await completions(req, "chat", note);
+        return await this.#completions(req, "chat", note);
       case "/v1/completions":
         want("POST");
-        return await completions(req, "completion", note);
+        return await this.#completions(req, "completion", note);
     }
     throw new ApiError(404, `no endpoint ${path}`, null, "not_found");
   }
 
-  const server = Deno.serve({
-    hostname: opts.hostname,
-    port: opts.port,
-    onListen: () => {},
-  }, async (req) => {
+  /** Answers one request and writes its log line (a stream's when it ends). */
+  async #handle(req: Request): Promise<Response> {
     const t0 = performance.now();
     const path = new URL(req.url).pathname;
     const note: LogNote = {
@@ -324,7 +390,7 @@ export function startServer(opts: ServerOptions): RunningServer {
       finish: "-",
       streaming: false,
       done: () =>
-        log(
+        this.#log(
           `k3: ${note.id} ${req.method} ${path} ${note.status} tokens ${note.tokensIn}/${note.tokensOut} ${
             ((performance.now() - t0) / 1000).toFixed(3)
           } s finish ${note.finish}`,
@@ -332,35 +398,22 @@ export function startServer(opts: ServerOptions): RunningServer {
     };
     let res: Response;
     try {
-      res = await route(req, path, note);
+      res = await this.#route(req, path, note);
     } catch (err) {
       const e = toApiError(err);
-      if (e.status >= 500 && !(err instanceof ApiError)) log(`k3: internal error: ${(err as Error)?.stack ?? err}`);
-      res = json(e.status, errorBody(e), e.status === 429 ? { "retry-after": "1" } : {});
+      if (e.status >= 500 && !(err instanceof ApiError)) {
+        this.#log(`k3: internal error: ${(err as Error)?.stack ?? err}`);
+      }
+      res = this.#json(e.status, errorBody(e), e.status === 429 ? { "retry-after": "1" } : {});
     }
-    metrics.count(path.startsWith("/v1/") || ["/health", "/metrics"].includes(path) ? path : "other", res.status);
+    this.#metrics.count(path.startsWith("/v1/") || ["/health", "/metrics"].includes(path) ? path : "other", res.status);
     if (!note.status) note.status = res.status;
     if (!note.streaming) note.done();
     return res;
-  });
+  }
+}
 
-  return {
-    addr: server.addr,
-    finished: server.finished,
-    ready(e: ServeEngine) {
-      engine = e;
-    },
-    async shutdown(graceSeconds: number) {
-      accepting = false;
-      const stopped = server.shutdown();
-      const timer = setTimeout(() => {
-        for (const ac of inFlight) ac.abort(new Error("server shutting down"));
-      }, graceSeconds * 1000);
-      try {
-        await stopped;
-      } finally {
-        clearTimeout(timer);
-      }
-    },
-  };
+/** Starts the server; it answers 503 to generation requests until `ready(engine)`. */
+export function startServer(opts: ServerOptions): RunningServer {
+  return new HttpServer(opts);
 }
