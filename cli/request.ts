@@ -165,7 +165,8 @@ export interface OpenAIContext {
 /**
  * The task of a validated OpenAI request: its prompt rendered, its row of
  * {@link DEFAULTS} where it leaves a field out; generation ends at the chat template's
- * end ids unless `ignore_eos` (or there is no tokenizer to name them). Sampling the sampler refuses is the client's error (400).
+ * end ids unless `ignore_eos` (or there is no tokenizer to name them). Sampling the
+ * sampler refuses is the client's error (400).
  */
 export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContext): Task {
   const promptIds = openaiPrompt(r, ctx.tokenizer);

@@ -1,4 +1,4 @@
-/** Fuzz: batch JSONL input lines (cli/batch.ts parseJob) on structure-aware mutations of real lines. */
+/** Fuzz: batch JSONL input lines (cli/batch/jobs.ts parseJob) on structure-aware mutations of real lines. */
 
 import assert from "node:assert/strict";
 import fc from "fast-check";
