@@ -15,7 +15,7 @@
 import { loadConfig } from "../engine/model/config.ts";
 import { EXIT, usageError } from "../engine/errors.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
-import { CHAT_DEFAULTS, makeSampler } from "../engine/generate/sampling.ts";
+import { makeSampler } from "../engine/generate/sampling.ts";
 import { StopMatcher } from "../engine/generate/stops.ts";
 import {
   loadState,
@@ -41,16 +41,8 @@ import { decodeUtf8Strict } from "../engine/text/utf8.ts";
 import { fmtBytes, intFlag, parseFlags, peakRssBytes, writeFileAtomic } from "./common.ts";
 import { progress } from "./progress.ts";
 import { EXIT_INTERRUPTED, Interrupts, writeStdout } from "./interrupt.ts";
-import {
-  MEMORY_FLAGS,
-  MEMORY_HELP,
-  memoryOptions,
-  needTokenizer,
-  SAMPLING_FLAGS,
-  samplingHelp,
-  samplingOptions,
-  stopStrings,
-} from "./run_options.ts";
+import { MEMORY_FLAGS, MEMORY_HELP, memoryOptions, needTokenizer } from "./run_options.ts";
+import { DEFAULTS, SAMPLING_FLAGS, samplingHelp, samplingOptions, stopStrings } from "./request.ts";
 
 /** Usage text of `k3 chat`. */
 export const USAGE = `usage: k3 chat <model_dir> [options]
@@ -178,11 +170,11 @@ export async function main(args: string[]): Promise<number> {
   if (effort !== undefined && !(EFFORTS as readonly string[]).includes(effort)) {
     throw usageError(`--thinking-effort must be one of ${EFFORTS.join(", ")}, not ${effort}`);
   }
-  const gen = intFlag("gen", values.gen, 1024, 1, 1 << 20);
+  const gen = intFlag("gen", values.gen, DEFAULTS.chat.maxTokens, 1, 1 << 20);
   const context = intFlag("context", values.context, 4096, 16, 1 << 20);
   const chunk = intFlag("chunk", values.chunk, 16, 1, 256);
   const threads = intFlag("threads", values.threads, navigator.hardwareConcurrency, 1, 256);
-  const sampling = samplingOptions(values, CHAT_DEFAULTS);
+  const sampling = samplingOptions(values, DEFAULTS.chat.sampling);
   const stops = stopStrings(values.stop);
   const memory = memoryOptions(tokens);
   let cfg = await loadConfig(dir);

@@ -1,5 +1,5 @@
 /**
- * The OpenAI wire format `k3 serve` speaks: request validation (400s in OpenAI's error
+ * The OpenAI wire format `k3 serve` and `k3 batch` speak: request validation (400s in OpenAI's error
  * shape, naming the offending `param`), and the response, chunk and error bodies of
  * `/v1/chat/completions` and `/v1/completions`.
  *
@@ -38,7 +38,7 @@ export function errorBody(
   return { error: { message: e.message, type: e.type, param: e.param, code: e.code } };
 }
 
-/** Sampling fields of a request; undefined: the endpoint's default (see cli/server.ts). */
+/** Sampling fields of a request; undefined: the endpoint's default (cli/request.ts DEFAULTS). */
 export interface RequestSampling {
   /** 0 = greedy. */
   temperature?: number;

@@ -38,11 +38,9 @@ import {
   parseFlags,
   promptIds,
   promptSource,
-  SAMPLING_FLAGS,
-  samplingHelp,
-  samplingOptions,
   tokenizerDir,
 } from "./run_options.ts";
+import { SAMPLING_FLAGS, samplingHelp, samplingOptions } from "./request.ts";
 
 /** Usage text of `k3 run`. */
 export const USAGE = `usage: k3 run <model_dir> (--prompt TEXT | --prompt-file PATH | --ids 1,2,3) [options]

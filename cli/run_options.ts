@@ -11,7 +11,7 @@ import { type MemoryOptions, PRESETS } from "../engine/weights/plan.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
 import { intFlag, lastFlagWins, numFlag, parseFlags, parseIds } from "./common.ts";
-import { checkSampling, GREEDY, type SamplingParams } from "../engine/generate/sampling.ts";
+import { DEFAULTS, MAX_TOKENS, stopStrings } from "./request.ts";
 import { notRegular, readInput } from "../engine/native/files.ts";
 
 /**
@@ -144,7 +144,7 @@ export function generationOptions(values: Record<string, unknown>, minGen = 1): 
     throw usageError("--incremental and --full-recompute conflict: choose one");
   }
   return {
-    gen: intFlag("gen", values.gen as string | undefined, 8, minGen, 4096),
+    gen: intFlag("gen", values.gen as string | undefined, DEFAULTS.run.maxTokens, minGen, MAX_TOKENS),
     incremental: !values["full-recompute"],
     stopIds: (values["stop-id"] as string[] | undefined) ?? [],
     stops: stopStrings(values.stop as string[] | undefined),
@@ -153,46 +153,6 @@ export function generationOptions(values: Record<string, unknown>, minGen = 1): 
     tokDir: values.tok as string | undefined,
     threads: threadCount(values.threads as string | undefined),
   };
-}
-
-/** Stop strings from --stop: each non-empty. */
-export function stopStrings(stops: string[] | undefined): string[] {
-  for (const s of stops ?? []) if (s === "") throw usageError("--stop: a stop string cannot be empty");
-  return stops ?? [];
-}
-
-/** Sampling flags (run, batch, chat). */
-export const SAMPLING_FLAGS = {
-  temperature: { type: "string" },
-  "top-p": { type: "string" },
-  "top-k": { type: "string" },
-  "min-p": { type: "string" },
-  seed: { type: "string" },
-} as const satisfies ParseArgsConfig["options"];
-
-/** Help for {@link SAMPLING_FLAGS}; `dflt` says what applies without them. */
-export function samplingHelp(dflt: string): string {
-  return `sampling (${dflt}; engine/generate/sampling.ts documents the arithmetic):
-  --temperature T   0 = greedy (exactly the argmax); otherwise divides the logits (0..100)
-  --top-p P         keep the most likely tokens up to probability mass P (0 < P <= 1)
-  --top-k K         keep the K most likely tokens (0 = off)
-  --min-p P         drop tokens less likely than P times the most likely (0 = off)
-  --seed N          seed of the generator (xoshiro128**, one per sequence; default 0)`;
-}
-
-/** Sampling parameters from the flags over `base` (greedy for run and batch). */
-export function samplingOptions(values: Record<string, unknown>, base: SamplingParams = GREEDY): SamplingParams {
-  const num = (name: string, min: number, max: number, dflt: number) =>
-    values[name] === undefined ? dflt : numFlag(name, values[name] as string, min, max);
-  const p: SamplingParams = {
-    temperature: num("temperature", 0, 100, base.temperature),
-    topP: num("top-p", 0, 1, base.topP),
-    topK: intFlag("top-k", values["top-k"] as string | undefined, base.topK, 0, 1e9),
-    minP: num("min-p", 0, 1, base.minP),
-    seed: intFlag("seed", values.seed as string | undefined, base.seed, 0, Number.MAX_SAFE_INTEGER),
-  };
-  checkSampling(p, "sampling flags");
-  return p;
 }
 
 /** Where a prompt comes from: exactly one of --prompt, --prompt-file, --ids. */

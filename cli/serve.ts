@@ -1,5 +1,5 @@
 /**
- * `k3 serve <model_dir>`: an OpenAI-compatible HTTP server (cli/server.ts) on the batching
+ * `k3 serve <model_dir>`: an OpenAI-compatible HTTP server (cli/server/) on the batching
  * scheduler. Listens first (so /health answers 503 while the model loads), opens the
  * model within the memory plan, then serves until SIGTERM or SIGINT: it stops accepting,
  * gives in-flight requests a grace period, cancels what is left and exits 0.
@@ -15,7 +15,7 @@ import { firstLayers, openModel } from "../engine/weights/load.ts";
 import { loadConfig } from "../engine/model/config.ts";
 import { intFlag, numFlag, parseFlags } from "./common.ts";
 import { MEMORY_FLAGS, MEMORY_HELP, memoryOptions, needTokenizer } from "./run_options.ts";
-import { startServer } from "./server.ts";
+import { startServer } from "./server/http.ts";
 import { stopIds } from "../engine/text/chat.ts";
 
 /** `k3 serve --help`. */

@@ -12,7 +12,7 @@ import { openModel } from "../engine/weights/load.ts";
 import { K3Model } from "../engine/model/model.ts";
 import type { Kernels } from "../engine/native/ffi.ts";
 import { MAX_PROMPT_IDS, promptIds } from "../cli/run_options.ts";
-import { parseJob } from "../cli/batch.ts";
+import { parseJob } from "../cli/batch/jobs.ts";
 import { TINY } from "./helpers.ts";
 
 /** Per kernel: calls and the sum of integer arguments. */

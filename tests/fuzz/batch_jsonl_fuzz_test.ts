@@ -1,8 +1,8 @@
-/** Fuzz: batch JSONL input lines (cli/batch.ts parseJob) on structure-aware mutations of real lines. */
+/** Fuzz: batch JSONL input lines (cli/batch/jobs.ts parseJob) on structure-aware mutations of real lines. */
 
 import assert from "node:assert/strict";
 import fc from "fast-check";
-import { parseJob } from "../../cli/batch.ts";
+import { parseJob } from "../../cli/batch/jobs.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { oneLine } from "../../engine/errors.ts";
 import { check, jsonMutations, mutateAll } from "./fuzz.ts";
@@ -31,7 +31,7 @@ Deno.test("fuzz batch JSONL: a line is refused with a plain message (printed as 
     }
     assert.ok(job.promptIds.length >= 1 && job.promptIds.length <= MAX_PROMPT_IDS);
     assert.ok(job.promptIds.every((x) => Number.isInteger(x) && x >= 0 && x < opts.vocab));
-    assert.ok(Number.isInteger(job.gen) && job.gen >= 1 && job.gen <= 4096);
+    assert.ok(Number.isInteger(job.maxTokens) && job.maxTokens >= 1 && job.maxTokens <= 4096);
     assert.ok(job.stopIds.every((x) => Number.isInteger(x) && x >= 0 && x < opts.vocab));
   });
 });

@@ -1,7 +1,8 @@
 /**
  * OpenAI Batch API lines for `k3 batch`: an input line `{"custom_id", "method": "POST",
  * "url": "/v1/chat/completions" | "/v1/completions", "body": {...}}` is a request, its
- * body validated exactly as `k3 serve` validates one (cli/openai.ts); its result line is
+ * body validated exactly as `k3 serve` validates one (cli/openai.ts) and turned into a
+ * task by the same conversion (cli/request.ts openaiTask); its result line is
  * in the Batch output format, `{"id", "custom_id", "response": {"status_code",
  * "request_id", "body"}, "error"}`, the body a `chat.completion` or `text_completion` (or,
  * for a body that does not validate, OpenAI's error body with status 400). So an existing
@@ -10,10 +11,10 @@
  * @module
  */
 
-import { checkSampling, type SamplingParams } from "../engine/generate/sampling.ts";
-import { type ChatMessage, chatPrompt, splitChannels } from "../engine/text/chat.ts";
-import type { Tokenizer } from "../engine/text/tokenizer.ts";
-import { MAX_PROMPT_IDS } from "./run_options.ts";
+import { splitChannels } from "../../engine/text/chat.ts";
+import type { Tokenizer } from "../../engine/text/tokenizer.ts";
+import { MAX_PROMPT_IDS } from "../run_options.ts";
+import { MAX_TOKENS, openaiTask, type Task } from "../request.ts";
 import {
   ApiError,
   chatCompletion,
@@ -23,7 +24,7 @@ import {
   parseChatRequest,
   parseCompletionRequest,
   usage,
-} from "./openai.ts";
+} from "../openai.ts";
 
 /** The endpoints a batch line may name. */
 export const BATCH_URLS = ["/v1/chat/completions", "/v1/completions"] as const;
@@ -36,16 +37,8 @@ export interface OpenAIRequest {
   endpoint: "chat" | "completion";
   /** The model named in the body (echoed in the response), else the model directory. */
   model: string;
-  /** The rendered prompt as token ids. */
-  promptIds: number[];
-  /** `max_tokens` (or `max_completion_tokens`), else the default. */
-  maxTokens: number;
-  /** The sampling fields, OpenAI's defaults where absent. */
-  sampling: SamplingParams;
-  /** Stop strings. */
-  stops: string[];
-  /** Chat: whether the think channel was opened (reasoning_content). */
-  thinking: boolean;
+  /** What to generate: the rendered prompt, max_tokens, sampling and stops. */
+  task: Task;
 }
 
 /** What an OpenAI line becomes: a request to run, or a result line to write as is (a 400). */
@@ -86,62 +79,35 @@ export function parseOpenAILine(
     throw new Error(`"url" must be one of ${BATCH_URLS.join(", ")}, got ${JSON.stringify(o.url)}`);
   }
   try {
-    const tok = opts.tokenizer();
-    let promptIds: number[], endpoint: "chat" | "completion", thinking = false;
-    let req;
-    if (o.url === "/v1/chat/completions") {
-      const r = parseChatRequest(o.body);
-      req = r;
-      if (!tok) throw new ApiError(400, "chat requests need a tokenizer: pass --tok DIR", "messages");
-      endpoint = "chat";
-      thinking = r.thinking;
-      promptIds = chatPrompt(tok, r.messages as ChatMessage[], { thinking: r.thinking, effort: r.effort });
-    } else {
-      const r = parseCompletionRequest(o.body, opts.vocab);
-      req = r;
-      endpoint = "completion";
-      if (typeof r.prompt === "string") {
-        if (!tok) throw new ApiError(400, "a text prompt needs a tokenizer: pass --tok DIR (or send ids)", "prompt");
-        promptIds = tok.encode(r.prompt, { allowSpecial: false });
-      } else promptIds = r.prompt;
-    }
-    if (req.stream) throw new ApiError(400, "'stream' must be false in a batch", "stream");
+    const r = o.url === "/v1/chat/completions" ? parseChatRequest(o.body) : parseCompletionRequest(o.body, opts.vocab);
+    if (r.stream) throw new ApiError(400, "'stream' must be false in a batch", "stream");
+    // A chat without max_tokens runs to --gen (the model's limit here), as serve's to its context.
+    const task = openaiTask(r, {
+      tokenizer: opts.tokenizer(),
+      seed: opts.seed,
+      capacity: Infinity,
+      chatMaxTokens: opts.gen,
+    });
+    const promptIds = task.promptIds;
     const bad = promptIds.find((x) => x >= opts.vocab);
     if (bad !== undefined) throw new ApiError(400, `the prompt holds id ${bad}, outside the vocabulary`, "prompt");
     if (promptIds.length === 0) throw new ApiError(400, "the prompt is empty", "prompt");
     if (promptIds.length > MAX_PROMPT_IDS) {
       throw new ApiError(400, `the prompt has ${promptIds.length} tokens, at most ${MAX_PROMPT_IDS}`);
     }
-    // Defaults as OpenAI's: completions 16 tokens; chat up to the model (here --gen).
-    const maxTokens = req.maxTokens ?? (endpoint === "completion" ? 16 : opts.gen);
-    if (maxTokens > 4096) {
-      throw new ApiError(400, `'${req.maxTokensParam}' must be at most 4096, got ${maxTokens}`, req.maxTokensParam);
-    }
-    const s = req.sampling;
-    const seed = s.seed === undefined ? opts.seed : ((s.seed % 2 ** 53) + 2 ** 53) % 2 ** 53;
-    // OpenAI's defaults where the body leaves a field out (cli/openai.ts leaves them unset).
-    const sampling: SamplingParams = {
-      temperature: s.temperature ?? 1,
-      topP: s.topP ?? 1,
-      topK: s.topK ?? 0,
-      minP: s.minP ?? 0,
-      seed,
-    };
-    try {
-      checkSampling(sampling);
-    } catch (e) {
-      throw new ApiError(400, (e as Error).message);
+    if (task.maxTokens > MAX_TOKENS) {
+      throw new ApiError(
+        400,
+        `'${r.maxTokensParam}' must be at most ${MAX_TOKENS}, got ${task.maxTokens}`,
+        r.maxTokensParam,
+      );
     }
     return {
       request: {
         customId,
-        endpoint,
-        model: req.model ?? opts.modelName,
-        promptIds,
-        maxTokens,
-        sampling,
-        stops: req.stop,
-        thinking,
+        endpoint: r.kind === "chat" ? "chat" : "completion",
+        model: r.model ?? opts.modelName,
+        task,
       },
     };
   } catch (e) {
@@ -156,14 +122,15 @@ export function openaiResultLine(
   out: { text: string; finishReason: "stop" | "length"; completionTokens: number },
 ): Record<string, unknown> {
   const created = Math.floor(Date.now() / 1000);
-  const u = usage(r.promptIds.length, out.completionTokens);
+  const u = usage(r.task.promptIds.length, out.completionTokens);
+  const thinking = r.task.chat?.thinking ?? false;
   const finish = finishReason(out.finishReason);
   const body = r.endpoint === "chat"
     ? (() => {
-      const { reasoning, content } = splitChannels(out.text, r.thinking);
+      const { reasoning, content } = splitChannels(out.text, thinking);
       return chatCompletion({ id: `chatcmpl-${requestId()}`, created, model: r.model }, {
         content,
-        reasoning: r.thinking ? reasoning : null,
+        reasoning: thinking ? reasoning : null,
         finish,
         usage: u,
       });

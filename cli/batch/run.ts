@@ -1,0 +1,170 @@
+/**
+ * The generation of `k3 batch`: every job a sequence of one scheduler, sharing each pass's
+ * trunk and expert reads; each result line appended as its job finishes (finishing order),
+ * in batch's report schema or, for an OpenAI line, the Batch output format.
+ *
+ * @module
+ */
+
+import { Scheduler, type SequenceResult } from "../../engine/generate/scheduler.ts";
+import { ledgerBetween, type LedgerMark, type LedgerReport, markLedger } from "../../engine/generate/ledger.ts";
+import type { IoStats, K3Model } from "../../engine/model/model.ts";
+import { makeSampler } from "../../engine/generate/sampling.ts";
+import { StopMatcher } from "../../engine/generate/stops.ts";
+import { splitChannels } from "../../engine/text/chat.ts";
+import type { Tokenizer } from "../../engine/text/tokenizer.ts";
+import { fmtBytes, plural } from "../common.ts";
+import { fmtDuration } from "../progress.ts";
+import { reportHead, type ReportSettings, sequenceFields } from "../report.ts";
+import type { AppendLog } from "./append_log.ts";
+import type { Job } from "./jobs.ts";
+import { openaiResultLine } from "./openai_lines.ts";
+
+/** Bytes read and expert-cache hits of one prompt (streamed weights only). */
+function ioDelta(a: IoStats | undefined, b: IoStats | undefined, ledger: LedgerReport): Record<string, number> {
+  if (!a || !b) return {};
+  const hits = b.expertHits - a.expertHits, lookups = hits + b.expertMisses - a.expertMisses;
+  return {
+    trunk_bytes_read: b.trunkBytes - a.trunkBytes,
+    expert_bytes_read: b.expertBytes - a.expertBytes,
+    expert_cache_hit_rate: lookups ? hits / lookups : 0,
+    io_wait_seconds: ledger.trunk_read_wait_seconds + ledger.expert_read_wait_seconds,
+  };
+}
+
+/** How a batch runs. */
+export interface RunOptions {
+  /** Sequences at once (the memory plan's). */
+  inFlight: number;
+  /** Prefill tokens per forward call. */
+  chunk: number;
+  /** Carry state between steps. */
+  incremental: boolean;
+  /** Decodes the generated text (undefined: ids only). */
+  tokenizer: Tokenizer | undefined;
+  /** The run's settings, recorded in every result line. */
+  settings: ReportSettings;
+  /** Where result lines go. */
+  out: AppendLog;
+}
+
+/** What a batch run did, for its summary and report. */
+export interface BatchRun {
+  /** Tokens generated. */
+  tokensDone: number;
+  /** When the run started (performance.now()). */
+  startedAt: number;
+  /** The weights' I/O counters now (undefined: resident weights). */
+  io: () => IoStats | undefined;
+  /** The counters before the run. */
+  io0: IoStats | undefined;
+  /** The ledger before the run. */
+  start: LedgerMark;
+}
+
+/**
+ * Runs `todo` on `model` and appends each result as it finishes. A prompt whose output is
+ * unsound (or whose line cannot be written) stops the run and is thrown.
+ */
+export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Promise<BatchRun> {
+  const tokenizer = opts.tokenizer;
+  const weights = model.weights;
+  const io = () => weights.ioStats?.();
+  const io0 = io();
+  let tokensDone = 0, finished = 0;
+  const t1 = performance.now();
+  const start = markLedger(model);
+  const scheduler = new Scheduler(model, { maxSequences: opts.inFlight, chunk: opts.chunk });
+  // A prompt whose output is unsound stops the run: the others are interrupted and not
+  // written (they would resume on a rerun), results already written stay.
+  const stop = new AbortController();
+  let unsound: unknown;
+  const write = (job: Job, r: SequenceResult, admitted: LedgerMark, text: string) => {
+    const ledger = ledgerBetween(admitted, markLedger(model));
+    const ids = r.tokens;
+    const seconds = r.prefillSeconds + r.decodeSeconds;
+    const result = job.openai
+      ? openaiResultLine(job.openai, {
+        text,
+        finishReason: r.finishReason as "stop" | "length",
+        completionTokens: ids.length,
+      })
+      : {
+        ...reportHead("batch_result"),
+        id: job.id,
+        ...sequenceFields({
+          promptTokens: job.promptIds.length,
+          completionTokens: ids.length,
+          finishReason: r.finishReason,
+          prefillSeconds: r.prefillSeconds,
+          decodeSeconds: r.decodeSeconds,
+        }),
+        prompt_ids: job.promptIds,
+        generated_ids: ids,
+        generated_text: tokenizer ? text : null,
+        ...(job.chat ? splitChannels(text, job.chat.thinking) : {}),
+        seconds,
+        seconds_per_token: seconds / Math.max(ids.length, 1),
+        ...ioDelta(admitted.io, io(), ledger),
+        // From admission to finish; with --parallel > 1 the passes were shared.
+        ledger,
+        settings: { ...opts.settings, parallel: opts.inFlight },
+      };
+    opts.out.append(result);
+    finished++;
+    tokensDone += ids.length;
+    const elapsed = (performance.now() - t1) / 1000;
+    const now = io();
+    const bytes = now && io0 ? now.trunkBytes + now.expertBytes - io0.trunkBytes - io0.expertBytes : 0;
+    const left = todo.length - finished;
+    console.error(
+      `k3: batch: ${finished}/${todo.length} done (id ${job.key}: ${ids.length} ${plural(ids.length, "token")} in ${
+        seconds.toFixed(3)
+      } s); ` +
+        `${tokensDone} tokens, ${(tokensDone / elapsed).toFixed(2)} tok/s` +
+        (now ? `, ${fmtBytes(Math.round(bytes / Math.max(tokensDone, 1)))} read/token` : "") +
+        `, ETA ${left ? fmtDuration((elapsed / finished) * left) : "0 s"}`,
+    );
+  };
+  try {
+    await Promise.all(todo.map((job) => {
+      let admitted = markLedger(model);
+      // The text as it is generated: stop strings cut, a chat's closing stop id left out.
+      const matcher = tokenizer ? new StopMatcher(tokenizer, job.stops) : undefined;
+      let text = "";
+      return scheduler.submit({
+        prompt: job.promptIds,
+        maxTokens: job.maxTokens,
+        stopIds: job.stopIds,
+        choose: makeSampler(job.sampling),
+        onToken: (token) => {
+          if (!matcher || ((job.chat || job.openai) && job.stopIds.includes(token))) return;
+          const r = matcher.push(token);
+          text += r.text;
+          return r.stopped;
+        },
+        recompute: !opts.incremental,
+        signal: stop.signal,
+        onAdmit: () => (admitted = markLedger(model)),
+      }).then(
+        (r) => {
+          if (matcher && !matcher.stopped) text += matcher.flush();
+          try {
+            if (r.finishReason !== "interrupted") write(job, r, admitted, text);
+          } catch (e) {
+            unsound ??= e; // a failed write stops the run like an unsound output
+            stop.abort();
+          }
+        },
+        (e) => {
+          unsound ??= e;
+          stop.abort();
+        },
+      );
+    }));
+    if (unsound) throw unsound;
+  } finally {
+    await scheduler.close();
+  }
+  return { tokensDone, startedAt: t1, io, io0, start };
+}

@@ -1,0 +1,192 @@
+/**
+ * The one conversion from a request to a task: the flags of `k3 run` and `k3 chat`, a
+ * line of `k3 batch` (its own format or an OpenAI Batch line), and an OpenAI body of
+ * `k3 serve` each become a {@link Task}: prompt ids, sampling, stop ids and strings, and
+ * tokens to generate at most, filled from the one table of defaults, {@link DEFAULTS}
+ * (docs/requests.md says why each default is what it is).
+ *
+ * Every sampling field of every request goes through {@link resolveSampling}: what the
+ * request leaves out comes from its row of the table, and the result is checked once.
+ *
+ * @module
+ */
+
+import type { ParseArgsConfig } from "node:util";
+import { K3Error, usageError } from "../engine/errors.ts";
+import { CHAT_DEFAULTS, checkSampling, GREEDY, type SamplingParams } from "../engine/generate/sampling.ts";
+import { chatPrompt, stopIds as chatStopIds } from "../engine/text/chat.ts";
+import type { Tokenizer } from "../engine/text/tokenizer.ts";
+import { intFlag, numFlag } from "./common.ts";
+import { ApiError, type ChatRequest, type CompletionRequest, type RequestSampling } from "./openai.ts";
+
+/** What one request asks the scheduler to run, whichever command it came from. */
+export interface Task {
+  /** The prompt as token ids (a chat already rendered with the template). */
+  promptIds: number[];
+  /** Tokens to generate at most. */
+  maxTokens: number;
+  /** How each next token is picked. */
+  sampling: SamplingParams;
+  /** Ids that end generation (the chat template's end ids among them for a chat). */
+  stopIds: number[];
+  /** Stop strings, matched on the decoded text and never emitted. */
+  stops: string[];
+  /** A chat: whether the think channel was opened (the reply splits into reasoning and content). */
+  chat?: { thinking: boolean };
+}
+
+/** OpenAI's sampling defaults (temperature 1 over all tokens), for `/v1/completions`. */
+const OPENAI_SAMPLING: SamplingParams = Object.freeze({ temperature: 1, topP: 1, topK: 0, minP: 0, seed: 0 });
+
+/** One row of {@link DEFAULTS}: what a kind of request gets for the fields it leaves out. */
+export interface RequestDefaults {
+  /** Sampling (the seed of an OpenAI request: the command's, see {@link OpenAIContext}). */
+  readonly sampling: SamplingParams;
+  /** Tokens to generate at most (undefined: up to the room the request has). */
+  readonly maxTokens?: number;
+}
+
+/**
+ * The one table of defaults, a row per kind of request (docs/requests.md says why each
+ * is what it is). The seed of an OpenAI request without one is the command's (batch:
+ * --seed, so a rerun repeats; serve: a fresh random one per request, as OpenAI's).
+ */
+export const DEFAULTS: {
+  /** `k3 run` and the lines of `k3 batch`: greedy, 8 tokens (--gen). */
+  readonly run: Required<RequestDefaults>;
+  /** `k3 chat`: the vendor's chat sampling, replies up to 1,024 tokens. */
+  readonly chat: Required<RequestDefaults>;
+  /** OpenAI `/v1/chat/completions` (serve and batch): the vendor's chat sampling; up to the
+   * context (serve) or --gen (batch). */
+  readonly openaiChat: RequestDefaults;
+  /** OpenAI `/v1/completions` (serve and batch): OpenAI's sampling and 16 tokens. */
+  readonly openaiCompletion: Required<RequestDefaults>;
+} = Object.freeze({
+  run: Object.freeze({ sampling: GREEDY, maxTokens: 8 }),
+  chat: Object.freeze({ sampling: CHAT_DEFAULTS, maxTokens: 1024 }),
+  openaiChat: Object.freeze({ sampling: CHAT_DEFAULTS }),
+  openaiCompletion: Object.freeze({ sampling: OPENAI_SAMPLING, maxTokens: 16 }),
+});
+
+/** The most tokens any request may generate. */
+export const MAX_TOKENS = 4096;
+
+/**
+ * A request's sampling: its own fields over `defaults`, checked (a usage error naming
+ * `where` and the first field out of range).
+ */
+export function resolveSampling(given: RequestSampling, defaults: SamplingParams, where = "sampling"): SamplingParams {
+  const p: SamplingParams = {
+    temperature: given.temperature ?? defaults.temperature,
+    topP: given.topP ?? defaults.topP,
+    topK: given.topK ?? defaults.topK,
+    minP: given.minP ?? defaults.minP,
+    seed: given.seed ?? defaults.seed,
+  };
+  checkSampling(p, where);
+  return p;
+}
+
+/** Sampling flags (run, batch, chat). */
+export const SAMPLING_FLAGS = {
+  temperature: { type: "string" },
+  "top-p": { type: "string" },
+  "top-k": { type: "string" },
+  "min-p": { type: "string" },
+  seed: { type: "string" },
+} as const satisfies ParseArgsConfig["options"];
+
+/** Help for {@link SAMPLING_FLAGS}; `dflt` says what applies without them. */
+export function samplingHelp(dflt: string): string {
+  return `sampling (${dflt}; engine/generate/sampling.ts documents the arithmetic):
+  --temperature T   0 = greedy (exactly the argmax); otherwise divides the logits (0..100)
+  --top-p P         keep the most likely tokens up to probability mass P (0 < P <= 1)
+  --top-k K         keep the K most likely tokens (0 = off)
+  --min-p P         drop tokens less likely than P times the most likely (0 = off)
+  --seed N          seed of the generator (xoshiro128**, one per sequence; default 0)`;
+}
+
+/** Sampling parameters from the flags over `base` (run's row of {@link DEFAULTS} unless given). */
+export function samplingOptions(
+  values: Record<string, unknown>,
+  base: SamplingParams = DEFAULTS.run.sampling,
+): SamplingParams {
+  const num = (name: string, min: number, max: number) =>
+    values[name] === undefined ? undefined : numFlag(name, values[name] as string, min, max);
+  const int = (name: string, max: number) =>
+    values[name] === undefined ? undefined : intFlag(name, values[name] as string, 0, 0, max);
+  return resolveSampling(
+    {
+      temperature: num("temperature", 0, 100),
+      topP: num("top-p", 0, 1),
+      topK: int("top-k", 1e9),
+      minP: num("min-p", 0, 1),
+      seed: int("seed", Number.MAX_SAFE_INTEGER),
+    },
+    base,
+    "sampling flags",
+  );
+}
+
+/** Stop strings from --stop (or a line's "stop"): each non-empty. */
+export function stopStrings(stops: string[] | undefined): string[] {
+  for (const s of stops ?? []) if (s === "") throw usageError("--stop: a stop string cannot be empty");
+  return stops ?? [];
+}
+
+/**
+ * The prompt ids of a validated OpenAI request: a chat rendered with the template, a text
+ * prompt encoded without special tokens, ids as given. Without a tokenizer only ids can
+ * be given (400 otherwise); a tokenizer that refuses throws K3Error (the caller says how
+ * that is answered).
+ */
+function openaiPrompt(r: ChatRequest | CompletionRequest, tokenizer: Tokenizer | undefined): number[] {
+  if (r.kind === "chat") {
+    if (!tokenizer) throw new ApiError(400, "chat requests need a tokenizer: pass --tok DIR", "messages");
+    return chatPrompt(tokenizer, r.messages, { thinking: r.thinking, effort: r.effort });
+  }
+  if (typeof r.prompt !== "string") return r.prompt;
+  if (!tokenizer) throw new ApiError(400, "a text prompt needs a tokenizer: pass --tok DIR (or send ids)", "prompt");
+  return tokenizer.encode(r.prompt, { allowSpecial: false });
+}
+
+/** What an OpenAI request's task takes from the command that runs it. */
+export interface OpenAIContext {
+  /** Names the chat template's end ids (none: a completion of ids in a batch without one). */
+  tokenizer?: Tokenizer;
+  /** The seed when the request gives none. */
+  seed: number;
+  /** Positions one sequence holds, prompt and completion (serve: the context; batch: no bound). */
+  capacity: number;
+  /** A chat's tokens when the request gives no max_tokens (batch: --gen; default: what fits). */
+  chatMaxTokens?: number;
+}
+
+/**
+ * The task of a validated OpenAI request: its prompt rendered, its row of
+ * {@link DEFAULTS} where it leaves a field out; generation ends at the chat template's
+ * end ids unless `ignore_eos` (or there is no tokenizer to name them). Sampling the
+ * sampler refuses is the client's error (400).
+ */
+export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContext): Task {
+  const promptIds = openaiPrompt(r, ctx.tokenizer);
+  const chat = r.kind === "chat";
+  const row = chat ? DEFAULTS.openaiChat : DEFAULTS.openaiCompletion;
+  let sampling: SamplingParams;
+  try {
+    sampling = resolveSampling(r.sampling, { ...row.sampling, seed: ctx.seed });
+  } catch (e) {
+    if (e instanceof K3Error) throw new ApiError(400, e.message);
+    throw e;
+  }
+  const room = ctx.capacity - promptIds.length;
+  return {
+    promptIds,
+    maxTokens: r.maxTokens ??
+      (chat ? ctx.chatMaxTokens ?? room : Math.min(DEFAULTS.openaiCompletion.maxTokens, room)),
+    sampling,
+    stopIds: r.ignoreEos || !ctx.tokenizer ? [] : chatStopIds(ctx.tokenizer),
+    stops: r.stop,
+    chat: chat ? { thinking: r.thinking } : undefined,
+  };
+}
