@@ -15,7 +15,7 @@ import { statfsSync } from "node:fs";
 import { loadConfig } from "../engine/model/config.ts";
 import { EXIT, usageError } from "../engine/errors.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
-import { checkCheckpoint } from "../engine/model/weights.ts";
+import { checkCheckpoint } from "../engine/weights/bind.ts";
 import { defaultLibraryPath, isaName, type Kernels, kernels } from "../engine/native/ffi.ts";
 import { cpuFlags } from "../engine/native/libpath.ts";
 import { IoFile } from "../engine/native/io.ts";

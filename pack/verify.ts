@@ -23,7 +23,7 @@ import {
   weightSample,
 } from "../engine/weights/manifest.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
-import { checkMismatch, RegionChecker } from "../engine/weights/tensor_check.ts";
+import { checkMismatch, RegionChecker } from "../engine/native/tensors.ts";
 
 /** Refuses a trunk whose fingerprint is not the model's. */
 export async function checkFingerprint(dir: string, m: TrunkManifest, modelDir: string): Promise<void> {

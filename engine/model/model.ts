@@ -17,9 +17,8 @@ import type { K3Config } from "./config.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { Vec } from "../native/memory.ts";
 import { type Compute, serialCompute } from "../native/pool.ts";
-import type { BoundTensors, Expert, F32, Matrix } from "./weights.ts";
-import { verifyMatrix } from "../weights/tensor_check.ts";
-import { settleExpert } from "../weights/expert_table.ts";
+import type { BoundTensors } from "../weights/bind.ts";
+import { type Expert, type F32, type Matrix, settleExpert, verifyMatrix } from "../native/tensors.ts";
 
 /** Where the forward pass gets its weights. Implementations may read from disk. */
 export interface WeightSource {

@@ -33,7 +33,7 @@ import { expertCheck, type ExpertTable, readExpertSlot, tableDigest } from "./ex
 import { NativeBuffer } from "../native/memory.ts";
 import type { IoStats } from "../model/model.ts";
 import type { Checkpoint } from "./safetensors.ts";
-import type { Expert } from "../model/weights.ts";
+import type { Expert } from "../native/tensors.ts";
 
 interface Slot {
   buf: NativeBuffer;

@@ -12,7 +12,8 @@ import type { MemoryOptions, MemoryPlan } from "./plan.ts";
 import { startCompute } from "../native/pool.ts";
 import { Checkpoint } from "./safetensors.ts";
 import { openWeights } from "./streamed.ts";
-import { checkCheckpoint, expertTensors, globalTensors, HEAD_NAME, layerTensors, PREFIX } from "../model/weights.ts";
+import { expertTensors, globalTensors, HEAD_NAME, layerTensors, PREFIX } from "../model/tensors.ts";
+import { checkCheckpoint } from "./bind.ts";
 
 /** The part of the checkpoint that is the language model (vision tensors are ignored). */
 const LM_PREFIX = "language_model.";

@@ -26,7 +26,7 @@
 import type { K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
 import { type CgroupMemory, cgroupMemory } from "../native/cgroup.ts";
-import { layerTensors } from "../model/weights.ts";
+import { layerTensors } from "../model/tensors.ts";
 import { scratchBytes, stateBytes } from "../model/model.ts";
 
 /** A named memory budget, in GB (1e9 bytes). */

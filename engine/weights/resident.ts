@@ -13,18 +13,9 @@ import { NativeBuffer } from "../native/memory.ts";
 import type { WeightSource } from "../model/model.ts";
 import type { Compute } from "../native/pool.ts";
 import type { Checkpoint } from "./safetensors.ts";
-import {
-  type BoundTensors,
-  type Expert,
-  type F32,
-  globalTensors,
-  HEAD_NAME,
-  layerTensors,
-  loadTensors,
-  type Matrix,
-  PREFIX,
-  type TensorSpec,
-} from "../model/weights.ts";
+import type { Expert, F32, Matrix } from "../native/tensors.ts";
+import { globalTensors, HEAD_NAME, layerTensors, PREFIX, type TensorSpec } from "../model/tensors.ts";
+import { type BoundTensors, loadTensors } from "./bind.ts";
 
 /** Embedding and lm_head bound as matrices, plus the final vectors. */
 export interface Globals {

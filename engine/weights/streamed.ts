@@ -45,18 +45,9 @@ import { embedRow, loadGlobals, ResidentWeights } from "./resident.ts";
 import type { Checkpoint } from "./safetensors.ts";
 import { bindRegion, readRegionVerified, StreamedTrunk, TrunkFile } from "./trunk.ts";
 import { type Region, type TrunkManifest, weightSample } from "./manifest.ts";
-import {
-  boundBytes,
-  type BoundTensors,
-  type Expert,
-  type F32,
-  globalTensors,
-  HEAD_NAME,
-  layerTensors,
-  loadTensors,
-  type Matrix,
-  PREFIX,
-} from "../model/weights.ts";
+import type { Expert, F32, Matrix } from "../native/tensors.ts";
+import { boundBytes, globalTensors, HEAD_NAME, layerTensors, PREFIX } from "../model/tensors.ts";
+import { type BoundTensors, loadTensors } from "./bind.ts";
 
 /** A matrix whose rows are read from a file on demand (ultra). */
 interface StreamedMatrix {
