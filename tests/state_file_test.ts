@@ -8,7 +8,8 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { openModel } from "../engine/weights/load.ts";
-import { argmax, prefill } from "../engine/generate/generate.ts";
+import { prefill } from "../engine/generate/generate.ts";
+import { argmax } from "../engine/generate/sampling.ts";
 import { loadState, modelFingerprint, saveState } from "../engine/generate/state_file.ts";
 import { K3Error } from "../engine/errors.ts";
 import type { K3Model, SequenceState } from "../engine/model/model.ts";

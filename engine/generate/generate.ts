@@ -6,9 +6,8 @@
  */
 
 import type { K3Model, SequenceState } from "../model/model.ts";
-import { argmax, Scheduler } from "./scheduler.ts";
-
-export { argmax, checkFinite } from "./scheduler.ts";
+import { argmax } from "./sampling.ts";
+import { Scheduler } from "./scheduler.ts";
 
 /** One generated token and what it cost. */
 export interface Step {
