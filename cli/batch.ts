@@ -15,7 +15,7 @@ import { EXIT, K3Error, oneLine, usageError } from "../engine/errors.ts";
 import { Scheduler, type SequenceResult } from "../engine/generate/scheduler.ts";
 import { ledgerBetween, type LedgerMark, type LedgerReport, markLedger } from "../engine/generate/ledger.ts";
 import { firstLayers, openModel } from "../engine/weights/load.ts";
-import type { IoStats } from "../engine/model/model.ts";
+import type { IoStats } from "../engine/model/weight_source.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { readProblem } from "../engine/paths.ts";
 import { makeSampler, type SamplingParams } from "../engine/generate/sampling.ts";

@@ -24,7 +24,7 @@ import {
   readStateFile,
   saveState,
 } from "../engine/generate/state_file.ts";
-import type { SequenceState } from "../engine/model/model.ts";
+import type { SequenceState } from "../engine/model/state.ts";
 import { firstLayers, openModel } from "../engine/weights/load.ts";
 import {
   ChannelSplitter,

@@ -19,7 +19,7 @@ import {
   type StateFile,
 } from "../engine/generate/state_file.ts";
 import { firstLayers, openModel } from "../engine/weights/load.ts";
-import { noIoStats } from "../engine/model/model.ts";
+import { noIoStats } from "../engine/model/weight_source.ts";
 import { formatLedger, ledgerBetween, markLedger, readsBetween } from "../engine/generate/ledger.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { prefillProgress, progress } from "./progress.ts";

@@ -5,7 +5,8 @@
  * @module
  */
 
-import type { K3Model, SequenceState } from "../model/model.ts";
+import type { K3Model } from "../model/model.ts";
+import type { SequenceState } from "../model/state.ts";
 import { argmax } from "./sampling.ts";
 import { Scheduler } from "./scheduler.ts";
 

@@ -18,7 +18,8 @@
 
 import { setImmediate } from "node:timers";
 import { EXIT, K3Error } from "../errors.ts";
-import type { K3Model, Segment, SequenceState } from "../model/model.ts";
+import type { K3Model, Segment } from "../model/model.ts";
+import type { SequenceState } from "../model/state.ts";
 import { argmax } from "./sampling.ts";
 
 /** Why a sequence ended: a stop id or stop string, its token limit, or its abort signal. */

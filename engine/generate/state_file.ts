@@ -28,7 +28,8 @@
 import { createHash } from "node:crypto";
 import { configFingerprint, type K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
-import type { K3Model, SequenceState } from "../model/model.ts";
+import type { K3Model } from "../model/model.ts";
+import type { SequenceState } from "../model/state.ts";
 import type { OpenedModel } from "../weights/load.ts";
 import { weightSample } from "../weights/manifest.ts";
 

@@ -21,6 +21,7 @@ import {
   PREFIX,
   type TensorSpec,
 } from "../model/tensors.ts";
+import { type LayerWeights, layerWeights, type NamedTensors } from "../model/layer_weights.ts";
 import type { Checkpoint } from "./safetensors.ts";
 
 /**
@@ -50,13 +51,20 @@ function widen(k: Kernels, dtype: string, src: Deno.PointerValue, dst: Deno.Poin
 }
 
 /** A set of bound tensors of one layer (or of the globals), by short name. */
-export class BoundTensors {
+export class BoundTensors implements NamedTensors {
+  private record?: LayerWeights;
+
   /** Tensors bound by name, freed together. */
   constructor(
     readonly matrices: Map<string, Matrix>,
     readonly vectors: Map<string, F32>,
     readonly owned: NativeBuffer[],
   ) {}
+
+  /** These tensors as layer L's typed record: built on the first call, then kept with them. */
+  layerWeights(cfg: K3Config, L: number): LayerWeights {
+    return this.record ??= layerWeights(cfg, L, this);
+  }
 
   /** The matrix `name`; throws when it was not bound as one. */
   matrix(name: string): Matrix {

@@ -31,7 +31,7 @@ import type { Kernels } from "../native/ffi.ts";
 import { IoFile } from "../native/io.ts";
 import { expertCheck, type ExpertTable, readExpertSlot, tableDigest } from "./expert_table.ts";
 import { NativeBuffer } from "../native/memory.ts";
-import type { IoStats } from "../model/model.ts";
+import type { IoStats } from "../model/weight_source.ts";
 import type { Checkpoint } from "./safetensors.ts";
 import type { Expert } from "../native/tensors.ts";
 

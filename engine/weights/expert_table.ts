@@ -28,7 +28,7 @@
 import type { K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
 import { notRegular, readInputText, statKind, writeFailure, writeFileDurable } from "../native/files.ts";
-import { CHECKSUM, hex64, io, IoFile } from "../native/io.ts";
+import { CHECKSUM, hex64, IoFile } from "../native/io.ts";
 import { type Kernels } from "../native/ffi.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import { type ExpertLocation, locateExpert } from "./experts.ts";

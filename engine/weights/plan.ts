@@ -27,7 +27,8 @@ import type { K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
 import { type CgroupMemory, cgroupMemory } from "../native/cgroup.ts";
 import { layerTensors } from "../model/tensors.ts";
-import { scratchBytes, stateBytes } from "../model/model.ts";
+import { scratchBytes } from "../model/scratch.ts";
+import { stateBytes } from "../model/state.ts";
 
 /** A named memory budget, in GB (1e9 bytes). */
 export interface Preset {

@@ -30,7 +30,8 @@ import { expertBytes } from "./experts.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { ALIGN, alignUp, IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
-import { type IoStats, noIoStats, type WeightSource } from "../model/model.ts";
+import { type IoStats, noIoStats, type WeightSource } from "../model/weight_source.ts";
+import type { LayerWeights } from "../model/layer_weights.ts";
 import {
   checkFits,
   formatPlan,
@@ -407,8 +408,9 @@ export class StreamedWeights implements WeightSource {
     this.outputResProj = g.vector(prefix + "output_attn_res_proj.weight");
   }
 
-  layer(L: number): BoundTensors | Promise<BoundTensors> {
-    return this.trunk ? this.trunk.layer(L) : this.residentLayers[L];
+  layer(L: number): LayerWeights | Promise<LayerWeights> {
+    const bound = this.trunk ? this.trunk.layer(L) : this.residentLayers[L];
+    return bound instanceof Promise ? bound.then((b) => b.layerWeights(this.cfg, L)) : bound.layerWeights(this.cfg, L);
   }
 
   doneWithAttention(L: number): void {

@@ -29,7 +29,7 @@ import { K3Error } from "../errors.ts";
 import { type Kernels, WTYPE } from "../native/ffi.ts";
 import type { IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
-import type { IoStats } from "../model/model.ts";
+import type { IoStats } from "../model/weight_source.ts";
 import { checkMismatch, type F32, type Matrix, tensorCheck } from "../native/tensors.ts";
 import { BoundTensors } from "./bind.ts";
 import {
