@@ -10,11 +10,10 @@
  * @module
  */
 
-import { loadConfig } from "../engine/model/config.ts";
 import { EXIT, K3Error, oneLine, usageError } from "../engine/errors.ts";
 import { Scheduler, type SequenceResult } from "../engine/generate/scheduler.ts";
 import { ledgerBetween, type LedgerMark, type LedgerReport, markLedger } from "../engine/generate/ledger.ts";
-import { firstLayers, openModel } from "../engine/weights/load.ts";
+import { openModel, readModelConfig } from "../engine/open.ts";
 import type { IoStats } from "../engine/model/weight_source.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { readProblem } from "../engine/paths.ts";
@@ -468,8 +467,8 @@ export async function main(args: string[]): Promise<number> {
   const sampling = samplingOptions(values);
   const parallel = parallelOption(values.parallel);
   const memory = memoryOptions(tokens);
-  let cfg = await loadConfig(dir);
-  if (genOpts.layers !== undefined) cfg = firstLayers(cfg, genOpts.layers);
+  const config = await readModelConfig(dir, genOpts.layers);
+  const { cfg } = config;
   const stopIds = genOpts.stopIds.map((s) => parseIds("stop-id", s, cfg.vocabSize)[0]);
 
   const inputBytes = readInput(values.input, {
@@ -610,8 +609,7 @@ export async function main(args: string[]): Promise<number> {
     if (todo.length === 0) return failed ? EXIT.runtime : EXIT.ok;
     const capacity = todo.reduce((m, j) => Math.max(m, j.promptIds.length + j.gen), 0);
     const t0 = performance.now();
-    const opened = await openModel(dir, {
-      layers: cfg.numLayers,
+    const opened = await openModel(config, {
       capacity,
       chunk: genOpts.chunk,
       sequences: Math.min(parallel ?? MAX_AUTO_PARALLEL, todo.length),

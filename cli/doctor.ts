@@ -19,7 +19,7 @@ import { checkCheckpoint } from "../engine/weights/bind.ts";
 import { defaultLibraryPath, isaName, type Kernels, kernels } from "../engine/native/ffi.ts";
 import { cpuFlags } from "../engine/native/libpath.ts";
 import { IoFile } from "../engine/native/io.ts";
-import { cgroupText, memoryAvailability } from "../engine/weights/plan.ts";
+import { cgroupText, memoryAvailability } from "../engine/native/available.ts";
 import { fmtBytes, intFlag, parseFlags } from "./common.ts";
 import { progress } from "./progress.ts";
 import { releasedPlan } from "./presets.ts";

@@ -23,7 +23,7 @@ import { type Kernels, kernels } from "../engine/native/ffi.ts";
 import { ALIGN, CHECKSUM, Hasher, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
-import { checkAccounted } from "../engine/weights/load.ts";
+import { checkAccounted } from "../engine/weights/bind.ts";
 import { RegionChecker } from "../engine/native/tensors.ts";
 import {
   DATA_FILE,

@@ -7,7 +7,7 @@
 
 import assert from "node:assert/strict";
 import { generate, teacherForce } from "../engine/generate/generate.ts";
-import { openModel } from "../engine/weights/load.ts";
+import { openModel } from "../engine/open.ts";
 import type { MemoryOptions } from "../engine/weights/plan.ts";
 import {
   estimatedInput,

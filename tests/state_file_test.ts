@@ -7,7 +7,7 @@
 
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { openModel } from "../engine/weights/load.ts";
+import { openModel } from "../engine/open.ts";
 import { prefill } from "../engine/generate/generate.ts";
 import { argmax } from "../engine/generate/sampling.ts";
 import { loadState, modelFingerprint, saveState } from "../engine/generate/state_file.ts";

@@ -8,6 +8,7 @@
  */
 
 import type { K3Config } from "../model/config.ts";
+import { EXIT, K3Error } from "../errors.ts";
 import { type Kernels, WTYPE } from "../native/ffi.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import type { F32, Matrix } from "../native/tensors.ts";
@@ -42,6 +43,62 @@ export function checkCheckpoint(cfg: K3Config, ckpt: Checkpoint): void {
       for (let E = 0; E < cfg.moe.numExperts; E++) check(expertTensors(cfg, L, E));
     }
   }
+}
+
+/** The part of the checkpoint that is the language model (vision tensors are ignored). */
+const LM_PREFIX = "language_model.";
+
+/**
+ * Refuses (exit 2) a config that leaves a language-model tensor of the checkpoint unused
+ * (e.g. `num_shared_experts: 0` beside shared-expert tensors, or too few layers): the
+ * engine would run a different model than the checkpoint holds. `cfg` is the whole
+ * model's config (not a --layers prefix).
+ */
+export function checkAccounted(cfg: K3Config, ckpt: Checkpoint, source = `${ckpt.dir}/config.json`): void {
+  const used = new Set<string>([PREFIX + "embed_tokens.weight", HEAD_NAME]);
+  for (const t of globalTensors(cfg)) used.add(PREFIX + t.name);
+  for (let L = 0; L < cfg.numLayers; L++) {
+    for (const t of layerTensors(cfg, L)) used.add(PREFIX + t.name);
+    if (L >= cfg.firstKDense) {
+      for (let E = 0; E < cfg.moe.numExperts; E++) for (const t of expertTensors(cfg, L, E)) used.add(PREFIX + t.name);
+    }
+  }
+  const unused: string[] = [];
+  for (const name of ckpt.tensors.keys()) {
+    if (name.startsWith(LM_PREFIX) && !used.has(name)) unused.push(name);
+  }
+  if (unused.length > 0) {
+    throw new K3Error(
+      `${source}: cannot read the model config with confidence: the checkpoint has ${unused.length} language-model tensor${
+        unused.length > 1 ? "s" : ""
+      } this config does not use (first: ${
+        JSON.stringify(unused.sort()[0])
+      }); check num_hidden_layers, num_shared_experts, num_experts and first_k_dense_replace`,
+      EXIT.usage,
+    );
+  }
+}
+
+/** Bytes of the trunk's parts once bound from the checkpoint, for the plan without --trunk. */
+export function boundSizes(
+  cfg: K3Config,
+  ckpt: Checkpoint,
+): { layerBytes: number[]; embedBytes: number; headBytes: number; finalsBytes: number } {
+  const bound = (name: string, keep: "matrix" | "vector") => boundBytes(ckpt.get(name), keep);
+  const layerBytes = Array.from(
+    { length: cfg.numLayers },
+    (_, L) =>
+      layerTensors(cfg, L).reduce(
+        (a, s) => a + bound(PREFIX + s.name, s.keep as "matrix" | "vector"),
+        0,
+      ),
+  );
+  return {
+    layerBytes,
+    embedBytes: bound(PREFIX + "embed_tokens.weight", "matrix"),
+    headBytes: bound(HEAD_NAME, "matrix"),
+    finalsBytes: globalTensors(cfg).reduce((a, s) => a + bound(PREFIX + s.name, "vector"), 0),
+  };
 }
 
 /** Widens n BF16 or F16 elements at `src` to F32 at `dst`. */
