@@ -5,7 +5,8 @@
  *   1. the config, read once, `--layers` applied once (`readModelConfig`);
  *   2. the checkpoint index, checked against the config (every bound tensor present, none
  *      unused), and with `--trunk` the packed trunk and its expert table;
- *   3. the sizes: the trunk's regions, or the checkpoint's tensors once bound;
+ *   3. the sizes: the trunk's regions, or the checkpoint's tensors once bound; a sequence's
+ *      state; the forward pass's scratch for each number of sequences the plan may take;
  *   4. the plan (weights/plan.ts, pure), for as many sequences as asked or as fit, against
  *      the memory this process can still use (native/available.ts), printed before
  *      anything big is allocated;
@@ -23,7 +24,7 @@ import { type Kernels, kernels } from "./native/ffi.ts";
 import { memoryAvailability } from "./native/available.ts";
 import { startCompute } from "./native/pool.ts";
 import { K3Model } from "./model/model.ts";
-import { scratchBytes } from "./model/scratch.ts";
+import { passRows, scratchBytes } from "./model/scratch.ts";
 import { stateBytes } from "./model/state.ts";
 import type { WeightSource } from "./model/weight_source.ts";
 import { Checkpoint } from "./weights/safetensors.ts";
@@ -32,15 +33,7 @@ import { TrunkFile } from "./weights/trunk.ts";
 import { weightSample } from "./weights/manifest.ts";
 import { EXPERTS_FILE, type ExpertTable, readExpertTable, TABLE_ADVICE } from "./weights/expert_table.ts";
 import { expertBytes } from "./weights/experts.ts";
-import {
-  checkFits,
-  fitSequences,
-  formatPlan,
-  makePlan,
-  type MemoryOptions,
-  type MemoryPlan,
-  passRows,
-} from "./weights/plan.ts";
+import { checkFits, fitSequences, formatPlan, makePlan, type MemoryOptions, type MemoryPlan } from "./weights/plan.ts";
 import { ResidentWeights } from "./weights/resident.ts";
 import { StreamedWeights } from "./weights/streamed.ts";
 
@@ -155,7 +148,9 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
       }
       : boundSizes(cfg, ckpt);
     // 4. The plan.
-    const chunk = opts.chunk ?? 16;
+    const chunk = opts.chunk ?? 16, want = opts.sequences ?? 1;
+    const state = stateBytes(cfg);
+    const scratch = Array.from({ length: want }, (_, i) => scratchBytes(cfg, passRows(chunk, i + 1), opts.capacity));
     const available = memoryAvailability();
     const plan = fitSequences(
       (sequences) => {
@@ -163,8 +158,8 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
           cfg,
           ...sizes,
           expertBytes: expertBytes(cfg),
-          stateBytes: stateBytes(cfg),
-          scratchBytes: scratchBytes(cfg, passRows(chunk, sequences), opts.capacity),
+          stateBytes: state,
+          scratchBytes: scratch[sequences - 1],
           capacity: opts.capacity,
           chunk,
           sequences,
@@ -176,7 +171,7 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
         checkFits(p);
         return p;
       },
-      opts.sequences ?? 1,
+      want,
       opts.autoSequences ?? false,
     );
     if (opts.log) {

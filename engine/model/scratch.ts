@@ -34,6 +34,11 @@ function scratchShape(cfg: K3Config) {
   };
 }
 
+/** Rows one forward pass holds: a prefill chunk of one sequence beside a decode token of each other. */
+export function passRows(chunk: number, sequences: number): number {
+  return chunk + sequences - 1;
+}
+
 /** Bytes of the forward pass's scratch for chunks of `maxT` tokens (for the memory plan). */
 export function scratchBytes(cfg: K3Config, maxT: number, capacity: number): number {
   const { D, nsrc, wide, small } = scratchShape(cfg);

@@ -27,7 +27,7 @@ import type { K3Config } from "../model/config.ts";
 import { EXIT, K3Error, usageError } from "../errors.ts";
 import { bytesText } from "../native/available.ts";
 import { layerTensors } from "../model/tensors.ts";
-import { scratchBytes } from "../model/scratch.ts";
+import { passRows, scratchBytes } from "../model/scratch.ts";
 import { stateBytes } from "../model/state.ts";
 
 /** A named memory budget, in GB (1e9 bytes). */
@@ -334,11 +334,6 @@ export function pinLayers(sizes: number[], budget: number): { pinned: number[]; 
     );
   }
   return { pinned: [...pinned].sort((a, b) => a - b), ring };
-}
-
-/** Rows one forward pass holds: a prefill chunk of one sequence beside a decode token of each other. */
-export function passRows(chunk: number, sequences: number): number {
-  return chunk + sequences - 1;
 }
 
 /** Makes the plan; throws K3Error (exit 1) when it cannot be met. Pure: everything it weighs is in `input`. */
