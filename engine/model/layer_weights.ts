@@ -24,19 +24,19 @@ export interface GluWeights {
 export interface KdaWeights {
   /** The attention kind. */
   kind: "kda";
-  /** q_proj, k_proj, v_proj. */
+  /** q_proj. */
   q: Matrix;
   /** k_proj. */
   k: Matrix;
   /** v_proj. */
   v: Matrix;
-  /** The short convolutions of q, k and v (q_conv1d, k_conv1d, v_conv1d). */
+  /** q_conv1d (the short convolution of q). */
   qConv: F32;
   /** k_conv1d. */
   kConv: F32;
   /** v_conv1d. */
   vConv: F32;
-  /** The low-rank decay input: f_a_proj then f_b_proj. */
+  /** f_a_proj (the low-rank decay input, then f_b_proj). */
   fA: Matrix;
   /** f_b_proj. */
   fB: Matrix;

@@ -54,21 +54,28 @@ export function scratchBytes(cfg: K3Config, maxT: number, capacity: number): num
  * consumed (the stage's comment says when). A layer runs its stages one after another, and
  * a GLU runs inside the MoE stage only on buffers the MoE stage leaves free.
  */
-function wideRoles(wide: readonly Vec[]) {
-  const [w0, w1, w2, w3, w4] = wide;
+export interface WideRoles {
+  /** KDA: q, k, v and the decay input f live through the recurrence, whose output is o;
+   * the gate g takes f's place once the decay is consumed (beta is in `small`). */
+  kda: { q: Vec; k: Vec; v: Vec; f: Vec; o: Vec; g: Vec };
+  /** MLA: qa (q_a's output), then the attended output o in its place; q; c (kv_a's
+   * output), then the gate g in its place; qlat and olat, one row's latent query and
+   * attended latent. */
+  mla: { qa: Vec; o: Vec; q: Vec; c: Vec; g: Vec; qlat: Vec; olat: Vec };
+  /** LatentMoE: the router's logits, then acc (the experts' weighted sum) in their place;
+   * z (the experts' latent input) lives through every expert. */
+  moe: { routerLogits: Vec; acc: Vec; z: Vec };
+  /** A GLU (dense MLP, shared experts, a routed expert): gate and up, SiTU into gate; a
+   * routed expert's output in `out`. */
+  glu: { gate: Vec; up: Vec; out: Vec };
+}
+
+/** The five wide buffers w0..w4 under their roles (the table above, as buffers). */
+function wideRoles([w0, w1, w2, w3, w4]: readonly Vec[]): WideRoles {
   return {
-    /** KDA: q, k, v and the decay input f live through the recurrence, whose output is o;
-     * the gate g takes f's place once the decay is consumed (beta is in `small`). */
     kda: { q: w0, k: w1, v: w2, f: w3, o: w4, g: w3 },
-    /** MLA: qa (q_a's output), then the attended output o in its place; q; c (kv_a's
-     * output), then the gate g in its place; qlat and olat, one row's latent query and
-     * attended latent. */
     mla: { qa: w0, o: w0, q: w1, c: w2, g: w2, qlat: w3, olat: w4 },
-    /** LatentMoE: the router's logits, then acc (the experts' weighted sum) in their place;
-     * z (the experts' latent input) lives through every expert. */
     moe: { routerLogits: w2, acc: w2, z: w3 },
-    /** A GLU (dense MLP, shared experts, a routed expert): gate and up, SiTU into gate; a
-     * routed expert's output in `out`. */
     glu: { gate: w0, up: w1, out: w4 },
   };
 }
@@ -84,7 +91,7 @@ export class Scratch {
   /** [maxT][D] sub-layer output. */
   readonly a: Vec;
   /** The wide temporaries by role (wideRoles). */
-  readonly wide: ReturnType<typeof wideRoles>;
+  readonly wide: WideRoles;
   /** [maxT][small]. */
   readonly small: Vec;
   /** MLA scores [heads][capacity]. */

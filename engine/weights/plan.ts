@@ -16,7 +16,7 @@
  *             at most every expert; no --cache-gb: every expert resident
  *   embed/head = both matrices resident, or (ultra) one row buffer + two lm_head chunks
  *   state   = KDA state (fixed) + KV per position x positions (MLA latent cache, fp32)
- *   scratch = the forward pass's buffers for a prefill chunk (mirrors model.ts Scratch)
+ *   scratch = the forward pass's buffers for a prefill chunk (model/scratch.ts, sized by the caller)
  *
  * The run is refused (exit 1) when total + FIXED_OVERHEAD exceeds MemAvailable.
  *
