@@ -396,7 +396,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
           (input.packed ? "" : " without a packed trunk; --trunk needs far less"),
       );
     }
-    // Pinned trunk beats expert cache (ANCHORS.md): the trunk first, the rest to experts.
+    // Pinned trunk beats expert cache: the trunk first, the rest to experts.
     trunkBudget ??= input.packed
       ? Math.max(Math.min(trunkTotal, usable - minCache), Math.min(trunkMin, usable - minCache))
       : trunkTotal;
