@@ -13,7 +13,7 @@
  */
 
 import { benchArgs } from "./args.ts";
-import { openModel } from "../engine/weights/load.ts";
+import { openModel } from "../engine/open.ts";
 import { prefill } from "../engine/generate/generate.ts";
 
 const { values } = benchArgs("usage: deno run -A bench/layers.ts [--keep DIR] [--tokens N]", {

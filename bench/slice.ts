@@ -22,7 +22,7 @@ import { readManifest, VERSION as TRUNK_VERSION } from "../engine/weights/manife
 import { EXPERTS_FILE, parseExpertTable } from "../engine/weights/expert_table.ts";
 import { packTrunk } from "../pack/pack.ts";
 import { hashExperts } from "../pack/experts.ts";
-import { expertTensors, globalTensors, HEAD_NAME, layerTensors, PREFIX } from "../engine/model/weights.ts";
+import { expertTensors, globalTensors, HEAD_NAME, layerTensors, PREFIX } from "../engine/model/tensors.ts";
 
 /** Where benchmark data lives (outside the repo). */
 export const BENCH_CACHE = Deno.env.get("K3_BENCH_CACHE") ?? "/var/tmp/k3-bench";

@@ -30,8 +30,8 @@ import { hashHex, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import { HASH_CHUNK, readPieces, VERIFIED_DEPTH } from "../engine/weights/trunk.ts";
 import { PIECE_BYTES } from "../engine/weights/manifest.ts";
-import { openModel } from "../engine/weights/load.ts";
-import type { IoStats } from "../engine/model/model.ts";
+import { openModel } from "../engine/open.ts";
+import type { IoStats } from "../engine/model/weight_source.ts";
 import { prefill } from "../engine/generate/generate.ts";
 import { ensureSlice, ensureTrunk, ROUTER_SLICE } from "./slice.ts";
 

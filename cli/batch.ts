@@ -10,10 +10,9 @@
  * @module
  */
 
-import { loadConfig } from "../engine/model/config.ts";
 import { EXIT, usageError } from "../engine/errors.ts";
 import { ledgerBetween, markLedger } from "../engine/generate/ledger.ts";
-import { firstLayers, openModel } from "../engine/weights/load.ts";
+import { openModel, readModelConfig } from "../engine/open.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { fmtBytes, parseIds, peakRssBytes, plural } from "./common.ts";
 import { reportHead, reportSettings, snakeKeys } from "./report.ts";
@@ -136,8 +135,8 @@ export async function main(args: string[]): Promise<number> {
   const sampling = samplingOptions(values);
   const parallel = parallelOption(values.parallel);
   const memory = memoryOptions(tokens);
-  let cfg = await loadConfig(dir);
-  if (genOpts.layers !== undefined) cfg = firstLayers(cfg, genOpts.layers);
+  const config = await readModelConfig(dir, genOpts.layers);
+  const { cfg } = config;
   const stopIds = genOpts.stopIds.map((s) => parseIds("stop-id", s, cfg.vocabSize)[0]);
 
   const inputBytes = readInput(values.input, {
@@ -211,8 +210,7 @@ export async function main(args: string[]): Promise<number> {
     if (todo.length === 0) return failed ? EXIT.runtime : EXIT.ok;
     const capacity = todo.reduce((m, j) => Math.max(m, j.promptIds.length + j.maxTokens), 0);
     const t0 = performance.now();
-    const opened = await openModel(dir, {
-      layers: cfg.numLayers,
+    const opened = await openModel(config, {
       capacity,
       chunk: genOpts.chunk,
       sequences: Math.min(parallel ?? MAX_AUTO_PARALLEL, todo.length),

@@ -83,11 +83,11 @@ async function main(args: string[]): Promise<number> {
       `import { embed } from ${JSON.stringify(`file://${embedded}`)};\n` +
         `embed(${JSON.stringify({ libraries, workerSource: await Deno.readTextFile(`${work}/worker.js`) })});\n`,
     );
-    // Modules evaluate in import order, so the data is registered before main.ts runs; the
-    // entry calls cli itself (the bundler turns main.ts's import.meta.main into false).
+    // Modules evaluate in import order, so the data is registered before the commands
+    // load; the entry calls cli itself (what main.ts does when run).
     await Deno.writeTextFile(
       `${work}/entry.ts`,
-      `import "./data.ts";\nimport { cli } from ${JSON.stringify(`file://${ROOT}/main.ts`)};\n` +
+      `import "./data.ts";\nimport { cli } from ${JSON.stringify(`file://${ROOT}/cli/commands.ts`)};\n` +
         "Deno.exit(await cli(Deno.args));\n",
     );
     await Deno.mkdir(output.slice(0, output.lastIndexOf("/")) || "/", { recursive: true });

@@ -12,7 +12,6 @@
  * @module
  */
 
-import { loadConfig } from "../engine/model/config.ts";
 import { EXIT, usageError } from "../engine/errors.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
 import { makeSampler } from "../engine/generate/sampling.ts";
@@ -24,8 +23,8 @@ import {
   readStateFile,
   saveState,
 } from "../engine/generate/state_file.ts";
-import type { SequenceState } from "../engine/model/model.ts";
-import { firstLayers, openModel } from "../engine/weights/load.ts";
+import type { SequenceState } from "../engine/model/state.ts";
+import { openModel, readModelConfig } from "../engine/open.ts";
 import {
   ChannelSplitter,
   type ChatMessage,
@@ -177,8 +176,11 @@ export async function main(args: string[]): Promise<number> {
   const sampling = samplingOptions(values, DEFAULTS.chat.sampling);
   const stops = stopStrings(values.stop);
   const memory = memoryOptions(tokens);
-  let cfg = await loadConfig(dir);
-  if (values.layers !== undefined) cfg = firstLayers(cfg, intFlag("layers", values.layers, 0, 1, 100000));
+  const config = await readModelConfig(
+    dir,
+    values.layers !== undefined ? intFlag("layers", values.layers, 0, 1, 100000) : undefined,
+  );
+  const { cfg } = config;
   const tok: Tokenizer = needTokenizer(dir, values.tok, "chat", cfg.vocabSize);
   // Before the model opens: a tokenizer without the chat template's tokens is refused now.
   const ends = stopIds(tok);
@@ -192,8 +194,7 @@ export async function main(args: string[]): Promise<number> {
     conv.messages.push({ role: "system", content: values.system });
   }
 
-  const opened = await openModel(dir, {
-    layers: cfg.numLayers,
+  const opened = await openModel(config, {
     capacity: context,
     chunk,
     threads,

@@ -10,7 +10,7 @@
  * @module
  */
 
-import { cli } from "../main.ts";
+import { cli } from "./commands.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 const TINY = `${ROOT}/tests/fixtures/tiny`;

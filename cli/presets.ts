@@ -6,15 +6,8 @@
  */
 
 import { usageError } from "../engine/errors.ts";
-import {
-  estimatedInput,
-  fmt,
-  makePlan,
-  memAvailable,
-  type MemoryPlan,
-  PRESETS,
-  releasedK3,
-} from "../engine/weights/plan.ts";
+import { estimatedInput, makePlan, type MemoryPlan, PRESETS, releasedK3 } from "../engine/weights/plan.ts";
+import { bytesText, memoryAvailability } from "../engine/native/available.ts";
 import { parseFlags } from "./common.ts";
 import { reportHead, snakeKeys } from "./report.ts";
 
@@ -47,7 +40,7 @@ export function releasedPlan(preset: string, positions: number): MemoryPlan | st
   try {
     return makePlan({
       ...estimatedInput(releasedK3(), mem, positions),
-      available: p.name === "auto" ? memAvailable() : undefined,
+      available: p.name === "auto" ? memoryAvailability()?.bytes : undefined,
     });
   } catch (e) {
     return (e as Error).message;
@@ -102,7 +95,7 @@ export async function main(args: string[]): Promise<number> {
       ? "what is available"
       : typeof plan === "string"
       ? "refused"
-      : `${fmt(plan.totalBytes + plan.overheadBytes)} free`;
+      : `${bytesText(plan.totalBytes + plan.overheadBytes)} free`;
     lines.push(`  ${p.name.padEnd(12)}${t.padStart(9)}${c.padStart(9)}  ${needs}: ${p.about}`);
   }
   lines.push(
@@ -128,13 +121,13 @@ export async function main(args: string[]): Promise<number> {
     const cells = [
       preset.name.padEnd(12),
       `${plan.trunk.pinned.length}/93`.padStart(7),
-      fmt(plan.trunk.ringBytes).padStart(10),
+      bytesText(plan.trunk.ringBytes).padStart(10),
       String(plan.experts.slots).padStart(7),
-      fmt(plan.embedHead.bytes).padStart(12),
-      fmt(plan.state.kvPerPosition).padStart(9),
-      fmt(plan.totalBytes - kv).padStart(10),
-      fmt(plan.totalBytes).padStart(12),
-      "  " + fmt(plan.trunk.totalBytes - plan.trunk.pinnedBytes),
+      bytesText(plan.embedHead.bytes).padStart(12),
+      bytesText(plan.state.kvPerPosition).padStart(9),
+      bytesText(plan.totalBytes - kv).padStart(10),
+      bytesText(plan.totalBytes).padStart(12),
+      "  " + bytesText(plan.trunk.totalBytes - plan.trunk.pinnedBytes),
     ];
     lines.push("  " + cells.join(""));
   }

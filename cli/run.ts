@@ -5,7 +5,6 @@
  * @module
  */
 
-import { loadConfig } from "../engine/model/config.ts";
 import { usageError } from "../engine/errors.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
 import { makeSampler } from "../engine/generate/sampling.ts";
@@ -18,8 +17,8 @@ import {
   saveState,
   type StateFile,
 } from "../engine/generate/state_file.ts";
-import { firstLayers, openModel } from "../engine/weights/load.ts";
-import { noIoStats } from "../engine/model/model.ts";
+import { openModel, readModelConfig } from "../engine/open.ts";
+import { noIoStats } from "../engine/model/weight_source.ts";
 import { formatLedger, ledgerBetween, markLedger, readsBetween } from "../engine/generate/ledger.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { prefillProgress, progress } from "./progress.ts";
@@ -144,8 +143,8 @@ export async function main(args: string[]): Promise<number> {
   if ((values["save-state"] || values["load-state"]) && !genOpts.incremental) {
     throw usageError("--save-state and --load-state carry the state: they cannot be used with --full-recompute");
   }
-  let cfg = await loadConfig(dir);
-  if (genOpts.layers !== undefined) cfg = firstLayers(cfg, genOpts.layers);
+  const config = await readModelConfig(dir, genOpts.layers);
+  const { cfg } = config;
   let tokenizer: Tokenizer | undefined;
   const getTokenizer = () => (tokenizer ??= needTokenizer(dir, genOpts.tokDir, "--prompt", cfg.vocabSize));
   const prompt = await promptIds(source, cfg.vocabSize, getTokenizer);
@@ -159,8 +158,7 @@ export async function main(args: string[]): Promise<number> {
   const prefix = stateFile && Number.isSafeInteger(stateFile.header.pos) ? Math.max(0, stateFile.header.pos) : 0;
 
   const t0 = performance.now();
-  const opened = await openModel(dir, {
-    layers: cfg.numLayers,
+  const opened = await openModel(config, {
     capacity: prefix + prompt.length + genOpts.gen,
     chunk: genOpts.chunk,
     threads: genOpts.threads,

@@ -11,8 +11,7 @@ import { basename } from "node:path";
 import { usageError } from "../engine/errors.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
 import { readActivity } from "../engine/native/io.ts";
-import { firstLayers, openModel } from "../engine/weights/load.ts";
-import { loadConfig } from "../engine/model/config.ts";
+import { openModel, readModelConfig } from "../engine/open.ts";
 import { intFlag, numFlag, parseFlags } from "./common.ts";
 import { MEMORY_FLAGS, MEMORY_HELP, memoryOptions, needTokenizer } from "./run_options.ts";
 import { startServer } from "./server/http.ts";
@@ -102,8 +101,11 @@ export async function main(args: string[]): Promise<number> {
   const apiKey = values["api-key"] ?? (Deno.env.get("K3_API_KEY") || undefined);
   if (apiKey !== undefined && apiKey.length === 0) throw usageError("--api-key: the key is empty");
   const memory = memoryOptions(tokens);
-  let cfg = await loadConfig(dir);
-  if (values.layers !== undefined) cfg = firstLayers(cfg, intFlag("layers", values.layers, 0, 1, 100000));
+  const config = await readModelConfig(
+    dir,
+    values.layers !== undefined ? intFlag("layers", values.layers, 0, 1, 100000) : undefined,
+  );
+  const { cfg } = config;
   const tokenizer = needTokenizer(dir, values.tok, "serve", cfg.vocabSize);
   // Every request stops at the chat template's end tokens: without them, refuse now rather
   // than fail each request.
@@ -135,8 +137,7 @@ export async function main(args: string[]): Promise<number> {
     );
   }
   const stop = terminated();
-  const opened = await openModel(dir, {
-    layers: cfg.numLayers,
+  const opened = await openModel(config, {
     capacity: context,
     chunk,
     sequences: parallel,

@@ -1,7 +1,7 @@
 /**
  * k3's version, in one place: `k3 --version`, every report's `k3_version`, and the check
  * that a one-file build runs as k3. (Its own module: reports import it without importing
- * main.ts, which loads the subcommands.)
+ * cli/commands.ts, which loads the subcommands.)
  *
  * @module
  */

@@ -12,7 +12,7 @@ import { K3Error } from "../engine/errors.ts";
 import { kernels } from "../engine/native/ffi.ts";
 import { CHECKSUM } from "../engine/native/io.ts";
 import { readInputText, statKind } from "../engine/native/files.ts";
-import { checkAccounted } from "../engine/weights/load.ts";
+import { checkAccounted } from "../engine/weights/bind.ts";
 import { locateExpert } from "../engine/weights/experts.ts";
 import { readManifest, weightSample } from "../engine/weights/manifest.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";

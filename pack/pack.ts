@@ -23,8 +23,8 @@ import { type Kernels, kernels } from "../engine/native/ffi.ts";
 import { ALIGN, CHECKSUM, Hasher, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
-import { checkAccounted } from "../engine/weights/load.ts";
-import { RegionChecker } from "../engine/weights/tensor_check.ts";
+import { checkAccounted } from "../engine/weights/bind.ts";
+import { RegionChecker } from "../engine/native/tensors.ts";
 import {
   DATA_FILE,
   FORMAT,

@@ -8,7 +8,7 @@
  * @module
  */
 
-import { configFingerprint, loadConfig } from "../engine/model/config.ts";
+import { configFingerprint, type K3Config, loadConfig } from "../engine/model/config.ts";
 import { K3Error } from "../engine/errors.ts";
 import { kernels } from "../engine/native/ffi.ts";
 import { Hasher } from "../engine/native/io.ts";
@@ -23,11 +23,15 @@ import {
   weightSample,
 } from "../engine/weights/manifest.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
-import { checkMismatch, RegionChecker } from "../engine/weights/tensor_check.ts";
+import { checkMismatch, RegionChecker } from "../engine/native/tensors.ts";
 
-/** Refuses a trunk whose fingerprint is not the model's. */
-export async function checkFingerprint(dir: string, m: TrunkManifest, modelDir: string): Promise<void> {
-  const cfg = await loadConfig(modelDir);
+/** Refuses a trunk whose fingerprint is not the model's (`cfg`, read from `modelDir`). */
+export async function checkFingerprint(
+  dir: string,
+  m: TrunkManifest,
+  modelDir: string,
+  cfg: K3Config,
+): Promise<void> {
   const fp = await configFingerprint(cfg);
   if (fp !== m.fingerprint) {
     throw new K3Error(
@@ -69,8 +73,9 @@ export async function verifyTrunk(
   const log = opts.log ?? ((s: string) => console.error(s));
   const m = await readManifest(dir);
   if (opts.modelDir) {
-    checkLayout(m, await loadConfig(opts.modelDir), dir);
-    await checkFingerprint(dir, m, opts.modelDir);
+    const cfg = await loadConfig(opts.modelDir);
+    checkLayout(m, cfg, dir);
+    await checkFingerprint(dir, m, opts.modelDir, cfg);
   }
   const f = openTrunkData(dir, m);
   const k = kernels();

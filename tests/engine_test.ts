@@ -8,8 +8,9 @@
  */
 
 import assert from "node:assert/strict";
-import { argmax, generate, teacherForce } from "../engine/generate/generate.ts";
-import { openModel } from "../engine/weights/load.ts";
+import { generate, teacherForce } from "../engine/generate/generate.ts";
+import { argmax } from "../engine/generate/sampling.ts";
+import { openModel } from "../engine/open.ts";
 import { python, readReference, tempDir, TINY } from "./helpers.ts";
 
 /** Max |a - b| over two logit arrays. */

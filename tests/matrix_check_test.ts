@@ -14,7 +14,7 @@ import { kernels, symbols, WTYPE } from "../engine/native/ffi.ts";
 import { libraryBuilds, noise, python } from "./helpers.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import type { TensorEntry } from "../engine/weights/manifest.ts";
-import { RegionChecker, tensorCheck } from "../engine/weights/tensor_check.ts";
+import { RegionChecker, tensorCheck } from "../engine/native/tensors.ts";
 
 type Lib = Deno.DynamicLibrary<typeof symbols>;
 

@@ -7,7 +7,7 @@
 
 import assert from "node:assert/strict";
 import { generate, teacherForce } from "../engine/generate/generate.ts";
-import { openModel } from "../engine/weights/load.ts";
+import { openModel } from "../engine/open.ts";
 import type { MemoryOptions } from "../engine/weights/plan.ts";
 import {
   estimatedInput,
@@ -241,7 +241,7 @@ Deno.test("expert cache: in-flight reads are shared, held slots are never evicte
   const { kernels } = await import("../engine/native/ffi.ts");
   const cfg = await loadConfig(TINY);
   const ckpt = await Checkpoint.open(TINY);
-  const stats = (await import("../engine/model/model.ts")).noIoStats();
+  const stats = (await import("../engine/model/weight_source.ts")).noIoStats();
   const cache = new ExpertCache(kernels(), cfg, ckpt, 3, expertSlotBytes(expertBytesOf(cfg)), stats);
   try {
     // Two requests for the same experts at once: read once, the second waits.

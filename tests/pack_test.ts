@@ -7,9 +7,9 @@
 import assert from "node:assert/strict";
 import { packTrunk } from "../pack/pack.ts";
 import { DATA_FILE, MANIFEST_FILE, readManifest, regionsOf } from "../engine/weights/manifest.ts";
-import { checkRows } from "../engine/weights/tensor_check.ts";
+import { checkRows } from "../engine/native/tensors.ts";
 import { verifyTrunk } from "../pack/verify.ts";
-import { layerTensors } from "../engine/model/weights.ts";
+import { layerTensors } from "../engine/model/tensors.ts";
 import { loadConfig } from "../engine/model/config.ts";
 import { jsonIds, k3, python, readReference, tempDir, TINY } from "./helpers.ts";
 import { shuffledCopy } from "./shuffled.ts";

@@ -10,8 +10,7 @@ import assert from "node:assert/strict";
 import { kernels, WTYPE } from "../engine/native/ffi.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import { type Compute, serialCompute, startCompute } from "../engine/native/pool.ts";
-import type { Matrix } from "../engine/model/weights.ts";
-import { tensorCheck } from "../engine/weights/tensor_check.ts";
+import { type Matrix, tensorCheck } from "../engine/native/tensors.ts";
 import { EXIT, K3Error } from "../engine/errors.ts";
 
 Deno.test("checked products: serial and over 3 threads, any token count; mismatch throws K3Error; MXFP4 sums", async () => {

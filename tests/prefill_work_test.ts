@@ -8,7 +8,7 @@
  */
 
 import assert from "node:assert/strict";
-import { openModel } from "../engine/weights/load.ts";
+import { openModel } from "../engine/open.ts";
 import { K3Model } from "../engine/model/model.ts";
 import type { Kernels } from "../engine/native/ffi.ts";
 import { MAX_PROMPT_IDS, promptIds } from "../cli/run_options.ts";

@@ -7,8 +7,14 @@
 
 import assert from "node:assert/strict";
 import fc from "fast-check";
-import { CHAT_DEFAULTS, GREEDY, makeSampler, type SamplingParams, Xoshiro128 } from "../engine/generate/sampling.ts";
-import { argmax } from "../engine/generate/generate.ts";
+import {
+  argmax,
+  CHAT_DEFAULTS,
+  GREEDY,
+  makeSampler,
+  type SamplingParams,
+  Xoshiro128,
+} from "../engine/generate/sampling.ts";
 import { K3Error } from "../engine/errors.ts";
 
 const params = (p: Partial<SamplingParams>): SamplingParams => ({ ...GREEDY, temperature: 1, ...p });

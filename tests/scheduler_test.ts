@@ -9,9 +9,9 @@
 import assert from "node:assert/strict";
 import { Scheduler, type SequenceRequest } from "../engine/generate/scheduler.ts";
 import { K3Error } from "../engine/errors.ts";
-import { fitSequences } from "../engine/weights/streamed.ts";
+import { fitSequences } from "../engine/weights/plan.ts";
 import type { MemoryPlan } from "../engine/weights/plan.ts";
-import { openModel } from "../engine/weights/load.ts";
+import { openModel } from "../engine/open.ts";
 import type { MemoryOptions } from "../engine/weights/plan.ts";
 import { loadConfig } from "../engine/model/config.ts";
 import { packTrunk } from "../pack/pack.ts";

@@ -7,11 +7,13 @@
 
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { openModel } from "../engine/weights/load.ts";
-import { argmax, prefill } from "../engine/generate/generate.ts";
+import { openModel } from "../engine/open.ts";
+import { prefill } from "../engine/generate/generate.ts";
+import { argmax } from "../engine/generate/sampling.ts";
 import { loadState, modelFingerprint, saveState } from "../engine/generate/state_file.ts";
 import { K3Error } from "../engine/errors.ts";
-import type { K3Model, SequenceState } from "../engine/model/model.ts";
+import type { K3Model } from "../engine/model/model.ts";
+import type { SequenceState } from "../engine/model/state.ts";
 import { tempDir, TINY } from "./helpers.ts";
 
 const PROMPT = [5, 17, 300, 44, 901, 12, 3, 77, 250, 610, 8, 19];

@@ -8,7 +8,8 @@
 
 import { Scheduler, type SequenceResult } from "../../engine/generate/scheduler.ts";
 import { ledgerBetween, type LedgerMark, type LedgerReport, markLedger } from "../../engine/generate/ledger.ts";
-import type { IoStats, K3Model } from "../../engine/model/model.ts";
+import type { K3Model } from "../../engine/model/model.ts";
+import type { IoStats } from "../../engine/model/weight_source.ts";
 import { makeSampler } from "../../engine/generate/sampling.ts";
 import { StopMatcher } from "../../engine/generate/stops.ts";
 import { splitChannels } from "../../engine/text/chat.ts";

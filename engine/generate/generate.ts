@@ -5,10 +5,10 @@
  * @module
  */
 
-import type { K3Model, SequenceState } from "../model/model.ts";
-import { argmax, Scheduler } from "./scheduler.ts";
-
-export { argmax, checkFinite } from "./scheduler.ts";
+import type { K3Model } from "../model/model.ts";
+import type { SequenceState } from "../model/state.ts";
+import { argmax } from "./sampling.ts";
+import { Scheduler } from "./scheduler.ts";
 
 /** One generated token and what it cost. */
 export interface Step {

@@ -9,7 +9,9 @@
  * @module
  */
 
-import type { IoStats, K3Model, Ledger } from "../model/model.ts";
+import type { K3Model } from "../model/model.ts";
+import type { Ledger } from "../model/ledger.ts";
+import type { IoStats } from "../model/weight_source.ts";
 import { readActivity } from "../native/io.ts";
 
 /** The counters at one moment. */

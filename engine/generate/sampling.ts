@@ -23,7 +23,13 @@
  */
 
 import { usageError } from "../errors.ts";
-import { argmax } from "./generate.ts";
+
+/** Index of the largest logit, ties to the lowest index. */
+export function argmax(x: Float32Array): number {
+  let best = 0;
+  for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
+  return best;
+}
 
 /** Sampling parameters of one sequence. */
 export interface SamplingParams {

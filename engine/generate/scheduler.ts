@@ -18,7 +18,9 @@
 
 import { setImmediate } from "node:timers";
 import { EXIT, K3Error } from "../errors.ts";
-import type { K3Model, Segment, SequenceState } from "../model/model.ts";
+import type { K3Model, Segment } from "../model/model.ts";
+import type { SequenceState } from "../model/state.ts";
+import { argmax } from "./sampling.ts";
 
 /** Why a sequence ended: a stop id or stop string, its token limit, or its abort signal. */
 export type FinishReason = "stop" | "length" | "interrupted";
@@ -70,13 +72,6 @@ export interface SequenceResult {
   /** The state after the last token (when `keepState`). Its position counts every token
    * that went through the model: the prompt and all generated tokens but the last. */
   state?: SequenceState;
-}
-
-/** Index of the largest logit, ties to the lowest index. */
-export function argmax(x: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
-  return best;
 }
 
 /**

@@ -28,8 +28,10 @@
 import { createHash } from "node:crypto";
 import { configFingerprint, type K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
-import type { K3Model, SequenceState } from "../model/model.ts";
-import type { OpenedModel } from "../weights/load.ts";
+import type { K3Model } from "../model/model.ts";
+import type { SequenceState } from "../model/state.ts";
+import type { Kernels } from "../native/ffi.ts";
+import type { Checkpoint } from "../weights/safetensors.ts";
 import { weightSample } from "../weights/manifest.ts";
 
 const MAGIC = new TextEncoder().encode("K3STATE\n");
@@ -47,7 +49,9 @@ export interface ModelFingerprint {
 }
 
 /** The fingerprint of an opened model (config as opened, --layers included). */
-export async function modelFingerprint(opened: OpenedModel): Promise<ModelFingerprint> {
+export async function modelFingerprint(
+  opened: { k: Kernels; cfg: K3Config; ckpt: Checkpoint },
+): Promise<ModelFingerprint> {
   return {
     config: await configFingerprint(opened.cfg),
     weights: await weightSample(opened.k, opened.cfg, opened.ckpt),

@@ -8,153 +8,23 @@
  * product has the same bits whatever T is, so chunking never changes a token.
  *
  * Weights come from a `WeightSource` (all resident, or streamed and cached: see
- * ../weights/streamed.ts and ../weights/expert_cache.ts); the sequence's recurrent state lives in `SequenceState`.
+ * ../weights/streamed.ts and ../weights/expert_cache.ts), each layer's dense weights as one
+ * typed record (layer_weights.ts); the sequence's recurrent state lives in `SequenceState`
+ * (state.ts), the scratch and its liveness table in scratch.ts.
  *
  * @module
  */
 
 import type { K3Config } from "./config.ts";
 import type { Kernels } from "../native/ffi.ts";
-import { Vec } from "../native/memory.ts";
+import type { Vec } from "../native/memory.ts";
 import { type Compute, serialCompute } from "../native/pool.ts";
-import type { BoundTensors, Expert, F32, Matrix } from "./weights.ts";
-import { verifyMatrix } from "../weights/tensor_check.ts";
-import { settleExpert } from "../weights/expert_table.ts";
-
-/** Where the forward pass gets its weights. Implementations may read from disk. */
-export interface WeightSource {
-  /** Dense tensors of layer L (resolves when they are in memory). */
-  layer(L: number): Promise<BoundTensors> | BoundTensors;
-  /** Called when the pass is done with layer L's attention tensors (`self_attn.*`): a
-   * streamer may read the next layers into their space while the MLP computes. */
-  doneWithAttention?(L: number): void;
-  /** Called when the pass is done with layer L, so a streamer can reuse its slot. */
-  doneWithLayer?(L: number): void;
-  /** Routed experts `ids` of layer L, one per id in order, each a promise that settles
-   * when that expert is in memory (a streaming source issues every read at once). Held
-   * until doneWithExperts(L). */
-  experts(L: number, ids: number[]): (Expert | Promise<Expert>)[];
-  /** Called when the pass is done with the experts of layer L (the last `experts` call). */
-  doneWithExperts?(L: number, ids?: number[]): void;
-  /** How many experts one `experts` call may ask for at most (the cache's slots); a pass
-   * that needs more runs them in waves. Undefined: no limit. */
-  readonly expertSlots?: number;
-  /** Writes the embedding row of `id` as f32 to `dst`. */
-  embed(id: number, dst: NonNullable<Deno.PointerValue>): Promise<void> | void;
-  /** Writes the lm_head logits of T tokens, y[t*vocab + r], using `compute` for the
-   * products (a streaming source may run the head chunk by chunk). */
-  head(
-    x: NonNullable<Deno.PointerValue>,
-    y: NonNullable<Deno.PointerValue>,
-    ntok: number,
-    compute: Compute,
-  ): Promise<void> | void;
-  /** Bytes read and cache behaviour so far (sources that read from disk report these). */
-  ioStats?(): IoStats;
-  /** model.norm, output_attn_res_norm, output_attn_res_proj. */
-  finalNorm: F32;
-  /** output_attn_res_norm. */
-  outputResNorm: F32;
-  /** output_attn_res_proj. */
-  outputResProj: F32;
-}
-
-/** What a weight source has read so far. */
-export interface IoStats {
-  /** Trunk bytes read. */
-  trunkBytes: number;
-  /** Trunk bytes read into ring space a layer still in use had released after its attention. */
-  trunkEarlyBytes: number;
-  /** Routed expert bytes read. */
-  expertBytes: number;
-  /** Expert lookups served from the cache. */
-  expertHits: number;
-  /** Expert lookups that had to be read. */
-  expertMisses: number;
-  /** Seconds the forward pass spent waiting for reads. */
-  ioWaitSeconds: number;
-  /** Trunk layers pinned in RAM. */
-  pinnedLayers: number;
-}
-
-/** IoStats with every counter at zero (a fresh source's, or a resident one's for good). */
-export function noIoStats(): IoStats {
-  return {
-    trunkBytes: 0,
-    trunkEarlyBytes: 0,
-    expertBytes: 0,
-    expertHits: 0,
-    expertMisses: 0,
-    ioWaitSeconds: 0,
-    pinnedLayers: 0,
-  };
-}
-
-/**
- * Bytes of sequence state: the KDA layers' conv histories and recurrent states (fixed) and
- * the MLA layers' latent cache per position (the normed kv latent and the shared raw key
- * part, fp32: 576 floats per MLA layer for the released model, ~55 KB per position for all
- * 24 MLA layers instead of ~2.37 MB for expanded keys and values).
- */
-export function stateBytes(cfg: K3Config): { fixed: number; perPosition: number } {
-  const { numHeads: H, headDim: d } = cfg.kda;
-  const nK = cfg.layerKinds.filter((x) => x === "kda").length;
-  const nM = cfg.numLayers - nK;
-  return {
-    fixed: 4 * nK * (3 * 3 * H * d + H * d * d),
-    perPosition: 4 * nM * (cfg.mla.kvLoraRank + cfg.mla.ropeDim),
-  };
-}
-
-/** Per-sequence state carried between forward calls (incremental decoding). */
-export class SequenceState {
-  /** Number of tokens already processed. */
-  pos = 0;
-  /** KDA layers: conv histories of q, k, v ([C][3] each) and the recurrent state S. */
-  readonly kda = new Map<number, { convQ: Vec; convK: Vec; convV: Vec; S: Vec }>();
-  /** MLA layers: the latent cache, normed latents [pos][kvLoraRank] and raw k_rope [pos][ropeDim]. */
-  readonly mla = new Map<number, { latent: Vec; krope: Vec }>();
-
-  /** Allocates the state for up to `capacity` positions. */
-  constructor(k: Kernels, cfg: K3Config, readonly capacity: number) {
-    const { numHeads: H, headDim: d } = cfg.kda;
-    const m = cfg.mla;
-    cfg.layerKinds.forEach((kind, L) => {
-      if (kind === "kda") {
-        const C = H * d;
-        this.kda.set(L, {
-          convQ: new Vec(k, C * 3),
-          convK: new Vec(k, C * 3),
-          convV: new Vec(k, C * 3),
-          S: new Vec(k, H * d * d),
-        });
-      } else {
-        this.mla.set(L, {
-          latent: new Vec(k, capacity * m.kvLoraRank),
-          krope: new Vec(k, capacity * Math.max(m.ropeDim, 1)),
-        });
-      }
-    });
-    this.reset();
-  }
-
-  /** Back to an empty sequence. */
-  reset(): void {
-    this.pos = 0;
-    for (const s of this.kda.values()) {
-      s.convQ.f.fill(0);
-      s.convK.f.fill(0);
-      s.convV.f.fill(0);
-      s.S.f.fill(0);
-    }
-  }
-
-  /** Frees the state's native buffers. */
-  free(): void {
-    for (const s of this.kda.values()) [s.convQ, s.convK, s.convV, s.S].forEach((v) => v.buf.free());
-    for (const s of this.mla.values()) [s.latent, s.krope].forEach((v) => v.buf.free());
-  }
-}
+import { type Expert, type Matrix, settleExpert, verifyMatrix } from "../native/tensors.ts";
+import type { GluWeights, KdaWeights, MlaWeights, MoeWeights } from "./layer_weights.ts";
+import { type Ledger, newLedger } from "./ledger.ts";
+import { Scratch } from "./scratch.ts";
+import { SequenceState } from "./state.ts";
+import type { WeightSource } from "./weight_source.ts";
 
 /** One sequence's part of a forward pass: its state and its next tokens. */
 export interface Segment {
@@ -183,128 +53,12 @@ function rowSpans(segments: Segment[]): RowSpan[] {
   });
 }
 
-/**
- * Where the seconds go, summed over every pass: waits for trunk and expert reads, dense
- * products (attention projections, MLPs, shared experts, router, latent projections),
- * routed-expert compute, the attention recurrences (KDA delta rule, MLA over the cache),
- * the lm_head, and sampling (added by the scheduler). What a report's wall clock has
- * beyond these is "other" (norms, residual sums, bookkeeping, the JS between kernels).
- */
-export interface Ledger {
-  /** Seconds waiting for trunk reads. */
-  trunkReadWait: number;
-  /** Seconds waiting for expert reads. */
-  expertReadWait: number;
-  /** Seconds in dense matrix products. */
-  denseMatmul: number;
-  /** Seconds in expert products. */
-  expertCompute: number;
-  /** Seconds in the attention recurrences. */
-  attention: number;
-  /** Seconds in the final norm and lm_head. */
-  head: number;
-  /** Seconds choosing tokens (the scheduler's). */
-  sampling: number;
-}
-
-/** A ledger of zeros. */
-export function newLedger(): Ledger {
-  return {
-    trunkReadWait: 0,
-    expertReadWait: 0,
-    denseMatmul: 0,
-    expertCompute: 0,
-    attention: 0,
-    head: 0,
-    sampling: 0,
-  };
-}
-
 /** Counters the run report reads. */
 export interface ForwardStats {
   /** Routed experts run so far. */
   expertsUsed: number;
   /** Wall seconds spent in each layer (waits for weights included). */
   layerSeconds: Float64Array;
-}
-
-/** Widths the scratch buffers are sized by. */
-function scratchShape(cfg: K3Config) {
-  const m = cfg.mla;
-  const wide = Math.max(
-    cfg.kda.numHeads * cfg.kda.headDim,
-    cfg.hiddenSize,
-    cfg.denseIntermediate,
-    cfg.moe.numShared * cfg.moe.intermediate,
-    cfg.moe.intermediate,
-    cfg.moe.latent,
-    cfg.moe.numExperts,
-    m.qLoraRank,
-    m.kvLoraRank + m.ropeDim,
-    m.numHeads * (m.nopeDim + m.ropeDim),
-    m.numHeads * (m.kvLoraRank + m.ropeDim),
-    m.numHeads * m.vDim,
-  );
-  return {
-    D: cfg.hiddenSize,
-    nsrc: Math.floor((cfg.numLayers - 1) / cfg.attnResBlock) + 2,
-    wide,
-    small: Math.max(cfg.kda.numHeads, cfg.kda.headDim, 1),
-  };
-}
-
-/** Bytes of the forward pass's scratch for chunks of `maxT` tokens (for the memory plan). */
-export function scratchBytes(cfg: K3Config, maxT: number, capacity: number): number {
-  const { D, nsrc, wide, small } = scratchShape(cfg);
-  const { latent, topK } = cfg.moe;
-  const floats = maxT * nsrc * D + 3 * maxT * D + 5 * maxT * wide + maxT * small +
-    Math.max(cfg.mla.numHeads, 1) * capacity + maxT * latent + maxT * topK * latent + maxT * cfg.vocabSize;
-  return 4 * floats + 8 * topK;
-}
-
-/** Scratch buffers, allocated once for up to `maxT` tokens per call. */
-class Scratch {
-  readonly src: Vec; // AttnRes sources: [maxT][nsrc][D]
-  readonly x: Vec; // [maxT][D] sub-layer input
-  readonly xn: Vec; // [maxT][D] normed input
-  readonly a: Vec; // [maxT][D] sub-layer output
-  readonly t1: Vec; // wide temporaries [maxT][wide]
-  readonly t2: Vec;
-  readonly t3: Vec;
-  readonly t4: Vec;
-  readonly t5: Vec;
-  readonly small: Vec; // [maxT][small]
-  readonly scores: Vec; // MLA scores [heads][capacity]
-  readonly ids: Int32Array;
-  readonly idsPtr: NonNullable<Deno.PointerValue>;
-  readonly wts: Float32Array;
-  readonly wtsPtr: NonNullable<Deno.PointerValue>;
-  readonly expertIn: Vec; // gathered latent inputs [maxT][latent]
-  readonly expertOut: Vec; // per token, per chosen slot: [maxT][topK][latent]
-  readonly logits: Vec; // [maxT][vocab]
-
-  constructor(k: Kernels, cfg: K3Config, readonly maxT: number, capacity: number) {
-    const { D, nsrc, wide, small } = scratchShape(cfg);
-    const m = cfg.mla;
-    this.src = new Vec(k, maxT * nsrc * D, "attnres sources");
-    this.x = new Vec(k, maxT * D);
-    this.xn = new Vec(k, maxT * D);
-    this.a = new Vec(k, maxT * D);
-    this.t1 = new Vec(k, maxT * wide);
-    this.t2 = new Vec(k, maxT * wide);
-    this.t3 = new Vec(k, maxT * wide);
-    this.t4 = new Vec(k, maxT * wide);
-    this.t5 = new Vec(k, maxT * wide);
-    this.small = new Vec(k, maxT * small);
-    this.scores = new Vec(k, Math.max(m.numHeads, 1) * capacity);
-    this.ids = new Int32Array(cfg.moe.topK);
-    this.idsPtr = Deno.UnsafePointer.of(this.ids)!;
-    this.wts = new Float32Array(cfg.moe.topK);
-    this.wtsPtr = Deno.UnsafePointer.of(this.wts)!;
-    this.expertIn = new Vec(k, maxT * cfg.moe.latent);
-    this.expertOut = new Vec(k, maxT * cfg.moe.topK * cfg.moe.latent);
-    this.logits = new Vec(k, maxT * cfg.vocabSize, "logits");
-  }
 }
 
 /** The model: config, kernels, weights and scratch. */
@@ -395,8 +149,8 @@ export class K3Model {
             srcRow(t, 0),
             nblocks + 1,
             D,
-            w.vector(`layers.${L}.self_attention_res_norm.weight`).ptr,
-            w.vector(`layers.${L}.self_attention_res_proj.weight`).ptr,
+            w.attnRes.norm.ptr,
+            w.attnRes.proj.ptr,
             cfg.rmsNormEps,
             s.x.at(t * D),
           );
@@ -410,9 +164,9 @@ export class K3Model {
         partialEmpty = true;
       }
       // 3. Attention on the normed input.
-      k.k3_rmsnorm(s.x.ptr, w.vector(`layers.${L}.input_layernorm.weight`).ptr, s.xn.ptr, D, R, cfg.rmsNormEps);
-      if (cfg.layerKinds[L] === "kda") this.kda(L, w, spans, R);
-      else this.mla(L, w, spans, R);
+      k.k3_rmsnorm(s.x.ptr, w.inputNorm.ptr, s.xn.ptr, D, R, cfg.rmsNormEps);
+      if (w.attention.kind === "kda") this.kda(L, w.attention, spans, R);
+      else this.mla(L, w.attention, spans, R);
       this.weights.doneWithAttention?.(L);
       // 4. partial = a, or partial + a.
       for (let t = 0; t < R; t++) {
@@ -427,23 +181,16 @@ export class K3Model {
           srcRow(t, 0),
           nblocks + 1,
           D,
-          w.vector(`layers.${L}.mlp_res_norm.weight`).ptr,
-          w.vector(`layers.${L}.mlp_res_proj.weight`).ptr,
+          w.mlpRes.norm.ptr,
+          w.mlpRes.proj.ptr,
           cfg.rmsNormEps,
           s.x.at(t * D),
         );
       }
       // 6. MLP of the normed y.
-      k.k3_rmsnorm(
-        s.x.ptr,
-        w.vector(`layers.${L}.post_attention_layernorm.weight`).ptr,
-        s.xn.ptr,
-        D,
-        R,
-        cfg.rmsNormEps,
-      );
-      if (L < cfg.firstKDense) this.denseMlp(L, w, R);
-      else await this.moe(L, w, R);
+      k.k3_rmsnorm(s.x.ptr, w.postAttentionNorm.ptr, s.xn.ptr, D, R, cfg.rmsNormEps);
+      if (w.mlp.kind === "dense") this.glu(w.mlp, s.xn.ptr, s.a.ptr, R);
+      else await this.moe(L, w.mlp, R);
       this.weights.doneWithLayer?.(L);
       // 7. partial += m.
       for (let t = 0; t < R; t++) k.k3_add(srcRow(t, nblocks), s.a.at(t * D), D);
@@ -484,21 +231,20 @@ export class K3Model {
   }
 
   /** Kimi Delta Attention: projections over all rows, the recurrence row by row per segment. */
-  private kda(L: number, w: BoundTensors, spans: RowSpan[], R: number): void {
+  private kda(L: number, w: KdaWeights, spans: RowSpan[], R: number): void {
     const { k, cfg, s } = this;
     const { numHeads: H, headDim: d, gateLowerBound } = cfg.kda;
     const C = H * d;
-    const n = (x: string) => `layers.${L}.self_attn.${x}`;
-    const [q, kk, v, f, o] = [s.t1, s.t2, s.t3, s.t4, s.t5];
-    this.mm(w.matrix(n("q_proj.weight")), s.xn.ptr, q.ptr, R);
-    this.mm(w.matrix(n("k_proj.weight")), s.xn.ptr, kk.ptr, R);
-    this.mm(w.matrix(n("v_proj.weight")), s.xn.ptr, v.ptr, R);
+    const { q, k: kk, v, f, o, g } = s.wide.kda;
+    this.mm(w.q, s.xn.ptr, q.ptr, R);
+    this.mm(w.k, s.xn.ptr, kk.ptr, R);
+    this.mm(w.v, s.xn.ptr, v.ptr, R);
     // f = f_b(f_a x): the low-rank decay input, through `small`.
-    this.mm(w.matrix(n("f_a_proj.weight")), s.xn.ptr, s.small.ptr, R);
-    this.mm(w.matrix(n("f_b_proj.weight")), s.small.ptr, f.ptr, R);
+    this.mm(w.fA, s.xn.ptr, s.small.ptr, R);
+    this.mm(w.fB, s.small.ptr, f.ptr, R);
     // beta = sigmoid(b_proj x), one per head and row.
     const beta = s.small;
-    this.mm(w.matrix(n("b_proj.weight")), s.xn.ptr, beta.ptr, R);
+    this.mm(w.beta, s.xn.ptr, beta.ptr, R);
     k.k3_sigmoid(beta.ptr, beta.ptr, R * H);
     const tAttn = performance.now();
     for (const sp of spans) {
@@ -506,23 +252,22 @@ export class K3Model {
       for (let t = sp.r0; t < sp.r0 + sp.n; t++) {
         const at = (b: Vec) => b.at(t * C);
         // Causal short conv + SiLU (in place), then L2 norm of q and k per head.
-        k.k3_short_conv(st.convQ.ptr, w.vector(n("q_conv1d.weight")).ptr, at(q), at(q), C);
-        k.k3_short_conv(st.convK.ptr, w.vector(n("k_conv1d.weight")).ptr, at(kk), at(kk), C);
-        k.k3_short_conv(st.convV.ptr, w.vector(n("v_conv1d.weight")).ptr, at(v), at(v), C);
+        k.k3_short_conv(st.convQ.ptr, w.qConv.ptr, at(q), at(q), C);
+        k.k3_short_conv(st.convK.ptr, w.kConv.ptr, at(kk), at(kk), C);
+        k.k3_short_conv(st.convV.ptr, w.vConv.ptr, at(v), at(v), C);
         k.k3_l2norm(at(q), d, H, 1e-6);
         k.k3_l2norm(at(kk), d, H, 1e-6);
         // The decay alpha overwrites f; the delta rule reads o from the updated state.
-        k.k3_kda_decay(at(f), w.vector(n("A_log")).ptr, w.vector(n("dt_bias")).ptr, at(f), H, d, gateLowerBound);
+        k.k3_kda_decay(at(f), w.aLog.ptr, w.dtBias.ptr, at(f), H, d, gateLowerBound);
         k.k3_kda_step(st.S.ptr, at(q), at(kk), at(v), beta.at(t * H), at(f), at(o), d, 0, H);
       }
     }
     this.spent("attention", tAttn);
     // Per-head RMSNorm of o, then the output gate (norm first, then gate), then o_proj.
-    k.k3_rmsnorm(o.ptr, w.vector(n("o_norm.weight")).ptr, o.ptr, d, R * H, cfg.rmsNormEps);
-    const g = f;
-    this.mm(w.matrix(n("g_proj.weight")), s.xn.ptr, g.ptr, R);
+    k.k3_rmsnorm(o.ptr, w.oNorm.ptr, o.ptr, d, R * H, cfg.rmsNormEps);
+    this.mm(w.gate, s.xn.ptr, g.ptr, R);
     k.k3_sigmoid_mul(o.ptr, g.ptr, R * C);
-    this.mm(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, R);
+    this.mm(w.o, o.ptr, s.a.ptr, R);
   }
 
   /**
@@ -533,23 +278,22 @@ export class K3Model {
    * values per position, with a 576-float cache row instead of 96 x 256 + 64. Each row
    * attends over its own segment's cache.
    */
-  private mla(L: number, w: BoundTensors, spans: RowSpan[], R: number): void {
+  private mla(L: number, w: MlaWeights, spans: RowSpan[], R: number): void {
     const { k, cfg, s } = this;
     const m = cfg.mla;
     const H = m.numHeads, dc = m.kvLoraRank, dr = m.ropeDim;
     const dq = m.nopeDim + dr;
-    const n = (x: string) => `layers.${L}.self_attn.${x}`;
-    const [qa, q, c, qlat, olat] = [s.t1, s.t2, s.t3, s.t4, s.t5];
+    const { qa, q, c, qlat, olat, o, g } = s.wide.mla;
     // q = q_b(RMSNorm(q_a x)).
-    this.mm(w.matrix(n("q_a_proj.weight")), s.xn.ptr, qa.ptr, R);
-    k.k3_rmsnorm(qa.ptr, w.vector(n("q_a_layernorm.weight")).ptr, qa.ptr, m.qLoraRank, R, cfg.rmsNormEps);
-    this.mm(w.matrix(n("q_b_proj.weight")), qa.ptr, q.ptr, R);
+    this.mm(w.qA, s.xn.ptr, qa.ptr, R);
+    k.k3_rmsnorm(qa.ptr, w.qANorm.ptr, qa.ptr, m.qLoraRank, R, cfg.rmsNormEps);
+    this.mm(w.qB, qa.ptr, q.ptr, R);
     // c = kv_a x: the latent (normed, then cached) and the shared raw key part.
     const cw = dc + dr;
-    this.mm(w.matrix(n("kv_a_proj_with_mqa.weight")), s.xn.ptr, c.ptr, R);
-    const kvb = w.matrix(n("kv_b_proj.weight"));
+    this.mm(w.kvA, s.xn.ptr, c.ptr, R);
+    const kvb = w.kvB;
     verifyMatrix(k, kvb); // read by absorb and expand, not by a product that checks it
-    const o = qa; // q_a's output is consumed; o [R][H][vDim] reuses it
+    // q_a's output is consumed: o [R][H][vDim] takes its place.
     const tAttn = performance.now();
     for (const sp of spans) {
       const cache = sp.seg.state.mla.get(L)!;
@@ -557,7 +301,7 @@ export class K3Model {
         const t = sp.r0 + j, p = sp.seg.state.pos + j;
         k.k3_rmsnorm(
           c.at(t * cw),
-          w.vector(n("kv_a_layernorm.weight")).ptr,
+          w.kvANorm.ptr,
           cache.latent.at(p * dc),
           dc,
           1,
@@ -587,9 +331,9 @@ export class K3Model {
     }
     this.spent("attention", tAttn);
     // Output gate, then o_proj.
-    this.mm(w.matrix(n("g_proj.weight")), s.xn.ptr, c.ptr, R);
-    k.k3_sigmoid_mul(o.ptr, c.ptr, R * H * m.vDim);
-    this.mm(w.matrix(n("o_proj.weight")), o.ptr, s.a.ptr, R);
+    this.mm(w.gate, s.xn.ptr, g.ptr, R);
+    k.k3_sigmoid_mul(o.ptr, g.ptr, R * H * m.vDim);
+    this.mm(w.o, o.ptr, s.a.ptr, R);
   }
 
   /** One routed expert on the rows that chose it; each output lands at [row][router slot]. */
@@ -604,14 +348,15 @@ export class K3Model {
     // tensor checks, compared with the expert table before its output is used.
     const c = ex.check && !ex.check.verified ? ex.check : undefined;
     c?.words.fill(0n);
-    this.compute.mxfp4(ex.w1, s.expertIn.ptr, s.t1.ptr, nt, c?.words.subarray(0, 2));
-    this.compute.mxfp4(ex.w3, s.expertIn.ptr, s.t2.ptr, nt, c?.words.subarray(2, 4));
-    k.k3_situ_glu(s.t1.ptr, s.t2.ptr, s.t1.ptr, nt * I, cfg.situBeta, cfg.situLinearBeta);
-    this.compute.mxfp4(ex.w2, s.t1.ptr, s.t5.ptr, nt, c?.words.subarray(4, 6));
+    const { gate, up, out } = s.wide.glu;
+    this.compute.mxfp4(ex.w1, s.expertIn.ptr, gate.ptr, nt, c?.words.subarray(0, 2));
+    this.compute.mxfp4(ex.w3, s.expertIn.ptr, up.ptr, nt, c?.words.subarray(2, 4));
+    k.k3_situ_glu(gate.ptr, up.ptr, gate.ptr, nt * I, cfg.situBeta, cfg.situLinearBeta);
+    this.compute.mxfp4(ex.w2, gate.ptr, out.ptr, nt, c?.words.subarray(4, 6));
     if (c) settleExpert(c);
     for (let j = 0; j < nt; j++) {
       const { t, slot } = users[j];
-      s.expertOut.f.set(s.t5.f.subarray(j * latent, (j + 1) * latent), (t * topK + slot) * latent);
+      s.expertOut.f.set(out.f.subarray(j * latent, (j + 1) * latent), (t * topK + slot) * latent);
     }
   }
 
@@ -627,33 +372,14 @@ export class K3Model {
     this.ledger[key] += (performance.now() - t0) / 1000;
   }
 
-  /** SiTU-GLU MLP: down(SiTU(gate x, up x)), writing s.a. */
-  private glu(
-    gate: Matrix,
-    up: Matrix,
-    down: Matrix,
-    x: NonNullable<Deno.PointerValue>,
-    out: NonNullable<Deno.PointerValue>,
-    T: number,
-  ): void {
+  /** SiTU-GLU MLP over T rows: out = down(SiTU(gate x, up x)) (a dense MLP, or the shared experts). */
+  private glu(w: GluWeights, x: NonNullable<Deno.PointerValue>, out: NonNullable<Deno.PointerValue>, T: number): void {
     const { k, cfg, s } = this;
-    this.mm(gate, x, s.t1.ptr, T);
-    this.mm(up, x, s.t2.ptr, T);
-    k.k3_situ_glu(s.t1.ptr, s.t2.ptr, s.t1.ptr, T * gate.rows, cfg.situBeta, cfg.situLinearBeta);
-    this.mm(down, s.t1.ptr, out, T);
-  }
-
-  /** The dense MLP of layer `L` over `T` tokens. */
-  private denseMlp(L: number, w: BoundTensors, T: number): void {
-    const n = (x: string) => `layers.${L}.mlp.${x}.weight`;
-    this.glu(
-      w.matrix(n("gate_proj")),
-      w.matrix(n("up_proj")),
-      w.matrix(n("down_proj")),
-      this.s.xn.ptr,
-      this.s.a.ptr,
-      T,
-    );
+    const { gate, up } = s.wide.glu;
+    this.mm(w.gate, x, gate.ptr, T);
+    this.mm(w.up, x, up.ptr, T);
+    k.k3_situ_glu(gate.ptr, up.ptr, gate.ptr, T * w.gate.rows, cfg.situBeta, cfg.situLinearBeta);
+    this.mm(w.down, gate.ptr, out, T);
   }
 
   /**
@@ -661,22 +387,20 @@ export class K3Model {
    * once (chunk union); each runs on the tokens that chose it; each token then sums its
    * own experts in its router's order.
    */
-  private async moe(L: number, w: BoundTensors, T: number): Promise<void> {
+  private async moe(L: number, w: MoeWeights, T: number): Promise<void> {
     const { k, cfg, s } = this;
     const { latent, topK, numExperts } = cfg.moe;
     const D = cfg.hiddenSize;
-    const n = (x: string) => `layers.${L}.block_sparse_moe.${x}`;
-    // Route each token; z = routed_expert_down_proj x (into t4), once per token.
-    const logits = s.t3;
-    this.mm(w.matrix(n("gate.weight")), s.xn.ptr, logits.ptr, T);
-    const z = s.t4;
-    this.mm(w.matrix(n("routed_expert_down_proj.weight")), s.xn.ptr, z.ptr, T);
+    const { routerLogits: logits, z, acc } = s.wide.moe;
+    // Route each token; z = routed_expert_down_proj x, once per token.
+    this.mm(w.router, s.xn.ptr, logits.ptr, T);
+    this.mm(w.latentDown, s.xn.ptr, z.ptr, T);
     const chosen: { ids: number[]; weights: number[] }[] = [];
     const users = new Map<number, { t: number; slot: number }[]>();
     for (let t = 0; t < T; t++) {
       k.k3_router_topk(
         logits.at(t * numExperts),
-        w.vector(n("gate.e_score_correction_bias")).ptr,
+        w.routerBias.ptr,
         numExperts,
         topK,
         cfg.moe.routedScaling,
@@ -705,10 +429,7 @@ export class K3Model {
     const fetching = [this.weights.experts(L, waves[0])];
     if (waves.length > 1 && 2 * wave <= slots) fetching.push(this.weights.experts(L, waves[1]));
     // Shared experts at full width (into s.x) while the first reads are in flight.
-    if (cfg.moe.numShared > 0) {
-      const sh = (x: string) => n(`shared_experts.${x}.weight`);
-      this.glu(w.matrix(sh("gate_proj")), w.matrix(sh("up_proj")), w.matrix(sh("down_proj")), s.xn.ptr, s.x.ptr, T);
-    }
+    if (w.shared) this.glu(w.shared, s.xn.ptr, s.x.ptr, T);
     for (let wi = 0; wi < waves.length; wi++) {
       const ids = waves[wi];
       // Each expert runs as soon as its bytes land, while the rest of the wave arrives.
@@ -736,7 +457,7 @@ export class K3Model {
       }
     }
     // acc = sum_j w_j e_j in router order; RMSNorm; up-projection.
-    const acc = s.t3; // router logits are no longer needed
+    // The router's logits are consumed: acc takes their place.
     for (let t = 0; t < T; t++) {
       const row = acc.f.subarray(t * latent, (t + 1) * latent);
       row.fill(0);
@@ -744,9 +465,9 @@ export class K3Model {
         k.k3_axpy(acc.at(t * latent), chosen[t].weights[j], s.expertOut.at((t * topK + j) * latent), latent);
       }
     }
-    k.k3_rmsnorm(acc.ptr, w.vector(n("routed_expert_norm.weight")).ptr, acc.ptr, latent, T, cfg.rmsNormEps);
-    this.mm(w.matrix(n("routed_expert_up_proj.weight")), acc.ptr, s.a.ptr, T);
+    k.k3_rmsnorm(acc.ptr, w.latentNorm.ptr, acc.ptr, latent, T, cfg.rmsNormEps);
+    this.mm(w.latentUp, acc.ptr, s.a.ptr, T);
     // Shared experts (computed above), added with no weight.
-    if (cfg.moe.numShared > 0) k.k3_add(s.a.ptr, s.x.ptr, T * D);
+    if (w.shared) k.k3_add(s.a.ptr, s.x.ptr, T * D);
   }
 }

@@ -7,7 +7,7 @@
  * products are split). The rows of a product are divided between the main thread and the
  * workers; each row's dot product has the same bits whichever thread computes it, so the
  * thread count never changes a token. A matrix with a check still to settle (a streamed
- * one, tensor_check.ts) is multiplied by k3_matmul_checked, and an expert fresh from the
+ * one, tensors.ts) is multiplied by k3_matmul_checked, and an expert fresh from the
  * shards by k3_matmul_mxfp4_checked: each thread adds its rows' checks into its own words,
  * and the words' sums go to the manifest's or the expert table's comparison.
  *
@@ -15,10 +15,9 @@
  */
 
 import { type Kernels, libraryPath } from "./ffi.ts";
-import type { Matrix, Mxfp4 } from "../model/weights.ts";
 import { workerUrl } from "./embedded.ts";
 import { NativeBuffer } from "./memory.ts";
-import { type MatrixCheck, settleCheck } from "../weights/tensor_check.ts";
+import { type Matrix, type MatrixCheck, type Mxfp4, settleCheck } from "./tensors.ts";
 
 /** A native pointer that is not null. */
 export type Ptr = NonNullable<Deno.PointerValue>;

@@ -32,9 +32,9 @@ import { IoFile } from "../native/io.ts";
 import { expertCheck, type ExpertTable, readExpertSlot, tableDigest } from "./expert_table.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import { testHook } from "../native/test_hooks.ts";
-import type { IoStats } from "../model/model.ts";
+import type { IoStats } from "../model/weight_source.ts";
 import type { Checkpoint } from "./safetensors.ts";
-import type { Expert } from "../model/weights.ts";
+import type { Expert } from "../native/tensors.ts";
 
 interface Slot {
   buf: NativeBuffer;

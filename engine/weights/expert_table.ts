@@ -28,12 +28,12 @@
 import type { K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
 import { notRegular, readInputText, statKind, writeFailure, writeFileDurable } from "../native/files.ts";
-import { CHECKSUM, hex64, io, IoFile } from "../native/io.ts";
+import { CHECKSUM, hex64, IoFile } from "../native/io.ts";
 import { type Kernels } from "../native/ffi.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import { type ExpertLocation, locateExpert } from "./experts.ts";
 import type { Checkpoint } from "./safetensors.ts";
-import { tensorCheckWord } from "./tensor_check.ts";
+import { combineDigests, type ExpertCheck, tensorCheckWord } from "../native/tensors.ts";
 
 /** The table's file name, inside the trunk directory. */
 export const EXPERTS_FILE = "experts.json";
@@ -147,11 +147,6 @@ export function readExpertTable(
   return t;
 }
 
-/** The expert digest from its tensors' checks (k3w64 of the little-endian words). */
-export function combineDigests(words: BigUint64Array): bigint {
-  return io().k3io_hash(Deno.UnsafePointer.of(words), BigInt(8 * words.length));
-}
-
 /** Bytes an expert read needs in a buffer: the expert rounded out to ALIGN on both ends. */
 export const readRoom = (bytes: number): number => Math.ceil(bytes / 4096) * 4096 + 2 * 4096;
 
@@ -184,18 +179,6 @@ export function expertDigest(k: Kernels, loc: ExpertLocation, buf: NativeBuffer,
   return hex64(combineDigests(words));
 }
 
-/** An expert's digest to be settled by its first run: the six tensor checks its products add up. */
-export interface ExpertCheck {
-  /** The table's digest. */
-  expect: string;
-  /** The tensor checks, in table order (w1 packed, w1 scale, w3 ..., w2 ...). */
-  words: BigUint64Array;
-  /** True once the bytes in the slot were found to match. */
-  verified: boolean;
-  /** The message of a mismatch (layer, expert, shard, table). */
-  mismatch: string;
-}
-
 /** The ExpertCheck of an expert read from `loc`, against table `path`'s `expect`. */
 export function expertCheck(loc: ExpertLocation, expect: string, path: string): ExpertCheck {
   const shards = [...new Set(loc.tensors.map((t) => t.file.slice(t.file.lastIndexOf("/") + 1)))].join(", ");
@@ -206,12 +189,6 @@ export function expertCheck(loc: ExpertLocation, expect: string, path: string): 
     mismatch:
       `layer ${loc.layer} expert ${loc.expert} (shard ${shards}): checksum mismatch against ${path}: the shard is damaged or the table is stale; re-download the shard, or re-make the table with ${TABLE_ADVICE}`,
   };
-}
-
-/** Compares the checks a run added up with the table (K3Error, exit 1, on a mismatch). */
-export function settleExpert(c: ExpertCheck): void {
-  if (hex64(combineDigests(c.words)) !== c.expect) throw new K3Error(c.mismatch);
-  c.verified = true;
 }
 
 /**

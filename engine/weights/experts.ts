@@ -11,7 +11,8 @@ import type { K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
 import type { NativeBuffer } from "../native/memory.ts";
 import type { Checkpoint, TensorInfo } from "./safetensors.ts";
-import { checkTensor, type Expert, expertTensors, PREFIX } from "../model/weights.ts";
+import type { Expert } from "../native/tensors.ts";
+import { checkTensor, expertTensors, PREFIX } from "../model/tensors.ts";
 
 /** Where one expert's bytes are, and where each tensor lands inside a slot. */
 export interface ExpertLocation {

@@ -24,7 +24,7 @@
  *   of the region, the last one shorter: checked on the reads that bring a region in to be
  *   pinned, and on ultra's embedding and lm_head reads), tensors [{name, dtype ("BF16" |
  *   "F32"), keep, shape, offset (in the region), bytes, check (the tensor's matrix check,
- *   tensor_check.ts: verified by the product that uses a streamed matrix, and for a streamed
+ *   native/tensors.ts: verified by the product that uses a streamed matrix, and for a streamed
  *   layer's vectors when it is handed out)}]}, and `piece` (bytes per hashed piece, a
  *   multiple of 4096).
  *
@@ -48,16 +48,8 @@ import { notRegular, readInputText } from "../native/files.ts";
 /** The largest manifest read (the full model's, with piece hashes: ~0.3 MB). */
 const MAX_MANIFEST_BYTES = 256 << 20;
 import type { Checkpoint, TensorInfo } from "./safetensors.ts";
-import { checkRows } from "./tensor_check.ts";
-import {
-  checkTensor,
-  globalTensors,
-  HEAD_NAME,
-  type Keep,
-  layerTensors,
-  PREFIX,
-  type TensorSpec,
-} from "../model/weights.ts";
+import { checkRows, type Keep } from "../native/tensors.ts";
+import { checkTensor, globalTensors, HEAD_NAME, layerTensors, PREFIX, type TensorSpec } from "../model/tensors.ts";
 
 /** The manifest's format name. */
 export const FORMAT = "k3-trunk";
@@ -86,7 +78,7 @@ export interface TensorEntry {
   offset: number;
   /** Bytes in the region. */
   bytes: number;
-  /** The matrix check of its bytes (tensor_check.ts), hex. */
+  /** The matrix check of its bytes (native/tensors.ts), hex. */
   check: string;
 }
 

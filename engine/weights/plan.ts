@@ -16,7 +16,7 @@
  *             at most every expert; no --cache-gb: every expert resident
  *   embed/head = both matrices resident, or (ultra) one row buffer + two lm_head chunks
  *   state   = KDA state (fixed) + KV per position x positions (MLA latent cache, fp32)
- *   scratch = the forward pass's buffers for a prefill chunk (mirrors model.ts Scratch)
+ *   scratch = the forward pass's buffers for a prefill chunk (model/scratch.ts, sized by the caller)
  *
  * The run is refused (exit 1) when total + FIXED_OVERHEAD exceeds MemAvailable.
  *
@@ -24,10 +24,11 @@
  */
 
 import type { K3Config } from "../model/config.ts";
-import { K3Error } from "../errors.ts";
-import { type CgroupMemory, cgroupMemory } from "../native/cgroup.ts";
-import { layerTensors } from "../model/weights.ts";
-import { scratchBytes, stateBytes } from "../model/model.ts";
+import { EXIT, K3Error, usageError } from "../errors.ts";
+import { bytesText } from "../native/available.ts";
+import { layerTensors } from "../model/tensors.ts";
+import { passRows, scratchBytes } from "../model/scratch.ts";
+import { stateBytes } from "../model/state.ts";
 
 /** A named memory budget, in GB (1e9 bytes). */
 export interface Preset {
@@ -132,11 +133,15 @@ export interface PlanInput {
   chunk: number;
   /** Sequences in flight at once, each with its own state (default 1). */
   sequences?: number;
+  /** Bytes of one sequence's state (state.ts's stateBytes). */
+  stateBytes: { fixed: number; perPosition: number };
+  /** Bytes of the forward pass's scratch for `passRows(chunk, sequences)` rows (scratch.ts). */
+  scratchBytes: number;
   /** The memory flags. */
   mem: MemoryOptions;
   /** A packed trunk is given (--trunk). */
   packed: boolean;
-  /** Available memory in bytes (undefined: do not check); see {@link memoryAvailability}. */
+  /** Available memory in bytes (undefined: do not check): native/available.ts's probe. */
   available?: number;
   /** Where `available` comes from, for the refusal ("MemAvailable" unless given). */
   availableSource?: string;
@@ -271,6 +276,8 @@ export function estimatedInput(
     headBytes: alignUp(VD * 2),
     finalsBytes: alignUp(3 * cfg.hiddenSize * 4),
     expertBytes: expertBytesOf(cfg),
+    stateBytes: stateBytes(cfg),
+    scratchBytes: scratchBytes(cfg, passRows(chunk, 1), capacity),
   };
 }
 
@@ -329,12 +336,12 @@ export function pinLayers(sizes: number[], budget: number): { pinned: number[]; 
   return { pinned: [...pinned].sort((a, b) => a - b), ring };
 }
 
-/** Makes the plan; throws K3Error (exit 1) when it cannot be met. */
+/** Makes the plan; throws K3Error (exit 1) when it cannot be met. Pure: everything it weighs is in `input`. */
 export function makePlan(input: PlanInput): MemoryPlan {
   const { cfg, mem } = input;
   const notes: string[] = [];
   const streaming = wantsStreaming(mem);
-  const st = stateBytes(cfg);
+  const st = input.stateBytes;
   const topK = cfg.moe.topK;
   const moeLayers = Math.max(0, cfg.numLayers - cfg.firstKDense);
   const totalExperts = moeLayers * cfg.moe.numExperts;
@@ -355,7 +362,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
   let streamEmbed = !!mem.streamEmbed;
   const sequences = Math.max(1, input.sequences ?? 1);
   const stateTotal = sequences * (st.fixed + st.perPosition * input.capacity);
-  const passRows = input.chunk + sequences - 1;
+  const rows = passRows(input.chunk, sequences);
 
   let trunkBudget = mem.trunkGB === undefined ? undefined : mem.trunkGB * GB;
   let cacheBudget = mem.cacheGB === undefined ? undefined : mem.cacheGB * GB;
@@ -375,7 +382,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
       0.9 *
       (avail -
         (embedHeadOf(se) + input.finalsBytes + stateTotal +
-          scratchBytes(cfg, passRows, input.capacity) + FIXED_OVERHEAD_BYTES));
+          input.scratchBytes + FIXED_OVERHEAD_BYTES));
     const trunkMin = input.packed ? Math.min(trunkTotal, 2 * largest) : trunkTotal;
     if (!streamEmbed && usableWith(false) < trunkMin + minCache) streamEmbed = true;
     const usable = usableWith(streamEmbed);
@@ -389,8 +396,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
           (input.packed ? "" : " without a packed trunk; --trunk needs far less"),
       );
     }
-    // Pinned trunk beats expert cache (the flat router makes cache hits rare: 1.69x at a fixed
-    // 128 GB, measured on another K3 engine): the trunk first, the rest to experts.
+    // Pinned trunk beats expert cache: the trunk first, the rest to experts.
     trunkBudget ??= input.packed
       ? Math.max(Math.min(trunkTotal, usable - minCache), Math.min(trunkMin, usable - minCache))
       : trunkTotal;
@@ -443,7 +449,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
   }
   const expertBytes = expertsResident ? totalExperts * input.expertBytes : slots * slotBytes;
   const chunk = input.chunk;
-  const scratch = scratchBytes(cfg, passRows, input.capacity);
+  const scratch = input.scratchBytes;
   const trunkBytes = pinnedBytes + ring;
   const total = trunkBytes + expertBytes + embedHeadBytes + input.finalsBytes + stateTotal +
     scratch;
@@ -481,7 +487,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
     },
     scratchBytes: scratch,
     chunk,
-    passRows,
+    passRows: rows,
     totalBytes: total,
     overheadBytes: FIXED_OVERHEAD_BYTES,
     availableBytes: input.available ?? null,
@@ -491,27 +497,45 @@ export function makePlan(input: PlanInput): MemoryPlan {
   return plan;
 }
 
+/**
+ * The plan for `want` sequences; with `auto`, for the most sequences up to `want` that fit.
+ * When `want` (explicit) does not fit but fewer would, that is a usage error naming the
+ * largest that fits; when not even one fits, the plan's own refusal stands.
+ */
+export function fitSequences(planFor: (n: number) => MemoryPlan, want: number, auto: boolean): MemoryPlan {
+  let firstError: unknown;
+  for (let n = want; n >= 1; n--) {
+    try {
+      const plan = planFor(n);
+      if (n === want || auto) return plan;
+      throw usageError(
+        `--parallel ${want} does not fit the memory plan (${
+          (firstError as Error).message
+        }); the largest that fits is ${n}`,
+      );
+    } catch (e) {
+      if (e instanceof K3Error && e.exitCode === EXIT.usage && n < want) throw e;
+      firstError ??= e;
+    }
+  }
+  throw firstError;
+}
+
 /** Throws K3Error (exit 1) when the plan does not fit in what is available. */
 export function checkFits(plan: MemoryPlan): void {
   if (plan.availableBytes === null) return;
   const need = plan.totalBytes + plan.overheadBytes;
   if (need > plan.availableBytes) {
     throw new K3Error(
-      `memory plan needs ${fmt(need)} (${fmt(plan.totalBytes)} + ${fmt(plan.overheadBytes)} runtime) but only ${
-        fmt(plan.availableBytes)
+      `memory plan needs ${bytesText(need)} (${bytesText(plan.totalBytes)} + ${
+        bytesText(plan.overheadBytes)
+      } runtime) but only ${
+        bytesText(plan.availableBytes)
       } is available (${plan.availableSource}); choose a smaller --preset, --trunk-gb or --cache-gb${
         plan.trunk.packed ? "" : ", or stream the trunk with --trunk"
       }`,
     );
   }
-}
-
-/** Human-readable bytes. */
-export function fmt(n: number): string {
-  if (n >= 1e9) return `${(n / 1e9).toFixed(2)} GB`;
-  if (n >= 1e6) return `${(n / 1e6).toFixed(1)} MB`;
-  if (n >= 1e3) return `${(n / 1e3).toFixed(1)} kB`;
-  return `${n} B`;
 }
 
 /** The plan as lines for stderr. */
@@ -521,22 +545,24 @@ export function formatPlan(p: MemoryPlan): string[] {
     `memory plan (${p.mode}${p.preset ? `, preset ${p.preset}` : ""}; GB = 1e9 bytes):`,
   ];
   const row = (name: string, bytes: number, what: string) =>
-    lines.push(`  ${name.padEnd(11)}${fmt(bytes).padStart(10)}  ${what}`);
+    lines.push(`  ${name.padEnd(11)}${bytesText(bytes).padStart(10)}  ${what}`);
   row(
     "trunk",
     t.bytes,
     t.ringBytes === 0
       ? `all ${t.layers} layers resident${t.packed ? " (pinned from the packed trunk)" : ""}`
-      : `${t.pinned.length} of ${t.layers} layers pinned (${fmt(t.pinnedBytes)}) + ring ${fmt(t.ringBytes)} (${
+      : `${t.pinned.length} of ${t.layers} layers pinned (${bytesText(t.pinnedBytes)}) + ring ${
+        bytesText(t.ringBytes)
+      } (${
         t.ringDepth[0] === t.ringDepth[1] ? t.ringDepth[0] : `${t.ringDepth[0]}-${t.ringDepth[1]}`
-      } layers ahead) of ${fmt(t.totalBytes)}`,
+      } layers ahead) of ${bytesText(t.totalBytes)}`,
   );
   row(
     "experts",
     e.bytes,
     e.resident
       ? `all ${e.total} routed experts resident`
-      : `${e.slots} of ${e.total} slots x ${fmt(e.slotBytes)} (top-k ${e.topK}, at least ${e.topK + 1})`,
+      : `${e.slots} of ${e.total} slots x ${bytesText(e.slotBytes)} (top-k ${e.topK}, at least ${e.topK + 1})`,
   );
   row(
     "embed+head",
@@ -547,8 +573,8 @@ export function formatPlan(p: MemoryPlan): string[] {
   row(
     "state",
     p.state.bytes,
-    `${p.state.sequences > 1 ? `${p.state.sequences} sequences x (` : ""}KDA ${fmt(p.state.fixedBytes)} + KV ${
-      fmt(p.state.kvPerPosition)
+    `${p.state.sequences > 1 ? `${p.state.sequences} sequences x (` : ""}KDA ${bytesText(p.state.fixedBytes)} + KV ${
+      bytesText(p.state.kvPerPosition)
     }/position x ${p.state.positions} positions${p.state.sequences > 1 ? ")" : ""}`,
   );
   row(
@@ -561,64 +587,10 @@ export function formatPlan(p: MemoryPlan): string[] {
   row(
     "total",
     p.totalBytes,
-    `+ ${fmt(p.overheadBytes)} fixed runtime overhead${
-      p.availableBytes !== null ? `; ${fmt(p.availableBytes)} available` : ""
+    `+ ${bytesText(p.overheadBytes)} fixed runtime overhead${
+      p.availableBytes !== null ? `; ${bytesText(p.availableBytes)} available` : ""
     }`,
   );
   for (const n of p.notes) lines.push(`  note: ${n}`);
   return lines;
-}
-
-/** Memory this process can still use, and where the figure comes from. */
-export interface Availability {
-  /** Bytes available. */
-  bytes: number;
-  /** Where the figure comes from, for messages: "MemAvailable", or the cgroup limit. */
-  source: string;
-  /** The tightest cgroup limit, when there is one (whether or not it is the smaller). */
-  cgroup?: CgroupMemory;
-}
-
-/**
- * Available memory: the smaller of MemAvailable (Deno.systemMemoryInfo; /proc itself is
- * readable only with --allow-all) and what the process's cgroups still allow (cgroup.ts:
- * limit - usage + inactive page cache, v1 and v2, every ancestor). K3_MEM_AVAILABLE_GB
- * overrides both, for tests. Undefined when neither is known.
- */
-export function memoryAvailability(): Availability | undefined {
-  const o = Deno.env.get("K3_MEM_AVAILABLE_GB");
-  if (o !== undefined && o !== "") return { bytes: Number(o) * GB, source: "K3_MEM_AVAILABLE_GB" };
-  let sys: number | undefined;
-  try {
-    sys = Deno.systemMemoryInfo().available || undefined;
-  } catch {
-    sys = undefined;
-  }
-  let cg: CgroupMemory | undefined;
-  try {
-    cg = cgroupMemory();
-  } catch {
-    cg = undefined; // no kernel library: MemAvailable alone
-  }
-  if (cg && (sys === undefined || cg.remaining < sys)) {
-    return { bytes: cg.remaining, source: cgroupText(cg), cgroup: cg };
-  }
-  return sys === undefined ? undefined : { bytes: sys, source: "MemAvailable", cgroup: cg };
-}
-
-/** "cgroup v1 /k3-test limit 150.0 MB, 80.1 MB in use, 2.0 MB of it reclaimable cache". */
-export function cgroupText(cg: CgroupMemory): string {
-  return `cgroup ${cg.version} ${cg.cgroup} limit ${fmt(cg.limit)}, ${fmt(cg.usage)} in use` +
-    (cg.reclaimable > 0 ? `, ${fmt(cg.reclaimable)} of it reclaimable cache` : "");
-}
-
-/** The `available` and `availableSource` of a {@link PlanInput} ({@link memoryAvailability}). */
-export function planAvailability(): { available?: number; availableSource?: string } {
-  const a = memoryAvailability();
-  return a ? { available: a.bytes, availableSource: a.source } : {};
-}
-
-/** Available memory in bytes ({@link memoryAvailability}), or undefined when unknown. */
-export function memAvailable(): number | undefined {
-  return memoryAvailability()?.bytes;
 }

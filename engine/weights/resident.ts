@@ -10,21 +10,13 @@ import type { K3Config } from "../model/config.ts";
 import { expertView, locateExpert, readExpert } from "./experts.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { NativeBuffer } from "../native/memory.ts";
-import type { WeightSource } from "../model/model.ts";
+import type { WeightSource } from "../model/weight_source.ts";
+import type { LayerWeights } from "../model/layer_weights.ts";
 import type { Compute } from "../native/pool.ts";
 import type { Checkpoint } from "./safetensors.ts";
-import {
-  type BoundTensors,
-  type Expert,
-  type F32,
-  globalTensors,
-  HEAD_NAME,
-  layerTensors,
-  loadTensors,
-  type Matrix,
-  PREFIX,
-  type TensorSpec,
-} from "../model/weights.ts";
+import type { Expert, F32, Matrix } from "../native/tensors.ts";
+import { globalTensors, HEAD_NAME, layerTensors, PREFIX, type TensorSpec } from "../model/tensors.ts";
+import { type BoundTensors, loadTensors } from "./bind.ts";
 
 /** Embedding and lm_head bound as matrices, plus the final vectors. */
 export interface Globals {
@@ -98,7 +90,9 @@ export class ResidentWeights implements WeightSource {
     const expertsByLayer = new Map<number, Expert[]>();
     const buffers: NativeBuffer[] = [];
     for (let L = 0; L < nLayers; L++) {
-      layers.push(await loadTensors(k, ckpt, layerTensors(cfg, L)));
+      const bound = await loadTensors(k, ckpt, layerTensors(cfg, L));
+      bound.layerWeights(cfg, L); // the typed record, built once with the layer
+      layers.push(bound);
       if (L >= cfg.firstKDense) {
         const locs = Array.from({ length: cfg.moe.numExperts }, (_, E) => locateExpert(cfg, ckpt, L, E));
         const list: Expert[] = new Array(locs.length);
@@ -132,8 +126,8 @@ export class ResidentWeights implements WeightSource {
     return new ResidentWeights(k, cfg, globals, layers, expertsByLayer, buffers);
   }
 
-  layer(L: number): BoundTensors {
-    return this.layers[L];
+  layer(L: number): LayerWeights {
+    return this.layers[L].layerWeights(this.cfg, L);
   }
 
   experts(L: number, ids: number[]): Expert[] {

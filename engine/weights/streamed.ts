@@ -16,48 +16,29 @@
  * one (experts.json, `k3 pack --hash-experts`); the plan says so once when it has not.
  * Without a trunk nothing is verified per read: the checkpoint's shards carry no checksum.
  *
- * `openWeights` makes the memory plan (plan.ts), prints it, refuses it when it does not fit
- * in MemAvailable, and only then allocates.
+ * engine/open.ts makes the memory plan (plan.ts), prints it, refuses it when it does not
+ * fit in MemAvailable, and only then opens these weights.
  *
  * @module
  */
 
-import { EXIT, K3Error, usageError } from "../errors.ts";
-import { configFingerprint, type K3Config } from "../model/config.ts";
+import type { K3Config } from "../model/config.ts";
 import { ExpertCache } from "./expert_cache.ts";
-import { EXPERTS_FILE, type ExpertTable, readExpertTable, TABLE_ADVICE } from "./expert_table.ts";
-import { expertBytes } from "./experts.ts";
+import type { ExpertTable } from "./expert_table.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { ALIGN, alignUp, IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import { testHook } from "../native/test_hooks.ts";
-import { type IoStats, noIoStats, type WeightSource } from "../model/model.ts";
-import {
-  checkFits,
-  formatPlan,
-  HEAD_CHUNK_BYTES,
-  makePlan,
-  type MemoryOptions,
-  type MemoryPlan,
-  planAvailability,
-  wantsStreaming,
-} from "./plan.ts";
-import { embedRow, loadGlobals, ResidentWeights } from "./resident.ts";
+import { type IoStats, noIoStats, type WeightSource } from "../model/weight_source.ts";
+import type { LayerWeights } from "../model/layer_weights.ts";
+import { HEAD_CHUNK_BYTES, type MemoryPlan } from "./plan.ts";
+import { embedRow, loadGlobals } from "./resident.ts";
 import type { Checkpoint } from "./safetensors.ts";
 import { bindRegion, readRegionVerified, StreamedTrunk, TrunkFile } from "./trunk.ts";
-import { type Region, type TrunkManifest, weightSample } from "./manifest.ts";
-import {
-  boundBytes,
-  type BoundTensors,
-  type Expert,
-  type F32,
-  globalTensors,
-  HEAD_NAME,
-  layerTensors,
-  loadTensors,
-  type Matrix,
-  PREFIX,
-} from "../model/weights.ts";
+import type { Region, TrunkManifest } from "./manifest.ts";
+import type { Expert, F32, Matrix } from "../native/tensors.ts";
+import { globalTensors, HEAD_NAME, layerTensors, PREFIX } from "../model/tensors.ts";
+import { type BoundTensors, loadTensors } from "./bind.ts";
 
 /** A matrix whose rows are read from a file on demand (ultra). */
 interface StreamedMatrix {
@@ -417,8 +398,9 @@ export class StreamedWeights implements WeightSource {
     this.outputResProj = g.vector(prefix + "output_attn_res_proj.weight");
   }
 
-  layer(L: number): BoundTensors | Promise<BoundTensors> {
-    return this.trunk ? this.trunk.layer(L) : this.residentLayers[L];
+  layer(L: number): LayerWeights | Promise<LayerWeights> {
+    const bound = this.trunk ? this.trunk.layer(L) : this.residentLayers[L];
+    return bound instanceof Promise ? bound.then((b) => b.layerWeights(this.cfg, L)) : bound.layerWeights(this.cfg, L);
   }
 
   doneWithAttention(L: number): void {
@@ -470,151 +452,5 @@ export class StreamedWeights implements WeightSource {
     for (const f of this.files) f.close();
     this.owned.length = 0;
     this.ownedTensors.length = 0;
-  }
-}
-
-/** Sizes of the trunk pieces in the checkpoint (bound form), for the plan without --trunk. */
-function checkpointSizes(cfg: K3Config, ckpt: Checkpoint) {
-  const bound = (name: string, keep: "matrix" | "vector") => boundBytes(ckpt.get(name), keep);
-  const layerBytes = Array.from(
-    { length: cfg.numLayers },
-    (_, L) =>
-      layerTensors(cfg, L).reduce(
-        (a, s) => a + bound(PREFIX + s.name, s.keep as "matrix" | "vector"),
-        0,
-      ),
-  );
-  return {
-    layerBytes,
-    embedBytes: bound(PREFIX + "embed_tokens.weight", "matrix"),
-    headBytes: bound(HEAD_NAME, "matrix"),
-    finalsBytes: globalTensors(cfg).reduce((a, s) => a + bound(PREFIX + s.name, "vector"), 0),
-  };
-}
-
-/**
- * The plan for `want` sequences; with `auto`, for the most sequences up to `want` that fit.
- * When `want` (explicit) does not fit but fewer would, that is a usage error naming the
- * largest that fits; when not even one fits, the plan's own refusal stands.
- */
-export function fitSequences(planFor: (n: number) => MemoryPlan, want: number, auto: boolean): MemoryPlan {
-  let firstError: unknown;
-  for (let n = want; n >= 1; n--) {
-    try {
-      const plan = planFor(n);
-      if (n === want || auto) return plan;
-      throw usageError(
-        `--parallel ${want} does not fit the memory plan (${
-          (firstError as Error).message
-        }); the largest that fits is ${n}`,
-      );
-    } catch (e) {
-      if (e instanceof K3Error && e.exitCode === EXIT.usage && n < want) throw e;
-      firstError ??= e;
-    }
-  }
-  throw firstError;
-}
-
-/** What `openWeights` opened. */
-export interface OpenedWeights {
-  /** The weight source. */
-  weights: WeightSource & { close?(): Promise<void>; free?(): void };
-  /** Its memory plan. */
-  plan: MemoryPlan;
-  /** Rows a forward pass holds (the plan's passRows). */
-  passRows: number;
-  /** Closes the source and frees its memory. */
-  close(): Promise<void>;
-}
-
-/**
- * Plans, prints (through `log`), checks and opens the weights for `mem`. `fullCfg` is the
- * model's whole config (its fingerprint identifies a packed trunk); `cfg` may be its first
- * layers only (--layers).
- */
-export async function openWeights(
-  k: Kernels,
-  fullCfg: K3Config,
-  cfg: K3Config,
-  ckpt: Checkpoint,
-  opts: {
-    mem?: MemoryOptions;
-    capacity: number;
-    chunk: number;
-    /** Sequences in flight at once (default 1). */
-    sequences?: number;
-    /** Take the largest number of sequences up to `sequences` that fits the plan. */
-    autoSequences?: boolean;
-    log?: (line: string) => void;
-    onLayer?: (done: number, total: number) => void;
-    /** Verify trunk pieces and expert reads (default true; false only for bench/verify.ts). */
-    verify?: boolean;
-  },
-): Promise<OpenedWeights> {
-  const mem = opts.mem ?? {};
-  const streaming = wantsStreaming(mem);
-  const verify = opts.verify ?? true;
-  let trunkFile: TrunkFile | undefined;
-  let table: { table: ExpertTable; path: string } | undefined;
-  if (streaming && mem.trunkDir !== undefined) {
-    const fingerprint = await configFingerprint(fullCfg), sample = await weightSample(k, fullCfg, ckpt);
-    trunkFile = await TrunkFile.open(k, mem.trunkDir, cfg, fingerprint, sample, verify);
-    const t = readExpertTable(mem.trunkDir, fullCfg, fingerprint, sample);
-    if (t && verify) table = { table: t, path: `${mem.trunkDir}/${EXPERTS_FILE}` };
-  }
-  try {
-    const sizes = trunkFile
-      ? {
-        layerBytes: trunkFile.manifest.layer.slice(0, cfg.numLayers).map((r) => r.size),
-        embedBytes: trunkFile.manifest.embed.size,
-        headBytes: trunkFile.manifest.head.size,
-        finalsBytes: trunkFile.manifest.finals.size,
-      }
-      : checkpointSizes(cfg, ckpt);
-    const planFor = (sequences: number) => {
-      const plan = makePlan({
-        cfg,
-        ...sizes,
-        expertBytes: expertBytes(cfg),
-        capacity: opts.capacity,
-        chunk: opts.chunk,
-        sequences,
-        mem,
-        packed: trunkFile !== undefined,
-        ...planAvailability(),
-      });
-      checkFits(plan);
-      return plan;
-    };
-    const plan = fitSequences(planFor, opts.sequences ?? 1, opts.autoSequences ?? false);
-    if (opts.log) {
-      for (const line of formatPlan(plan)) opts.log(line);
-      if (!table && fullCfg.numLayers > fullCfg.firstKDense) {
-        opts.log(
-          `  (routed experts are not verified per read: ${
-            mem.trunkDir === undefined ? "no packed trunk" : `no ${EXPERTS_FILE} in ${mem.trunkDir}`
-          }; add the table with ${TABLE_ADVICE})`,
-        );
-      }
-    }
-    if (!streaming) {
-      const weights = await ResidentWeights.load(k, cfg, ckpt, { onLayer: opts.onLayer });
-      return { weights, plan, passRows: plan.passRows, close: () => Promise.resolve(weights.free()) };
-    }
-    const weights = await StreamedWeights.open(k, cfg, ckpt, plan, trunkFile, table);
-    const tf = trunkFile;
-    trunkFile = undefined;
-    return {
-      weights,
-      plan,
-      passRows: plan.passRows,
-      close: async () => {
-        await weights.close();
-        tf?.close();
-      },
-    };
-  } finally {
-    trunkFile?.close();
   }
 }

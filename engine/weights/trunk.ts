@@ -4,7 +4,7 @@
  *
  * What is pinned is read once at start-up, each piece checked against its k3w64 in the
  * manifest on the I/O thread that read it. What is streamed is read plainly and checked
- * where it is used, against the manifest's tensor checks (tensor_check.ts): each matrix by
+ * where it is used, against the manifest's tensor checks (native/tensors.ts): each matrix by
  * the product that multiplies it (k3_matmul_checked, from the weight blocks it loads
  * anyway), each vector when the layer is handed out; by the time a layer is done, every one
  * of its matrices has been verified, or the run has stopped. Hashing each 16 MB piece
@@ -29,9 +29,9 @@ import { K3Error } from "../errors.ts";
 import { type Kernels, WTYPE } from "../native/ffi.ts";
 import type { IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
-import type { IoStats } from "../model/model.ts";
-import { BoundTensors, type F32, type Matrix } from "../model/weights.ts";
-import { checkMismatch, tensorCheck } from "./tensor_check.ts";
+import type { IoStats } from "../model/weight_source.ts";
+import { checkMismatch, type F32, type Matrix, tensorCheck } from "../native/tensors.ts";
+import { BoundTensors } from "./bind.ts";
 import {
   checkLayout,
   DATA_FILE,

@@ -1,0 +1,43 @@
+/**
+ * The forward pass's ledger: seconds by kind of work, summed over every pass (the run's
+ * report, ../generate/ledger.ts, turns two readings into its `ledger` object).
+ *
+ * @module
+ */
+
+/**
+ * Where the seconds go, summed over every pass: waits for trunk and expert reads, dense
+ * products (attention projections, MLPs, shared experts, router, latent projections),
+ * routed-expert compute, the attention recurrences (KDA delta rule, MLA over the cache),
+ * the lm_head, and sampling (added by the scheduler). What a report's wall clock has
+ * beyond these is "other" (norms, residual sums, bookkeeping, the JS between kernels).
+ */
+export interface Ledger {
+  /** Seconds waiting for trunk reads. */
+  trunkReadWait: number;
+  /** Seconds waiting for expert reads. */
+  expertReadWait: number;
+  /** Seconds in dense matrix products. */
+  denseMatmul: number;
+  /** Seconds in expert products. */
+  expertCompute: number;
+  /** Seconds in the attention recurrences. */
+  attention: number;
+  /** Seconds in the final norm and lm_head. */
+  head: number;
+  /** Seconds choosing tokens (the scheduler's). */
+  sampling: number;
+}
+
+/** A ledger of zeros. */
+export function newLedger(): Ledger {
+  return {
+    trunkReadWait: 0,
+    expertReadWait: 0,
+    denseMatmul: 0,
+    expertCompute: 0,
+    attention: 0,
+    head: 0,
+    sampling: 0,
+  };
+}

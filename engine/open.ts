@@ -1,0 +1,207 @@
+/**
+ * Opening a model: the composition root, the one place the engine's parts are put
+ * together, in the order each needs the last:
+ *
+ *   1. the config, read once, `--layers` applied once (`readModelConfig`);
+ *   2. the checkpoint index, checked against the config (every bound tensor present, none
+ *      unused), and with `--trunk` the packed trunk and its expert table;
+ *   3. the sizes: the trunk's regions, or the checkpoint's tensors once bound; a sequence's
+ *      state; the forward pass's scratch for each number of sequences the plan may take;
+ *   4. the plan (weights/plan.ts, pure), for as many sequences as asked or as fit, against
+ *      the memory this process can still use (native/available.ts), printed before
+ *      anything big is allocated;
+ *   5. the weights: every weight resident, or the trunk and experts streamed and cached
+ *      within the plan;
+ *   6. the compute (threads for the products);
+ *   7. the model.
+ *
+ * @module
+ */
+
+import { configFingerprint, type K3Config, loadConfig } from "./model/config.ts";
+import { usageError } from "./errors.ts";
+import { type Kernels, kernels } from "./native/ffi.ts";
+import { memoryAvailability } from "./native/available.ts";
+import { startCompute } from "./native/pool.ts";
+import { K3Model } from "./model/model.ts";
+import { passRows, scratchBytes } from "./model/scratch.ts";
+import { stateBytes } from "./model/state.ts";
+import type { WeightSource } from "./model/weight_source.ts";
+import { Checkpoint } from "./weights/safetensors.ts";
+import { boundSizes, checkAccounted, checkCheckpoint } from "./weights/bind.ts";
+import { TrunkFile } from "./weights/trunk.ts";
+import { weightSample } from "./weights/manifest.ts";
+import { EXPERTS_FILE, type ExpertTable, readExpertTable, TABLE_ADVICE } from "./weights/expert_table.ts";
+import { expertBytes } from "./weights/experts.ts";
+import { checkFits, fitSequences, formatPlan, makePlan, type MemoryOptions, type MemoryPlan } from "./weights/plan.ts";
+import { ResidentWeights } from "./weights/resident.ts";
+import { StreamedWeights } from "./weights/streamed.ts";
+
+/** A model directory's config, read once: the whole model's, and the one that runs. */
+export interface ModelConfig {
+  /** The model directory. */
+  dir: string;
+  /** The whole model's config (its fingerprint names a packed trunk). */
+  full: K3Config;
+  /** The config that runs: the whole model's, or with `--layers N` its first N layers. */
+  cfg: K3Config;
+}
+
+/** The config of only the first `n` layers (the `--layers` diagnostic). */
+function firstLayers(cfg: K3Config, n: number): K3Config {
+  if (n < 1 || n > cfg.numLayers) throw usageError(`--layers: ${n} is out of range 1..${cfg.numLayers}`);
+  return { ...cfg, numLayers: n, layerKinds: cfg.layerKinds.slice(0, n) };
+}
+
+/** Reads `dir`'s config; with `layers`, runs only its first `layers` layers (--layers). */
+export async function readModelConfig(dir: string, layers?: number): Promise<ModelConfig> {
+  const full = await loadConfig(dir);
+  return { dir, full, cfg: layers === undefined ? full : firstLayers(full, layers) };
+}
+
+/** Options for `openModel`. */
+export interface OpenOptions {
+  /** Bind only the first N layers (when the model is given as a directory). */
+  layers?: number;
+  /** Positions the sequence state must hold (prompt + generated). */
+  capacity: number;
+  /** Prompt tokens of one sequence per forward pass during prefill. */
+  chunk?: number;
+  /** Sequences generated at once (the memory plan holds a state for each). Default 1. */
+  sequences?: number;
+  /** Take the most sequences up to `sequences` that fit the memory plan. */
+  autoSequences?: boolean;
+  /** Threads for matrix products (default: all cores). Never changes a token. */
+  threads?: number;
+  /** Smallest product (weight elements) worth splitting across threads (tests lower it). */
+  splitMin?: number;
+  /** Memory budget; undefined fields mean everything resident. */
+  memory?: MemoryOptions;
+  /** Where the memory plan is printed before anything big is allocated (default: nowhere). */
+  log?: (line: string) => void;
+  /** Progress of long phases (what, done, total). */
+  onProgress?: (what: string, done: number, total: number) => void;
+  /**
+   * Verify every trunk piece and expert read against its checksum (default true). False
+   * only for bench/verify.ts, which measures what verifying costs; never a CLI flag.
+   */
+  verify?: boolean;
+}
+
+/** An opened model, ready to generate. */
+export interface OpenedModel {
+  /** The kernels. */
+  k: Kernels;
+  /** The model config. */
+  cfg: K3Config;
+  /** The checkpoint. */
+  ckpt: Checkpoint;
+  /** The model. */
+  model: K3Model;
+  /** The memory plan the model was opened with. */
+  plan: MemoryPlan;
+  /** Frees everything (after waiting for reads in flight). */
+  close(): Promise<void>;
+}
+
+/** A packed trunk opened for the run, with its expert table when it has one and reads are verified. */
+interface OpenedTrunk {
+  file: TrunkFile;
+  table?: { table: ExpertTable; path: string };
+}
+
+/**
+ * Opens a model (a directory, or a config `readModelConfig` read): every weight resident,
+ * or, with memory options, the trunk and experts streamed and cached within the plan. The
+ * plan is made and checked against the available memory before anything big is allocated.
+ */
+export async function openModel(model: string | ModelConfig, opts: OpenOptions): Promise<OpenedModel> {
+  // 1. The config.
+  const { dir, full, cfg } = typeof model === "string" ? await readModelConfig(model, opts.layers) : model;
+  const mem = opts.memory ?? {};
+  const verify = opts.verify ?? true;
+  const k = kernels();
+  // 2. The checkpoint, and the packed trunk.
+  const ckpt = await Checkpoint.open(dir, (d, n) => opts.onProgress?.("index", d, n));
+  let trunk: OpenedTrunk | undefined;
+  const closing: (() => Promise<void> | void)[] = [() => ckpt.close()];
+  const close = async () => {
+    for (const c of closing.reverse()) await c();
+  };
+  try {
+    checkCheckpoint(cfg, ckpt);
+    checkAccounted(full, ckpt);
+    if (mem.trunkDir !== undefined) {
+      const fingerprint = await configFingerprint(full), sample = await weightSample(k, full, ckpt);
+      const file = await TrunkFile.open(k, mem.trunkDir, cfg, fingerprint, sample, verify);
+      closing.push(() => file.close());
+      const table = readExpertTable(mem.trunkDir, full, fingerprint, sample);
+      trunk = { file, table: table && verify ? { table, path: `${mem.trunkDir}/${EXPERTS_FILE}` } : undefined };
+    }
+    // 3. The sizes.
+    const sizes = trunk
+      ? {
+        layerBytes: trunk.file.manifest.layer.slice(0, cfg.numLayers).map((r) => r.size),
+        embedBytes: trunk.file.manifest.embed.size,
+        headBytes: trunk.file.manifest.head.size,
+        finalsBytes: trunk.file.manifest.finals.size,
+      }
+      : boundSizes(cfg, ckpt);
+    // 4. The plan.
+    const chunk = opts.chunk ?? 16, want = opts.sequences ?? 1;
+    const state = stateBytes(cfg);
+    const scratch = Array.from({ length: want }, (_, i) => scratchBytes(cfg, passRows(chunk, i + 1), opts.capacity));
+    const available = memoryAvailability();
+    const plan = fitSequences(
+      (sequences) => {
+        const p = makePlan({
+          cfg,
+          ...sizes,
+          expertBytes: expertBytes(cfg),
+          stateBytes: state,
+          scratchBytes: scratch[sequences - 1],
+          capacity: opts.capacity,
+          chunk,
+          sequences,
+          mem,
+          packed: trunk !== undefined,
+          available: available?.bytes,
+          availableSource: available?.source,
+        });
+        checkFits(p);
+        return p;
+      },
+      want,
+      opts.autoSequences ?? false,
+    );
+    if (opts.log) {
+      for (const line of formatPlan(plan)) opts.log(line);
+      if (!trunk?.table && full.numLayers > full.firstKDense) {
+        opts.log(
+          `  (routed experts are not verified per read: ${
+            mem.trunkDir === undefined ? "no packed trunk" : `no ${EXPERTS_FILE} in ${mem.trunkDir}`
+          }; add the table with ${TABLE_ADVICE})`,
+        );
+      }
+    }
+    // 5. The weights.
+    let weights: WeightSource;
+    if (plan.mode === "resident") {
+      const resident = await ResidentWeights.load(k, cfg, ckpt, { onLayer: (d, n) => opts.onProgress?.("load", d, n) });
+      closing.push(() => resident.free());
+      weights = resident;
+    } else {
+      const streamed = await StreamedWeights.open(k, cfg, ckpt, plan, trunk?.file, trunk?.table);
+      closing.push(() => streamed.close());
+      weights = streamed;
+    }
+    // 6. The compute.
+    const compute = await startCompute(k, opts.threads ?? navigator.hardwareConcurrency, opts.splitMin);
+    closing.push(() => compute.close());
+    // 7. The model.
+    return { k, cfg, ckpt, model: new K3Model(k, cfg, weights, plan.passRows, opts.capacity, compute), plan, close };
+  } catch (e) {
+    await close();
+    throw e;
+  }
+}
