@@ -1,6 +1,6 @@
 /**
  * The WeightSource for a memory budget: trunk layers pinned and streamed from a packed
- * trunk (trunk.ts) or, without one, all resident from the checkpoint; routed experts
+ * trunk (trunk_file.ts, read through the ring of trunk_ring.ts) or, without one, all resident from the checkpoint; routed experts
  * through the expert cache (expert_cache.ts); the embedding and lm_head resident, or
  * (ultra) streamed: one embedding row read per token, the lm_head read in chunks, the
  * next chunk read while the current one is multiplied.
@@ -12,7 +12,7 @@
  * embedding and lm_head when resident) is read as whole pieces, each checked against its
  * k3w64 in the manifest on the I/O thread that read it, and so are ultra's reads (an
  * embedding row reads the one or two pieces holding it, the lm_head is read in chunks of
- * whole pieces). Streamed layers are checked tensor by tensor where they are used (trunk.ts). Routed experts are checked against the expert table when the trunk has
+ * whole pieces). Streamed layers are checked tensor by tensor where they are used (trunk_ring.ts). Routed experts are checked against the expert table when the trunk has
  * one (experts.json, `k3 pack --hash-experts`); the plan says so once when it has not.
  * Without a trunk nothing is verified per read: the checkpoint's shards carry no checksum.
  *
@@ -43,7 +43,8 @@ import {
 } from "./plan.ts";
 import { embedRow, loadGlobals, ResidentWeights } from "./resident.ts";
 import type { Checkpoint } from "./safetensors.ts";
-import { bindRegion, readRegionVerified, StreamedTrunk, TrunkFile } from "./trunk.ts";
+import { bindRegion, readRegionVerified, TrunkFile } from "./trunk_file.ts";
+import { StreamedTrunk } from "./trunk_ring.ts";
 import { type Region, type TrunkManifest, weightSample } from "./manifest.ts";
 import {
   boundBytes,
