@@ -1,6 +1,7 @@
 /**
  * The embedding and lm_head streamed from disk (ultra): one embedding row read per token,
- * the lm_head read in chunks, the next chunk read while the current one is multiplied.
+ * the lm_head read in chunks, the next chunk read while the current one is multiplied (on
+ * the compute the forward pass gives, so every thread of the pool takes its rows).
  *
  * From a packed trunk every read is whole pieces, each checked against its k3w64 in the
  * manifest on the I/O thread that read it (trunk_file.ts): an embedding row reads the one
@@ -15,8 +16,9 @@ import type { K3Config } from "../model/config.ts";
 import { type Kernels, WTYPE } from "../native/ffi.ts";
 import { ALIGN, alignUp, IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
+import type { Compute } from "../native/pool.ts";
 import type { IoStats } from "../model/model.ts";
-import { HEAD_NAME, PREFIX } from "../model/weights.ts";
+import { HEAD_NAME, type Matrix, PREFIX } from "../model/weights.ts";
 import { HEAD_CHUNK_BYTES } from "./plan.ts";
 import type { Checkpoint } from "./safetensors.ts";
 import type { Region, TrunkManifest } from "./manifest.ts";
@@ -255,11 +257,16 @@ export class StreamedEmbedHead {
     return { n, rows, read };
   }
 
-  /** y[t][r] for every row r of the head, chunk by chunk, the next chunk read ahead. */
+  /**
+   * y[t][r] for every row r of the head, chunk by chunk, the next chunk read ahead; each
+   * chunk's rows multiplied on `compute` (the pool's threads split them as they split any
+   * product, and a row has the same bits on every thread).
+   */
   async matmul(
     x: NonNullable<Deno.PointerValue>,
     y: NonNullable<Deno.PointerValue>,
     ntok: number,
+    compute: Compute,
   ): Promise<void> {
     const h = this.head;
     const rowBytes = h.cols * esize(h.dtype);
@@ -283,12 +290,13 @@ export class StreamedEmbedHead {
           wtype = WTYPE.f32;
         }
         // A base pointer such that row r of the matrix is at base + r * row size: the
-        // kernel touches only rows [r0, r1), which are in this chunk.
+        // product touches only rows [r0, r1), which are in this chunk.
         const rowOut = h.cols * (wtype === WTYPE.bf16 ? 2 : 4);
         const virt = Deno.UnsafePointer.create(
           BigInt(Deno.UnsafePointer.value(base)) - BigInt(r0 * rowOut),
         )!;
-        this.k.k3_matmul(virt, wtype, x, y, ntok, h.rows, h.cols, r0, r1);
+        const chunk: Matrix = { ptr: virt, wtype, rows: h.rows, cols: h.cols };
+        compute.matmul(chunk, x, y, ntok, [r0, r1]);
       }
     } finally {
       if (next) await next.catch(() => 0);

@@ -5,7 +5,8 @@
  * and lm_head resident, or (ultra) streamed in rows and chunks (head_stream.ts).
  *
  * Every path runs the same kernels on the same bytes in the same order as
- * ResidentWeights, so the tokens and logits are identical at every budget.
+ * ResidentWeights, and the lm_head on the same compute (the pool the model was given), so
+ * the tokens and logits are identical at every budget.
  *
  * Checks, with a packed trunk: what is read once (pinned layers, the final vectors, the
  * embedding and lm_head when resident) is read as whole pieces, each checked against its
@@ -28,6 +29,7 @@ import { EXPERTS_FILE, type ExpertTable, readExpertTable, TABLE_ADVICE } from ".
 import { expertBytes } from "./experts.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { NativeBuffer } from "../native/memory.ts";
+import type { Compute } from "../native/pool.ts";
 import { type IoStats, noIoStats, type WeightSource } from "../model/model.ts";
 import {
   checkFits,
@@ -192,15 +194,16 @@ export class StreamedWeights implements WeightSource {
     embedRow(this.k, this.embedM!, id, dst);
   }
 
-  /** Writes the lm_head logits of `ntok` tokens to `y` (chunk by chunk when streamed). */
+  /** Writes the lm_head logits of `ntok` tokens to `y` (chunk by chunk when streamed), the
+   * products on `compute`. */
   head(
     x: NonNullable<Deno.PointerValue>,
     y: NonNullable<Deno.PointerValue>,
     ntok: number,
+    compute: Compute,
   ): void | Promise<void> {
-    if (this.streamedEH) return this.streamedEH.matmul(x, y, ntok);
-    const h = this.headM!;
-    this.k.k3_matmul(h.ptr, h.wtype, x, y, ntok, h.rows, h.cols, 0, h.rows);
+    if (this.streamedEH) return this.streamedEH.matmul(x, y, ntok, compute);
+    compute.matmul(this.headM!, x, y, ntok);
   }
 
   /** What this source has read so far. */
