@@ -124,7 +124,7 @@ export async function readRegionVerified(
  * The K3Error (exit 1) for a failed read of region `r`: a piece mismatch names the piece
  * (`pieceBase` + its index in `r`, when `r` is a run of pieces of a larger region).
  */
-export function regionReadError(dir: string, what: string, r: Region, e: unknown, pieceBase = 0): K3Error {
+function regionReadError(dir: string, what: string, r: Region, e: unknown, pieceBase = 0): K3Error {
   if (e instanceof PieceMismatch) {
     return new K3Error(
       `${dir}: ${what}: checksum mismatch in piece ${pieceBase + e.index} (bytes ${
@@ -137,7 +137,7 @@ export function regionReadError(dir: string, what: string, r: Region, e: unknown
 }
 
 /** The K3Error (exit 1) for a region that came back short (`n` of `want` bytes). */
-export function regionShortRead(dir: string, what: string, n: number, want: number): K3Error {
+function regionShortRead(dir: string, what: string, n: number, want: number): K3Error {
   return new K3Error(`${dir}: ${what}: short read (${n} of ${want} bytes): the trunk data is truncated; re-pack it`);
 }
 
@@ -234,6 +234,27 @@ export class TrunkFile {
   /** Reads region `r` to `ptr`, every piece checked against its checksum. */
   readInto(what: string, r: Region, ptr: NonNullable<Deno.PointerValue>): Promise<void> {
     return readRegionVerified(this.dir, this.file, this.manifest, what, r, ptr, this.verify);
+  }
+
+  /**
+   * Reads bytes [at, at + len) of region `r` to `ptr` as they are (a streamed layer: its
+   * bytes are checked by their tensor checks once bound, trunk_ring.ts). Rejects with a
+   * K3Error (exit 1) naming `what` when the read fails or comes back short.
+   */
+  async readPlain(
+    what: string,
+    r: Region,
+    at: number,
+    len: number,
+    ptr: NonNullable<Deno.PointerValue>,
+  ): Promise<void> {
+    let n: number;
+    try {
+      n = await this.file.pread(ptr, len, r.offset + at);
+    } catch (e) {
+      throw regionReadError(this.dir, what, r, e);
+    }
+    if (n < len) throw regionShortRead(this.dir, what, at + n, r.size);
   }
 
   /** Closes the data file (the ring and the pinned layers are StreamedTrunk's to free). */

@@ -29,7 +29,7 @@ import { NativeBuffer } from "../native/memory.ts";
 import type { IoStats } from "../model/model.ts";
 import type { BoundTensors } from "../model/weights.ts";
 import type { Region, TensorEntry } from "./manifest.ts";
-import { bindRegion, regionReadError, regionShortRead, type TrunkFile } from "./trunk_file.ts";
+import { bindRegion, type TrunkFile } from "./trunk_file.ts";
 
 /**
  * Ring pieces in flight at most (16 MB each). Reads are issued from the JS thread, which
@@ -209,15 +209,12 @@ export class StreamedTrunk {
   private readPiece(e: RingEntry, at: number, len: number): void {
     this.inflight++;
     e.inflight++;
-    const what = `layer ${e.L} (streamed)`;
-    const dst = this.ring!.at(e.off + at), off = e.region.offset + at, f = this.trunk.file;
-    f.pread(dst, len, off)
-      .then((n) => {
-        if (n < len) throw regionShortRead(this.trunk.dir, what, at + n, e.size);
+    this.trunk.readPlain(`layer ${e.L} (streamed)`, e.region, at, len, this.ring!.at(e.off + at))
+      .then(() => {
         e.done++;
       })
       .catch((err) => {
-        e.error ??= regionReadError(this.trunk.dir, what, e.region, err);
+        e.error ??= err;
       })
       .finally(() => {
         this.inflight--;
