@@ -1,10 +1,11 @@
 /**
  * The lm_head of a streamed weight source runs on the compute the forward pass gives it (the
- * worker pool), not on the calling thread alone: resident in StreamedWeights, streamed in
- * chunks from a packed trunk (ultra), and streamed from the checkpoint. Every row of the head
- * goes through the given compute once, and the logits have the bits of the resident model's
- * head computed on one thread. A chunk is a product over part of a matrix's rows: split over
- * the pool, it has the serial bits and writes no other row.
+ * worker pool), not on the calling thread alone: resident in StreamedWeights, streamed from
+ * a packed trunk (ultra), and streamed from the checkpoint; and streamed in many chunks, each
+ * chunk's rows on the given compute. Every row of the head goes through the given compute
+ * once, and the logits have the bits of the resident model's head computed on one thread. A
+ * chunk is a product over part of a matrix's rows: split over the pool, it has the serial
+ * bits and writes no other row.
  *
  * @module
  */
@@ -13,11 +14,14 @@ import assert from "node:assert/strict";
 import { kernels, WTYPE } from "../engine/native/ffi.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import { type Compute, type RowRange, serialCompute, startCompute } from "../engine/native/pool.ts";
-import { loadConfig } from "../engine/model/config.ts";
+import { noIoStats } from "../engine/model/model.ts";
+import { configFingerprint, loadConfig } from "../engine/model/config.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
 import { openWeights } from "../engine/weights/streamed.ts";
+import { StreamedEmbedHead } from "../engine/weights/head_stream.ts";
+import { TrunkFile } from "../engine/weights/trunk_file.ts";
 import { expertBytesOf, expertSlotBytes, type MemoryOptions } from "../engine/weights/plan.ts";
-import { readManifest } from "../engine/weights/manifest.ts";
+import { readManifest, weightSample } from "../engine/weights/manifest.ts";
 import { packTrunk } from "../pack/pack.ts";
 import { tempDir, TINY } from "./helpers.ts";
 
@@ -35,12 +39,18 @@ function recording(inner: Compute): Compute & { rows: [number, number][] } {
   };
 }
 
-Deno.test("a streamed source's lm_head goes through the given compute, with the resident head's bits", async () => {
+/** True when the recorded products cover each of `rows` rows exactly once. */
+function eachRowOnce(recorded: [number, number][], rows: number): boolean {
+  const covered = new Uint8Array(rows);
+  for (const [r0, r1] of recorded) for (let r = r0; r < r1; r++) covered[r]++;
+  return covered.every((n) => n === 1);
+}
+
+Deno.test("a streamed source's lm_head goes through the given compute, chunk by chunk, with the resident head's bits", async () => {
   await using d = await tempDir();
   const trunk = `${d.path}/trunk`;
-  // 4 KiB pieces and 16 KiB head chunks: the tiny head (256 KiB) streams in 16 chunks.
+  // 4 KiB pieces: with 16 KiB chunks the tiny head (256 KiB) streams in 16 chunks.
   await packTrunk(TINY, trunk, { log: null, pieceBytes: 4096 });
-  Deno.env.set("K3_TEST_HEAD_CHUNK", "16384");
   const k = kernels();
   const cfg = await loadConfig(TINY);
   const ckpt = await Checkpoint.open(TINY);
@@ -49,6 +59,15 @@ Deno.test("a streamed source's lm_head goes through the given compute, with the 
   const x = NativeBuffer.alloc(k, ntok * D * 4, "x");
   const want = NativeBuffer.alloc(k, ntok * V * 4, "logits (resident)");
   const got = NativeBuffer.alloc(k, ntok * V * 4, "logits");
+  /** Runs `head` on a recording of the pool: `chunks` products, each row once, resident bits. */
+  const check = async (name: string, chunks: number, head: (c: Compute) => void | Promise<void>) => {
+    got.u8.fill(0);
+    const spy = recording(pool);
+    await head(spy);
+    assert.equal(spy.rows.length, chunks, `${name}: one product per chunk`);
+    assert.ok(eachRowOnce(spy.rows, V), `${name}: every row through the given compute once`);
+    assert.deepEqual(got.u8, want.u8, `${name}: logits bit-identical to the resident head`);
+  };
   try {
     new Float32Array(x.u8.buffer, x.u8.byteOffset, ntok * D).forEach((_, i, a) => (a[i] = Math.sin(0.37 * i)));
     const opts = { capacity: 8, chunk: 4 };
@@ -58,37 +77,41 @@ Deno.test("a streamed source's lm_head goes through the given compute, with the 
     } finally {
       await resident.close();
     }
+    // Through StreamedWeights (the tiny head is one chunk at the real chunk size).
     const m = await readManifest(trunk);
     const floorCache = ((cfg.moe.topK + 1) * expertSlotBytes(expertBytesOf(cfg))) / 1e9;
     const largest = Math.max(...m.layer.map((r) => r.size)) / 1e9;
-    const budgets: [string, MemoryOptions, number][] = [
-      ["packed trunk, head resident", { trunkDir: trunk, cacheGB: floorCache }, 1],
+    const budgets: [string, MemoryOptions][] = [
+      ["packed trunk, head resident", { trunkDir: trunk, cacheGB: floorCache }],
       [
-        "packed trunk, ultra (head streamed in chunks)",
+        "packed trunk, ultra (head streamed)",
         { trunkDir: trunk, trunkGB: largest, cacheGB: floorCache, streamEmbed: true, preset: "ultra" },
-        16,
       ],
-      ["no trunk, ultra (head streamed from the checkpoint)", { cacheGB: floorCache, streamEmbed: true }, 1],
+      ["no trunk, ultra (head streamed from the checkpoint)", { cacheGB: floorCache, streamEmbed: true }],
     ];
-    for (const [name, mem, chunks] of budgets) {
+    for (const [name, mem] of budgets) {
       const opened = await openWeights(k, cfg, cfg, ckpt, { ...opts, mem });
       try {
         assert.equal(opened.plan.mode, "streamed", name);
         assert.equal(opened.plan.embedHead.streamed, mem.streamEmbed === true, name);
-        got.u8.fill(0);
-        const spy = recording(pool);
-        await opened.weights.head(x.ptr, got.ptr, ntok, spy);
-        assert.equal(spy.rows.length, chunks, `${name}: one product per chunk`);
-        const covered = new Uint8Array(V);
-        for (const [r0, r1] of spy.rows) for (let r = r0; r < r1; r++) covered[r]++;
-        assert.deepEqual([...new Set(covered)], [1], `${name}: every row through the given compute once`);
-        assert.deepEqual(got.u8, want.u8, `${name}: logits bit-identical to the resident head`);
+        await check(name, 1, (c) => opened.weights.head(x.ptr, got.ptr, ntok, c));
       } finally {
         await opened.close();
       }
     }
+    // Many chunks: 16 KiB each.
+    const tf = await TrunkFile.open(k, trunk, cfg, await configFingerprint(cfg), await weightSample(k, cfg, ckpt));
+    const streams: [string, StreamedEmbedHead][] = [
+      ["16 chunks from a packed trunk", StreamedEmbedHead.fromTrunk(k, cfg, tf, noIoStats(), 16384)],
+      ["16 chunks from the checkpoint", StreamedEmbedHead.fromCheckpoint(k, cfg, ckpt, noIoStats(), 16384)],
+    ];
+    try {
+      for (const [name, s] of streams) await check(name, 16, (c) => s.matmul(x.ptr, got.ptr, ntok, c));
+    } finally {
+      for (const [, s] of streams) await s.close();
+      tf.close();
+    }
   } finally {
-    Deno.env.delete("K3_TEST_HEAD_CHUNK");
     pool.close();
     for (const b of [x, want, got]) b.free();
     ckpt.close();

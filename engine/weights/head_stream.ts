@@ -55,13 +55,17 @@ type HeadShape = Pick<K3Config, "vocabSize" | "hiddenSize">;
 const esize = (dtype: string) => (dtype === "F32" ? 4 : 2);
 
 /**
- * Pieces of `piece` bytes per lm_head chunk read from a trunk (HEAD_CHUNK_BYTES of them;
- * K3_TEST_HEAD_CHUNK=BYTES, tests only, makes chunks small enough for a tiny model to have
- * many, with rows straddling them).
+ * Bytes per lm_head chunk: HEAD_CHUNK_BYTES (K3_TEST_HEAD_CHUNK=BYTES, tests only, makes
+ * chunks small enough for a tiny model to have many, with rows straddling them).
  */
-function piecesPerChunk(piece: number): number {
+function headChunkBytes(): number {
   const test = Number(Deno.env.get("K3_TEST_HEAD_CHUNK") ?? NaN);
-  return Math.max(1, Math.floor((test > 0 ? test : HEAD_CHUNK_BYTES) / piece));
+  return test > 0 ? test : HEAD_CHUNK_BYTES;
+}
+
+/** Pieces of `piece` bytes per lm_head chunk of `chunkBytes` read from a trunk (at least one). */
+function piecesPerChunk(piece: number, chunkBytes: number): number {
+  return Math.max(1, Math.floor(chunkBytes / piece));
 }
 
 /**
@@ -86,6 +90,8 @@ export class StreamedEmbedHead {
     private readonly embed: StreamedMatrix,
     private readonly head: StreamedMatrix,
     private readonly stats: IoStats,
+    /** Bytes per lm_head chunk (whole pieces of them from a trunk). */
+    private readonly chunkBytes: number,
     private readonly regions?: { embed: VerifiedRegion; head: VerifiedRegion },
     /** Files opened for this stream (closed with it). */
     private readonly files: IoFile[] = [],
@@ -95,7 +101,7 @@ export class StreamedEmbedHead {
     if (regions) {
       const { piece } = regions.head;
       this.carryRoom = alignUp(headRow);
-      const span = Math.min(piecesPerChunk(piece) * piece, regions.head.region.size);
+      const span = Math.min(piecesPerChunk(piece, chunkBytes) * piece, regions.head.region.size);
       this.chunkRows = Math.min(head.rows, Math.ceil((span + this.carryRoom) / headRow));
       // An embedding row lies in at most two pieces; it is read into chunk buffer 0 (the
       // head is never being read then: its reads are awaited within matmul).
@@ -105,7 +111,7 @@ export class StreamedEmbedHead {
     } else {
       this.carryRoom = 0;
       this.row = NativeBuffer.alloc(k, alignUp(rowBytes) + 2 * ALIGN, "embedding row");
-      this.chunkRows = Math.min(head.rows, Math.max(1, Math.floor(HEAD_CHUNK_BYTES / headRow)));
+      this.chunkRows = Math.min(head.rows, Math.max(1, Math.floor(chunkBytes / headRow)));
       this.chunks = [0, 1].map(() => NativeBuffer.alloc(k, alignUp(this.chunkRows * headRow) + ALIGN, "lm_head chunk"));
     }
     if (head.dtype === "F16") {
@@ -114,8 +120,15 @@ export class StreamedEmbedHead {
   }
 
   /** The embedding and lm_head of a packed trunk, every read verified piece by piece
-   * (unless the trunk was opened with verify false, only for bench/verify.ts). */
-  static fromTrunk(k: Kernels, cfg: HeadShape, trunk: TrunkFile, stats: IoStats): StreamedEmbedHead {
+   * (unless the trunk was opened with verify false, only for bench/verify.ts), the lm_head
+   * in chunks of `chunkBytes`. */
+  static fromTrunk(
+    k: Kernels,
+    cfg: HeadShape,
+    trunk: TrunkFile,
+    stats: IoStats,
+    chunkBytes = headChunkBytes(),
+  ): StreamedEmbedHead {
     const m = trunk.manifest;
     const entry = (r: Region): StreamedMatrix => ({
       file: trunk.file,
@@ -131,14 +144,21 @@ export class StreamedEmbedHead {
       manifest: m,
       verify: trunk.verify,
     });
-    return new StreamedEmbedHead(k, entry(m.embed), entry(m.head), stats, {
+    return new StreamedEmbedHead(k, entry(m.embed), entry(m.head), stats, chunkBytes, {
       embed: verified(m.embed),
       head: verified(m.head),
     });
   }
 
-  /** The embedding and lm_head of the checkpoint's shards (opened direct), read unverified. */
-  static fromCheckpoint(k: Kernels, cfg: HeadShape, ckpt: Checkpoint, stats: IoStats): StreamedEmbedHead {
+  /** The embedding and lm_head of the checkpoint's shards (opened direct), read unverified,
+   * the lm_head in chunks of `chunkBytes`. */
+  static fromCheckpoint(
+    k: Kernels,
+    cfg: HeadShape,
+    ckpt: Checkpoint,
+    stats: IoStats,
+    chunkBytes = headChunkBytes(),
+  ): StreamedEmbedHead {
     const files: IoFile[] = [];
     const src = (name: string): StreamedMatrix => {
       const t = ckpt.get(name);
@@ -147,7 +167,8 @@ export class StreamedEmbedHead {
       return { file, offset: t.offset, rows: cfg.vocabSize, cols: cfg.hiddenSize, dtype: t.dtype };
     };
     try {
-      return new StreamedEmbedHead(k, src(PREFIX + "embed_tokens.weight"), src(HEAD_NAME), stats, undefined, files);
+      const embed = src(PREFIX + "embed_tokens.weight"), head = src(HEAD_NAME);
+      return new StreamedEmbedHead(k, embed, head, stats, chunkBytes, undefined, files);
     } catch (e) {
       for (const f of files) f.close();
       throw e;
@@ -231,7 +252,7 @@ export class StreamedEmbedHead {
       };
       return { n, rows, read };
     }
-    const v = this.regions.head, span = piecesPerChunk(v.piece) * v.piece;
+    const v = this.regions.head, span = piecesPerChunk(v.piece, this.chunkBytes) * v.piece;
     const content = h.rows * rowBytes;
     const n = Math.ceil(content / span);
     const start = (c: number) => c * span, end = (c: number) => Math.min(v.region.size, (c + 1) * span);
