@@ -8,8 +8,10 @@
  *   chunk's rows multiplied on the compute while the next chunk is read.
  *
  * For each, seconds per head (median and best over the rounds, thread counts alternated),
- * the I/O wait of the streamed one, the 1-thread / N-thread ratios, and a check that the
- * logits have the same bits on every thread count.
+ * the I/O wait of the streamed one, the calling thread's own CPU seconds per head (from
+ * /proc/thread-self/stat: what the pool takes off it, whatever else the machine runs), the
+ * 1-thread / N-thread ratios, and a check that the logits have the same bits on every
+ * thread count.
  * Data: /var/tmp/k3-bench/head/ or --dir (a one-shard checkpoint, written once; --clean
  * deletes it). From a disk the streamed head waits on its reads (the multiply runs while
  * the next chunk is read); `--dir /dev/shm/k3-head` (tmpfs: no O_DIRECT, reads are copies)
@@ -97,7 +99,13 @@ const x = NativeBuffer.alloc(k, ntok * D * 4, "x");
 new Float32Array(x.u8.buffer, x.u8.byteOffset, ntok * D).forEach((_, i, a) => (a[i] = Math.sin(0.001 * i)));
 const ys = new Map<string, NativeBuffer>();
 const computes = new Map<number, Compute>([[1, await startCompute(k, 1)], [threads, await startCompute(k, threads)]]);
+/** CPU seconds the calling thread has used (user + system; 100 ticks a second). */
+function threadCpu(): number {
+  const fields = Deno.readTextFileSync("/proc/thread-self/stat").split(") ")[1].split(" ");
+  return (Number(fields[11]) + Number(fields[12])) / 100;
+}
 const times = new Map<string, number[]>();
+const cpu = new Map<string, number>();
 const waits = new Map<string, number[]>();
 for (let round = 0; round < rounds; round++) {
   const order = [...computes.keys()];
@@ -108,9 +116,10 @@ for (let round = 0; round < rounds; round++) {
       const name = `${way} ${n}`;
       const y = ys.get(name) ?? NativeBuffer.alloc(k, ntok * V * 4, name);
       ys.set(name, y);
-      const w0 = stats.ioWaitSeconds, t0 = performance.now();
+      const w0 = stats.ioWaitSeconds, t0 = performance.now(), c0 = threadCpu();
       if (way === "resident") c.matmul(resident, x.ptr, y.ptr, ntok);
       else await streamed.matmul(x.ptr, y.ptr, ntok, c);
+      cpu.set(name, (cpu.get(name) ?? 0) + threadCpu() - c0);
       times.set(name, [...times.get(name) ?? [], (performance.now() - t0) / 1000]);
       waits.set(name, [...waits.get(name) ?? [], stats.ioWaitSeconds - w0]);
     }
@@ -125,7 +134,7 @@ for (const way of ["resident", "streamed"]) {
     const tn = times.get(`${way} ${n}`)!, wn = waits.get(`${way} ${n}`)!;
     return `${n} thread(s) ${median(tn).toFixed(3)} s median, ${best(tn).toFixed(3)} best (I/O wait ${
       median(wn).toFixed(3)
-    } median)`;
+    } median, calling thread's CPU ${(cpu.get(`${way} ${n}`)! / rounds).toFixed(3)} s)`;
   };
   const ratio = (f: (a: number[]) => number) => f(times.get(`${way} 1`)!) / f(times.get(`${way} ${threads}`)!);
   console.log(
