@@ -13,7 +13,7 @@ import { benchArgs } from "./args.ts";
 import { kernels } from "../engine/native/ffi.ts";
 import { ALIGN, alignUp, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
-import { readPieces } from "../engine/weights/trunk.ts";
+import { readPieces } from "../engine/weights/trunk_file.ts";
 
 export interface DiskResult {
   direct: boolean;

@@ -28,7 +28,7 @@ import { benchArgs } from "./args.ts";
 import { defaultLibraryPath, kernels } from "../engine/native/ffi.ts";
 import { hashHex, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
-import { HASH_CHUNK, readPieces, VERIFIED_DEPTH } from "../engine/weights/trunk.ts";
+import { HASH_CHUNK, readPieces, VERIFIED_DEPTH } from "../engine/weights/trunk_file.ts";
 import { PIECE_BYTES } from "../engine/weights/manifest.ts";
 import { openModel } from "../engine/open.ts";
 import type { IoStats } from "../engine/model/weight_source.ts";

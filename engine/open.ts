@@ -29,7 +29,7 @@ import { stateBytes } from "./model/state.ts";
 import type { WeightSource } from "./model/weight_source.ts";
 import { Checkpoint } from "./weights/safetensors.ts";
 import { boundSizes, checkAccounted, checkCheckpoint } from "./weights/bind.ts";
-import { TrunkFile } from "./weights/trunk.ts";
+import { TrunkFile } from "./weights/trunk_file.ts";
 import { weightSample } from "./weights/manifest.ts";
 import { EXPERTS_FILE, type ExpertTable, readExpertTable, TABLE_ADVICE } from "./weights/expert_table.ts";
 import { expertBytes } from "./weights/experts.ts";

@@ -1,7 +1,7 @@
 // The trunk ring reads the next layers into the space a layer's attention tensors leave once
 // the pass is past them (StreamedTrunk: attentionDone / free), and that never changes a bit.
 import assert from "node:assert/strict";
-import { attentionSpan } from "../engine/weights/trunk.ts";
+import { attentionSpan } from "../engine/weights/trunk_ring.ts";
 import type { TensorEntry } from "../engine/weights/manifest.ts";
 import { jsonIds, k3, packedFloor, tempDir, TINY } from "./helpers.ts";
 

@@ -25,13 +25,26 @@ export type Ptr = NonNullable<Deno.PointerValue>;
 /** The products the forward pass needs; the single-threaded form calls the kernels directly. */
 export interface Compute {
   /** y[t][r] = W[r] . x[t] for t < ntok; settles m.check when it is still open (throws
-   * K3Error, exit 1, when the matrix's bytes do not match it). */
-  matmul(m: Matrix, x: Ptr, y: Ptr, ntok: number): void;
+   * K3Error, exit 1, when the matrix's bytes do not match it). With `rows` [r0, r1), only
+   * those rows (y keeps m.rows per token, and only those rows of m are read: a streamed
+   * lm_head chunk); a check covers the whole matrix, so m must then have none open. */
+  matmul(m: Matrix, x: Ptr, y: Ptr, ntok: number, rows?: RowRange): void;
   /** The same with an MXFP4 matrix; with `sums`, adds the checks of its packed and scale
    * rows (kernels/k3.h contract 5) to sums[0] and sums[1]. */
   mxfp4(m: Mxfp4, x: Ptr, y: Ptr, ntok: number, sums?: BigUint64Array): void;
   /** Stops the workers. */
   close(): void;
+}
+
+/** Rows [r0, r1) of a product. */
+export type RowRange = readonly [number, number];
+
+/** The rows of m a product computes, and the check it settles (none for part of m). */
+function productRows(m: Matrix, rows?: RowRange): { r0: number; r1: number; check?: MatrixCheck } {
+  const check = m.check && !m.check.verified ? m.check : undefined;
+  const [r0, r1] = rows ?? [0, m.rows];
+  if (check && (r0 !== 0 || r1 !== m.rows)) throw new Error(`internal: ${check.what}: a check covers every row`);
+  return { r0, r1, check };
 }
 
 /** Adds to target[j] (j = 0, 1) each thread's word j (words[2 * thread + j]), mod 2^64. */
@@ -43,19 +56,14 @@ function addWords(target: BigUint64Array, words: BigUint64Array, threads: number
   }
 }
 
-/** The check a product must settle: m.check until it is verified. */
-function openCheck(m: Matrix): MatrixCheck | undefined {
-  return m.check && !m.check.verified ? m.check : undefined;
-}
-
 /** Direct kernel calls on the calling thread. */
 export function serialCompute(k: Kernels): Compute {
   const sum = new BigUint64Array(2), sumPtr = Deno.UnsafePointer.of(sum);
   return {
-    matmul(m, x, y, ntok) {
-      const c = openCheck(m);
+    matmul(m, x, y, ntok, rows) {
+      const { r0, r1, check: c } = productRows(m, rows);
       sum[0] = 0n;
-      k.k3_matmul_checked(m.ptr, m.wtype, x, y, ntok, m.rows, m.cols, 0, m.rows, c ? sumPtr : null);
+      k.k3_matmul_checked(m.ptr, m.wtype, x, y, ntok, m.rows, m.cols, r0, r1, c ? sumPtr : null);
       if (c) settleCheck(c, sum[0]);
     },
     mxfp4(m, x, y, ntok, sums) {
@@ -152,10 +160,10 @@ export class WorkerPool implements Compute {
     return this.slots.length + 1;
   }
 
-  matmul(m: Matrix, x: Ptr, y: Ptr, ntok: number): void {
-    const c = openCheck(m);
+  matmul(m: Matrix, x: Ptr, y: Ptr, ntok: number, rows?: RowRange): void {
+    const { r0, r1, check: c } = productRows(m, rows);
     if (c) this.sumWords.fill(0n);
-    this.run(OP.matmul, m.ptr, null, m.wtype, x, y, ntok, m.rows, m.cols, c !== undefined);
+    this.run(OP.matmul, m.ptr, null, m.wtype, x, y, ntok, m.rows, m.cols, c !== undefined, r0, r1);
     if (c) {
       const total = new BigUint64Array(2);
       addWords(total, this.sumWords, this.slots.length + 1);
@@ -169,7 +177,8 @@ export class WorkerPool implements Compute {
     if (sums) addWords(sums, this.sumWords, this.slots.length + 1);
   }
 
-  /** Splits rows evenly; the main thread takes the first share, workers the rest. */
+  /** Splits rows [r0, r1) (all by default; `rows` is the output's stride) evenly; the main
+   * thread takes the first share, workers the rest. */
   private run(
     op: number,
     w: Ptr,
@@ -181,6 +190,8 @@ export class WorkerPool implements Compute {
     rows: number,
     cols: number,
     check = false,
+    r0 = 0,
+    r1 = rows,
   ): void {
     const k = this.k;
     const sum = (i: number) => check ? this.sums.at(16 * i) : null;
@@ -188,12 +199,12 @@ export class WorkerPool implements Compute {
       op === OP.matmul
         ? k.k3_matmul_checked(w, wtype, x, y, ntok, rows, cols, r0, r1, sum(0))
         : k.k3_matmul_mxfp4_checked(w, scales!, x, y, ntok, rows, cols, r0, r1, sum(0));
-    const n = this.slots.length + 1;
-    if (n === 1 || rows * cols < this.splitMin || rows < 2 * n) {
-      call(0, rows);
+    const n = this.slots.length + 1, share = r1 - r0;
+    if (n === 1 || share * cols < this.splitMin || share < 2 * n) {
+      call(r0, r1);
       return;
     }
-    const bound = (i: number) => Math.floor((rows * i) / n);
+    const bound = (i: number) => r0 + Math.floor((share * i) / n);
     const pw = Deno.UnsafePointer.value(w), ps = scales ? Deno.UnsafePointer.value(scales) : 0n;
     const px = Deno.UnsafePointer.value(x), py = Deno.UnsafePointer.value(y);
     for (let i = 0; i < this.slots.length; i++) {
@@ -215,7 +226,7 @@ export class WorkerPool implements Compute {
       Atomics.store(c, CTRL.seq, s.seq);
       Atomics.notify(c, CTRL.seq);
     }
-    call(0, bound(1));
+    call(r0, bound(1));
     for (const s of this.slots) {
       while (Atomics.load(s.ctrl, CTRL.done) !== s.seq) Atomics.wait(s.ctrl, CTRL.done, s.seq - 1, 50);
     }

@@ -1,18 +1,18 @@
 /**
- * The WeightSource for a memory budget: trunk layers pinned and streamed from a packed
- * trunk (trunk.ts) or, without one, all resident from the checkpoint; routed experts
- * through the expert cache (expert_cache.ts); the embedding and lm_head resident, or
- * (ultra) streamed: one embedding row read per token, the lm_head read in chunks, the
- * next chunk read while the current one is multiplied.
+ * The WeightSource for a memory budget: trunk layers pinned and streamed through the ring
+ * (trunk_ring.ts) from a packed trunk (trunk_file.ts) or, without one, all resident from
+ * the checkpoint; routed experts through the expert cache (expert_cache.ts); the embedding
+ * and lm_head resident, or (ultra) streamed in rows and chunks (head_stream.ts).
  *
  * Every path runs the same kernels on the same bytes in the same order as
- * ResidentWeights, so the tokens and logits are identical at every budget.
+ * ResidentWeights, and the lm_head on the same compute (the pool the model was given), so
+ * the tokens and logits are identical at every budget.
  *
  * Checks, with a packed trunk: what is read once (pinned layers, the final vectors, the
  * embedding and lm_head when resident) is read as whole pieces, each checked against its
- * k3w64 in the manifest on the I/O thread that read it, and so are ultra's reads (an
- * embedding row reads the one or two pieces holding it, the lm_head is read in chunks of
- * whole pieces). Streamed layers are checked tensor by tensor where they are used (trunk.ts). Routed experts are checked against the expert table when the trunk has
+ * k3w64 in the manifest on the I/O thread that read it, and so are ultra's reads
+ * (head_stream.ts). Streamed layers are checked tensor by tensor where they are used
+ * (trunk_ring.ts). Routed experts are checked against the expert table when the trunk has
  * one (experts.json, `k3 pack --hash-experts`); the plan says so once when it has not.
  * Without a trunk nothing is verified per read: the checkpoint's shards carry no checksum.
  *
@@ -26,253 +26,19 @@ import type { K3Config } from "../model/config.ts";
 import { ExpertCache } from "./expert_cache.ts";
 import type { ExpertTable } from "./expert_table.ts";
 import type { Kernels } from "../native/ffi.ts";
-import { ALIGN, alignUp, IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
-import { testHook } from "../native/test_hooks.ts";
+import type { Compute } from "../native/pool.ts";
 import { type IoStats, noIoStats, type WeightSource } from "../model/weight_source.ts";
 import type { LayerWeights } from "../model/layer_weights.ts";
-import { HEAD_CHUNK_BYTES, type MemoryPlan } from "./plan.ts";
+import type { MemoryPlan } from "./plan.ts";
 import { embedRow, loadGlobals } from "./resident.ts";
 import type { Checkpoint } from "./safetensors.ts";
-import { bindRegion, readRegionVerified, StreamedTrunk, TrunkFile } from "./trunk.ts";
-import type { Region, TrunkManifest } from "./manifest.ts";
+import { bindRegion, type TrunkFile } from "./trunk_file.ts";
+import { StreamedTrunk } from "./trunk_ring.ts";
+import { StreamedEmbedHead } from "./head_stream.ts";
 import type { Expert, F32, Matrix } from "../native/tensors.ts";
-import { globalTensors, HEAD_NAME, layerTensors, PREFIX } from "../model/tensors.ts";
+import { globalTensors, layerTensors, PREFIX } from "../model/tensors.ts";
 import { type BoundTensors, loadTensors } from "./bind.ts";
-
-/** A matrix whose rows are read from a file on demand (ultra). */
-interface StreamedMatrix {
-  file: IoFile;
-  /** Absolute offset of row 0. */
-  offset: number;
-  rows: number;
-  cols: number;
-  /** dtype of the bytes on disk: BF16, F16 or F32. */
-  dtype: string;
-}
-
-/** A packed trunk region holding a streamed matrix at its offset 0, with its piece hashes. */
-interface VerifiedRegion {
-  /** The region (offset, size, piece hashes). */
-  region: Region;
-  /** Bytes per hashed piece. */
-  piece: number;
-  /** Trunk directory (for messages). */
-  dir: string;
-  /** The manifest (for messages). */
-  manifest: TrunkManifest;
-  /** Check the piece hashes (false only for bench/verify.ts). */
-  verify: boolean;
-}
-
-const esize = (dtype: string) => (dtype === "F32" ? 4 : 2);
-
-/**
- * Pieces of `piece` bytes per lm_head chunk read from a trunk (HEAD_CHUNK_BYTES of them;
- * K3_TEST_HEAD_CHUNK=BYTES, tests only, makes chunks small enough for a tiny model to have
- * many, with rows straddling them).
- */
-function piecesPerChunk(piece: number): number {
-  const test = Number(testHook("K3_TEST_HEAD_CHUNK") ?? NaN);
-  return Math.max(1, Math.floor((test > 0 ? test : HEAD_CHUNK_BYTES) / piece));
-}
-
-/**
- * Embedding rows and lm_head chunks read from disk. From a packed trunk (`regions`), every
- * read is whole verified pieces: an embedding row reads the one or two pieces holding it,
- * and the lm_head is read in chunks of whole pieces; a row that straddles two chunks is
- * completed from the end of the previous chunk (its verified tail is copied in front of
- * the next chunk's pieces before they are read). From the checkpoint (no trunk) rows and
- * chunks are read as they are, unverified: the shards carry no checksum.
- */
-class StreamedEmbedHead {
-  private readonly row?: NativeBuffer;
-  private readonly chunks: NativeBuffer[];
-  private readonly conv?: NativeBuffer;
-  private readonly chunkRows: number;
-  /** Room in front of a piece-aligned chunk for the tail of a row begun in the previous one. */
-  private readonly carryRoom: number;
-  private pending?: Promise<unknown>;
-
-  constructor(
-    private readonly k: Kernels,
-    private readonly embed: StreamedMatrix,
-    private readonly head: StreamedMatrix,
-    private readonly stats: IoStats,
-    private readonly regions?: { embed: VerifiedRegion; head: VerifiedRegion },
-  ) {
-    const rowBytes = embed.cols * esize(embed.dtype);
-    const headRow = head.cols * esize(head.dtype);
-    if (regions) {
-      const { piece } = regions.head;
-      this.carryRoom = alignUp(headRow);
-      const span = Math.min(piecesPerChunk(piece) * piece, regions.head.region.size);
-      this.chunkRows = Math.min(head.rows, Math.ceil((span + this.carryRoom) / headRow));
-      // An embedding row lies in at most two pieces; it is read into chunk buffer 0 (the
-      // head is never being read then: its reads are awaited within matmul).
-      const embedSpan = Math.min(2 * regions.embed.piece, regions.embed.region.size);
-      const bytes = Math.max(this.carryRoom + span, embedSpan);
-      this.chunks = [0, 1].map(() => NativeBuffer.alloc(k, bytes, "lm_head chunk"));
-    } else {
-      this.carryRoom = 0;
-      this.row = NativeBuffer.alloc(k, alignUp(rowBytes) + 2 * ALIGN, "embedding row");
-      this.chunkRows = Math.min(head.rows, Math.max(1, Math.floor(HEAD_CHUNK_BYTES / headRow)));
-      this.chunks = [0, 1].map(() => NativeBuffer.alloc(k, alignUp(this.chunkRows * headRow) + ALIGN, "lm_head chunk"));
-    }
-    if (head.dtype === "F16") {
-      this.conv = NativeBuffer.alloc(k, this.chunkRows * head.cols * 4, "lm_head chunk (f32)");
-    }
-  }
-
-  /** Reads bytes [from, to) of a region (whole pieces) to `ptr`, each piece verified. */
-  private readVerified(
-    v: VerifiedRegion,
-    m: StreamedMatrix,
-    what: string,
-    ptr: NonNullable<Deno.PointerValue>,
-    from: number,
-    to: number,
-  ): Promise<void> {
-    const first = from / v.piece, last = Math.ceil(to / v.piece) - 1;
-    const sub: Region = {
-      ...v.region,
-      offset: v.region.offset + from,
-      size: to - from,
-      pieces: v.region.pieces.slice(first, last + 1),
-    };
-    return readRegionVerified(v.dir, m.file, v.manifest, `${what} (streamed)`, sub, ptr, v.verify, first);
-  }
-
-  async embedRow(id: number, dst: NonNullable<Deno.PointerValue>): Promise<void> {
-    const e = this.embed;
-    const rowBytes = e.cols * esize(e.dtype);
-    const t0 = performance.now();
-    let src: NonNullable<Deno.PointerValue>, bytes: Uint8Array;
-    if (this.regions) {
-      const v = this.regions.embed;
-      const at = id * rowBytes;
-      const from = Math.floor(at / v.piece) * v.piece;
-      const to = Math.min(v.region.size, (Math.floor((at + rowBytes - 1) / v.piece) + 1) * v.piece);
-      const p = this.readVerified(v, e, "embed", this.chunks[0].ptr, from, to);
-      this.pending = p;
-      await p;
-      this.pending = undefined;
-      this.stats.trunkBytes += to - from;
-      src = this.chunks[0].at(at - from);
-      bytes = this.chunks[0].u8.subarray(at - from, at - from + rowBytes);
-    } else {
-      const p = e.file.readSpan(this.row!.ptr, this.row!.bytes, e.offset + id * rowBytes, rowBytes);
-      this.pending = p;
-      const delta = await p;
-      this.pending = undefined;
-      this.stats.trunkBytes += rowBytes;
-      src = this.row!.at(delta);
-      bytes = this.row!.u8.subarray(delta, delta + rowBytes);
-    }
-    this.stats.ioWaitSeconds += (performance.now() - t0) / 1000;
-    if (e.dtype === "BF16") this.k.k3_bf16_to_f32(src, dst, e.cols);
-    else if (e.dtype === "F16") this.k.k3_f16_to_f32(src, dst, e.cols);
-    else new Uint8Array(Deno.UnsafePointerView.getArrayBuffer(dst, rowBytes)).set(bytes);
-  }
-
-  /**
-   * The lm_head's chunks: rows [r0, r1) of chunk c, whose bytes start at `at` in its
-   * buffer, and how to read it. From a trunk, chunk c is pieces [cP, (c+1)P) of the head
-   * region, and its rows are those that end inside it (the first one begun in chunk c-1).
-   */
-  private headChunks(): {
-    n: number;
-    rows: (c: number) => [number, number];
-    read: (c: number) => Promise<number>;
-  } {
-    const h = this.head, rowBytes = h.cols * esize(h.dtype);
-    if (!this.regions) {
-      const n = Math.ceil(h.rows / this.chunkRows);
-      const rows = (c: number): [number, number] => [c * this.chunkRows, Math.min(h.rows, (c + 1) * this.chunkRows)];
-      const read = (c: number) => {
-        const [r0, r1] = rows(c);
-        return h.file.readSpan(
-          this.chunks[c % 2].ptr,
-          this.chunks[c % 2].bytes,
-          h.offset + r0 * rowBytes,
-          (r1 - r0) * rowBytes,
-        );
-      };
-      return { n, rows, read };
-    }
-    const v = this.regions.head, span = piecesPerChunk(v.piece) * v.piece;
-    const content = h.rows * rowBytes;
-    const n = Math.ceil(content / span);
-    const start = (c: number) => c * span, end = (c: number) => Math.min(v.region.size, (c + 1) * span);
-    // rows ending inside chunk c: from the row containing its first byte
-    const rows = (c: number): [number, number] => [
-      Math.floor(start(c) / rowBytes),
-      c === n - 1 ? h.rows : Math.floor(end(c) / rowBytes),
-    ];
-    const read = async (c: number) => {
-      const buf = this.chunks[c % 2], [r0] = rows(c);
-      const carry = start(c) - r0 * rowBytes;
-      if (carry > 0) {
-        // The verified tail of chunk c-1 (its buffer is not reused before chunk c is read).
-        const prev = this.chunks[(c - 1) % 2];
-        buf.u8.set(
-          prev.u8.subarray(this.carryRoom + span - carry, this.carryRoom + span),
-          this.carryRoom - carry,
-        );
-      }
-      await this.readVerified(v, h, "head", buf.at(this.carryRoom), start(c), end(c));
-      return this.carryRoom - carry;
-    };
-    return { n, rows, read };
-  }
-
-  /** y[t][r] for every row r of the head, chunk by chunk, the next chunk read ahead. */
-  async matmul(
-    x: NonNullable<Deno.PointerValue>,
-    y: NonNullable<Deno.PointerValue>,
-    ntok: number,
-  ): Promise<void> {
-    const h = this.head;
-    const rowBytes = h.cols * esize(h.dtype);
-    const { n, rows, read } = this.headChunks();
-    let next: Promise<number> | undefined = read(0);
-    try {
-      for (let c = 0; c < n; c++) {
-        const t0 = performance.now();
-        const delta = await next!;
-        next = undefined;
-        this.stats.ioWaitSeconds += (performance.now() - t0) / 1000;
-        const [r0, r1] = rows(c);
-        this.stats.trunkBytes += (r1 - r0) * rowBytes;
-        // Chunk c+1's read copies the tail of chunk c first, then reads into the other buffer.
-        if (c + 1 < n) next = read(c + 1);
-        let base = this.chunks[c % 2].at(delta);
-        let wtype = h.dtype === "BF16" ? 1 : 0;
-        if (h.dtype === "F16") {
-          this.k.k3_f16_to_f32(base, this.conv!.ptr, (r1 - r0) * h.cols);
-          base = this.conv!.ptr;
-          wtype = 0;
-        }
-        // A base pointer such that row r of the matrix is at base + r * row size: the
-        // kernel touches only rows [r0, r1), which are in this chunk.
-        const rowOut = h.cols * (wtype === 1 ? 2 : 4);
-        const virt = Deno.UnsafePointer.create(
-          BigInt(Deno.UnsafePointer.value(base)) - BigInt(r0 * rowOut),
-        )!;
-        this.k.k3_matmul(virt, wtype, x, y, ntok, h.rows, h.cols, r0, r1);
-      }
-    } finally {
-      if (next) await next.catch(() => 0);
-    }
-  }
-
-  async close(): Promise<void> {
-    if (this.pending) await this.pending.catch(() => 0);
-    this.row?.free();
-    this.chunks.forEach((c) => c.free());
-    this.conv?.free();
-  }
-}
 
 /** Trunk, experts, embedding and head for a memory budget. */
 export class StreamedWeights implements WeightSource {
@@ -290,7 +56,6 @@ export class StreamedWeights implements WeightSource {
   private streamedEH?: StreamedEmbedHead;
   private readonly owned: NativeBuffer[] = [];
   private readonly ownedTensors: BoundTensors[] = [];
-  private readonly files: IoFile[] = [];
 
   private constructor(private readonly k: Kernels, private readonly cfg: K3Config) {}
 
@@ -305,7 +70,6 @@ export class StreamedWeights implements WeightSource {
   ): Promise<StreamedWeights> {
     const w = new StreamedWeights(k, cfg);
     try {
-      const D = cfg.hiddenSize;
       // Final vectors, embedding and head.
       if (trunkFile) {
         const m = trunkFile.manifest;
@@ -314,24 +78,7 @@ export class StreamedWeights implements WeightSource {
         const g = bindRegion(m.finals.tensors, finals);
         w.setFinals(g);
         if (plan.embedHead.streamed) {
-          const entry = (r: typeof m.embed) => ({
-            file: trunkFile.file,
-            offset: r.offset + r.tensors[0].offset,
-            rows: cfg.vocabSize,
-            cols: D,
-            dtype: r.tensors[0].dtype,
-          });
-          const verified = (r: Region): VerifiedRegion => ({
-            region: r,
-            piece: m.piece,
-            dir: trunkFile.dir,
-            manifest: m,
-            verify: trunkFile.verify,
-          });
-          w.streamedEH = new StreamedEmbedHead(k, entry(m.embed), entry(m.head), w.stats, {
-            embed: verified(m.embed),
-            head: verified(m.head),
-          });
+          w.streamedEH = StreamedEmbedHead.fromTrunk(k, cfg, trunkFile, w.stats);
         } else {
           for (const [what, r] of [["embed", m.embed], ["head", m.head]] as const) {
             const buf = await trunkFile.readVerified(what, r);
@@ -345,18 +92,7 @@ export class StreamedWeights implements WeightSource {
         const g = await loadTensors(k, ckpt, globalTensors(cfg));
         w.ownedTensors.push(g);
         w.setFinals(g);
-        const src = (name: string) => {
-          const t = ckpt.get(name);
-          const f = IoFile.open(t.file, { direct: true });
-          w.files.push(f);
-          return { file: f, offset: t.offset, rows: cfg.vocabSize, cols: D, dtype: t.dtype };
-        };
-        w.streamedEH = new StreamedEmbedHead(
-          k,
-          src(PREFIX + "embed_tokens.weight"),
-          src(HEAD_NAME),
-          w.stats,
-        );
+        w.streamedEH = StreamedEmbedHead.fromCheckpoint(k, cfg, ckpt, w.stats);
       } else {
         const g = await loadGlobals(k, cfg, ckpt);
         w.ownedTensors.push(g.tensors);
@@ -432,10 +168,10 @@ export class StreamedWeights implements WeightSource {
     x: NonNullable<Deno.PointerValue>,
     y: NonNullable<Deno.PointerValue>,
     ntok: number,
+    compute: Compute,
   ): void | Promise<void> {
-    if (this.streamedEH) return this.streamedEH.matmul(x, y, ntok);
-    const h = this.headM!;
-    this.k.k3_matmul(h.ptr, h.wtype, x, y, ntok, h.rows, h.cols, 0, h.rows);
+    if (this.streamedEH) return this.streamedEH.matmul(x, y, ntok, compute);
+    compute.matmul(this.headM!, x, y, ntok);
   }
 
   ioStats(): IoStats {
@@ -449,7 +185,6 @@ export class StreamedWeights implements WeightSource {
     await this.streamedEH?.close();
     for (const b of this.owned) b.free();
     for (const t of this.ownedTensors) t.free();
-    for (const f of this.files) f.close();
     this.owned.length = 0;
     this.ownedTensors.length = 0;
   }

@@ -1,18 +1,18 @@
 /**
- * The trunk (every layer's dense tensors) when it does not all stay in memory: a packed
- * trunk (manifest.ts) with some layers pinned and the rest streamed through a ring.
+ * The streaming ring: the trunk (every layer's dense tensors) when it does not all stay in
+ * memory, some layers pinned (read once from the trunk file, trunk_file.ts) and the rest
+ * streamed through one ring arena, read ahead of the forward pass and handed out a layer at
+ * a time.
  *
- * What is pinned is read once at start-up, each piece checked against its k3w64 in the
- * manifest on the I/O thread that read it. What is streamed is read plainly and checked
- * where it is used, against the manifest's tensor checks (native/tensors.ts): each matrix by
- * the product that multiplies it (k3_matmul_checked, from the weight blocks it loads
- * anyway), each vector when the layer is handed out; by the time a layer is done, every one
- * of its matrices has been verified, or the run has stopped. Hashing each 16 MB piece
- * after it lands was a second pass over every streamed byte, 5-8% of a floor-budget token
- * here; the check in the product costs ~13% of the dense product's own time, which the
- * disk hides at the floor (bench/verify.ts).
+ * What is streamed is read plainly and checked where it is used, against the manifest's
+ * tensor checks (native/tensors.ts): each matrix by the product that multiplies it
+ * (k3_matmul_checked, from the weight blocks it loads anyway), each vector when the layer is
+ * handed out; by the time a layer is done, every one of its matrices has been verified, or
+ * the run has stopped. Hashing each 16 MB piece after it lands was a second pass over every
+ * streamed byte, 5-8% of a floor-budget token here; the check in the product costs ~13% of
+ * the dense product's own time, which the disk hides at the floor (bench/verify.ts).
  *
- * The ring is one arena holding a FIFO of variable-size layer regions: streamed layers are read ahead in
+ * The ring holds a FIFO of variable-size layer regions: streamed layers are read ahead in
  * the order the forward pass uses them (wrapping to the next token's first streamed layer)
  * while the current layer computes. Reads go piece by piece, each piece once no older layer
  * needs its ring bytes: a layer frees its attention tensors' bytes when the pass is past its
@@ -24,236 +24,12 @@
  * @module
  */
 
-import type { K3Config } from "../model/config.ts";
-import { K3Error } from "../errors.ts";
-import { type Kernels, WTYPE } from "../native/ffi.ts";
-import type { IoFile } from "../native/io.ts";
+import type { Kernels } from "../native/ffi.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import type { IoStats } from "../model/weight_source.ts";
-import { checkMismatch, type F32, type Matrix, tensorCheck } from "../native/tensors.ts";
-import { BoundTensors } from "./bind.ts";
-import {
-  checkLayout,
-  DATA_FILE,
-  openTrunkData,
-  readManifest,
-  type Region,
-  type TensorEntry,
-  type TrunkManifest,
-} from "./manifest.ts";
-
-/** Bytes per pread when a piece is read and hashed (0: the whole piece in one pread, then its
- * hash; bench/verify.ts measures the choice). */
-export const HASH_CHUNK = 0;
-
-/**
- * Pieces in flight for a verified region read. The disk alone is as fast at 8 as deeper, but
- * each I/O thread also hashes its piece, and with 8 that time comes off the disk's queue:
- * 1.2 GB regions verified/plain 1.15-1.20 at 8, 0.98-1.05 at 32 (idle machine, side by side).
- */
-export const VERIFIED_DEPTH = 32;
-
-/** A piece of a region whose bytes did not match its checksum. */
-export class PieceMismatch extends Error {
-  /** Piece `index` of a region, starting at byte `at`, did not match. */
-  constructor(readonly index: number, readonly at: number) {
-    super(`piece ${index} (region bytes ${at}..) does not match its checksum`);
-  }
-}
-
-/**
- * Reads a big region as `piece`-byte pieces, `depth` in flight at once (the device works on
- * several requests together; one huge pread is slower). With `hashes` (one k3w64 per
- * piece, from the manifest) every piece is hashed on the I/O thread that read it, `chunk`
- * bytes per pread (0: the whole piece in one pread), and a mismatch rejects with
- * PieceMismatch. Resolves to the bytes read.
- */
-export async function readPieces(
-  f: IoFile,
-  ptr: NonNullable<Deno.PointerValue>,
-  len: number,
-  offset: number,
-  piece = 16 << 20,
-  depth = 8,
-  hashes?: readonly string[],
-  chunk = HASH_CHUNK,
-): Promise<number> {
-  let next = 0, total = 0;
-  let failure: unknown;
-  const worker = async () => {
-    while (next < len && failure === undefined) {
-      const at = next;
-      next += piece;
-      const want = Math.min(piece, len - at);
-      const dst = at === 0 ? ptr : Deno.UnsafePointer.offset(ptr, at)!;
-      try {
-        if (hashes) {
-          const r = await f.preadHashed(dst, want, offset + at, chunk);
-          total += r.n;
-          if (r.n < want) return; // end of file: the caller sees the short total
-          if (r.hash !== hashes[at / piece]) throw new PieceMismatch(at / piece, at);
-        } else {
-          const n = await f.pread(dst, want, offset + at);
-          total += n;
-          if (n < want) return;
-        }
-      } catch (e) {
-        failure = e;
-      }
-    }
-  };
-  await Promise.all(Array.from({ length: Math.min(depth, Math.ceil(len / piece)) }, worker));
-  if (failure !== undefined) throw failure;
-  return total;
-}
-
-/**
- * Reads region `r` of a trunk into `ptr`, every piece verified against the manifest
- * (`verify` false skips the hashing: only bench/verify.ts, to measure what it costs). `r`
- * may be a run of whole pieces of a larger region; `pieceBase` is its first piece's index
- * there, for the message.
- * Throws K3Error (exit 1) naming the trunk, `what` and the bad piece.
- */
-export async function readRegionVerified(
-  dir: string,
-  f: IoFile,
-  m: TrunkManifest,
-  what: string,
-  r: Region,
-  ptr: NonNullable<Deno.PointerValue>,
-  verify = true,
-  pieceBase = 0,
-): Promise<void> {
-  let n: number;
-  try {
-    n = await readPieces(f, ptr, r.size, r.offset, m.piece, VERIFIED_DEPTH, verify ? r.pieces : undefined);
-  } catch (e) {
-    throw regionReadError(dir, what, r, e, pieceBase);
-  }
-  if (n !== r.size) throw regionShortRead(dir, what, n, r.size);
-}
-
-/**
- * The K3Error (exit 1) for a failed read of region `r`: a piece mismatch names the piece
- * (`pieceBase` + its index in `r`, when `r` is a run of pieces of a larger region).
- */
-function regionReadError(dir: string, what: string, r: Region, e: unknown, pieceBase = 0): K3Error {
-  if (e instanceof PieceMismatch) {
-    return new K3Error(
-      `${dir}: ${what}: checksum mismatch in piece ${pieceBase + e.index} (bytes ${
-        r.offset + e.at
-      }.. of ${DATA_FILE}): the trunk is corrupt; re-pack it (k3 pack --force)`,
-    );
-  }
-  if (e instanceof K3Error) return e;
-  return new K3Error(`${dir}: ${what}: read failed: ${(e as Error).message}`);
-}
-
-/** The K3Error for a region that came back short (`n` of `want` bytes). */
-function regionShortRead(dir: string, what: string, n: number, want: number): K3Error {
-  return new K3Error(`${dir}: ${what}: short read (${n} of ${want} bytes): the trunk data is truncated; re-pack it`);
-}
-
-/**
- * Bound tensors over a region's bytes at `base` (nothing owned: the region buffer is).
- * `checked` (a streamed layer read unverified): each vector is checked against its tensor
- * check now (throws K3Error, exit 1, on a mismatch) and each matrix carries its check, for
- * the product that uses it to settle.
- */
-export function bindRegion(
-  tensors: TensorEntry[],
-  base: NativeBuffer,
-  at = 0,
-  checked?: { k: Kernels; what: string },
-): BoundTensors {
-  const matrices = new Map<string, Matrix>();
-  const vectors = new Map<string, F32>();
-  for (const t of tensors) {
-    const ptr = base.at(at + t.offset);
-    const what = checked && `${checked.what}: tensor ${t.name}`;
-    if (t.keep === "matrix") {
-      matrices.set(t.name, {
-        ptr,
-        wtype: t.dtype === "BF16" ? WTYPE.bf16 : WTYPE.f32,
-        rows: t.shape[0],
-        cols: t.shape.slice(1).reduce((a, b) => a * b, 1),
-        check: what ? { expect: t.check, verified: false, what } : undefined,
-      });
-    } else if (t.keep === "vector") {
-      if (checked) {
-        const got = tensorCheck(checked.k, t, ptr);
-        if (got !== t.check) throw checkMismatch(what!, got, t.check);
-      }
-      vectors.set(t.name, {
-        ptr,
-        f: new Float32Array(base.u8.buffer, base.u8.byteOffset + at + t.offset, t.bytes / 4),
-      });
-    }
-  }
-  return new BoundTensors(matrices, vectors, []);
-}
-
-/** A packed trunk opened for a model: manifest checked, data file open. */
-export class TrunkFile {
-  private constructor(
-    readonly dir: string,
-    readonly manifest: TrunkManifest,
-    readonly file: IoFile,
-    private readonly k: Kernels,
-    /** Check every piece against the manifest (false only to measure the cost). */
-    readonly verify: boolean,
-  ) {}
-
-  /**
-   * Opens and checks a trunk against the model: fingerprint (of the whole model's config),
-   * data length, and the tensor table of every layer the run uses.
-   */
-  static async open(
-    k: Kernels,
-    dir: string,
-    cfg: K3Config,
-    fingerprint: string,
-    sample?: string,
-    verify = true,
-  ): Promise<TrunkFile> {
-    const m = await readManifest(dir);
-    if (m.fingerprint !== fingerprint) {
-      throw new K3Error(
-        `${dir}: this trunk was packed from a different model (fingerprint ${m.fingerprint}, the model has ${fingerprint}); re-pack it with k3 pack`,
-      );
-    }
-    if (sample !== undefined && m.sample !== sample) {
-      throw new K3Error(
-        `${dir}: this trunk was packed from different weights (weight sample ${m.sample}, the model has ${sample}); re-pack it with k3 pack`,
-      );
-    }
-    checkLayout(m, cfg, dir);
-    const f = openTrunkData(dir, m);
-    return new TrunkFile(dir, m, f, k, verify);
-  }
-
-  /** Reads a whole region into a new buffer, every piece checked against its checksum. */
-  async readVerified(what: string, r: Region): Promise<NativeBuffer> {
-    const buf = NativeBuffer.alloc(this.k, r.size, `trunk ${what}`);
-    try {
-      await this.readInto(what, r, buf.ptr);
-      return buf;
-    } catch (e) {
-      buf.free();
-      throw e;
-    }
-  }
-
-  /** Reads region `r` to `ptr`, every piece checked against its checksum. */
-  readInto(what: string, r: Region, ptr: NonNullable<Deno.PointerValue>): Promise<void> {
-    return readRegionVerified(this.dir, this.file, this.manifest, what, r, ptr, this.verify);
-  }
-
-  /** Stops the read-ahead and frees the ring and the pinned layers. */
-  close(): void {
-    this.file.close();
-  }
-}
+import type { BoundTensors } from "./bind.ts";
+import type { Region, TensorEntry } from "./manifest.ts";
+import { bindRegion, type TrunkFile } from "./trunk_file.ts";
 
 /**
  * Ring pieces in flight at most (16 MB each). Reads are issued from the JS thread, which
@@ -433,15 +209,12 @@ export class StreamedTrunk {
   private readPiece(e: RingEntry, at: number, len: number): void {
     this.inflight++;
     e.inflight++;
-    const what = `layer ${e.L} (streamed)`;
-    const dst = this.ring!.at(e.off + at), off = e.region.offset + at, f = this.trunk.file;
-    f.pread(dst, len, off)
-      .then((n) => {
-        if (n < len) throw regionShortRead(this.trunk.dir, what, at + n, e.size);
+    this.trunk.readPlain(`layer ${e.L} (streamed)`, e.region, at, len, this.ring!.at(e.off + at))
+      .then(() => {
         e.done++;
       })
       .catch((err) => {
-        e.error ??= regionReadError(this.trunk.dir, what, e.region, err);
+        e.error ??= err;
       })
       .finally(() => {
         this.inflight--;
