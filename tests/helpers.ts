@@ -155,3 +155,55 @@ export function noise(n: number, seed: number): Uint8Array {
   }
   return out;
 }
+
+/** A running `k3 <args>` subprocess (deno.json's set "k3", as {@link k3}) whose stderr is
+ * collected as it arrives, so a test can wait for a line instead of sleeping or polling. */
+export class K3Process {
+  /** Everything written to stderr so far. */
+  stderr = "";
+  readonly child: Deno.ChildProcess;
+  #waiters: { re: RegExp; resolve: (m: RegExpExecArray) => void }[] = [];
+  readonly #reading: Promise<void>;
+
+  constructor(args: string[]) {
+    this.child = new Deno.Command(Deno.execPath(), {
+      args: ["run", ...K3_PERMISSIONS, `${ROOT}/main.ts`, ...args],
+      stdin: "null",
+      stdout: "null",
+      stderr: "piped",
+    }).spawn();
+    const stderr = this.child.stderr;
+    this.#reading = (async () => {
+      const dec = new TextDecoder();
+      for await (const chunk of stderr) {
+        this.stderr += dec.decode(chunk, { stream: true });
+        this.#waiters = this.#waiters.filter((w) => {
+          const m = w.re.exec(this.stderr);
+          if (m) w.resolve(m);
+          return !m;
+        });
+      }
+    })();
+  }
+
+  /** Resolves with the match once stderr matches `re` (rejects if the process ends first). */
+  waitFor(re: RegExp): Promise<RegExpExecArray> {
+    const now = re.exec(this.stderr);
+    if (now) return Promise.resolve(now);
+    return Promise.race([
+      new Promise<RegExpExecArray>((resolve) => this.#waiters.push({ re, resolve })),
+      this.exit().then((s) => {
+        const m = re.exec(this.stderr);
+        if (!m) throw new Error(`k3 exited (${s.code}) before ${re}: ${this.stderr}`);
+        return m;
+      }),
+    ]);
+  }
+
+  /** Exit status, after stderr has been read to the end. */
+  async exit(): Promise<Deno.CommandStatus> {
+    const s = await this.child.status;
+    await this.#reading;
+    return s;
+  }
+}
