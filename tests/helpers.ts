@@ -162,7 +162,7 @@ export class K3Process {
   /** Everything written to stderr so far. */
   stderr = "";
   readonly child: Deno.ChildProcess;
-  #waiters: { re: RegExp; resolve: (m: RegExpExecArray) => void }[] = [];
+  #waiters: { holds: (stderr: string) => boolean; resolve: () => void }[] = [];
   readonly #reading: Promise<void>;
 
   constructor(args: string[]) {
@@ -177,27 +177,26 @@ export class K3Process {
       const dec = new TextDecoder();
       for await (const chunk of stderr) {
         this.stderr += dec.decode(chunk, { stream: true });
-        this.#waiters = this.#waiters.filter((w) => {
-          const m = w.re.exec(this.stderr);
-          if (m) w.resolve(m);
-          return !m;
-        });
+        this.#waiters = this.#waiters.filter((w) => !(w.holds(this.stderr) && (w.resolve(), true)));
       }
     })();
   }
 
-  /** Resolves with the match once stderr matches `re` (rejects if the process ends first). */
-  waitFor(re: RegExp): Promise<RegExpExecArray> {
-    const now = re.exec(this.stderr);
-    if (now) return Promise.resolve(now);
-    return Promise.race([
-      new Promise<RegExpExecArray>((resolve) => this.#waiters.push({ re, resolve })),
+  /** Resolves once `holds(stderr)` is true (rejects if the process ends first). */
+  async until(what: string, holds: (stderr: string) => boolean): Promise<void> {
+    if (holds(this.stderr)) return;
+    await Promise.race([
+      new Promise<void>((resolve) => this.#waiters.push({ holds, resolve })),
       this.exit().then((s) => {
-        const m = re.exec(this.stderr);
-        if (!m) throw new Error(`k3 exited (${s.code}) before ${re}: ${this.stderr}`);
-        return m;
+        if (!holds(this.stderr)) throw new Error(`k3 exited (${s.code}) before ${what}: ${this.stderr}`);
       }),
     ]);
+  }
+
+  /** Resolves with the match once stderr matches `re` (rejects if the process ends first). */
+  async waitFor(re: RegExp): Promise<RegExpExecArray> {
+    await this.until(String(re), (stderr) => re.test(stderr));
+    return re.exec(this.stderr)!;
   }
 
   /** Exit status, after stderr has been read to the end. */
