@@ -1,5 +1,5 @@
 /**
- * Issue 8 item 3: the expert table (`k3 pack --hash-experts`). With it, a flipped byte in
+ * The expert table (`k3 pack --hash-experts`). With it, a flipped byte in
  * one routed expert inside a shard is caught on the read that brings it in, at every
  * budget, and by `pack --verify`; a table of another model, other weights or damaged is
  * refused; tokens with the table equal tokens without; the table can be added to an
@@ -36,7 +36,7 @@ async function copyModel(dst: string): Promise<void> {
   }
 }
 
-Deno.test("item 3: pack --hash-experts adds the table to an existing trunk (not repacked); tokens equal without it", async () => {
+Deno.test("expert table: pack --hash-experts adds the table to an existing trunk (not repacked); tokens equal without it", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   await packTrunk(TINY, t, quiet);
@@ -69,7 +69,7 @@ Deno.test("item 3: pack --hash-experts adds the table to an existing trunk (not 
   assert.match(v.stderr, /all 96 routed experts match the expert table/);
 });
 
-Deno.test("item 3: a flipped byte in one expert inside a shard is caught at every budget and by pack --verify", async () => {
+Deno.test("expert table: a flipped byte in one expert inside a shard is caught at every budget and by pack --verify", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`, model = `${d.path}/model`;
   await packTrunk(TINY, t, quiet);
@@ -113,7 +113,7 @@ Deno.test("item 3: a flipped byte in one expert inside a shard is caught at ever
   assert.equal(out.code, 0, out.stderr);
 });
 
-Deno.test("item 3: a table digest is k3w64 of the expert's six tensor checks (tests/oracle/k3check.py)", async () => {
+Deno.test("expert table: a table digest is k3w64 of the expert's six tensor checks (tests/oracle/k3check.py)", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   await packTrunk(TINY, t, quiet);
@@ -133,7 +133,7 @@ Deno.test("item 3: a table digest is k3w64 of the expert's six tensor checks (te
   }
 });
 
-Deno.test("item 3: a foreign, other-weights, stale-version or damaged expert table is refused (run and pack --verify)", async () => {
+Deno.test("expert table: a foreign, other-weights, stale-version or damaged expert table is refused (run and pack --verify)", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   await packTrunk(TINY, t, quiet);
@@ -172,7 +172,7 @@ Deno.test("item 3: a foreign, other-weights, stale-version or damaged expert tab
   assert.notEqual(out.code, 0);
 });
 
-Deno.test("item 3: experts whose tensors are scattered over shards (per-tensor reads) are verified too", async () => {
+Deno.test("expert table: experts whose tensors are scattered over shards (per-tensor reads) are verified too", async () => {
   await using d = await tempDir();
   const model = `${d.path}/model`, t = `${d.path}/trunk`;
   await Deno.mkdir(model);

@@ -1,5 +1,5 @@
 /**
- * Issue 8 items 1 and 2: a packed trunk is never trusted. Every field of the manifest is
+ * A packed trunk is never trusted. Every field of the manifest is
  * checked against the config and the region sizes (by the run and by `pack --verify`), and
  * every byte of every read piece, streamed or pinned, is verified against its checksum.
  *
@@ -16,7 +16,7 @@ const quiet = { log: null };
 /** Budget that streams every layer of the tiny model through the ring (0 pinned). */
 const STREAM_ALL = ["--trunk-gb", "0.0003", "--cache-gb", "0.0001"];
 
-Deno.test("item 1: a tampered trunk manifest is refused by the run and by pack --verify (shape, offset, keep, bytes, region)", async () => {
+Deno.test("trunk manifest: a tampered one is refused by the run and by pack --verify (shape, offset, keep, bytes, region)", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   await packTrunk(TINY, t, quiet);
@@ -59,7 +59,7 @@ Deno.test("item 1: a tampered trunk manifest is refused by the run and by pack -
   }
 });
 
-Deno.test("item 2: a bit flip anywhere in a layer stops the run (exit 1): streamed, the tensor is named; pinned, the piece", async () => {
+Deno.test("trunk pieces: a bit flip anywhere in a layer stops the run (exit 1): streamed, the tensor is named; pinned, the piece", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   // 4 KiB pieces, so a layer has 34-61 pieces and the flip's piece is named exactly.
@@ -122,7 +122,7 @@ Deno.test("item 2: a bit flip anywhere in a layer stops the run (exit 1): stream
   assert.equal(ok.code, 0, ok.stderr);
 });
 
-Deno.test("item 2: a version 1 trunk (no piece checksums), 2 (k3h64) or 3 (no tensor checks) is refused with the advice to re-pack", async () => {
+Deno.test("trunk versions: a version 1 trunk (no piece checksums), 2 (k3h64) or 3 (no tensor checks) is refused with the advice to re-pack", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   await packTrunk(TINY, t, quiet);
