@@ -18,6 +18,7 @@ import {
   sha256Hex,
 } from "../engine/native/libpath.ts";
 import { openKernels } from "../engine/native/ffi.ts";
+import { permissionFlags } from "../cli/permissions.ts";
 import { k3, ROOT, runCmd, tempDir } from "./helpers.ts";
 
 const envOf = (vars: Record<string, string>) => (name: string) => vars[name];
@@ -221,7 +222,13 @@ Deno.test("deno task compile: the library is embedded verbatim, and a binary tha
       `${f} bytes inside the binary`,
     );
   }
-  const task = await runCmd(Deno.execPath(), ["run", "-A", `${ROOT}/cli/compile.ts`, "--output", `${dir.path}/k3b`], {
+  const task = await runCmd(Deno.execPath(), [
+    "run",
+    ...permissionFlags("compile"),
+    `${ROOT}/cli/compile.ts`,
+    "--output",
+    `${dir.path}/k3b`,
+  ], {
     env: { DENORT_BIN: Deno.execPath() },
   });
   assert.equal(task.code, 1, task.stderr);
@@ -238,7 +245,7 @@ Deno.test("deno task compile without denort: a clear message naming DENORT_BIN, 
   // An unreachable proxy makes the runtime download fail the same way offline does.
   const res = await runCmd(Deno.execPath(), [
     "run",
-    "-A",
+    ...permissionFlags("compile"),
     `${ROOT}/cli/compile.ts`,
     "--output",
     `${dir.path}/k3`,
@@ -252,7 +259,7 @@ Deno.test("deno task compile without denort: a clear message naming DENORT_BIN, 
   );
   const bad = await runCmd(Deno.execPath(), [
     "run",
-    "-A",
+    ...permissionFlags("compile"),
     `${ROOT}/cli/compile.ts`,
     "--output",
     `${dir.path}/k3`,
