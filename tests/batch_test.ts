@@ -5,7 +5,7 @@
  */
 
 import assert from "node:assert/strict";
-import { jsonIds, k3, ROOT, tempDir, TINY } from "./helpers.ts";
+import { jsonIds, k3, K3Process, tempDir, TINY } from "./helpers.ts";
 
 interface Result {
   id: string | number;
@@ -53,35 +53,11 @@ Deno.test("batch: killed mid-run (SIGKILL) with --parallel 4, rerun: the union e
 
   // Start it again on a fresh output file, kill it as soon as one result is on disk.
   const out = `${dir.path}/killed.jsonl`;
-  const child = new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "--allow-all",
-      `${ROOT}/main.ts`,
-      "batch",
-      TINY,
-      "--input",
-      input,
-      "--output",
-      out,
-      "--parallel",
-      "4",
-    ],
-    stdout: "null",
-    stderr: "null",
-  }).spawn();
-  const deadline = Date.now() + 60_000;
-  for (;;) {
-    let text = "";
-    try {
-      text = await Deno.readTextFile(out);
-    } catch { /* not created yet */ }
-    if (text.includes("\n")) break;
-    if (Date.now() > deadline) throw new Error("no result line within 60 s");
-    await new Promise((r) => setTimeout(r, 5));
-  }
-  child.kill("SIGKILL");
-  const status = await child.status;
+  const child = new K3Process(["batch", TINY, "--input", input, "--output", out, "--parallel", "4"]);
+  // Its progress line says a result is on disk (written before the line is logged).
+  await child.waitFor(/k3: batch: 1\/40 done/);
+  child.child.kill("SIGKILL");
+  const status = await child.exit();
   assert.equal(status.success, false, "killed");
   const before = (await Deno.readTextFile(out)).split("\n").filter((l) => l.trim()).length;
   assert.ok(before >= 1 && before < 40, `killed mid-run (had ${before} of 40 results)`);

@@ -8,6 +8,7 @@
 import assert from "node:assert/strict";
 import { diskNeeded, fittingPreset, presetNeeds, problems, TRUNK_BYTES } from "../cli/doctor.ts";
 import { fmtDuration, progressLine } from "../cli/progress.ts";
+import { permissionFlags } from "../cli/permissions.ts";
 import { copyDir, k3, type Output, ROOT, runCmd, tempDir, TINY } from "./helpers.ts";
 
 /** Exit `code` with exactly one line on stderr matching `pattern`. */
@@ -425,10 +426,20 @@ Deno.test("bench scripts: --help prints the usage (exit 0), a bad flag is one me
       "long_prompt",
     ]
   ) {
-    const help = await runCmd(Deno.execPath(), ["run", "-A", `${ROOT}/bench/${script}.ts`, "--help"]);
+    const help = await runCmd(Deno.execPath(), [
+      "run",
+      ...permissionFlags("bench"),
+      `${ROOT}/bench/${script}.ts`,
+      "--help",
+    ]);
     assert.equal(help.code, 0, `${script}: ${help.stderr}`);
     assert.match(help.stdout, new RegExp(`^usage: deno (run -A bench/${script}\\.ts|task ${script})`), script);
-    const bad = await runCmd(Deno.execPath(), ["run", "-A", `${ROOT}/bench/${script}.ts`, "--bogus"]);
+    const bad = await runCmd(Deno.execPath(), [
+      "run",
+      ...permissionFlags("bench"),
+      `${ROOT}/bench/${script}.ts`,
+      "--bogus",
+    ]);
     assert.equal(bad.code, 2, script);
     assert.match(bad.stderr, /^Unknown option '--bogus'\nusage: /, script);
     assert.doesNotMatch(bad.stderr, /\s+at .*:\d+:\d+/, `${script}: no stack trace`);

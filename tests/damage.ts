@@ -1,11 +1,18 @@
 /**
  * Helpers for bad-input tests: damaged copies of the tiny model, edited shard headers, and
- * the refusal assertion (exit code, one `k3:` line, no stack trace, no ids).
+ * the refusal assertion (exit code, one `k3:` line, no stack trace, no ids), and the checks
+ * `k3 run` and `k3 pack --verify` make, called in-process.
  *
  * @module
  */
 
 import assert from "node:assert/strict";
+import { K3Error } from "../engine/errors.ts";
+import { generate } from "../engine/generate/generate.ts";
+import type { MemoryOptions } from "../engine/weights/plan.ts";
+import { openModel } from "../engine/weights/load.ts";
+import { verifyExperts } from "../pack/experts.ts";
+import { verifyTrunk } from "../pack/verify.ts";
 import { copyDir, k3, type Output, tempDir, TINY } from "./helpers.ts";
 
 /** A safetensors JSON header. */
@@ -72,4 +79,33 @@ export function assertRefusedLast(out: Output, code: number, why: RegExp): void 
   const last = out.stderr.trim().split("\n").at(-1)!;
   assert.match(last, /^k3: /);
   assert.match(last, why);
+}
+
+/** What `k3 pack --verify <trunk> [model]` checks, in-process: the trunk, then its expert table. */
+export async function verifyPacked(trunk: string, model?: string): Promise<void> {
+  await verifyTrunk(trunk, { modelDir: model, log: () => {} });
+  await verifyExperts(trunk, model, () => {});
+}
+
+/** What `k3 run <model> --ids <ids> --gen <gen>` (greedy, incremental) generates with these
+ * memory options (`--trunk`, `--trunk-gb`, `--cache-gb`), in-process. */
+export async function runIds(model: string, ids: number[], gen: number, memory?: MemoryOptions): Promise<number[]> {
+  const opened = await openModel(model, { capacity: ids.length + gen, memory });
+  try {
+    return (await generate(opened.model, ids, { gen, incremental: true })).map((s) => s.token);
+  } finally {
+    await opened.close();
+  }
+}
+
+/** The in-process side of {@link assertRefusedLast}: `work` fails with what `k3` reports as a
+ * `k3:` line and exit `code` (a K3Error of that exit code, not an internal error), its last
+ * line matching `why`. */
+export async function assertRejectsLast(work: Promise<unknown>, code: number, why: RegExp): Promise<void> {
+  await assert.rejects(work, (e: unknown) => {
+    assert.ok(e instanceof K3Error, `a K3Error, not an internal error: ${(e as Error)?.stack ?? e}`);
+    assert.equal(e.exitCode, code, e.message);
+    assert.match(e.message.split("\n").at(-1)!, why);
+    return true;
+  });
 }

@@ -1,9 +1,9 @@
 /**
  * The oracle suite: the engine against the independent float64 NumPy reference.
  *
- * GATE 1 teacher forcing (argmax at every position), GATE 2 greedy decode of 20 tokens,
- * GATE 3 incremental decode equal to full recompute, on the committed tiny model (13
- * layers, hidden 128, block 3, MLA at one-based 4,8,12,13). Then freshly generated models
+ * Teacher forcing (argmax at every position), greedy decode of 20 tokens, incremental
+ * decode equal to full recompute, on the committed tiny model (13 layers, hidden 128,
+ * block 3, MLA at one-based 4,8,12,13). Then freshly generated models
  * of other shapes, with the live reference, so the suite is not tuned to one checkpoint.
  */
 
@@ -29,13 +29,13 @@ async function checkAgainstReference(dir: string, refPath: string, logitsPath: s
   try {
     const V = opened.cfg.vocabSize;
     assert.equal(refLogits.length, seq.length * V, "reference logits cover every position");
-    // GATE 1: teacher forcing, argmax at every position.
+    // Teacher forcing, argmax at every position.
     let maxDiff = 0;
     const am = await teacherForce(opened.model, seq, (pos, row) => {
       maxDiff = Math.max(maxDiff, maxAbsDiff(row, refLogits.subarray(pos * V, (pos + 1) * V)));
     });
     assert.deepEqual(am, ref.argmax, "teacher-forced argmax at every position");
-    // GATE 2: greedy decode, both modes.
+    // Greedy decode, both modes.
     for (const incremental of [false, true]) {
       const steps = await generate(opened.model, ref.prompt_ids, { gen: ref.generated_ids.length, incremental });
       assert.deepEqual(
@@ -50,13 +50,13 @@ async function checkAgainstReference(dir: string, refPath: string, logitsPath: s
   }
 }
 
-Deno.test("GATE 1+2: tiny model, teacher forcing and greedy 20 tokens equal the reference", async () => {
+Deno.test("tiny model: teacher forcing and greedy 20 tokens equal the reference", async () => {
   const maxDiff = await checkAgainstReference(TINY, `${TINY}/reference.json`, `${TINY}/reference_logits.f32`);
   console.log(`tiny model: max |logit - reference| = ${maxDiff.toExponential(3)}`);
   assert.ok(maxDiff < 1e-3, `max logit difference ${maxDiff} within 1e-3`);
 });
 
-Deno.test("GATE 3: incremental decode equals full recompute, and chunked prefill equals token by token, bit for bit", async () => {
+Deno.test("decode: incremental decode equals full recompute, and chunked prefill equals token by token, bit for bit", async () => {
   const ref = await readReference(`${TINY}/reference.json`);
   const seq = [...ref.prompt_ids, ...ref.generated_ids];
   const logitsBy = async (chunk: number) => {

@@ -1,5 +1,5 @@
 /**
- * Issue 8 item 3: the expert table (`k3 pack --hash-experts`). With it, a flipped byte in
+ * The expert table (`k3 pack --hash-experts`). With it, a flipped byte in
  * one routed expert inside a shard is caught on the read that brings it in, at every
  * budget, and by `pack --verify`; a table of another model, other weights or damaged is
  * refused; tokens with the table equal tokens without; the table can be added to an
@@ -18,15 +18,22 @@ import { DATA_FILE, MANIFEST_FILE } from "../engine/weights/manifest.ts";
 import { EXPERTS_FILE, tableDigest } from "../engine/weights/expert_table.ts";
 import { jsonIds, k3, python, tempDir, TINY } from "./helpers.ts";
 import { shuffledCopy } from "./shuffled.ts";
-import { assertRefusedLast } from "./damage.ts";
+import { assertRefusedLast, assertRejectsLast, runIds, verifyPacked } from "./damage.ts";
+import type { MemoryOptions } from "../engine/weights/plan.ts";
 
 const quiet = { log: null };
-const PROMPT = ["--ids", "5,17,300,12,99,1000,7,640,33,250,511,2,870,64,123,456", "--gen", "3"];
-const BUDGETS: [string, string[]][] = [
-  ["resident (everything from the trunk, all experts cached)", []],
-  ["pinned (trunk pinned, few expert slots)", ["--trunk-gb", "1", "--cache-gb", "0.0001"]],
-  ["floor (every layer streamed)", ["--trunk-gb", "0.0003", "--cache-gb", "0.0001"]],
+const IDS = [5, 17, 300, 12, 99, 1000, 7, 640, 33, 250, 511, 2, 870, 64, 123, 456], GEN = 3;
+const PROMPT = ["--ids", IDS.join(","), "--gen", String(GEN)];
+const BUDGETS: [string, MemoryOptions][] = [
+  ["resident (everything from the trunk, all experts cached)", {}],
+  ["pinned (trunk pinned, few expert slots)", { trunkGB: 1, cacheGB: 0.0001 }],
+  ["floor (every layer streamed)", { trunkGB: 0.0003, cacheGB: 0.0001 }],
 ];
+/** A budget as `k3 run`'s flags. */
+const flagsOf = (m: MemoryOptions) =>
+  [["--trunk-gb", m.trunkGB], ["--cache-gb", m.cacheGB]].flatMap(([f, v]) =>
+    v === undefined ? [] : [f, String(v)]
+  ) as string[];
 
 /** A copy of the tiny model (shards, config, tokenizer) to damage. */
 async function copyModel(dst: string): Promise<void> {
@@ -36,14 +43,14 @@ async function copyModel(dst: string): Promise<void> {
   }
 }
 
-Deno.test("item 3: pack --hash-experts adds the table to an existing trunk (not repacked); tokens equal without it", async () => {
+Deno.test("expert table: pack --hash-experts adds the table to an existing trunk (not repacked); tokens equal without it", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   await packTrunk(TINY, t, quiet);
   const before = (await Deno.stat(`${t}/${DATA_FILE}`)).mtime!.getTime();
   const without: number[][] = [];
-  for (const [what, flags] of BUDGETS) {
-    const out = await k3(["run", TINY, ...PROMPT, "--json", "--trunk", t, ...flags]);
+  for (const [what, budget] of BUDGETS) {
+    const out = await k3(["run", TINY, ...PROMPT, "--json", "--trunk", t, ...flagsOf(budget)]);
     assert.equal(out.code, 0, out.stderr);
     assert.match(
       out.stderr,
@@ -58,8 +65,8 @@ Deno.test("item 3: pack --hash-experts adds the table to an existing trunk (not 
   assert.match(added.stderr, /nothing to do/);
   assert.match(added.stderr, /hashed 96 experts/);
   assert.equal((await Deno.stat(`${t}/${DATA_FILE}`)).mtime!.getTime(), before, "trunk.bin not rewritten");
-  for (const [i, [what, flags]] of BUDGETS.entries()) {
-    const out = await k3(["run", TINY, ...PROMPT, "--json", "--trunk", t, ...flags]);
+  for (const [i, [what, budget]] of BUDGETS.entries()) {
+    const out = await k3(["run", TINY, ...PROMPT, "--json", "--trunk", t, ...flagsOf(budget)]);
     assert.equal(out.code, 0, out.stderr);
     assert.doesNotMatch(out.stderr, /not verified/, what);
     assert.deepEqual(jsonIds(out.stdout), without[i], `${what}: tokens with the table equal tokens without`);
@@ -69,7 +76,7 @@ Deno.test("item 3: pack --hash-experts adds the table to an existing trunk (not 
   assert.match(v.stderr, /all 96 routed experts match the expert table/);
 });
 
-Deno.test("item 3: a flipped byte in one expert inside a shard is caught at every budget and by pack --verify", async () => {
+Deno.test("expert table: a flipped byte in one expert inside a shard is caught at every budget and by pack --verify", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`, model = `${d.path}/model`;
   await packTrunk(TINY, t, quiet);
@@ -95,12 +102,12 @@ Deno.test("item 3: a flipped byte in one expert inside a shard is caught at ever
     bad[c.at] ^= 0x10;
     await Deno.writeFile(`${model}/${name}`, bad);
     const why = new RegExp(`layer ${c.L} expert ${c.E} \\(shard ${name.replace(/\./g, "\\.")}\\): checksum mismatch`);
-    for (const [what, flags] of BUDGETS) {
-      const out = await k3(["run", model, ...PROMPT, "--trunk", t, ...flags]);
+    for (const [what, budget] of BUDGETS) {
+      const out = await k3(["run", model, ...PROMPT, "--trunk", t, ...flagsOf(budget)]);
       assertRefusedLast(out, 1, why);
       assert.ok(out.stderr.includes(EXPERTS_FILE), what);
     }
-    assertRefusedLast(await k3(["pack", "--verify", t, model]), 1, why);
+    await assertRejectsLast(verifyPacked(t, model), 1, why);
     await Deno.writeFile(`${model}/${name}`, clean);
   }
   // Without the table the same damage is not detected (what the table is for): exit 0.
@@ -109,11 +116,10 @@ Deno.test("item 3: a flipped byte in one expert inside a shard is caught at ever
   const bad = await Deno.readFile(`${TINY}/${name}`);
   bad[cases[0].at] ^= 0x10;
   await Deno.writeFile(`${model}/${name}`, bad);
-  const out = await k3(["run", model, ...PROMPT, "--trunk", t, ...BUDGETS[2][1]]);
-  assert.equal(out.code, 0, out.stderr);
+  assert.equal((await runIds(model, IDS, GEN, { trunkDir: t, ...BUDGETS[2][1] })).length, GEN);
 });
 
-Deno.test("item 3: a table digest is k3w64 of the expert's six tensor checks (tests/oracle/k3check.py)", async () => {
+Deno.test("expert table: a table digest is k3w64 of the expert's six tensor checks (tests/oracle/k3check.py)", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   await packTrunk(TINY, t, quiet);
@@ -133,7 +139,7 @@ Deno.test("item 3: a table digest is k3w64 of the expert's six tensor checks (te
   }
 });
 
-Deno.test("item 3: a foreign, other-weights, stale-version or damaged expert table is refused (run and pack --verify)", async () => {
+Deno.test("expert table: a foreign, other-weights, stale-version or damaged expert table is refused (run and pack --verify)", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   await packTrunk(TINY, t, quiet);
@@ -155,24 +161,20 @@ Deno.test("item 3: a foreign, other-weights, stale-version or damaged expert tab
     const tb = structuredClone(clean) as unknown as Record<string, unknown>;
     change(tb);
     await Deno.writeTextFile(`${t}/${EXPERTS_FILE}`, JSON.stringify(tb));
-    assertRefusedLast(await k3(["run", TINY, "--ids", "5", "--gen", "1", "--trunk", t]), 1, why);
-    assertRefusedLast(await k3(["pack", "--verify", t, TINY]), 1, why);
+    await assertRejectsLast(runIds(TINY, [5], 1, { trunkDir: t }), 1, why);
+    await assertRejectsLast(verifyPacked(t, TINY), 1, why);
     void what;
   }
   await Deno.writeTextFile(`${t}/${EXPERTS_FILE}`, JSON.stringify(clean).slice(0, 300));
-  assertRefusedLast(
-    await k3(["run", TINY, "--ids", "5", "--gen", "1", "--trunk", t]),
-    1,
-    /not a usable k3 expert table: invalid JSON/,
-  );
-  assertRefusedLast(await k3(["pack", "--verify", t]), 1, /not a usable k3 expert table/);
+  await assertRejectsLast(runIds(TINY, [5], 1, { trunkDir: t }), 1, /not a usable k3 expert table: invalid JSON/);
+  await assertRejectsLast(verifyPacked(t), 1, /not a usable k3 expert table/);
   // a table for a trunk of another model: pack --hash-experts refuses to write it
   await Deno.remove(`${t}/${MANIFEST_FILE}`);
   const out = await k3(["pack", TINY, t, "--hash-experts"]);
   assert.notEqual(out.code, 0);
 });
 
-Deno.test("item 3: experts whose tensors are scattered over shards (per-tensor reads) are verified too", async () => {
+Deno.test("expert table: experts whose tensors are scattered over shards (per-tensor reads) are verified too", async () => {
   await using d = await tempDir();
   const model = `${d.path}/model`, t = `${d.path}/trunk`;
   await Deno.mkdir(model);
@@ -191,18 +193,17 @@ Deno.test("item 3: experts whose tensors are scattered over shards (per-tensor r
   } finally {
     ckpt.close();
   }
-  const ref = await k3(["run", TINY, ...PROMPT, "--json"]);
-  const ok = await k3(["run", model, ...PROMPT, "--json", "--trunk", t, ...BUDGETS[2][1]]);
-  assert.equal(ok.code, 0, ok.stderr);
-  assert.deepEqual(jsonIds(ok.stdout), jsonIds(ref.stdout), "verified per-tensor reads give the same tokens");
+  const ref = await runIds(TINY, IDS, GEN);
+  const ok = await runIds(model, IDS, GEN, { trunkDir: t, ...BUDGETS[2][1] });
+  assert.deepEqual(ok, ref, "verified per-tensor reads give the same tokens");
   const clean = await Deno.readFile(c.file);
   const bad = clean.slice();
   bad[c.at] ^= 0x01;
   await Deno.writeFile(c.file, bad);
   const name = c.file.slice(c.file.lastIndexOf("/") + 1);
   const why = new RegExp(`layer 6 expert 3 \\(shard [^)]*${name.replace(/\./g, "\\.")}[^)]*\\): checksum mismatch`);
-  for (const [, flags] of BUDGETS) {
-    assertRefusedLast(await k3(["run", model, ...PROMPT, "--trunk", t, ...flags]), 1, why);
+  for (const [, budget] of BUDGETS) {
+    await assertRejectsLast(runIds(model, IDS, GEN, { trunkDir: t, ...budget }), 1, why);
   }
-  assertRefusedLast(await k3(["pack", "--verify", t, model]), 1, why);
+  await assertRejectsLast(verifyPacked(t, model), 1, why);
 });

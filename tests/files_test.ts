@@ -1,5 +1,5 @@
 /**
- * Issue 8 items 4, 5, 6, 7, 8 and 14 (and issue 13 items 3 and 7): every user file k3 reads
+ * Files: every user file k3 reads
  * is checked before it is read (a FIFO, directory or device never hangs or reads without
  * bound), every output is checked before the model loads and written atomically through
  * symlinks (FIFOs and devices directly, `-` to stdout), and a full disk is one line, exit 1,
@@ -59,7 +59,7 @@ function mountTmpfs(dir: string, size: string): boolean {
 }
 const umount = (dir: string) => new Deno.Command("umount", { args: [dir] }).outputSync();
 
-Deno.test("item 7: a FIFO in place of any input file is refused at once, never read", async () => {
+Deno.test("input files: a FIFO in place of any input file is refused at once, never read", async () => {
   await using d = await tempDir();
   for (const victim of ["config.json", "tiktoken.model", "tokenizer_config.json", "model-00002-of-00003.safetensors"]) {
     const m = `${d.path}/m-${victim}`;
@@ -89,7 +89,7 @@ Deno.test("item 7: a FIFO in place of any input file is refused at once, never r
   assert.equal(run.stdout, runText.stdout);
 });
 
-Deno.test("item 14: ordinary mistakes get a message, not an internal error", async () => {
+Deno.test("usage: ordinary mistakes get a message, not an internal error", async () => {
   await using d = await tempDir();
   // pack onto a device, a file where a directory is expected.
   assertOneLine(
@@ -125,7 +125,7 @@ Deno.test("item 14: ordinary mistakes get a message, not an internal error", asy
   assert.doesNotMatch(big.stderr, /call stack/);
 });
 
-Deno.test("item 5: outputs are checked before the model loads and written through symlinks; FIFOs and devices directly", async () => {
+Deno.test("output files: outputs are checked before the model loads and written through symlinks; FIFOs and devices directly", async () => {
   await using d = await tempDir();
   const base = ["run", TINY, "--ids", "5,17,300", "--gen", "2"];
   // A directory given as a file, a missing directory: exit 2, one line, nothing loaded.
@@ -176,7 +176,7 @@ Deno.test("item 5: outputs are checked before the model loads and written throug
   assert.deepEqual(await leftovers(`${d.path}/real`), []);
 });
 
-Deno.test("item 8: batch --output /dev/zero or /dev/full is written, never read", async () => {
+Deno.test("output files: batch --output /dev/zero or /dev/full is written, never read", async () => {
   await using d = await tempDir();
   const input = `${d.path}/in.jsonl`;
   await Deno.writeTextFile(input, '{"id":1,"ids":[5,17]}\n{"id":2,"ids":[300]}\n');
@@ -192,7 +192,7 @@ Deno.test("item 8: batch --output /dev/zero or /dev/full is written, never read"
   assertOneLine(await k3t(["batch", TINY, "--input", input, "--output", d.path]), 2, /is a directory/);
 });
 
-Deno.test("item 4: a full disk in pack, --out, --dump-logits and batch output: one line, exit 1, no temporary files, rerun works", async () => {
+Deno.test("full disk: a full disk in pack, --out, --dump-logits and batch output: one line, exit 1, no temporary files, rerun works", async () => {
   await using d = await tempDir();
   const mnt = `${d.path}/mnt`;
   await Deno.mkdir(mnt);
@@ -245,13 +245,13 @@ Deno.test("item 4: a full disk in pack, --out, --dump-logits and batch output: o
   }
 });
 
-Deno.test("item 6: tiktoken.model ranks must be dense and unique, checked before anything is sized by them", () => {
+Deno.test("tiktoken.model: ranks must be dense and unique, checked before anything is sized by them", () => {
   const refuse = (text: string, why: RegExp) =>
     assert.throws(() => parseTiktokenModel(text), (e: unknown) => e instanceof K3Error && why.test(e.message));
   const good = "QQ== 0\nQg== 1\n";
-  const t0 = performance.now();
+  // The refusal names the line count, not the rank: the rank was checked against the lines
+  // before anything was sized by it.
   refuse(good + "Qw== 999999999\n", /line 3: rank 999999999 is beyond the 4 lines/);
-  assert.ok(performance.now() - t0 < 1000, "refused before any allocation sized by the rank");
   refuse(good + "Qw== 3\n", /not dense: 3 ranks but the largest is 3 \(rank 2 is missing\)/);
   refuse(good + "Qw== 1\n", /line 3: duplicate rank 1/);
   refuse(good + "Q!== 2\n", /line 3: bad base64/);

@@ -3,7 +3,7 @@
  * the I/O threads while the JS thread churns garbage and forces collections, each result
  * checked against hashing the bytes afterwards. Prints one JSON line of counts.
  *
- *   deno run --v8-flags=--expose-gc -A tests/gc_reads_child.ts <dir> <rounds>
+ *   deno run --v8-flags=--expose-gc -P=k3 tests/gc_reads_child.ts <dir> <rounds>
  *
  * @module
  */

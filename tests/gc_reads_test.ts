@@ -8,13 +8,14 @@
  */
 
 import assert from "node:assert/strict";
+import { K3_PERMISSIONS } from "../cli/permissions.ts";
 import { ROOT, runCmd, tempDir } from "./helpers.ts";
 
 Deno.test("hashed reads give the bytes' own digests while GCs run during the reads", async () => {
   await using dir = await tempDir();
   const out = await runCmd(
     Deno.execPath(),
-    ["run", "--v8-flags=--expose-gc", "-A", `${ROOT}/tests/gc_reads_child.ts`, dir.path, "130"],
+    ["run", "--v8-flags=--expose-gc", ...K3_PERMISSIONS, `${ROOT}/tests/gc_reads_child.ts`, dir.path, "130"],
     { seconds: 120 },
   );
   assert.equal(out.code, 0, out.stderr);

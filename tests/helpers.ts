@@ -174,3 +174,54 @@ export function noise(n: number, seed: number): Uint8Array {
   }
   return out;
 }
+
+/** A running `k3 <args>` subprocess (deno.json's set "k3", as {@link k3}) whose stderr is
+ * collected as it arrives, so a test can wait for a line instead of sleeping or polling. */
+export class K3Process {
+  /** Everything written to stderr so far. */
+  stderr = "";
+  readonly child: Deno.ChildProcess;
+  #waiters: { holds: (stderr: string) => boolean; resolve: () => void }[] = [];
+  readonly #reading: Promise<void>;
+
+  constructor(args: string[]) {
+    this.child = new Deno.Command(Deno.execPath(), {
+      args: ["run", ...K3_PERMISSIONS, `${ROOT}/main.ts`, ...args],
+      stdin: "null",
+      stdout: "null",
+      stderr: "piped",
+    }).spawn();
+    const stderr = this.child.stderr;
+    this.#reading = (async () => {
+      const dec = new TextDecoder();
+      for await (const chunk of stderr) {
+        this.stderr += dec.decode(chunk, { stream: true });
+        this.#waiters = this.#waiters.filter((w) => !(w.holds(this.stderr) && (w.resolve(), true)));
+      }
+    })();
+  }
+
+  /** Resolves once `holds(stderr)` is true (rejects if the process ends first). */
+  async until(what: string, holds: (stderr: string) => boolean): Promise<void> {
+    if (holds(this.stderr)) return;
+    await Promise.race([
+      new Promise<void>((resolve) => this.#waiters.push({ holds, resolve })),
+      this.exit().then((s) => {
+        if (!holds(this.stderr)) throw new Error(`k3 exited (${s.code}) before ${what}: ${this.stderr}`);
+      }),
+    ]);
+  }
+
+  /** Resolves with the match once stderr matches `re` (rejects if the process ends first). */
+  async waitFor(re: RegExp): Promise<RegExpExecArray> {
+    await this.until(String(re), (stderr) => re.test(stderr));
+    return re.exec(this.stderr)!;
+  }
+
+  /** Exit status, after stderr has been read to the end. */
+  async exit(): Promise<Deno.CommandStatus> {
+    const s = await this.child.status;
+    await this.#reading;
+    return s;
+  }
+}

@@ -1,5 +1,5 @@
 /**
- * Issue 8 items 9, 10, 11 and 13: checkpoint headers and configs that used to slip through
+ * Checkpoint headers and configs that used to slip through
  * (a zero-size tensor hiding an overlap, a config leaving language-model tensors unused,
  * sizes out of any sane range), and messages that quoted user data with raw newlines.
  *
@@ -14,7 +14,7 @@ import { TINY } from "./helpers.ts";
 
 const tinyConfig = async () => JSON.parse(await Deno.readTextFile(`${TINY}/config.json`));
 
-Deno.test("item 9: a zero-size tensor between two overlapping tensors does not hide the overlap", async () => {
+Deno.test("safetensors: a zero-size tensor between two overlapping tensors does not hide the overlap", async () => {
   const out = await runDamaged(async (dir) => {
     const file = (await shards(dir))[0];
     await editHeader(file, (h) => {
@@ -35,7 +35,7 @@ Deno.test("item 9: a zero-size tensor between two overlapping tensors does not h
   assertRefused(out, 1, /overlaps/);
 });
 
-Deno.test("item 10: a config that leaves language-model tensors unused is refused (exit 2) naming one", async () => {
+Deno.test("config: a config that leaves language-model tensors unused is refused (exit 2) naming one", async () => {
   const noShared = await runDamaged(async (dir) => {
     const cfg = await tinyConfig();
     cfg.text_config.num_shared_experts = 0;
@@ -68,7 +68,7 @@ Deno.test("item 10: a config that leaves language-model tensors unused is refuse
   assert.equal(vision.code, 0, vision.stderr);
 });
 
-Deno.test("item 11: every config size has a sane range, checked before anything is sized by it", async () => {
+Deno.test("config: every size has a sane range, checked before anything is sized by it", async () => {
   const base = await tinyConfig();
   // deno-lint-ignore no-explicit-any
   const cases: [string, (c: any) => void, RegExp][] = [
@@ -89,14 +89,13 @@ Deno.test("item 11: every config size has a sane range, checked before anything 
   for (const [what, edit, why] of cases) {
     const c = structuredClone(base);
     edit(c);
-    const t0 = performance.now();
+    // The range check's own message: refused by the check, before anything was sized.
     assert.throws(() => parseConfig(c), (e: unknown) => {
       assert.ok(e instanceof K3Error, `${what}: ${e}`);
       assert.equal(e.exitCode, 2, what);
       assert.match(e.message, why, what);
       return true;
     });
-    assert.ok(performance.now() - t0 < 5000, `${what}: refused before sizing anything`);
   }
   const out = await runDamaged(async (dir) => {
     const c = structuredClone(base);
@@ -106,7 +105,7 @@ Deno.test("item 11: every config size has a sane range, checked before anything 
   assertRefused(out, 2, /num_hidden_layers/);
 });
 
-Deno.test("item 13: every message is one line: JSON errors, a BOM, and a tensor name with a newline", async () => {
+Deno.test("messages: every message is one line: JSON errors, a BOM, and a tensor name with a newline", async () => {
   for (const text of ['{\n"a":\n}', "\uFEFF{}", '{ // comment\n"a": 1 }']) {
     const out = await runDamaged(async (dir) => await Deno.writeTextFile(`${dir}/config.json`, text));
     assertRefused(out, 2, /config\.json/);

@@ -1,5 +1,5 @@
 /**
- * Issue 8 items 1 and 2: a packed trunk is never trusted. Every field of the manifest is
+ * A packed trunk is never trusted. Every field of the manifest is
  * checked against the config and the region sizes (by the run and by `pack --verify`), and
  * every byte of every read piece, streamed or pinned, is verified against its checksum.
  *
@@ -9,14 +9,15 @@
 import assert from "node:assert/strict";
 import { packTrunk } from "../pack/pack.ts";
 import { DATA_FILE, MANIFEST_FILE, type TrunkManifest } from "../engine/weights/manifest.ts";
-import { k3, tempDir, TINY } from "./helpers.ts";
-import { assertRefusedLast } from "./damage.ts";
+import { tempDir, TINY } from "./helpers.ts";
+import { assertRejectsLast, runIds, verifyPacked } from "./damage.ts";
 
 const quiet = { log: null };
-/** Budget that streams every layer of the tiny model through the ring (0 pinned). */
-const STREAM_ALL = ["--trunk-gb", "0.0003", "--cache-gb", "0.0001"];
+/** Budget that streams every layer of the tiny model through the ring (0 pinned):
+ * `--trunk-gb 0.0003 --cache-gb 0.0001`. */
+const STREAM_ALL = { trunkGB: 0.0003, cacheGB: 0.0001 };
 
-Deno.test("item 1: a tampered trunk manifest is refused by the run and by pack --verify (shape, offset, keep, bytes, region)", async () => {
+Deno.test("trunk manifest: a tampered one is refused by the run and by pack --verify (shape, offset, keep, bytes, region)", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   await packTrunk(TINY, t, quiet);
@@ -51,15 +52,15 @@ Deno.test("item 1: a tampered trunk manifest is refused by the run and by pack -
     tamper(m);
     await Deno.writeTextFile(`${dir}/${MANIFEST_FILE}`, JSON.stringify(m));
     const why = /not a usable k3 trunk manifest|does not match the model/;
-    assertRefusedLast(await k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", dir]), 1, why);
-    assertRefusedLast(await k3(["pack", "--verify", dir, TINY]), 1, why);
+    await assertRejectsLast(runIds(TINY, [5, 17, 300], 2, { trunkDir: dir }), 1, why);
+    await assertRejectsLast(verifyPacked(dir, TINY), 1, why);
     // Without the model, the structure alone (what the shapes imply) refuses all but the
     // swap, which is well-formed; the model check above catches that one.
-    if (what !== "two tensors swapped") assertRefusedLast(await k3(["pack", "--verify", dir]), 1, why);
+    if (what !== "two tensors swapped") await assertRejectsLast(verifyPacked(dir), 1, why);
   }
 });
 
-Deno.test("item 2: a bit flip anywhere in a layer stops the run (exit 1): streamed, the tensor is named; pinned, the piece", async () => {
+Deno.test("trunk pieces: a bit flip anywhere in a layer stops the run (exit 1): streamed, the tensor is named; pinned, the piece", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   // 4 KiB pieces, so a layer has 34-61 pieces and the flip's piece is named exactly.
@@ -95,17 +96,20 @@ Deno.test("item 2: a bit flip anywhere in a layer stops the run (exit 1): stream
     const bad = data.slice();
     bad[r.offset + pos] ^= 0x04;
     await Deno.writeFile(`${flip}/${DATA_FILE}`, bad);
-    const ids = i % 2 ? "5" : "5,17,300";
-    const out = await k3(["run", TINY, "--ids", ids, "--gen", "2", "--trunk", flip, ...STREAM_ALL]);
-    assertRefusedLast(
-      out,
+    const ids = i % 2 ? [5] : [5, 17, 300];
+    await assertRejectsLast(
+      runIds(TINY, ids, 2, { trunkDir: flip, ...STREAM_ALL }),
       1,
       new RegExp(`layer ${L} \\(streamed\\): tensor ${esc(e.name)}: checksum mismatch \\(manifest [0-9a-f]{16}, data `),
     );
     // Pinned (everything resident from the trunk): the pieces are checked on the pin read.
     if (i < 4) {
-      const pinned = await k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", flip]);
-      assertRefusedLast(pinned, 1, new RegExp(`layer ${L}: checksum mismatch in piece ${Math.floor(pos / 4096)} `));
+      const pinned = runIds(TINY, [5, 17, 300], 2, { trunkDir: flip });
+      await assertRejectsLast(
+        pinned,
+        1,
+        new RegExp(`layer ${L}: checksum mismatch in piece ${Math.floor(pos / 4096)} `),
+      );
     }
   }
   // A flip in the embedding and in the head region (read and verified when resident).
@@ -113,16 +117,18 @@ Deno.test("item 2: a bit flip anywhere in a layer stops the run (exit 1): stream
     const bad = data.slice();
     bad[r.offset + Math.floor(r.bytes / 2)] ^= 0x80;
     await Deno.writeFile(`${flip}/${DATA_FILE}`, bad);
-    const out = await k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", flip, ...STREAM_ALL]);
-    assertRefusedLast(out, 1, /checksum mismatch in piece/);
+    await assertRejectsLast(
+      runIds(TINY, [5, 17, 300], 2, { trunkDir: flip, ...STREAM_ALL }),
+      1,
+      /checksum mismatch in piece/,
+    );
   }
   // The clean trunk at the same budget runs and gives the reference ids.
   await Deno.copyFile(`${t}/${DATA_FILE}`, `${flip}/${DATA_FILE}`);
-  const ok = await k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", flip, ...STREAM_ALL]);
-  assert.equal(ok.code, 0, ok.stderr);
+  assert.equal((await runIds(TINY, [5, 17, 300], 2, { trunkDir: flip, ...STREAM_ALL })).length, 2);
 });
 
-Deno.test("item 2: a version 1 trunk (no piece checksums), 2 (k3h64) or 3 (no tensor checks) is refused with the advice to re-pack", async () => {
+Deno.test("trunk versions: a version 1 trunk (no piece checksums), 2 (k3h64) or 3 (no tensor checks) is refused with the advice to re-pack", async () => {
   await using d = await tempDir();
   const t = `${d.path}/trunk`;
   await packTrunk(TINY, t, quiet);
@@ -136,16 +142,16 @@ Deno.test("item 2: a version 1 trunk (no piece checksums), 2 (k3h64) or 3 (no te
     else if (version === 2) m.checksum = "k3h64";
     else for (const r of m.layer) for (const x of r.tensors) delete x.check;
     await Deno.writeTextFile(`${t}/${MANIFEST_FILE}`, JSON.stringify(m));
-    assertRefusedLast(
-      await k3(["run", TINY, "--ids", "5", "--gen", "1", "--trunk", t]),
+    await assertRejectsLast(
+      runIds(TINY, [5], 1, { trunkDir: t }),
       1,
       new RegExp(`version ${version}, .*k3w64.*re-pack it with k3 pack --force`),
     );
-    assertRefusedLast(await k3(["pack", "--verify", t]), 1, new RegExp(`version ${version}`));
+    await assertRejectsLast(verifyPacked(t), 1, new RegExp(`version ${version}`));
   }
   // the checksum name is checked too
   const m = structuredClone(clean);
   m.checksum = "k3h64";
   await Deno.writeTextFile(`${t}/${MANIFEST_FILE}`, JSON.stringify(m));
-  assertRefusedLast(await k3(["pack", "--verify", t]), 1, /checksum "k3h64", expected "k3w64"/);
+  await assertRejectsLast(verifyPacked(t), 1, /checksum "k3h64", expected "k3w64"/);
 });

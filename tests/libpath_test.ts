@@ -18,6 +18,7 @@ import {
   sha256Hex,
 } from "../engine/native/libpath.ts";
 import { openKernels } from "../engine/native/ffi.ts";
+import { permissionFlags } from "../cli/permissions.ts";
 import { k3, ROOT, runCmd, tempDir } from "./helpers.ts";
 
 const envOf = (vars: Record<string, string>) => (name: string) => vars[name];
@@ -221,9 +222,7 @@ Deno.test("deno task compile: the library is embedded verbatim, and a binary tha
       `${f} bytes inside the binary`,
     );
   }
-  const task = await runCmd(Deno.execPath(), ["run", "-A", `${ROOT}/cli/compile.ts`, "--output", `${dir.path}/k3b`], {
-    env: { DENORT_BIN: Deno.execPath() },
-  });
+  const task = await compileTask(`${dir.path}/k3b`, { DENORT_BIN: Deno.execPath() });
   assert.equal(task.code, 1, task.stderr);
   assert.match(task.stderr, /compile: the built binary is not k3: .*--version printed "deno \d+\.\d+\.\d+.*not "k3 \d/);
   assert.match(
@@ -236,32 +235,27 @@ Deno.test("deno task compile: the library is embedded verbatim, and a binary tha
 Deno.test("deno task compile without denort: a clear message naming DENORT_BIN, exit 1", async () => {
   await using dir = await tempDir();
   // An unreachable proxy makes the runtime download fail the same way offline does.
-  const res = await runCmd(Deno.execPath(), [
-    "run",
-    "-A",
-    `${ROOT}/cli/compile.ts`,
-    "--output",
-    `${dir.path}/k3`,
-  ], {
-    env: { HTTPS_PROXY: "http://127.0.0.1:9", HTTP_PROXY: "http://127.0.0.1:9", DENORT_BIN: "" },
+  const res = await compileTask(`${dir.path}/k3`, {
+    HTTPS_PROXY: "http://127.0.0.1:9",
+    HTTP_PROXY: "http://127.0.0.1:9",
+    DENORT_BIN: "",
   });
   assert.equal(res.code, 1, res.stderr);
   assert.match(
     res.stderr,
     /deno compile needs Deno's runtime "denort" \d+\.\d+\.\d+.*\n.*\n.*DENORT_BIN=\$PWD\/denort deno task compile/,
   );
-  const bad = await runCmd(Deno.execPath(), [
-    "run",
-    "-A",
-    `${ROOT}/cli/compile.ts`,
-    "--output",
-    `${dir.path}/k3`,
-  ], {
-    env: { DENORT_BIN: `${dir.path}/nope` },
-  });
+  const bad = await compileTask(`${dir.path}/k3`, { DENORT_BIN: `${dir.path}/nope` });
   assert.equal(bad.code, 1);
   assert.match(bad.stderr, /DENORT_BIN=.*nope does not exist/);
 });
+
+/** `deno task compile --output <output>` (its permission set, deno.json's "compile") with `env`. */
+function compileTask(output: string, env: Record<string, string>) {
+  return runCmd(Deno.execPath(), ["run", ...permissionFlags("compile"), `${ROOT}/cli/compile.ts`, "--output", output], {
+    env,
+  });
+}
 
 /** First index of `needle` in `hay`, or -1. */
 function indexOf(hay: Uint8Array, needle: Uint8Array): number {

@@ -13,6 +13,8 @@ import { layerTensors } from "../engine/model/tensors.ts";
 import { loadConfig } from "../engine/model/config.ts";
 import { jsonIds, k3, python, readReference, tempDir, TINY } from "./helpers.ts";
 import { shuffledCopy } from "./shuffled.ts";
+import { assertRejectsLast, runIds, verifyPacked } from "./damage.ts";
+import type { MemoryOptions } from "../engine/weights/plan.ts";
 
 const quiet = { log: null };
 
@@ -140,8 +142,11 @@ Deno.test("a damaged or foreign trunk is refused with exit 1: flipped byte, trun
   await packTrunk(TINY, t, quiet);
   const m = await readManifest(t);
   const data = await Deno.readFile(`${t}/${DATA_FILE}`);
-  const run = (trunk: string, budget: string[] = []) =>
-    k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", trunk, ...budget]);
+  // What `k3 run TINY --ids 5,17,300 --gen 2 --trunk <trunk> [budget]` does, in-process.
+  const run = (trunk: string, budget: MemoryOptions = {}) =>
+    runIds(TINY, [5, 17, 300], 2, { trunkDir: trunk, ...budget });
+  /** `--trunk-gb 0.0006 --cache-gb 0.0001`: layer 7 on is streamed. */
+  const STREAMED = { trunkGB: 0.0006, cacheGB: 0.0001 };
 
   // A flipped byte in the middle of layer 5: caught when pinned (piece checksums) and by --verify.
   const flip = `${d.path}/flip`;
@@ -150,20 +155,18 @@ Deno.test("a damaged or foreign trunk is refused with exit 1: flipped byte, trun
   const bad = data.slice();
   bad[m.layer[5].offset + 3000] ^= 0x10;
   await Deno.writeFile(`${flip}/${DATA_FILE}`, bad);
-  let out = await run(flip);
-  assert.equal(out.code, 1, out.stderr);
-  assert.match(out.stderr, /layer 5: checksum mismatch/);
-  out = await k3(["pack", "--verify", flip]);
-  assert.equal(out.code, 1);
-  assert.match(out.stderr, /layer 5: checksum mismatch/);
+  await assertRejectsLast(run(flip), 1, /layer 5: checksum mismatch/);
+  await assertRejectsLast(verifyPacked(flip), 1, /layer 5: checksum mismatch/);
   // A flipped byte in a streamed layer's first page (its first vector): caught when the
   // layer is handed out.
   const bad2 = data.slice();
   bad2[m.layer[7].offset + 100] ^= 0x01;
   await Deno.writeFile(`${flip}/${DATA_FILE}`, bad2);
-  out = await run(flip, ["--trunk-gb", "0.0006", "--cache-gb", "0.0001"]);
-  assert.equal(out.code, 1, out.stderr);
-  assert.match(out.stderr, /layer 7 \(streamed\): tensor layers\.7\.[a-z_.]+: checksum mismatch/);
+  await assertRejectsLast(
+    run(flip, STREAMED),
+    1,
+    /layer 7 \(streamed\): tensor layers\.7\.[a-z_.]+: checksum mismatch/,
+  );
   // A manifest whose tensor check does not fit its (sound) bytes: --verify and a streamed
   // run name the tensor.
   await Deno.writeFile(`${flip}/${DATA_FILE}`, data);
@@ -171,13 +174,14 @@ Deno.test("a damaged or foreign trunk is refused with exit 1: flipped byte, trun
   const victim = forged.layer[9].tensors.find((x) => x.keep === "matrix")!;
   victim.check = victim.check.replace(/^./, (c) => (c === "0" ? "1" : "0"));
   await Deno.writeTextFile(`${flip}/${MANIFEST_FILE}`, JSON.stringify(forged));
-  out = await k3(["pack", "--verify", flip]);
-  assert.equal(out.code, 1, out.stderr);
-  assert.match(out.stderr, new RegExp(`layer 9: tensor ${victim.name.replaceAll(".", "\\.")}: checksum mismatch`));
-  out = await run(flip, ["--trunk-gb", "0.0006", "--cache-gb", "0.0001"]);
-  assert.equal(out.code, 1, out.stderr);
-  assert.match(
-    out.stderr,
+  await assertRejectsLast(
+    verifyPacked(flip),
+    1,
+    new RegExp(`layer 9: tensor ${victim.name.replaceAll(".", "\\.")}: checksum mismatch`),
+  );
+  await assertRejectsLast(
+    run(flip, STREAMED),
+    1,
     new RegExp(`layer 9 \\(streamed\\): tensor ${victim.name.replaceAll(".", "\\.")}: checksum`),
   );
   await Deno.copyFile(`${t}/${MANIFEST_FILE}`, `${flip}/${MANIFEST_FILE}`);
@@ -187,12 +191,8 @@ Deno.test("a damaged or foreign trunk is refused with exit 1: flipped byte, trun
   await Deno.mkdir(trunc);
   await Deno.copyFile(`${t}/${MANIFEST_FILE}`, `${trunc}/${MANIFEST_FILE}`);
   await Deno.writeFile(`${trunc}/${DATA_FILE}`, data.subarray(0, data.length - 8192));
-  out = await run(trunc, ["--trunk-gb", "0.0006", "--cache-gb", "0.0001"]);
-  assert.equal(out.code, 1);
-  assert.match(out.stderr, /truncated/);
-  out = await k3(["pack", "--verify", trunc]);
-  assert.equal(out.code, 1);
-  assert.match(out.stderr, /truncated/);
+  await assertRejectsLast(run(trunc, STREAMED), 1, /truncated/);
+  await assertRejectsLast(verifyPacked(trunc), 1, /truncated/);
 
   // A manifest (and data) from another model: another shape, and the same shape with other weights.
   for (
@@ -205,23 +205,16 @@ Deno.test("a damaged or foreign trunk is refused with exit 1: flipped byte, trun
     const other = `${d.path}/model-${name}`;
     await python("gen_model.py", [other, "--preset", "tiny", ...args]);
     await packTrunk(other, `${other}-trunk`, quiet);
-    out = await run(`${other}-trunk`);
-    assert.equal(out.code, 1, out.stderr);
-    assert.match(out.stderr, why);
-    out = await k3(["pack", "--verify", `${other}-trunk`, TINY]);
-    assert.equal(out.code, 1);
+    await assertRejectsLast(run(`${other}-trunk`), 1, why);
+    await assertRejectsLast(verifyPacked(`${other}-trunk`, TINY), 1, /./);
   }
 
   // An interrupted pack (data under its temporary name, no manifest) is not a trunk.
   const partial = `${d.path}/partial`;
   await Deno.mkdir(partial);
   await Deno.writeFile(`${partial}/${DATA_FILE}.partial`, data);
-  out = await run(partial);
-  assert.equal(out.code, 1);
-  assert.match(out.stderr, /not a packed trunk/);
+  await assertRejectsLast(run(partial), 1, /not a packed trunk/);
   // ... and a corrupt manifest is refused with a clear message.
   await Deno.writeTextFile(`${partial}/${MANIFEST_FILE}`, '{"format":"k3-trunk","version":99}');
-  out = await run(partial);
-  assert.equal(out.code, 1);
-  assert.match(out.stderr, /version 99/);
+  await assertRejectsLast(run(partial), 1, /version 99/);
 });

@@ -7,6 +7,7 @@
  */
 
 import assert from "node:assert/strict";
+import { K3_PERMISSIONS } from "../cli/permissions.ts";
 import { jsonIds, k3, type Output, readReference, ROOT, tempDir, TINY } from "./helpers.ts";
 
 const SAMPLED = ["--temperature", "0.9", "--top-p", "0.95", "--top-k", "50", "--seed", "7"];
@@ -128,7 +129,7 @@ Deno.test("run: SIGINT stops cleanly: the text so far on stdout, --out with fini
   const child = new Deno.Command(Deno.execPath(), {
     args: [
       "run",
-      "--allow-all",
+      ...K3_PERMISSIONS,
       `${ROOT}/main.ts`,
       "run",
       TINY,

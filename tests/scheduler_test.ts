@@ -30,12 +30,15 @@ interface Outcome {
   finish: string;
 }
 
-function request(job: Job, out: Outcome): SequenceRequest {
+function request(job: Job, out: Outcome, onToken?: () => void): SequenceRequest {
   return {
     prompt: job.prompt,
     maxTokens: job.gen,
     stopIds: job.stopIds,
-    onToken: (_t, logits) => void out.logits.push(new Uint32Array(logits.slice().buffer)),
+    onToken: (_t, logits) => {
+      out.logits.push(new Uint32Array(logits.slice().buffer));
+      onToken?.();
+    },
   };
 }
 
@@ -65,10 +68,16 @@ async function soloAndBatched(dir: string, jobs: Job[], memory: MemoryOptions | 
     const batched: Outcome[] = jobs.map(() => ({ tokens: [], logits: [], finish: "" }));
     // The first half starts together; the rest join once the first have begun decoding.
     const half = Math.ceil(jobs.length / 2);
-    const first = jobs.slice(0, half).map((j, i) => sched.submit(request(j, batched[i])));
-    while (batched.slice(0, half).every((b) => b.tokens.length === 0 && b.logits.length < 2)) {
-      await new Promise((r) => setTimeout(r, 0));
-    }
+    // The first wave is decoding once one of its sequences has chosen its second token.
+    const decoding = Promise.withResolvers<void>();
+    const first = jobs.slice(0, half).map((j, i) =>
+      sched.submit(request(j, batched[i], () => {
+        if (batched[i].logits.length >= 2) decoding.resolve();
+      }))
+    );
+    // A first wave that ends before any sequence has two tokens lets the rest join then.
+    Promise.all(first).then(() => decoding.resolve(), () => decoding.resolve());
+    await decoding.promise;
     const rest = jobs.slice(half).map((j, i) => sched.submit(request(j, batched[half + i])));
     const results = await Promise.all([...first, ...rest]);
     results.forEach((r, i) => {

@@ -6,7 +6,7 @@
  */
 
 import assert from "node:assert/strict";
-import { K3_PERMISSIONS, PERMISSION_SETS } from "../cli/permissions.ts";
+import { K3_PERMISSIONS, PERMISSION_SETS, permissionFlags } from "../cli/permissions.ts";
 import { k3, ROOT, runCmd, tempDir, TINY } from "./helpers.ts";
 
 const denoJson = JSON.parse(await Deno.readTextFile(`${ROOT}/deno.json`));
@@ -71,7 +71,7 @@ Deno.test("deno task bundle: dist/k3.js alone in an empty directory runs the tin
   await using dir = await tempDir();
   const build = await runCmd(Deno.execPath(), [
     "run",
-    "-A",
+    ...permissionFlags("compile"),
     `${ROOT}/cli/bundle.ts`,
     "--output",
     `${dir.path}/build/k3.js`,

@@ -369,11 +369,8 @@ Deno.test("specials: matched only when allowed", () => {
 Deno.test("specials: a K3-shaped vocabulary gives K3's ids", () => {
   const dir = writeVocabDir(o200kModel(163584), k3AddedTokens(163584));
   try {
-    const t0 = performance.now();
+    // How long the load takes is bench/tokenizer_bench.ts's "load K3-sized" row.
     const tok = Tokenizer.load(dir);
-    const ms = performance.now() - t0;
-    // Generous bound for a loaded CI machine; the bench reports the real figure.
-    assert.ok(ms < 3000, `loading 163,584 ranks took ${ms.toFixed(0)} ms`);
     assert.equal(tok.rankCount, 163584);
     assert.equal(tok.vocabSize, 163840);
     assert.deepEqual(

@@ -1,5 +1,5 @@
 /**
- * Issue 8: at `--preset ultra` the embedding rows and lm_head chunks streamed from a packed
+ * At `--preset ultra` the embedding rows and lm_head chunks streamed from a packed
  * trunk are verified too (whole pieces, each against the manifest): a flip in an embedding
  * row or in an lm_head chunk stops the run (exit 1), and the verified reads give the same
  * tokens as the resident model. Hidden 96 (192-byte rows: rows straddle 4 KiB pieces) and
