@@ -10,7 +10,7 @@ import assert from "node:assert/strict";
 import { K3Error } from "../engine/errors.ts";
 import { generate } from "../engine/generate/generate.ts";
 import type { MemoryOptions } from "../engine/weights/plan.ts";
-import { openModel } from "../engine/weights/load.ts";
+import { openModel } from "../engine/open.ts";
 import { verifyExperts } from "../pack/experts.ts";
 import { verifyTrunk } from "../pack/verify.ts";
 import { copyDir, k3, type Output, tempDir, TINY } from "./helpers.ts";

@@ -1,0 +1,200 @@
+/**
+ * The oracle suite: the engine against the independent float64 NumPy reference.
+ *
+ * Teacher forcing (argmax at every position), greedy decode of 20 tokens, incremental
+ * decode equal to full recompute, on the committed tiny model (13 layers, hidden 128,
+ * block 3, MLA at one-based 4,8,12,13). Then freshly generated models
+ * of other shapes, with the live reference, so the suite is not tuned to one checkpoint.
+ */
+
+import assert from "node:assert/strict";
+import { generate, teacherForce } from "../../engine/generate/generate.ts";
+import { argmax } from "../../engine/generate/sampling.ts";
+import { openModel } from "../../engine/open.ts";
+import { python, readReference, tempDir, TINY } from "../helpers.ts";
+
+/** Max |a - b| over two logit arrays. */
+function maxAbsDiff(a: Float32Array, b: Float32Array): number {
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
+  return m;
+}
+
+/** Checks the engine against a reference run on `dir`; returns the max logit difference. */
+async function checkAgainstReference(dir: string, refPath: string, logitsPath: string, chunk = 16): Promise<number> {
+  const ref = await readReference(refPath);
+  const refLogits = new Float32Array((await Deno.readFile(logitsPath)).buffer);
+  const seq = [...ref.prompt_ids, ...ref.generated_ids.slice(0, -1)];
+  const opened = await openModel(dir, { capacity: seq.length + 1, chunk });
+  try {
+    const V = opened.cfg.vocabSize;
+    assert.equal(refLogits.length, seq.length * V, "reference logits cover every position");
+    // Teacher forcing, argmax at every position.
+    let maxDiff = 0;
+    const am = await teacherForce(opened.model, seq, (pos, row) => {
+      maxDiff = Math.max(maxDiff, maxAbsDiff(row, refLogits.subarray(pos * V, (pos + 1) * V)));
+    });
+    assert.deepEqual(am, ref.argmax, "teacher-forced argmax at every position");
+    // Greedy decode, both modes.
+    for (const incremental of [false, true]) {
+      const steps = await generate(opened.model, ref.prompt_ids, { gen: ref.generated_ids.length, incremental });
+      assert.deepEqual(
+        steps.map((s) => s.token),
+        ref.generated_ids,
+        `greedy (${incremental ? "incremental" : "full recompute"})`,
+      );
+    }
+    return maxDiff;
+  } finally {
+    opened.close();
+  }
+}
+
+Deno.test("tiny model: teacher forcing and greedy 20 tokens equal the reference", async () => {
+  const maxDiff = await checkAgainstReference(TINY, `${TINY}/reference.json`, `${TINY}/reference_logits.f32`);
+  console.log(`tiny model: max |logit - reference| = ${maxDiff.toExponential(3)}`);
+  assert.ok(maxDiff < 1e-3, `max logit difference ${maxDiff} within 1e-3`);
+});
+
+Deno.test("decode: incremental decode equals full recompute, and chunked prefill equals token by token, bit for bit", async () => {
+  const ref = await readReference(`${TINY}/reference.json`);
+  const seq = [...ref.prompt_ids, ...ref.generated_ids];
+  const logitsBy = async (chunk: number) => {
+    const opened = await openModel(TINY, { capacity: seq.length, chunk });
+    try {
+      const rows: Float32Array[] = [];
+      await teacherForce(opened.model, seq, (_p, row) => rows.push(row.slice()));
+      const greedyFull = await generate(opened.model, ref.prompt_ids, { gen: 20, incremental: false });
+      const greedyInc = await generate(opened.model, ref.prompt_ids, { gen: 20, incremental: true });
+      return { rows, full: greedyFull.map((s) => s.token), inc: greedyInc.map((s) => s.token) };
+    } finally {
+      opened.close();
+    }
+  };
+  const one = await logitsBy(1);
+  const many = await logitsBy(7);
+  assert.deepEqual(one.inc, one.full, "incremental == full recompute (chunk 1)");
+  assert.deepEqual(many.inc, many.full, "incremental == full recompute (chunk 7)");
+  assert.deepEqual(many.full, one.full);
+  for (let p = 0; p < seq.length; p++) {
+    assert.deepEqual(
+      new Uint8Array(many.rows[p].buffer),
+      new Uint8Array(one.rows[p].buffer),
+      `logits at position ${p} bit-identical`,
+    );
+  }
+  assert.equal(argmax(one.rows[0]), argmax(many.rows[0]));
+});
+
+Deno.test("threads never change a bit: 1, 2 and 3 threads give identical logits", async () => {
+  const ref = await readReference(`${TINY}/reference.json`);
+  const seq = [...ref.prompt_ids, ...ref.generated_ids];
+  const logitsWith = async (threads: number) => {
+    // splitMin 1: split every product, however small, so the workers really run.
+    const opened = await openModel(TINY, { capacity: seq.length, chunk: 5, threads, splitMin: 1 });
+    try {
+      const rows: number[] = [];
+      await teacherForce(opened.model, seq, (_p, row) => rows.push(...new Uint32Array(row.slice().buffer)));
+      return rows;
+    } finally {
+      opened.close();
+    }
+  };
+  const one = await logitsWith(1);
+  for (const threads of [2, 3]) {
+    const other = await logitsWith(threads);
+    assert.equal(other.length, one.length);
+    const first = other.findIndex((bits, i) => bits !== one[i]);
+    assert.equal(first, -1, `${threads} threads: logit bits differ first at element ${first}`);
+  }
+});
+
+/** Shapes the live reference checks, chosen to differ from the tiny fixture. */
+const SHAPES: { name: string; args: string[] }[] = [
+  {
+    name: "seed 7, block 2, 3 KDA heads, top-3, f32 weights, 1 shard",
+    args: [
+      "--seed",
+      "7",
+      "--block",
+      "2",
+      "--kda-heads",
+      "3",
+      "--topk",
+      "3",
+      "--float-dtype",
+      "f32",
+      "--shards",
+      "1",
+      "--layers",
+      "9",
+    ],
+  },
+  {
+    name: "seed 11, block 4, 3 MLA heads, top-1, f16 weights, quant config at root",
+    args: [
+      "--seed",
+      "11",
+      "--block",
+      "4",
+      "--mla-heads",
+      "3",
+      "--topk",
+      "1",
+      "--float-dtype",
+      "f16",
+      "--quant-at-root",
+      "--layers",
+      "10",
+      "--shards",
+      "4",
+    ],
+  },
+  {
+    name: "seed 23, block 5, 16 experts top-4, one shared expert, hidden 96",
+    args: [
+      "--seed",
+      "23",
+      "--block",
+      "5",
+      "--experts",
+      "16",
+      "--topk",
+      "4",
+      "--shared",
+      "1",
+      "--hidden",
+      "96",
+      "--layers",
+      "11",
+      "--full-attn",
+      "2,6,11",
+    ],
+  },
+  {
+    name: "seed 5, 5 layers all MLA but one, block 1",
+    args: ["--seed", "5", "--block", "1", "--layers", "5", "--full-attn", "1,2,4,5"],
+  },
+];
+
+for (const shape of SHAPES) {
+  Deno.test(`live reference: ${shape.name}`, async () => {
+    await using dir = await tempDir();
+    await python("gen_model.py", [dir.path, "--preset", "tiny", ...shape.args]);
+    const prompt = "5,17,300,42,7,99,512,1,250,33";
+    await python("reference.py", [
+      dir.path,
+      "--ids",
+      prompt,
+      "--gen",
+      "8",
+      "--out",
+      `${dir.path}/ref.json`,
+      "--logits",
+      `${dir.path}/ref.f32`,
+    ]);
+    const maxDiff = await checkAgainstReference(dir.path, `${dir.path}/ref.json`, `${dir.path}/ref.f32`, 4);
+    console.log(`${shape.name}: max |logit - reference| = ${maxDiff.toExponential(3)}`);
+    assert.ok(maxDiff < 1e-3);
+  });
+}
