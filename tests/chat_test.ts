@@ -9,12 +9,7 @@ import assert from "node:assert/strict";
 import fc from "fast-check";
 import { StopMatcher } from "../engine/generate/stops.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
-import {
-  chatPrompt,
-  continuePrompt,
-  formatHistory,
-  parseHistory,
-} from "../engine/text/chat.ts";
+import { chatPrompt, continuePrompt, formatHistory, parseHistory } from "../engine/text/chat.ts";
 import { K3Error } from "../engine/errors.ts";
 import { ReplyReader } from "../engine/text/xtml.ts";
 import { TINY } from "./helpers.ts";

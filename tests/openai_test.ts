@@ -115,7 +115,11 @@ Deno.test("chat request: each bad field is a 400 naming it", () => {
     /boolean/,
   );
   rejects({ messages: MSG, tools: [{ type: "function" }] }, "tools[0].function", /required/);
-  rejects({ messages: MSG, tools: [{ type: "function", function: { name: "a b" } }] }, "tools[0].function.name", /letters/);
+  rejects(
+    { messages: MSG, tools: [{ type: "function", function: { name: "a b" } }] },
+    "tools[0].function.name",
+    /letters/,
+  );
   rejects({ messages: MSG, tool_choice: "required" }, "tool_choice", /declares none/);
   rejects({ messages: MSG, tool_choice: "sometimes" }, "tool_choice", /must be/);
   rejects({ messages: MSG, logprobs: "yes" }, "logprobs", /boolean/);

@@ -440,7 +440,7 @@ Deno.test({
     await expectError(
       await post("/v1/chat/completions", { messages: QUESTION, tools: [{ type: "function" }] }),
       400,
-      "tools",
+      "tools[0].function",
     );
     await expectError(await post("/v1/chat/completions", { messages: QUESTION, model: "gpt-4" }), 404, "model");
     await expectError(await post("/v1/completions", { prompt: [1, 99999] }), 400, "prompt[1]");
