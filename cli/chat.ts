@@ -13,6 +13,7 @@
  */
 
 import { EXIT, usageError } from "../engine/errors.ts";
+import { testHook } from "../engine/native/test_hooks.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
 import { makeSampler } from "../engine/generate/sampling.ts";
 import {
@@ -255,7 +256,10 @@ export async function main(args: string[]): Promise<number> {
   });
   const { model } = opened;
   const scheduler = new Scheduler(model, { chunk });
-  const sampler = makeSampler(sampling);
+  const sample = makeSampler(sampling);
+  // Tests script a reply (a tool call from a random-weight model) through this hook.
+  const scripted = (testHook("K3_TEST_CHOOSE") ?? "").split(",").filter((x) => x !== "").map(Number);
+  const sampler = (logits: Float32Array) => scripted.length > 0 ? scripted.shift()! : sample(logits);
   const tty = Deno.stdout.isTerminal();
   const interrupts = new Interrupts();
   const turns: TurnReport[] = [];
