@@ -232,3 +232,77 @@ Deno.test("Vercel AI SDK: generateText with tools runs the tool and answers", as
     assert.ok(tok.decode(s.prompts[1]).includes('role="tool" tool="get_weather" index="1"<|sep|>'));
   });
 });
+
+Deno.test("serve: a malformed call is content with finish stop; tool_choice none drops the channel; streamed = whole", async () => {
+  await withServer(async (baseURL, s) => {
+    const post = async (body: Record<string, unknown>) =>
+      await (await fetch(`${baseURL}/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: "tiny", messages: [{ role: "user", content: "x" }], ...NO_THINK, ...body }),
+      })).json();
+    const malformed = [
+      ...t("ok"),
+      ...close("response"),
+      ...open("tools"),
+      ...open('call tool="get_weather" index="1"'),
+      ...open('argument key="n" type="number"'),
+      ...t("twelve"),
+      ...close("argument"),
+      ...close("call"),
+      ...close("tools"),
+      ...close("message"),
+    ];
+    s.scripts.push(malformed);
+    const bad = (await post({ tools: TOOLS })).choices[0];
+    assert.equal(bad.finish_reason, "stop");
+    assert.equal(bad.message.tool_calls, undefined);
+    assert.ok(bad.message.content.startsWith("ok<|open|>tools<|sep|>"), bad.message.content);
+
+    s.scripts.push(callReply("Oslo"));
+    const none = (await post({ tools: TOOLS, tool_choice: "none" })).choices[0];
+    assert.deepEqual([none.finish_reason, none.message.content, none.message.tool_calls], ["stop", "", undefined]);
+    assert.ok(tok.decode(s.prompts[1]).includes("The system is invoked with `tool_choice=none`."));
+
+    // Two parallel calls, streamed: the deltas add up to the unstreamed answer's calls.
+    const two = [...callReply("A").slice(0, -close("message").length - close("tools").length)];
+    const parallel = [
+      ...two,
+      ...open('call tool="get_weather" index="2"'),
+      ...open('argument key="city" type="string"'),
+      ...t('B "q" é'),
+      ...close("argument"),
+      ...close("call"),
+      ...close("tools"),
+      ...close("message"),
+    ];
+    s.scripts.push(parallel, parallel);
+    const whole = (await post({ tools: TOOLS })).choices[0];
+    const res = await fetch(`${baseURL}/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: "tiny",
+        messages: [{ role: "user", content: "x" }],
+        tools: TOOLS,
+        stream: true,
+        ...NO_THINK,
+      }),
+    });
+    const calls: { name: string; arguments: string }[] = [];
+    let finish = "";
+    for (const line of (await res.text()).split("\n")) {
+      if (!line.startsWith("data: {")) continue;
+      const c = JSON.parse(line.slice(6)).choices[0];
+      for (const d of c?.delta?.tool_calls ?? []) {
+        calls[d.index] ??= { name: "", arguments: "" };
+        if (d.function.name) calls[d.index].name = d.function.name;
+        calls[d.index].arguments += d.function.arguments;
+      }
+      if (c?.finish_reason) finish = c.finish_reason;
+    }
+    assert.equal(finish, "tool_calls");
+    assert.deepEqual(calls, whole.message.tool_calls.map((c: { function: unknown }) => c.function));
+    assert.deepEqual(calls.map((c) => JSON.parse(c.arguments).city), ["A", 'B "q" é']);
+  });
+});
