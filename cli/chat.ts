@@ -37,6 +37,7 @@ import {
 } from "../engine/text/chat.ts";
 import type { ToolCall } from "../engine/text/xtml.ts";
 import { ReplyStream } from "./reply.ts";
+import { ApiError, parseTools } from "./openai.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
 import { fmtBytes, intFlag, parseFlags, peakRssBytes, writeFileAtomic } from "./common.ts";
@@ -143,7 +144,7 @@ async function readHistory(path: string): Promise<ChatMessage[] | undefined> {
   return parseHistory(decodeUtf8Strict(bytes, path), path);
 }
 
-/** Reads --tools: an OpenAI `tools` array (or bare function objects); usage error (exit 2) otherwise. */
+/** Reads --tools: an OpenAI `tools` array, validated as serve validates one; usage error (exit 2) otherwise. */
 async function readTools(path: string): Promise<ToolDecl[]> {
   let v: unknown;
   try {
@@ -154,16 +155,12 @@ async function readTools(path: string): Promise<ToolDecl[]> {
   if (!Array.isArray(v) || v.length === 0) {
     throw usageError(`--tools: ${path} must hold a non-empty JSON array of tools`);
   }
-  return v.map((t, i) => {
-    const fn = (t?.type === "function" ? t.function : t) as Record<string, unknown> | undefined;
-    if (typeof fn?.name !== "string" || !/^[A-Za-z0-9_-]{1,64}$/.test(fn.name)) {
-      throw usageError(`--tools: ${path}: tool ${i} needs a "name" of 1-64 letters, digits, _ or -`);
-    }
-    const d: ToolDecl = { name: fn.name };
-    if (typeof fn.description === "string") d.description = fn.description;
-    if (typeof fn.parameters === "object" && fn.parameters !== null) d.parameters = fn.parameters;
-    return d;
-  });
+  try {
+    return parseTools(v);
+  } catch (e) {
+    if (e instanceof ApiError) throw usageError(`--tools: ${path}: ${e.message}`);
+    throw e;
+  }
 }
 
 /** Reads --tool-results: one result per line, a JSON string as its text, other JSON as written. */

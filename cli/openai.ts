@@ -330,6 +330,12 @@ function historyCalls(v: unknown, param: string): HistoryToolCall[] {
 /** A function name as OpenAI allows one: letters, digits, `_` and `-`, at most 64. */
 const TOOL_NAME = /^[A-Za-z0-9_-]{1,64}$/;
 
+/** Validates an OpenAI `tools` array (a `k3 chat --tools` file holds one); throws
+ * ApiError(400) naming the bad element. */
+export function parseTools(tools: unknown): ToolDecl[] {
+  return toolDecls(new Fields({ tools })) ?? [];
+}
+
 /** `tools`: OpenAI function tools. */
 function toolDecls(f: Fields): ToolDecl[] | undefined {
   const v = f.obj.tools;
