@@ -13,9 +13,9 @@
  */
 
 import { EXIT, usageError } from "../engine/errors.ts";
+import { testHook } from "../engine/native/test_hooks.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
 import { makeSampler } from "../engine/generate/sampling.ts";
-import { StopMatcher } from "../engine/generate/stops.ts";
 import {
   loadState,
   type ModelFingerprint,
@@ -26,7 +26,6 @@ import {
 import type { SequenceState } from "../engine/model/state.ts";
 import { openModel, readModelConfig } from "../engine/open.ts";
 import {
-  ChannelSplitter,
   type ChatMessage,
   chatPrompt,
   continuePrompt,
@@ -34,7 +33,11 @@ import {
   formatHistory,
   parseHistory,
   stopIds,
+  type ToolDecl,
 } from "../engine/text/chat.ts";
+import type { ToolCall } from "../engine/text/xtml.ts";
+import { ReplyStream } from "./reply.ts";
+import { ApiError, parseTools } from "./openai.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
 import { fmtBytes, intFlag, parseFlags, peakRssBytes, writeFileAtomic } from "./common.ts";
@@ -65,6 +68,11 @@ conversation:
   --gen N                tokens per reply at most (default 1024)
   --context N            positions the conversation may hold (default 4096)
   --stop TEXT            also end a reply at TEXT (repeatable)
+  --tools FILE.json      function tools the model may call (OpenAI's "tools" array); a
+                         call is shown as "[call NAME ARGS]" and its result read from stdin
+                         (one line), then the turn continues
+  --tool-results FILE    canned tool results instead of stdin: one JSON string (or any
+                         JSON, as its text) per line, used in order
   --reprefill            diagnostic: forget the state after each turn and prefill the whole
                          conversation again (what the state saves)
   --out FILE             a JSON report of every turn (ids, timings), rewritten after each
@@ -136,6 +144,43 @@ async function readHistory(path: string): Promise<ChatMessage[] | undefined> {
   return parseHistory(decodeUtf8Strict(bytes, path), path);
 }
 
+/** Reads --tools: an OpenAI `tools` array, validated as serve validates one; usage error (exit 2) otherwise. */
+async function readTools(path: string): Promise<ToolDecl[]> {
+  let v: unknown;
+  try {
+    v = JSON.parse(await Deno.readTextFile(path));
+  } catch (e) {
+    throw usageError(`--tools: cannot read ${path}: ${(e as Error).message}`);
+  }
+  if (!Array.isArray(v) || v.length === 0) {
+    throw usageError(`--tools: ${path} must hold a non-empty JSON array of tools`);
+  }
+  try {
+    return parseTools(v);
+  } catch (e) {
+    if (e instanceof ApiError) throw usageError(`--tools: ${path}: ${e.message}`);
+    throw e;
+  }
+}
+
+/** Reads --tool-results: one result per line, a JSON string as its text, other JSON as written. */
+async function readToolResults(path: string): Promise<string[]> {
+  let text: string;
+  try {
+    text = await Deno.readTextFile(path);
+  } catch (e) {
+    throw usageError(`--tool-results: cannot read ${path}: ${(e as Error).message}`);
+  }
+  return text.split("\n").filter((l) => l.trim() !== "").map((l, i) => {
+    try {
+      const v = JSON.parse(l);
+      return typeof v === "string" ? v : JSON.stringify(v);
+    } catch {
+      throw usageError(`--tool-results: ${path}:${i + 1}: not JSON`);
+    }
+  });
+}
+
 /** Runs `k3 chat`; returns the exit code. */
 export async function main(args: string[]): Promise<number> {
   const { values, positionals, tokens } = parseFlags("chat", args, {
@@ -148,6 +193,8 @@ export async function main(args: string[]): Promise<number> {
     gen: { type: "string" },
     context: { type: "string" },
     stop: { type: "string", multiple: true },
+    tools: { type: "string" },
+    "tool-results": { type: "string" },
     reprefill: { type: "boolean" },
     out: { type: "string" },
     tok: { type: "string" },
@@ -175,6 +222,8 @@ export async function main(args: string[]): Promise<number> {
   const threads = intFlag("threads", values.threads, navigator.hardwareConcurrency, 1, 256);
   const sampling = samplingOptions(values, DEFAULTS.chat.sampling);
   const stops = stopStrings(values.stop);
+  const tools = values.tools === undefined ? undefined : await readTools(values.tools);
+  const canned = values["tool-results"] === undefined ? undefined : await readToolResults(values["tool-results"]);
   const memory = memoryOptions(tokens);
   const config = await readModelConfig(
     dir,
@@ -204,7 +253,10 @@ export async function main(args: string[]): Promise<number> {
   });
   const { model } = opened;
   const scheduler = new Scheduler(model, { chunk });
-  const sampler = makeSampler(sampling);
+  const sample = makeSampler(sampling);
+  // Tests script a reply (a tool call from a random-weight model) through this hook.
+  const scripted = (testHook("K3_TEST_CHOOSE") ?? "").split(",").filter((x) => x !== "").map(Number);
+  const sampler = (logits: Float32Array) => scripted.length > 0 ? scripted.shift()! : sample(logits);
   const tty = Deno.stdout.isTerminal();
   const interrupts = new Interrupts();
   const turns: TurnReport[] = [];
@@ -305,98 +357,129 @@ export async function main(args: string[]): Promise<number> {
       }
 
       const user: ChatMessage = { role: "user", content: line };
-      let prompt: number[];
-      if (conv.state) {
-        prompt = [
-          ...(conv.pending === undefined ? [] : [conv.pending]),
-          ...continuePrompt(tok, conv.left, [user], thinking),
-        ];
-      } else {
-        prompt = chatPrompt(tok, [...conv.messages, user], { thinking, effort });
-      }
-      const room = context - conv.done.length - prompt.length + 1;
-      if (room < 1) {
-        console.error(
-          `k3: chat: the conversation is full (${conv.done.length + prompt.length} of ${context} positions); ` +
-            `/reset, or start with a larger --context`,
-        );
-        continue;
-      }
-      const before = [...conv.done, ...prompt];
-      const splitter = new ChannelSplitter(thinking);
-      const matcher = new StopMatcher(tok, stops);
-      let shown: "think" | "response" | undefined;
-      const show = (pieces: { channel: "think" | "response"; text: string }[]) => {
-        for (const p of pieces) {
-          if (p.channel === "think" && values["hide-think"]) continue;
-          if (shown === "think" && p.channel === "response") writeStdout(tty ? "\x1b[0m\n" : "\n");
-          if (p.channel === "think" && shown !== "think" && tty) writeStdout("\x1b[2m");
-          shown = p.channel;
-          writeStdout(p.text);
+      // A turn: the user's message, then as long as the reply calls tools, their results.
+      let turnIn: ChatMessage[] | undefined = [user];
+      let calls: ToolCall[] = [];
+      while (turnIn) {
+        const incoming: ChatMessage[] = turnIn;
+        turnIn = undefined;
+        let prompt: number[];
+        if (conv.state) {
+          prompt = [
+            ...(conv.pending === undefined ? [] : [conv.pending]),
+            ...continuePrompt(tok, conv.left, incoming, thinking, calls),
+          ];
+        } else {
+          prompt = chatPrompt(tok, [...conv.messages, ...incoming], { thinking, effort, tools });
         }
-      };
-      let reasoning = "", content = "";
-      const collect = (pieces: { channel: "think" | "response"; text: string }[]) => {
-        for (const p of pieces) p.channel === "think" ? (reasoning += p.text) : (content += p.text);
-        show(pieces);
-      };
-      interrupts.busy = true;
-      const signal = interrupts.renew();
-      const result = await scheduler.submit({
-        prompt,
-        maxTokens: Math.min(gen, room),
-        stopIds: ends,
-        choose: sampler,
-        state: conv.state,
-        keepState: true,
-        signal,
-        onToken: (token) => {
-          const r = matcher.push(token);
-          collect(splitter.push(r.text));
-          return r.stopped;
-        },
-      });
-      await scheduler.close();
-      interrupts.busy = false;
-      if (!matcher.stopped) collect(splitter.push(matcher.flush()));
-      collect(splitter.flush());
-      if (tty && shown === "think") writeStdout("\x1b[0m");
-      writeStdout("\n");
+        const room = context - conv.done.length - prompt.length + 1;
+        if (room < 1) {
+          console.error(
+            `k3: chat: the conversation is full (${conv.done.length + prompt.length} of ${context} positions); ` +
+              `/reset, or start with a larger --context`,
+          );
+          break;
+        }
+        const before = [...conv.done, ...prompt];
+        const reply = new ReplyStream(tok, { chat: { thinking, tools: tools !== undefined }, stops });
+        let shown: "think" | "response" | "call" | undefined;
+        const show = (events: ReturnType<ReplyStream["token"]>["events"]) => {
+          for (const e of events) {
+            if (e.type !== "text") {
+              if (e.type === "call") writeStdout(`${shown ? "\n" : ""}[call ${e.name} `);
+              else writeStdout(e.text);
+              shown = "call";
+              continue;
+            }
+            if (e.channel === "think" && values["hide-think"]) continue;
+            if (shown === "think" && e.channel === "response") writeStdout(tty ? "\x1b[0m\n" : "\n");
+            if (e.channel === "think" && shown !== "think" && tty) writeStdout("\x1b[2m");
+            shown = e.channel;
+            writeStdout(e.text);
+          }
+        };
+        interrupts.busy = true;
+        const signal = interrupts.renew();
+        const result = await scheduler.submit({
+          prompt,
+          maxTokens: Math.min(gen, room),
+          stopIds: ends,
+          choose: sampler,
+          state: conv.state,
+          keepState: true,
+          signal,
+          onToken: (token) => {
+            const step = reply.token(token, undefined);
+            show(step.events);
+            return step.stop;
+          },
+        });
+        await scheduler.close();
+        interrupts.busy = false;
+        show(reply.end());
+        if (tty && shown === "think") writeStdout("\x1b[0m");
+        writeStdout(shown === "call" ? "]\n" : "\n");
+        const reader = reply.reader!;
+        calls = [...reply.calls];
+        const reasoning = reply.reasoning, content = reply.text;
 
-      conv.state = result.state;
-      if (result.tokens.length === 0) {
-        // Stopped during the prefill: the state is part-way through the prompt; start the
-        // next turn from the messages instead.
-        conv.forget();
-      } else {
-        conv.done = [...before, ...result.tokens.slice(0, -1)];
-        conv.pending = result.tokens[result.tokens.length - 1];
-        conv.left = splitter.left;
-      }
-      conv.messages.push(user, thinking ? { role: "assistant", content, reasoning } : { role: "assistant", content });
-      if (values.reprefill) conv.forget();
-      turns.push({
-        prompt_ids: before,
-        prefilled_tokens: prompt.length,
-        generated_ids: result.tokens,
-        finish_reason: result.finishReason,
-        reasoning,
-        content,
-        prefill_seconds: result.prefillSeconds,
-        decode_seconds: result.decodeSeconds,
-      });
-      console.error(
-        `k3: chat: turn ${turns.length}: prefilled ${prompt.length} tokens in ${result.prefillSeconds.toFixed(3)} s, ` +
-          `${result.tokens.length} tokens in ${
-            result.decodeSeconds.toFixed(3)
-          } s; finish_reason ${result.finishReason}`,
-      );
-      await saveConversation(values.history, values.state);
-      if (values.out) {
-        await writeFileAtomic(
-          values.out,
-          JSON.stringify({ model_dir: dir, sampling, thinking, turns, peak_rss_bytes: peakRssBytes() }, null, 2) + "\n",
+        conv.state = result.state;
+        if (result.tokens.length === 0) {
+          // Stopped during the prefill: the state is part-way through the prompt; start the
+          // next turn from the messages instead.
+          conv.forget();
+        } else {
+          conv.done = [...before, ...result.tokens.slice(0, -1)];
+          conv.pending = result.tokens[result.tokens.length - 1];
+          conv.left = reader.left;
+        }
+        const said: ChatMessage = { role: "assistant", content };
+        if (thinking) said.reasoning = reasoning;
+        if (calls.length > 0) said.toolCalls = calls.map((c) => ({ id: c.id, name: c.name, arguments: c.arguments }));
+        conv.messages.push(...incoming, said);
+        if (values.reprefill) conv.forget();
+        turns.push({
+          prompt_ids: before,
+          prefilled_tokens: prompt.length,
+          generated_ids: result.tokens,
+          finish_reason: calls.length > 0 && result.finishReason === "stop" ? "tool_calls" : result.finishReason,
+          reasoning,
+          content,
+          prefill_seconds: result.prefillSeconds,
+          decode_seconds: result.decodeSeconds,
+        });
+        console.error(
+          `k3: chat: turn ${turns.length}: prefilled ${prompt.length} tokens in ${
+            result.prefillSeconds.toFixed(3)
+          } s, ` +
+            `${result.tokens.length} tokens in ${result.decodeSeconds.toFixed(3)} s; finish_reason ${
+              turns[turns.length - 1].finish_reason
+            }`,
         );
+        await saveConversation(values.history, values.state);
+        if (values.out) {
+          await writeFileAtomic(
+            values.out,
+            JSON.stringify({ model_dir: dir, sampling, thinking, turns, peak_rss_bytes: peakRssBytes() }, null, 2) +
+              "\n",
+          );
+        }
+        if (calls.length > 0 && result.finishReason === "stop") {
+          // The results, in call order: canned, or one line of stdin each.
+          const results: ChatMessage[] = [];
+          for (const c of calls) {
+            let text: string | undefined = canned?.shift();
+            if (text === undefined && !canned) {
+              if (tty) writeStdout(`result of ${c.name}> `);
+              const got = await lines.next();
+              text = got.done ? undefined : got.value;
+            }
+            if (text === undefined) break;
+            results.push({ role: "tool", content: text, toolCallId: c.id, name: c.name });
+          }
+          if (results.length === calls.length) turnIn = results;
+          else console.error(`k3: chat: no result for a tool call; the turn ends here`);
+        }
       }
     }
     console.error(`k3: chat: ${turns.length} turns; PEAK RSS ${fmtBytes(peakRssBytes())}`);

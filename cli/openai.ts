@@ -13,8 +13,9 @@
  * @module
  */
 
-import type { ChatMessage } from "../engine/text/chat.ts";
+import type { ChatMessage, HistoryToolCall, ToolChoice, ToolDecl } from "../engine/text/chat.ts";
 import { EFFORTS } from "../engine/text/chat.ts";
+import { MAX_TOP_LOGPROBS } from "../engine/generate/logprobs.ts";
 
 /** An error answered as `{"error": {message, type, param, code}}` with an HTTP status. */
 export class ApiError extends Error {
@@ -70,6 +71,10 @@ export interface CommonRequest {
   includeUsage: boolean;
   /** vLLM's ignore_eos: generate to max_tokens through end-of-message ids (benchmarks). */
   ignoreEos: boolean;
+  /** Return log probabilities (chat `logprobs: true`; completions `logprobs: N`). */
+  logprobs?: boolean;
+  /** Alternatives per token, 0..20 (chat `top_logprobs`; completions the N of `logprobs`). */
+  topLogprobs?: number;
 }
 
 /** A validated `/v1/chat/completions` request. */
@@ -82,6 +87,12 @@ export interface ChatRequest extends CommonRequest {
   thinking: boolean;
   /** chat_template_kwargs.thinking_effort. */
   effort?: string;
+  /** Function tools the reply may call (absent or empty: none). */
+  tools?: ToolDecl[];
+  /** The request's tool_choice, when it gave one. */
+  toolChoice?: ToolChoice;
+  /** parallel_tool_calls (default true; false: one call at most). */
+  parallelToolCalls?: boolean;
 }
 
 /** A validated `/v1/completions` request. */
@@ -201,8 +212,6 @@ function common(f: Fields): CommonRequest {
   const opts = f.object("stream_options");
   if (opts && !stream) throw bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
   const includeUsage = opts?.boolean("include_usage") ?? false;
-  f.refuse("logprobs", "log probabilities are not returned", [false, 0]);
-  f.refuse("top_logprobs", "log probabilities are not returned", [0]);
   f.refuse("logit_bias", "logit biases are not applied", [{}]);
   f.refuse("presence_penalty", "penalties are not applied", [0]);
   f.refuse("frequency_penalty", "penalties are not applied", [0]);
@@ -256,21 +265,20 @@ function message(v: unknown, i: number): ChatMessage {
   const f = new Fields(v as Json, `${p}.`);
   const role = f.string("role");
   if (role === undefined) throw bad(`${p}.role`, `'${p}.role' is required`);
-  if (role === "tool" || role === "function") {
+  if (role === "function") {
     throw bad(
       `${p}.role`,
-      `'${p}.role' ${JSON.stringify(role)} is not supported: k3 serve has no tool calling`,
+      `'${p}.role' "function" (the deprecated function calling) is not supported: use tools and role "tool"`,
       "unsupported_parameter",
     );
   }
-  if (!["system", "developer", "user", "assistant"].includes(role)) {
+  if (!["system", "developer", "user", "assistant", "tool"].includes(role)) {
     throw bad(
       `${p}.role`,
-      `'${p}.role' must be one of system, developer, user, assistant, got ${JSON.stringify(role)}`,
+      `'${p}.role' must be one of system, developer, user, assistant, tool, got ${JSON.stringify(role)}`,
     );
   }
-  f.refuse("tool_calls", "k3 serve has no tool calling", [[]]);
-  f.refuse("function_call", "k3 serve has no tool calling");
+  f.refuse("function_call", "the deprecated function calling is not supported: use tool_calls");
   const content = (v as Json).content;
   let text: string;
   if (content === undefined || content === null) {
@@ -280,12 +288,124 @@ function message(v: unknown, i: number): ChatMessage {
     text = messageText(content, `${p}.content`);
   }
   const msg: ChatMessage = { role: role === "developer" ? "system" : role as ChatMessage["role"], content: text };
+  if (role === "tool") {
+    const id = f.string("tool_call_id");
+    if (id === undefined) throw bad(`${p}.tool_call_id`, `'${p}.tool_call_id' is required for a tool message`);
+    msg.toolCallId = id;
+    const name = f.string("name");
+    if (name !== undefined) msg.name = name;
+  }
   if (role === "assistant") {
+    const calls = historyCalls((v as Json).tool_calls, `${p}.tool_calls`);
+    if (calls.length > 0) msg.toolCalls = calls;
     // vLLM's name for the think channel; `reasoning` is what some clients send back.
     const reasoning = f.string("reasoning_content") ?? f.string("reasoning");
     if (reasoning !== undefined) msg.reasoning = reasoning;
   }
   return msg;
+}
+
+/** The tool calls of an assistant message in the history (OpenAI's shape). */
+function historyCalls(v: unknown, param: string): HistoryToolCall[] {
+  if (v === undefined || v === null) return [];
+  if (!Array.isArray(v)) throw bad(param, `'${param}' must be an array, got ${typeName(v)}`);
+  return v.map((c, i) => {
+    const p = `${param}[${i}]`;
+    if (typeName(c) !== "object") throw bad(p, `'${p}' must be an object, got ${typeName(c)}`);
+    const f = new Fields(c as Json, `${p}.`);
+    const type = f.string("type") ?? "function";
+    if (type !== "function") throw bad(`${p}.type`, `'${p}.type' must be "function", got ${JSON.stringify(type)}`);
+    const fn = f.object("function");
+    if (!fn) throw bad(`${p}.function`, `'${p}.function' is required`);
+    const name = fn.string("name");
+    if (name === undefined) throw bad(`${p}.function.name`, `'${p}.function.name' is required`);
+    const args = fn.obj.arguments;
+    // Arguments are JSON text in OpenAI's shape; an object as sent by some clients is accepted.
+    const text = typeof args === "string" ? args : args === undefined || args === null ? "{}" : JSON.stringify(args);
+    const id = f.string("id");
+    return id === undefined ? { name, arguments: text } : { id, name, arguments: text };
+  });
+}
+
+/** A function name as OpenAI allows one: letters, digits, `_` and `-`, at most 64. */
+const TOOL_NAME = /^[A-Za-z0-9_-]{1,64}$/;
+
+/** Validates an OpenAI `tools` array (a `k3 chat --tools` file holds one); throws
+ * ApiError(400) naming the bad element. */
+export function parseTools(tools: unknown): ToolDecl[] {
+  return toolDecls(new Fields({ tools })) ?? [];
+}
+
+/** `tools`: OpenAI function tools. */
+function toolDecls(f: Fields): ToolDecl[] | undefined {
+  const v = f.obj.tools;
+  if (v === undefined || v === null) return undefined;
+  if (!Array.isArray(v)) throw bad("tools", `'tools' must be an array, got ${typeName(v)}`);
+  const names = new Set<string>();
+  return v.map((t, i) => {
+    const p = `tools[${i}]`;
+    if (typeName(t) !== "object") throw bad(p, `'${p}' must be an object, got ${typeName(t)}`);
+    const tf = new Fields(t as Json, `${p}.`);
+    const type = tf.string("type");
+    if (type !== "function") {
+      throw bad(
+        `${p}.type`,
+        `'${p}.type' must be "function", got ${JSON.stringify(type ?? null)}`,
+        "unsupported_parameter",
+      );
+    }
+    const fn = tf.object("function");
+    if (!fn) throw bad(`${p}.function`, `'${p}.function' is required`);
+    const name = fn.string("name");
+    if (name === undefined || !TOOL_NAME.test(name)) {
+      throw bad(
+        `${p}.function.name`,
+        `'${p}.function.name' must be 1-64 letters, digits, _ or -, got ${JSON.stringify(name ?? null)}`,
+      );
+    }
+    if (names.has(name)) {
+      throw bad(`${p}.function.name`, `'${p}.function.name' ${JSON.stringify(name)} is declared twice`);
+    }
+    names.add(name);
+    const decl: ToolDecl = { name };
+    const description = fn.string("description");
+    if (description !== undefined) decl.description = description;
+    const params = fn.object("parameters");
+    if (params) decl.parameters = params.obj;
+    const strict = fn.boolean("strict");
+    if (strict !== undefined) decl.strict = strict;
+    return decl;
+  });
+}
+
+/** `tool_choice`, checked against the declared tools. */
+function toolChoice(f: Fields, tools: ToolDecl[] | undefined): ToolChoice | undefined {
+  const v = f.obj.tool_choice;
+  if (v === undefined || v === null) return undefined;
+  let choice: ToolChoice;
+  if (v === "none" || v === "auto" || v === "required") choice = v;
+  else if (typeName(v) === "object") {
+    const c = new Fields(v as Json, "tool_choice.");
+    if (c.string("type") !== "function") throw bad("tool_choice.type", `'tool_choice.type' must be "function"`);
+    const name = c.object("function")?.string("name");
+    if (name === undefined) throw bad("tool_choice.function.name", "'tool_choice.function.name' is required");
+    if (!tools?.some((t) => t.name === name)) {
+      throw bad(
+        "tool_choice",
+        `'tool_choice' names the function ${JSON.stringify(name)}, which 'tools' does not declare`,
+      );
+    }
+    choice = { name };
+  } else {
+    throw bad(
+      "tool_choice",
+      `'tool_choice' must be "none", "auto", "required" or {"type": "function", ...}, got ${JSON.stringify(v)}`,
+    );
+  }
+  if (choice === "required" && !(tools && tools.length > 0)) {
+    throw bad("tool_choice", "'tool_choice' is \"required\" but 'tools' declares none");
+  }
+  return choice;
 }
 
 /** Validates a `/v1/chat/completions` body; throws ApiError(400) naming the bad field. */
@@ -296,10 +416,17 @@ export function parseChatRequest(body: unknown): ChatRequest {
   if (!Array.isArray(raw)) throw bad("messages", `'messages' must be an array, got ${typeName(raw)}`);
   if (raw.length === 0) throw bad("messages", "'messages' must not be empty");
   const messages = raw.map(message);
-  f.refuse("tools", "k3 serve has no tool calling", [[]]);
-  f.refuse("tool_choice", "k3 serve has no tool calling", ["none"]);
-  f.refuse("functions", "k3 serve has no tool calling", [[]]);
-  f.refuse("function_call", "k3 serve has no tool calling", ["none"]);
+  const declared = toolDecls(f);
+  const tools = declared && declared.length > 0 ? declared : undefined;
+  const choice = toolChoice(f, tools);
+  const parallelToolCalls = f.boolean("parallel_tool_calls");
+  f.refuse("functions", "the deprecated function calling is not supported: use tools", [[]]);
+  f.refuse("function_call", "the deprecated function calling is not supported: use tool_choice", ["none"]);
+  const logprobs = f.boolean("logprobs");
+  const topLogprobs = f.integer("top_logprobs", 0, MAX_TOP_LOGPROBS);
+  if (topLogprobs !== undefined && logprobs !== true) {
+    throw bad("top_logprobs", "'top_logprobs' needs 'logprobs' to be true");
+  }
   f.refuse("response_format", "structured output is not enforced", [{}]);
   const rf = f.obj.response_format;
   if (typeName(rf) === "object" && (rf as Json).type !== undefined && (rf as Json).type !== "text") {
@@ -312,7 +439,17 @@ export function parseChatRequest(body: unknown): ChatRequest {
     const param = kw?.has("thinking_effort") ? "chat_template_kwargs.thinking_effort" : "reasoning_effort";
     throw bad(param, `'${param}' must be one of ${EFFORTS.join(", ")}, got ${JSON.stringify(effort)}`);
   }
-  return { kind: "chat", ...common(f), messages, thinking, effort };
+  return {
+    kind: "chat",
+    ...common(f),
+    messages,
+    thinking,
+    effort,
+    ...(tools ? { tools } : {}),
+    ...(choice !== undefined ? { toolChoice: choice } : {}),
+    ...(parallelToolCalls !== undefined ? { parallelToolCalls } : {}),
+    ...(logprobs ? { logprobs: true, topLogprobs: topLogprobs ?? 0 } : {}),
+  };
 }
 
 /** Validates a `/v1/completions` body (prompt: text or ids below `vocab`). */
@@ -344,7 +481,9 @@ export function parseCompletionRequest(body: unknown, vocab: number): Completion
   f.refuse("suffix", "insertion is not supported", [""]);
   const bestOf = f.integer("best_of", 1, 128);
   if (bestOf !== undefined && bestOf !== 1) throw bad("best_of", `'best_of' must be 1, got ${bestOf}`);
-  return { kind: "completion", ...common(f), prompt };
+  // Completions' logprobs is the number of alternatives (0: the chosen token's only).
+  const n = f.integer("logprobs", 0, MAX_TOP_LOGPROBS);
+  return { kind: "completion", ...common(f), prompt, ...(n !== undefined ? { logprobs: true, topLogprobs: n } : {}) };
 }
 
 /** Token counts of a response. */
@@ -363,12 +502,58 @@ export function usage(prompt: number, completion: number): Usage {
 }
 
 /** OpenAI's finish reasons; an interrupted sequence is never answered as finished. */
-export type OpenAIFinish = "stop" | "length";
+export type OpenAIFinish = "stop" | "length" | "tool_calls";
 
-/** The OpenAI finish reason of a finished (not interrupted) sequence. */
-export function finishReason(r: "stop" | "length" | "interrupted"): OpenAIFinish {
+/** The OpenAI finish reason of a finished (not interrupted) sequence; a turn that ended
+ * with tool calls finished with "tool_calls". */
+export function finishReason(r: "stop" | "length" | "interrupted", toolCalls = false): OpenAIFinish {
   if (r === "interrupted") throw new Error("an interrupted sequence has no OpenAI finish reason");
-  return r;
+  return r === "stop" && toolCalls ? "tool_calls" : r;
+}
+
+/** One tool call of an answer, OpenAI's shape. */
+export interface ToolCallBody {
+  /** The call's id. */
+  id: string;
+  /** Always "function". */
+  type: "function";
+  /** What is called. */
+  function: { name: string; arguments: string };
+}
+
+/** A tool call as OpenAI answers it. */
+export function toolCallBody(c: { id: string; name: string; arguments: string }): ToolCallBody {
+  return { id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } };
+}
+
+/** One token's log probability entry, OpenAI's chat shape. */
+export interface LogprobEntry {
+  /** The token's text (its bytes decoded alone; `bytes` has them exactly). */
+  token: string;
+  /** Its log probability. */
+  logprob: number;
+  /** Its UTF-8 bytes. */
+  bytes: number[];
+}
+
+/** Chat `logprobs`: per content token, its entry and the most likely alternatives'. */
+export interface ChatLogprobs {
+  /** One per token of the response channel. */
+  content: (LogprobEntry & { top_logprobs: LogprobEntry[] })[];
+  /** Always null. */
+  refusal: null;
+}
+
+/** Completions `logprobs`: the legacy shape, one element per generated token. */
+export interface CompletionLogprobs {
+  /** The tokens' texts. */
+  tokens: string[];
+  /** Their log probabilities. */
+  token_logprobs: number[];
+  /** Per token, the alternatives as text to log probability. */
+  top_logprobs: Record<string, number>[];
+  /** Where each token's text starts in the completion (UTF-16 code units). */
+  text_offset: number[];
 }
 
 /** What identifies one response and its chunks. */
@@ -388,8 +573,14 @@ export interface ChatCompletion extends ResponseHead {
   /** The one choice. */
   choices: {
     index: 0;
-    message: { role: "assistant"; content: string; reasoning_content: string | null; refusal: null };
-    logprobs: null;
+    message: {
+      role: "assistant";
+      content: string | null;
+      reasoning_content: string | null;
+      refusal: null;
+      tool_calls?: ToolCallBody[];
+    };
+    logprobs: ChatLogprobs | null;
     finish_reason: OpenAIFinish;
   }[];
   /** Token counts. */
@@ -401,7 +592,7 @@ export interface ChatChunk extends ResponseHead {
   /** Always "chat.completion.chunk". */
   object: "chat.completion.chunk";
   /** The one choice's delta (none in the usage chunk). */
-  choices: { index: 0; delta: ChatDelta; logprobs: null; finish_reason: OpenAIFinish | null }[];
+  choices: { index: 0; delta: ChatDelta; logprobs: ChatLogprobs | null; finish_reason: OpenAIFinish | null }[];
   /** null on every chunk but the last when stream_options.include_usage; absent otherwise. */
   usage?: Usage | null;
 }
@@ -411,7 +602,7 @@ export interface Completion extends ResponseHead {
   /** Always "text_completion". */
   object: "text_completion";
   /** The one choice (none in the usage chunk). */
-  choices: { index: 0; text: string; logprobs: null; finish_reason: OpenAIFinish | null }[];
+  choices: { index: 0; text: string; logprobs: CompletionLogprobs | null; finish_reason: OpenAIFinish | null }[];
   /** Token counts (null or absent on stream chunks before the last). */
   usage?: Usage | null;
 }
@@ -427,8 +618,16 @@ export interface ModelList {
 /** A non-streamed chat completion. */
 export function chatCompletion(
   h: ResponseHead,
-  out: { content: string; reasoning: string | null; finish: OpenAIFinish; usage: Usage },
+  out: {
+    content: string;
+    reasoning: string | null;
+    finish: OpenAIFinish;
+    usage: Usage;
+    toolCalls?: ToolCallBody[];
+    logprobs?: ChatLogprobs | null;
+  },
 ): ChatCompletion {
+  const calls = out.toolCalls ?? [];
   return {
     id: h.id,
     object: "chat.completion" as const,
@@ -436,8 +635,15 @@ export function chatCompletion(
     model: h.model,
     choices: [{
       index: 0,
-      message: { role: "assistant" as const, content: out.content, reasoning_content: out.reasoning, refusal: null },
-      logprobs: null,
+      message: {
+        role: "assistant" as const,
+        // With tool calls and no text, content is null, as OpenAI answers.
+        content: calls.length > 0 && out.content === "" ? null : out.content,
+        reasoning_content: out.reasoning,
+        refusal: null,
+        ...(calls.length > 0 ? { tool_calls: calls } : {}),
+      },
+      logprobs: out.logprobs ?? null,
       finish_reason: out.finish,
     }],
     usage: out.usage,
@@ -452,6 +658,13 @@ export interface ChatDelta {
   content?: string;
   /** Think-channel text. */
   reasoning_content?: string;
+  /** Tool calls: the first delta of a call has its id, type and name, later ones more arguments. */
+  tool_calls?: {
+    index: number;
+    id?: string;
+    type?: "function";
+    function: { name?: string; arguments: string };
+  }[];
 }
 
 /** One streamed chat chunk; `usage` is null on every chunk but the last when usage was asked. */
@@ -460,13 +673,14 @@ export function chatChunk(
   delta: ChatDelta,
   finish: OpenAIFinish | null,
   includeUsage: boolean,
+  logprobs: ChatLogprobs | null = null,
 ): ChatChunk {
   return {
     id: h.id,
     object: "chat.completion.chunk" as const,
     created: h.created,
     model: h.model,
-    choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
+    choices: [{ index: 0, delta, logprobs, finish_reason: finish }],
     ...(includeUsage ? { usage: null } : {}),
   };
 }
@@ -481,13 +695,16 @@ export function usageChunk(
 }
 
 /** A non-streamed completion. */
-export function completion(h: ResponseHead, out: { text: string; finish: OpenAIFinish; usage: Usage }): Completion {
+export function completion(
+  h: ResponseHead,
+  out: { text: string; finish: OpenAIFinish; usage: Usage; logprobs?: CompletionLogprobs | null },
+): Completion {
   return {
     id: h.id,
     object: "text_completion" as const,
     created: h.created,
     model: h.model,
-    choices: [{ index: 0, text: out.text, logprobs: null, finish_reason: out.finish }],
+    choices: [{ index: 0, text: out.text, logprobs: out.logprobs ?? null, finish_reason: out.finish }],
     usage: out.usage,
   };
 }
@@ -498,13 +715,14 @@ export function completionChunk(
   text: string,
   finish: OpenAIFinish | null,
   includeUsage: boolean,
+  logprobs: CompletionLogprobs | null = null,
 ): Completion {
   return {
     id: h.id,
     object: "text_completion" as const,
     created: h.created,
     model: h.model,
-    choices: [{ index: 0, text, logprobs: null, finish_reason: finish }],
+    choices: [{ index: 0, text, logprobs, finish_reason: finish }],
     ...(includeUsage ? { usage: null } : {}),
   };
 }

@@ -31,8 +31,14 @@ export interface Task {
   stopIds: number[];
   /** Stop strings, matched on the decoded text and never emitted. */
   stops: string[];
-  /** A chat: whether the think channel was opened (the reply splits into reasoning and content). */
-  chat?: { thinking: boolean };
+  /** A chat: whether the think channel was opened (the reply splits into reasoning and
+   * content), and whether its tools channel is parsed into calls (tools declared, and
+   * tool_choice not "none"). */
+  chat?: { thinking: boolean; tools: boolean };
+  /** Log probabilities with `top` alternatives per token, when asked. */
+  logprobs?: { top: number };
+  /** Generate through the end of the turn (vLLM's ignore_eos). */
+  ignoreEos?: boolean;
 }
 
 /** OpenAI's sampling defaults (temperature 1 over all tokens), for `/v1/completions`. */
@@ -143,7 +149,12 @@ export function stopStrings(stops: string[] | undefined): string[] {
 function openaiPrompt(r: ChatRequest | CompletionRequest, tokenizer: Tokenizer | undefined): number[] {
   if (r.kind === "chat") {
     if (!tokenizer) throw new ApiError(400, "chat requests need a tokenizer: pass --tok DIR", "messages");
-    return chatPrompt(tokenizer, r.messages, { thinking: r.thinking, effort: r.effort });
+    return chatPrompt(tokenizer, r.messages, {
+      thinking: r.thinking,
+      effort: r.effort,
+      tools: r.tools,
+      toolChoice: r.toolChoice,
+    });
   }
   if (typeof r.prompt !== "string") return r.prompt;
   if (!tokenizer) throw new ApiError(400, "a text prompt needs a tokenizer: pass --tok DIR (or send ids)", "prompt");
@@ -187,6 +198,8 @@ export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContex
     sampling,
     stopIds: r.ignoreEos || !ctx.tokenizer ? [] : chatStopIds(ctx.tokenizer),
     stops: r.stop,
-    chat: chat ? { thinking: r.thinking } : undefined,
+    chat: chat ? { thinking: r.thinking, tools: (r.tools?.length ?? 0) > 0 && r.toolChoice !== "none" } : undefined,
+    ...(r.logprobs ? { logprobs: { top: r.topLogprobs ?? 0 } } : {}),
+    ...(r.ignoreEos ? { ignoreEos: true } : {}),
   };
 }

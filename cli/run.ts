@@ -9,6 +9,7 @@ import { usageError } from "../engine/errors.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
 import { makeSampler } from "../engine/generate/sampling.ts";
 import { StopMatcher } from "../engine/generate/stops.ts";
+import { tokenLogprob } from "../engine/generate/logprobs.ts";
 import {
   type LoadedState,
   loadState,
@@ -56,7 +57,8 @@ prompt (exactly one):
 ${GENERATION_HELP}
 ${samplingHelp("default: greedy")}
 output:
-  --json            stdout: one JSON object per token {"index","id","text","seconds"},
+  --json            stdout: one JSON object per token {"index","id","text","seconds","logprob"}
+                    (logprob: float64 log-softmax of the logits the token was picked from),
                     then {"finish_reason","generated_ids","generated_text","prompt_tokens"}
   --dump-logits F   write the logits of every step, float32 little-endian [steps][vocab]
   --out FILE        write a JSON report (atomically)
@@ -86,11 +88,12 @@ class Output {
   }
 
   /** Emits one token; true when a stop string matched. */
-  token(id: number, seconds: number): boolean {
+  token(id: number, seconds: number, logits: Float32Array): boolean {
     const r = this.#matcher?.push(id);
     if (r) this.text += r.text;
     if (this.json) {
-      writeStdout(JSON.stringify({ index: this.#n, id, text: r ? r.text : null, seconds }) + "\n");
+      const logprob = tokenLogprob(logits, id, 0).logprob;
+      writeStdout(JSON.stringify({ index: this.#n, id, text: r ? r.text : null, seconds, logprob }) + "\n");
     } else if (r) writeStdout(r.text);
     else writeStdout((this.#n > 0 ? "," : "") + id);
     this.#n++;
@@ -213,7 +216,7 @@ export async function main(args: string[]): Promise<number> {
           }  ${gb.toFixed(3).padStart(8)}  ${(1 / seconds).toFixed(2).padStart(6)}`,
         );
         stepCount++;
-        return output.token(token, seconds);
+        return output.token(token, seconds, logits);
       },
     });
     const wall = (performance.now() - t1) / 1000;

@@ -196,7 +196,7 @@ export function parseJob(text: string, line: number, opts: JobDefaults): Job {
     throw new Error(`"thinking" and "effort" go with "messages"`);
   }
   let promptIds: number[];
-  let chat: { thinking: boolean } | undefined;
+  let chat: { thinking: boolean; tools: boolean } | undefined;
   if (o.ids !== undefined) promptIds = idList(o.ids, "ids", opts.vocab);
   else if (o.messages !== undefined) {
     if (!Array.isArray(o.messages) || o.messages.length === 0) {
@@ -213,7 +213,7 @@ export function parseJob(text: string, line: number, opts: JobDefaults): Job {
         throw new Error(`"messages": ${(e as Error).message.replace(/^messages:(\d+):/, "message $1:")}`);
       }
     })();
-    chat = { thinking: o.thinking !== false };
+    chat = { thinking: o.thinking !== false, tools: false };
     try {
       promptIds = chatPrompt(tok, messages, { thinking: chat.thinking, effort: o.effort as string | undefined });
     } catch (e) {

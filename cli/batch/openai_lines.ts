@@ -11,10 +11,10 @@
  * @module
  */
 
-import { splitChannels } from "../../engine/text/chat.ts";
 import type { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { MAX_PROMPT_IDS } from "../run_options.ts";
 import { MAX_TOKENS, openaiTask, type Task } from "../request.ts";
+import type { ReplyStream } from "../reply.ts";
 import {
   ApiError,
   chatCompletion,
@@ -23,6 +23,7 @@ import {
   finishReason,
   parseChatRequest,
   parseCompletionRequest,
+  toolCallBody,
   usage,
 } from "../openai.ts";
 
@@ -116,26 +117,34 @@ export function parseOpenAILine(
   }
 }
 
-/** The Batch output line of a finished request (`text`: generated text, stop ids and strings cut). */
+/** The Batch output line of a finished request (`text`: generated text, stop ids and
+ * strings cut; `reply`: the reply as read, undefined without a tokenizer). */
 export function openaiResultLine(
   r: OpenAIRequest,
-  out: { text: string; finishReason: "stop" | "length"; completionTokens: number },
+  out: { text: string; reply?: ReplyStream; finishReason: "stop" | "length"; completionTokens: number },
 ): Record<string, unknown> {
   const created = Math.floor(Date.now() / 1000);
   const u = usage(r.task.promptIds.length, out.completionTokens);
   const thinking = r.task.chat?.thinking ?? false;
-  const finish = finishReason(out.finishReason);
+  const reply = out.reply;
+  const calls = (reply?.calls ?? []).map(toolCallBody);
+  const finish = finishReason(out.finishReason, calls.length > 0);
+  const lp = r.task.logprobs && reply;
   const body = r.endpoint === "chat"
-    ? (() => {
-      const { reasoning, content } = splitChannels(out.text, thinking);
-      return chatCompletion({ id: `chatcmpl-${requestId()}`, created, model: r.model }, {
-        content,
-        reasoning: thinking ? reasoning : null,
-        finish,
-        usage: u,
-      });
-    })()
-    : completion({ id: `cmpl-${requestId()}`, created, model: r.model }, { text: out.text, finish, usage: u });
+    ? chatCompletion({ id: `chatcmpl-${requestId()}`, created, model: r.model }, {
+      content: out.text,
+      reasoning: thinking ? reply?.reasoning ?? "" : null,
+      finish,
+      usage: u,
+      toolCalls: calls,
+      logprobs: lp ? reply.chatLogprobs() : null,
+    })
+    : completion({ id: `cmpl-${requestId()}`, created, model: r.model }, {
+      text: out.text,
+      finish,
+      usage: u,
+      logprobs: lp ? reply.completionLogprobs() : null,
+    });
   return {
     id: `batch_req_${requestId()}`,
     custom_id: r.customId,

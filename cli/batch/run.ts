@@ -11,8 +11,6 @@ import { ledgerBetween, type LedgerMark, type LedgerReport, markLedger } from ".
 import type { K3Model } from "../../engine/model/model.ts";
 import type { IoStats } from "../../engine/model/weight_source.ts";
 import { makeSampler } from "../../engine/generate/sampling.ts";
-import { StopMatcher } from "../../engine/generate/stops.ts";
-import { splitChannels } from "../../engine/text/chat.ts";
 import type { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { fmtBytes, plural } from "../common.ts";
 import { fmtDuration } from "../progress.ts";
@@ -20,6 +18,7 @@ import { reportHead, type ReportSettings, sequenceFields } from "../report.ts";
 import type { AppendLog } from "./append_log.ts";
 import type { Job } from "./jobs.ts";
 import { openaiResultLine } from "./openai_lines.ts";
+import { ReplyStream } from "../reply.ts";
 
 /** Bytes read and expert-cache hits of one prompt (streamed weights only). */
 function ioDelta(a: IoStats | undefined, b: IoStats | undefined, ledger: LedgerReport): Record<string, number> {
@@ -80,13 +79,15 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
   // written (they would resume on a rerun), results already written stay.
   const stop = new AbortController();
   let unsound: unknown;
-  const write = (job: Job, r: SequenceResult, admitted: LedgerMark, text: string) => {
+  const write = (job: Job, r: SequenceResult, admitted: LedgerMark, reply: ReplyStream | undefined) => {
+    const text = reply?.text ?? "";
     const ledger = ledgerBetween(admitted, markLedger(model));
     const ids = r.tokens;
     const seconds = r.prefillSeconds + r.decodeSeconds;
     const result = job.openai
       ? openaiResultLine(job.openai, {
         text,
+        reply,
         finishReason: r.finishReason as "stop" | "length",
         completionTokens: ids.length,
       })
@@ -103,7 +104,7 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
         prompt_ids: job.promptIds,
         generated_ids: ids,
         generated_text: tokenizer ? text : null,
-        ...(job.chat ? splitChannels(text, job.chat.thinking) : {}),
+        ...(job.chat && reply ? { reasoning: reply.reasoning, content: reply.text } : {}),
         seconds,
         seconds_per_token: seconds / Math.max(ids.length, 1),
         ...ioDelta(admitted.io, io(), ledger),
@@ -130,28 +131,38 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
   try {
     await Promise.all(todo.map((job) => {
       let admitted = markLedger(model);
-      // The text as it is generated: stop strings cut, a chat's closing stop id left out.
-      const matcher = tokenizer ? new StopMatcher(tokenizer, job.stops) : undefined;
-      let text = "";
+      // The reply as it is generated: stop strings cut, a chat read by its markup ids.
+      const task = job.openai?.task;
+      const reply = tokenizer
+        ? new ReplyStream(tokenizer, {
+          chat: task ? task.chat : job.chat,
+          stops: job.stops,
+          logprobs: task?.logprobs,
+          ignoreEos: task?.ignoreEos,
+        })
+        : undefined;
       return scheduler.submit({
         prompt: job.promptIds,
         maxTokens: job.maxTokens,
         stopIds: job.stopIds,
         choose: makeSampler(job.sampling),
-        onToken: (token) => {
-          if (!matcher || ((job.chat || job.openai) && job.stopIds.includes(token))) return;
-          const r = matcher.push(token);
-          text += r.text;
-          return r.stopped;
+        onToken: (token, logits) => {
+          if (!reply) return;
+          const chat = job.chat || task?.chat;
+          // A completion's end ids are not text; a chat's reader reads them as the turn's end.
+          if (!chat && job.openai && job.stopIds.includes(token)) return;
+          return reply.token(token, logits).stop;
         },
         recompute: !opts.incremental,
         signal: stop.signal,
         onAdmit: () => (admitted = markLedger(model)),
       }).then(
         (r) => {
-          if (matcher && !matcher.stopped) text += matcher.flush();
           try {
-            if (r.finishReason !== "interrupted") write(job, r, admitted, text);
+            if (r.finishReason !== "interrupted") {
+              reply?.end();
+              write(job, r, admitted, reply);
+            }
           } catch (e) {
             unsound ??= e; // a failed write stops the run like an unsound output
             stop.abort();

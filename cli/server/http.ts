@@ -323,7 +323,7 @@ class HttpServer implements RunningServer {
     (async () => {
       let o: Outcome | undefined;
       try {
-        o = await runTask(e, task, ac.signal, (text) => chunks.text(text), markFirst);
+        o = await runTask(e, task, ac.signal, (events, lp, reply) => chunks.step(reply, events, lp), markFirst);
         if (o.result.finishReason === "interrupted") {
           chunks.error(new ApiError(503, "the request was cancelled: the server is shutting down", null, "cancelled"));
         } else {

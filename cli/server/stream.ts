@@ -2,12 +2,14 @@
  * The writers of `k3 serve`'s answers: a whole JSON body at the end
  * ({@link completionBody}), or server-sent events as text becomes safe to send
  * ({@link EventStream} carrying a {@link ChunkWriter}'s chunks, `[DONE]` last). A chat's
- * text is split into its think channel (`reasoning_content`) and its reply here.
+ * reply, read by cli/reply.ts, goes out as `reasoning_content`, `content` and
+ * `tool_calls`, with log probabilities when asked.
  *
  * @module
  */
 
-import { ChannelSplitter, type ChannelText } from "../../engine/text/chat.ts";
+import type { TokenLogprob } from "../../engine/generate/logprobs.ts";
+import type { ReplyEvent } from "../../engine/text/xtml.ts";
 import {
   type ApiError,
   chatChunk,
@@ -23,9 +25,11 @@ import {
   finishReason,
   type ResponseHead,
   sse,
+  toolCallBody,
   usage,
   usageChunk,
 } from "../openai.ts";
+import type { ReplyStream } from "../reply.ts";
 import type { Outcome } from "./tasks.ts";
 
 /** The JSON body of a finished, unstreamed request (`promptTokens`: its prompt's length). */
@@ -36,19 +40,26 @@ export function completionBody(
   promptTokens: number,
 ): ChatCompletion | Completion {
   const u = usage(promptTokens, o.result.tokens.length);
-  const fin = finishReason(o.result.finishReason);
-  if (r.kind === "completion") return completion(head, { text: o.text, finish: fin, usage: u });
-  const split = new ChannelSplitter(r.thinking);
-  const pieces = [...split.push(o.text), ...split.flush()];
-  const text = (channel: string) => pieces.filter((p) => p.channel === channel).map((p) => p.text).join("");
+  const reply = o.reply;
+  const calls = reply.calls.map(toolCallBody);
+  const fin = finishReason(o.result.finishReason, calls.length > 0);
+  if (r.kind === "completion") {
+    return completion(head, {
+      text: o.text,
+      finish: fin,
+      usage: u,
+      logprobs: r.logprobs ? reply.completionLogprobs() : null,
+    });
+  }
   return chatCompletion(head, {
-    content: text("response"),
-    reasoning: r.thinking ? text("think") : null,
+    content: reply.text,
+    reasoning: r.thinking ? reply.reasoning : null,
     finish: fin,
     usage: u,
+    toolCalls: calls,
+    logprobs: r.logprobs ? reply.chatLogprobs() : null,
   });
 }
-
 /** A server-sent event stream: events are sent while the client listens, then it closes. */
 export class EventStream {
   /** The response body. */
@@ -90,36 +101,52 @@ export class EventStream {
 
 /** The chunks of one streamed request, in OpenAI's shapes for its endpoint. */
 export class ChunkWriter {
-  readonly #channels: ChannelSplitter;
+  /** Log probabilities of tokens whose text has not been sent yet. */
+  #pending: TokenLogprob[] = [];
+  /** Text sent so far (a completion's text offsets). */
+  #sent = 0;
 
   /** Chunks of `r` under `head`, sent on `events`. */
   constructor(readonly events: EventStream, readonly r: ChatRequest | CompletionRequest, readonly head: ResponseHead) {
-    this.#channels = new ChannelSplitter(r.kind === "chat" && r.thinking);
     if (r.kind === "chat") events.send(chatChunk(head, { role: "assistant", content: "" }, null, r.includeUsage));
   }
 
-  #pieces(pieces: ChannelText[]): void {
-    for (const p of pieces) {
-      const d: ChatDelta = p.channel === "think" ? { reasoning_content: p.text } : { content: p.text };
-      this.events.send(chatChunk(this.head, d, null, this.r.includeUsage));
+  /** Sends what a step of the reply made safe; a token's log probabilities ride on the
+   * next chunk of text. */
+  step(reply: ReplyStream, events: ReplyEvent[], logprob?: TokenLogprob): void {
+    if (logprob) this.#pending.push(logprob);
+    const r = this.r;
+    for (const e of events) {
+      if (r.kind === "completion") {
+        if (e.type !== "text") continue;
+        const lp = r.logprobs ? reply.completionLogprobs(this.#pending.splice(0), this.#sent) : null;
+        this.#sent += lp ? lp.tokens.join("").length : 0;
+        this.events.send(completionChunk(this.head, e.text, null, r.includeUsage, lp));
+        continue;
+      }
+      let d: ChatDelta;
+      if (e.type === "text") d = e.channel === "think" ? { reasoning_content: e.text } : { content: e.text };
+      else if (e.type === "call") {
+        d = { tool_calls: [{ index: e.index, id: e.id, type: "function", function: { name: e.name, arguments: "" } }] };
+      } else d = { tool_calls: [{ index: e.index, function: { arguments: e.text } }] };
+      const lp = r.logprobs && e.type === "text" && e.channel === "response" && this.#pending.length > 0
+        ? reply.chatLogprobs(this.#pending.splice(0))
+        : null;
+      this.events.send(chatChunk(this.head, d, null, r.includeUsage, lp));
     }
   }
 
-  /** Sends text as it becomes safe. */
-  text(text: string): void {
-    if (this.r.kind === "chat") this.#pieces(this.#channels.push(text));
-    else this.events.send(completionChunk(this.head, text, null, this.r.includeUsage));
-  }
-
-  /** Sends the end: what the splitter held, the finish reason, and usage when asked. */
+  /** Sends the end: the finish reason (with log probabilities not yet sent), and usage when asked. */
   finish(o: Outcome, promptTokens: number): void {
     const r = this.r;
-    const fin = finishReason(o.result.finishReason);
+    const fin = finishReason(o.result.finishReason, o.reply.calls.length > 0);
+    const rest = this.#pending.splice(0);
     if (r.kind === "chat") {
-      this.#pieces(this.#channels.flush());
-      this.events.send(chatChunk(this.head, {}, fin, r.includeUsage));
+      const lp = r.logprobs && rest.length > 0 ? o.reply.chatLogprobs(rest) : null;
+      this.events.send(chatChunk(this.head, {}, fin, r.includeUsage, lp));
     } else {
-      this.events.send(completionChunk(this.head, "", fin, r.includeUsage));
+      const lp = r.logprobs && rest.length > 0 ? o.reply.completionLogprobs(rest, this.#sent) : null;
+      this.events.send(completionChunk(this.head, "", fin, r.includeUsage, lp));
     }
     if (r.includeUsage) {
       this.events.send(

@@ -10,7 +10,8 @@
 
 import type { Scheduler, SequenceResult } from "../../engine/generate/scheduler.ts";
 import { makeSampler } from "../../engine/generate/sampling.ts";
-import { StopMatcher } from "../../engine/generate/stops.ts";
+import type { TokenLogprob } from "../../engine/generate/logprobs.ts";
+import type { ReplyEvent } from "../../engine/text/xtml.ts";
 import type { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { K3Error } from "../../engine/errors.ts";
 import {
@@ -21,6 +22,7 @@ import {
   parseCompletionRequest,
 } from "../openai.ts";
 import { openaiTask, type Task } from "../request.ts";
+import { ReplyStream } from "../reply.ts";
 
 /** What the server generates with, available once the model is loaded. */
 export interface ServeEngine {
@@ -48,8 +50,24 @@ export interface ServeTask {
 export interface Outcome {
   /** The scheduler's result. */
   result: SequenceResult;
-  /** Text emitted (stop strings and stop ids excluded). */
+  /** Text emitted (a completion's text; a chat's content), stop strings and ids excluded. */
   text: string;
+  /** The reply as read: channels, tool calls, log probabilities. */
+  reply: ReplyStream;
+}
+
+/** What a task hands out as it runs: events now safe to send, and a token's log probabilities. */
+export type Emit = (events: ReplyEvent[], logprob: TokenLogprob | undefined, reply: ReplyStream) => void;
+
+/** The reply reader of a task (its chat shape, stops and log probabilities). */
+export function taskReply(tokenizer: Tokenizer, task: Task, callId?: (index: number) => string): ReplyStream {
+  return new ReplyStream(tokenizer, {
+    chat: task.chat,
+    stops: task.stops,
+    logprobs: task.logprobs,
+    ignoreEos: task.ignoreEos,
+    callId,
+  });
 }
 
 /** Checks the prompt and max_tokens against what one sequence can hold. */
@@ -106,19 +124,17 @@ export function serveTask(e: ServeEngine, kind: "chat" | "completion", body: unk
   return { request: r, task };
 }
 
-/** Runs a task as one scheduler sequence; `emit` gets text as it becomes safe to send. */
+/** Runs a task as one scheduler sequence; `emit` gets events as they become safe to send. */
 export async function runTask(
   e: ServeEngine,
   task: Task,
   signal: AbortSignal,
-  emit: (text: string) => void,
+  emit: Emit,
   onFirstToken: () => void,
 ): Promise<Outcome> {
   const ends = task.stopIds;
-  const matcher = new StopMatcher(e.tokenizer, task.stops);
+  const reply = taskReply(e.tokenizer, task);
   const choose = makeSampler(task.sampling);
-  let text = "";
-  let stoppedByString = false;
   let first = true;
   const result = await e.scheduler.submit({
     prompt: task.promptIds,
@@ -126,17 +142,18 @@ export async function runTask(
     stopIds: ends,
     choose,
     signal,
-    onToken: (token) => {
+    onToken: (token, logits) => {
       if (first) (first = false, onFirstToken());
-      if (ends.includes(token)) return;
-      const out = matcher.push(token);
-      if (out.text) (text += out.text, emit(out.text));
-      if (out.stopped) return (stoppedByString = true);
+      // A completion's end ids are not text; a chat's reader reads them as the turn's end.
+      if (!task.chat && ends.includes(token)) return;
+      const step = reply.token(token, logits);
+      if (step.events.length > 0 || step.logprob) emit(step.events, step.logprob, reply);
+      return step.stop;
     },
   });
-  if (!stoppedByString && result.finishReason !== "interrupted") {
-    const rest = matcher.flush();
-    if (rest) (text += rest, emit(rest));
+  if (result.finishReason !== "interrupted") {
+    const rest = reply.end();
+    if (rest.length > 0) emit(rest, undefined, reply);
   }
-  return { result, text };
+  return { result, text: reply.text, reply };
 }

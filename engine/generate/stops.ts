@@ -30,7 +30,13 @@ export class StopMatcher {
   /** Feed one token; returns the text now safe to emit and whether a stop matched. */
   push(token: number): { text: string; stopped: boolean } {
     if (this.#stopped) return { text: "", stopped: true };
-    const text = this.#held + this.#decoder.push(token);
+    return this.pushText(this.#decoder.push(token));
+  }
+
+  /** Feed decoded text (a caller that decodes itself, e.g. a reply's channel text). */
+  pushText(more: string): { text: string; stopped: boolean } {
+    if (this.#stopped) return { text: "", stopped: true };
+    const text = this.#held + more;
     // The earliest stop wins (a stop that starts earlier ends the text earlier).
     let at = -1;
     for (const s of this.#stops) {

@@ -10,8 +10,10 @@
 
 /** The test-only variables: `K3_FAULT_EXPERT_READ=L:E` (the read of expert E of layer L comes
  * up short), `K3_TEST_HEAD_CHUNK=BYTES` (lm_head chunk size of a streamed head),
- * `K3_FAULT_WRITE_ENOSPC=N` (writes fail with ENOSPC after N bytes). */
-export type TestHook = "K3_FAULT_EXPERT_READ" | "K3_TEST_HEAD_CHUNK" | "K3_FAULT_WRITE_ENOSPC";
+ * `K3_FAULT_WRITE_ENOSPC=N` (writes fail with ENOSPC after N bytes), `K3_TEST_CHOOSE=ID,ID,...`
+ * (`k3 chat` picks these ids in order, across turns, before its sampler: a random-weight
+ * model's replies scripted, e.g. a tool call, while the model still runs every token). */
+export type TestHook = "K3_FAULT_EXPERT_READ" | "K3_TEST_HEAD_CHUNK" | "K3_FAULT_WRITE_ENOSPC" | "K3_TEST_CHOOSE";
 
 /** The value of test hook `name`: undefined when it is unset or when the running permission
  * set does not grant reading it (then it neither throws nor prompts). */

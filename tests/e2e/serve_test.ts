@@ -13,7 +13,8 @@
 import assert from "node:assert/strict";
 import fc from "fast-check";
 import OpenAI from "openai";
-import { chatPrompt, splitChannels } from "../../engine/text/chat.ts";
+import { chatPrompt } from "../../engine/text/chat.ts";
+import { readReply } from "../../engine/text/xtml.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { k3, K3Process, tempDir, TINY } from "../helpers.ts";
 
@@ -213,7 +214,7 @@ Deno.test({
       for (const thinking of [true, false]) {
         const ids = chatPrompt(tok, QUESTION, { thinking });
         const want = await k3Run(ids, 24);
-        const split = splitChannels(answerText(want), thinking);
+        const split = readReply(tok, want, { thinking, tools: false });
         const r = await client.chat.completions.create({
           model: "tiny",
           messages: QUESTION,
@@ -337,7 +338,7 @@ Deno.test({
           seed,
         })).choices[0].message as { content: string; reasoning_content?: string };
       const a = await ask(42), b = await ask(42);
-      assert.equal(a.reasoning_content, splitChannels(answerText(want), true).reasoning);
+      assert.equal(a.reasoning_content, readReply(tok, want, { thinking: true, tools: false }).reasoning);
       assert.deepEqual(a, b);
       const s = await streamChat({ messages: QUESTION, max_tokens: 30, temperature: 1, top_p: 0.95, seed: 42 });
       assert.equal(s.reasoning, a.reasoning_content);
@@ -450,7 +451,7 @@ Deno.test({
       await expectError(
         await post("/v1/chat/completions", { messages: QUESTION, tools: [{ type: "function" }] }),
         400,
-        "tools",
+        "tools[0].function",
       );
       await expectError(await post("/v1/chat/completions", { messages: QUESTION, model: "gpt-4" }), 404, "model");
       await expectError(await post("/v1/completions", { prompt: [1, 99999] }), 400, "prompt[1]");

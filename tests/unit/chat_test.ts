@@ -9,15 +9,9 @@ import assert from "node:assert/strict";
 import fc from "fast-check";
 import { StopMatcher } from "../../engine/generate/stops.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
-import {
-  ChannelSplitter,
-  chatPrompt,
-  continuePrompt,
-  formatHistory,
-  parseHistory,
-  splitChannels,
-} from "../../engine/text/chat.ts";
+import { chatPrompt, continuePrompt, formatHistory, parseHistory } from "../../engine/text/chat.ts";
 import { K3Error } from "../../engine/errors.ts";
+import { ReplyReader } from "../../engine/text/xtml.ts";
 import { TINY } from "../helpers.ts";
 
 const tiny = Tokenizer.load(TINY);
@@ -79,52 +73,6 @@ Deno.test("stop strings: property over random text, ids split anywhere", () => {
   );
 });
 
-Deno.test("ChannelSplitter: streamed pieces agree with splitChannels, markup dropped, open tags tracked", () => {
-  const gen = "Let me think.<|close|>think<|sep|><|open|>response<|sep|>Paris.<|close|>response<|sep|>" +
-    "<|close|>message<|sep|><|end_of_msg|>ignored";
-  assert.deepEqual(splitChannels(gen, true), { reasoning: "Let me think.", content: "Paris." });
-  const whole = (text: string, thinking: boolean) => {
-    const sp = new ChannelSplitter(thinking);
-    let reasoning = "", content = "";
-    for (const p of [...sp.push(text), ...sp.flush()]) {
-      p.channel === "think" ? (reasoning += p.text) : (content += p.text);
-    }
-    return { reasoning, content };
-  };
-  for (
-    const [t, th] of [[gen, true], ["Paris.<|close|>response<|sep|>", false], ["still thinking", true], [
-      "a < b [x] <|nope",
-      false,
-    ]] as const
-  ) assert.deepEqual(whole(t, th), splitChannels(t, th), t);
-  // Text that only looks like the start of markup is text; the end of the message ends it.
-  assert.deepEqual(whole("a < b [x] <|nope", false), { reasoning: "", content: "a < b [x] <|nope" });
-  assert.deepEqual(whole("x[EOS]y", false), { reasoning: "", content: "x" });
-  // Fed token by token (as decoded), the pieces add up to the same split.
-  const ids = tiny.encode(gen, { allowSpecial: true });
-  const s = new ChannelSplitter(true);
-  let reasoning = "", content = "";
-  for (const id of ids) {
-    for (const p of s.push(tiny.decode([id]))) p.channel === "think" ? (reasoning += p.text) : (content += p.text);
-  }
-  for (const p of s.flush()) p.channel === "think" ? (reasoning += p.text) : (content += p.text);
-  assert.deepEqual({ reasoning, content }, { reasoning: "Let me think.", content: "Paris." });
-  assert.deepEqual(s.left, { open: [], ended: true });
-  // Character by character as well.
-  fc.assert(
-    fc.property(fc.array(fc.integer({ min: 1, max: 7 }), { minLength: 1, maxLength: 60 }), (cuts) => {
-      const sp = new ChannelSplitter(true);
-      let r = "", c = "", at = 0;
-      for (const n of [...cuts, gen.length]) {
-        for (const p of sp.push(gen.slice(at, at + n))) p.channel === "think" ? (r += p.text) : (c += p.text);
-        at += n;
-      }
-      for (const p of sp.flush()) p.channel === "think" ? (r += p.text) : (c += p.text);
-      assert.deepEqual({ r, c }, { r: "Let me think.", c: "Paris." });
-    }),
-  );
-});
-
 Deno.test("continuePrompt: closing what a cut reply left open gives chatPrompt's rendering", () => {
   const enc = (s: string) => tiny.encode(s, { allowSpecial: true });
   const user1 = { role: "user" as const, content: "Hi" };
@@ -132,15 +80,24 @@ Deno.test("continuePrompt: closing what a cut reply left open gives chatPrompt's
   const first = chatPrompt(tiny, [user1]);
   // The reply was cut inside its think channel.
   const reply = tiny.encode("hmm");
-  const s = new ChannelSplitter(true);
-  s.push(tiny.decode(reply));
+  const s = new ReplyReader(tiny, { thinking: true, tools: false });
+  for (const id of reply) s.push(id);
   const whole = [...first, ...reply, ...continuePrompt(tiny, s.left, [user2], true)];
   assert.deepEqual(whole, chatPrompt(tiny, [user1, { role: "assistant", content: "", reasoning: "hmm" }, user2]));
-  // A reply that ended with <|end_of_msg|> needs no closing markup.
-  const done = new ChannelSplitter(false);
-  done.push("ok<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>");
+  // A reply that ended at <|close|>message<|sep|> (the turn boundary) gets the
+  // <|end_of_msg|> the encoder appends; one that ended with <|end_of_msg|> nothing.
+  const done = new ReplyReader(tiny, { thinking: false, tools: false });
+  for (const id of enc("ok<|close|>response<|sep|><|close|>message<|sep|>")) done.push(id);
+  assert.ok(done.ended);
+  const eom = new ReplyReader(tiny, { thinking: false, tools: false });
+  for (const id of enc("ok<|end_of_msg|>")) eom.push(id);
+  assert.deepEqual(eom.left, { open: [], ended: true });
+  assert.deepEqual(continuePrompt(tiny, done.left, [user2], false), [
+    ...enc("<|end_of_msg|>"),
+    ...continuePrompt(tiny, eom.left, [user2], false),
+  ]);
   assert.deepEqual(
-    continuePrompt(tiny, done.left, [user2], false),
+    continuePrompt(tiny, eom.left, [user2], false),
     [
       ...enc('<|open|>message role="user"<|sep|>'),
       ...tiny.encode("More?"),

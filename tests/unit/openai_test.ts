@@ -81,7 +81,8 @@ Deno.test("chat request: each bad field is a 400 naming it", () => {
   rejects({ messages: [1] }, "messages[0]", /object/);
   rejects({ messages: [{ content: "x" }] }, "messages[0].role", /required/);
   rejects({ messages: [{ role: "robot", content: "x" }] }, "messages[0].role", /one of/);
-  rejects({ messages: [{ role: "tool", content: "x" }] }, "messages[0].role", /tool/);
+  rejects({ messages: [{ role: "tool", content: "x" }] }, "messages[0].tool_call_id", /required/);
+  rejects({ messages: [{ role: "function", content: "x" }] }, "messages[0].role", /deprecated/);
   rejects({ messages: [{ role: "user" }] }, "messages[0].content", /required/);
   rejects({ messages: [{ role: "user", content: 5 }] }, "messages[0].content", /string or an array/);
   rejects(
@@ -113,10 +114,17 @@ Deno.test("chat request: each bad field is a 400 naming it", () => {
     "stream_options.include_usage",
     /boolean/,
   );
-  rejects({ messages: MSG, tools: [{ type: "function" }] }, "tools", /tool calling/);
-  rejects({ messages: MSG, tool_choice: "auto" }, "tool_choice", /tool calling/);
-  rejects({ messages: MSG, logprobs: true }, "logprobs", /not supported/);
-  rejects({ messages: MSG, top_logprobs: 3 }, "top_logprobs", /not supported/);
+  rejects({ messages: MSG, tools: [{ type: "function" }] }, "tools[0].function", /required/);
+  rejects(
+    { messages: MSG, tools: [{ type: "function", function: { name: "a b" } }] },
+    "tools[0].function.name",
+    /letters/,
+  );
+  rejects({ messages: MSG, tool_choice: "required" }, "tool_choice", /declares none/);
+  rejects({ messages: MSG, tool_choice: "sometimes" }, "tool_choice", /must be/);
+  rejects({ messages: MSG, logprobs: "yes" }, "logprobs", /boolean/);
+  rejects({ messages: MSG, top_logprobs: 3 }, "top_logprobs", /needs 'logprobs'/);
+  rejects({ messages: MSG, logprobs: true, top_logprobs: 21 }, "top_logprobs", /\[0, 20\]/);
   rejects({ messages: MSG, presence_penalty: 0.5 }, "presence_penalty", /not supported/);
   rejects({ messages: MSG, response_format: { type: "json_object" } }, "response_format", /not supported/);
   rejects({ messages: MSG, chat_template_kwargs: { thinking: "on" } }, "chat_template_kwargs.thinking", /boolean/);
@@ -144,7 +152,8 @@ Deno.test("completion request: text or ids, one prompt only, legacy fields refus
   rejects({ prompt: 7 }, "prompt", /string or an array/, parse);
   rejects({ prompt: "x", echo: true }, "echo", /not supported/, parse);
   rejects({ prompt: "x", best_of: 2 }, "best_of", /must be 1/, parse);
-  rejects({ prompt: "x", logprobs: 2 }, "logprobs", /not supported/, parse);
+  rejects({ prompt: "x", logprobs: 21 }, "logprobs", /\[0, 20\]/, parse);
+  assert.equal(parse({ prompt: "x", logprobs: 2 }, 1024).topLogprobs, 2);
   rejects({ prompt: "x", n: 3 }, "n", /must be 1/, parse);
 });
 

@@ -582,11 +582,15 @@ Deno.test("chat: XTML prompt, user text cannot inject control tokens", () => {
     { role: "user", content: "Capital of France?" },
     { role: "assistant", content: "Paris.", reasoning: "Easy." },
     { role: "user", content: "And Italy?" },
-  ], { thinking: false, effort: "high", bos: true }));
+  ], { thinking: true, effort: "high", bos: true }));
+  // The released encoder's rendering: the effort instruction (thinking mode only), and a
+  // think channel on every assistant message in thinking mode (none without).
   assert.equal(
     full,
     "[BOS]" +
-      '<|open|>message role="system" type="thinking-effort"<|sep|>high<|close|>message<|sep|>' +
+      '<|open|>message role="system" type="thinking-effort"<|sep|>`thinking_effort` guides on how much to ' +
+      "think in your thinking channel (not including the response channel), supported values include `low`, " +
+      "`medium`, `high`, and `max`.\nNow the system is invoked with `thinking_effort=high`.<|close|>message<|sep|>" +
       "<|end_of_msg|>" +
       '<|open|>message role="system"<|sep|>Be brief.<|close|>message<|sep|><|end_of_msg|>' +
       '<|open|>message role="user"<|sep|>Capital of France?<|close|>message<|sep|>' +
@@ -595,7 +599,15 @@ Deno.test("chat: XTML prompt, user text cannot inject control tokens", () => {
       "<|open|>response<|sep|>Paris.<|close|>response<|sep|><|close|>message<|sep|>" +
       "<|end_of_msg|>" +
       '<|open|>message role="user"<|sep|>And Italy?<|close|>message<|sep|><|end_of_msg|>' +
-      '<|open|>message role="assistant"<|sep|><|open|>response<|sep|>',
+      '<|open|>message role="assistant"<|sep|><|open|>think<|sep|>',
+  );
+  assert.equal(
+    tiny.decode(chatPrompt(tiny, [{ role: "assistant", content: "Paris.", reasoning: "Easy." }], {
+      thinking: false,
+      effort: "high",
+    })),
+    '<|open|>message role="assistant"<|sep|><|open|>response<|sep|>Paris.<|close|>response<|sep|>' +
+      '<|close|>message<|sep|><|end_of_msg|><|open|>message role="assistant"<|sep|><|open|>response<|sep|>',
   );
   assert.deepEqual(stopIds(tiny), [770, 769]);
   assertK3Error(() => chatPrompt(tiny, [], { effort: "medium" }), 2, /effort/);

@@ -1,0 +1,308 @@
+/**
+ * Tool calls and log probabilities through `k3 serve`, driven by real clients: the
+ * official `openai` package (a two-step tool loop, streamed tool calls assembled by the
+ * SDK, logprobs) and the Vercel AI SDK's `generateText` with tools.
+ *
+ * The server is the real one (routing, validation, the chat template, the reply reader,
+ * SSE) on loopback; its scheduler plays scripted token ids (the tiny model has random
+ * weights, so a real model would never write a tool call), with logits made up so the
+ * scripted token is the most likely: the log probabilities are checked against a float64
+ * log-softmax computed here.
+ */
+
+import assert from "node:assert/strict";
+import OpenAI from "openai";
+import { generateText, jsonSchema, stepCountIs, tool } from "ai";
+import { createOpenAI } from "@ai-sdk/openai";
+import type { SequenceRequest, SequenceResult } from "../../engine/generate/scheduler.ts";
+import { Tokenizer } from "../../engine/text/tokenizer.ts";
+import { type ServeEngine, startServer } from "../../cli/server/http.ts";
+import { TINY } from "../helpers.ts";
+
+const tok = Tokenizer.load(TINY);
+const OPEN = tok.specialId("<|open|>"), CLOSE = tok.specialId("<|close|>"), SEP = tok.specialId("<|sep|>");
+const t = (s: string) => tok.encode(s, { allowSpecial: false });
+const open = (h: string) => [OPEN, ...t(h), SEP];
+const close = (h: string) => [CLOSE, ...t(h), SEP];
+const VOCAB = 1024;
+
+/** A reply calling get_weather(city), by the format's rule (thinking off). */
+const callReply = (city: string) => [
+  ...close("response"),
+  ...open("tools"),
+  ...open('call tool="get_weather" index="1"'),
+  ...open('argument key="city" type="string"'),
+  ...t(city),
+  ...close("argument"),
+  ...close("call"),
+  ...close("tools"),
+  ...close("message"),
+];
+const answerReply = (text: string) => [...t(text), ...close("response"), ...close("message")];
+
+/** Logits of step `i` of a script: made-up values, the scripted token the largest. */
+function logitsFor(token: number, i: number): Float32Array {
+  const l = new Float32Array(VOCAB);
+  for (let k = 0; k < VOCAB; k++) l[k] = Math.sin(k * 12.9898 + i * 78.233) * 4;
+  l[token] = 9;
+  return l;
+}
+
+/** A scheduler that plays the next script, recording each request's prompt. */
+class ScriptedScheduler {
+  readonly prompts: number[][] = [];
+  readonly scripts: number[][] = [];
+  queued = 0;
+  active = 0;
+  submit(req: SequenceRequest): Promise<SequenceResult> {
+    this.prompts.push(req.prompt);
+    const script = this.scripts.shift();
+    if (!script) return Promise.reject(new Error("no script left"));
+    const tokens: number[] = [];
+    let finishReason: SequenceResult["finishReason"] = "length";
+    for (const [i, id] of script.entries()) {
+      if (tokens.length >= req.maxTokens) break;
+      tokens.push(id);
+      if (req.onToken?.(id, logitsFor(id, i)) === true || req.stopIds?.includes(id)) {
+        finishReason = "stop";
+        break;
+      }
+    }
+    return Promise.resolve({
+      tokens,
+      finishReason,
+      promptTokens: req.prompt.length,
+      prefillSeconds: 0,
+      decodeSeconds: 0,
+      stepSeconds: tokens.map(() => 0),
+    });
+  }
+}
+
+async function withServer(fn: (url: string, s: ScriptedScheduler) => Promise<void>): Promise<void> {
+  const scheduler = new ScriptedScheduler();
+  const server = startServer({
+    hostname: "127.0.0.1",
+    port: 0,
+    modelName: "tiny",
+    parallel: 1,
+    maxQueue: 4,
+    maxBodyBytes: 1 << 20,
+    log: () => {},
+  });
+  const engine: ServeEngine = { scheduler, tokenizer: tok, capacity: 4096, vocabSize: VOCAB, bytesRead: () => 0 };
+  server.ready(engine);
+  try {
+    await fn(`http://127.0.0.1:${server.addr.port}/v1`, scheduler);
+  } finally {
+    await server.shutdown(0);
+  }
+}
+
+const TOOLS: OpenAI.Chat.Completions.ChatCompletionTool[] = [{
+  type: "function",
+  function: {
+    name: "get_weather",
+    description: "The weather in a city.",
+    parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+  },
+}];
+const NO_THINK = { chat_template_kwargs: { thinking: false } } as Record<string, unknown>;
+
+Deno.test("openai SDK: a two-step tool loop (call, result, answer) and streamed tool calls", async () => {
+  await withServer(async (baseURL, s) => {
+    const client = new OpenAI({ baseURL, apiKey: "none" });
+    s.scripts.push(callReply('Zürich "Alt" <|sep|>'), answerReply("Sunny, 20 C."));
+    const messages: OpenAI.Chat.Completions.ChatCompletionMessageParam[] = [
+      { role: "user", content: "Weather in Zürich?" },
+    ];
+    const first = await client.chat.completions.create({
+      model: "tiny",
+      messages,
+      tools: TOOLS,
+      tool_choice: { type: "function", function: { name: "get_weather" } },
+      ...NO_THINK,
+    });
+    const choice = first.choices[0];
+    assert.equal(choice.finish_reason, "tool_calls");
+    assert.equal(choice.message.content, null);
+    const call = choice.message.tool_calls![0] as OpenAI.Chat.Completions.ChatCompletionMessageFunctionToolCall;
+    assert.equal(call.function.name, "get_weather");
+    assert.deepEqual(JSON.parse(call.function.arguments), { city: 'Zürich "Alt" <|sep|>' });
+    assert.match(call.id, /^call_/);
+    // The declaration went into the prompt, as data.
+    const prompt1 = tok.decode(s.prompts[0]);
+    assert.ok(prompt1.includes('<|open|>message role="system" type="tool-declare"<|sep|># Tools'));
+    assert.ok(prompt1.includes('"name":"get_weather"'));
+
+    messages.push(choice.message, { role: "tool", tool_call_id: call.id, content: "sunny, 20 C" });
+    const second = await client.chat.completions.create({ model: "tiny", messages, tools: TOOLS, ...NO_THINK });
+    assert.equal(second.choices[0].finish_reason, "stop");
+    assert.equal(second.choices[0].message.content, "Sunny, 20 C.");
+    const prompt2 = tok.decode(s.prompts[1]);
+    assert.ok(
+      prompt2.includes('<|open|>call tool="get_weather" index="1"<|sep|><|open|>argument key="city" type="string"'),
+    );
+    assert.ok(prompt2.includes('<|open|>message role="tool" tool="get_weather" index="1"<|sep|>sunny, 20 C'));
+
+    // Streamed: the SDK assembles the call from the deltas.
+    s.scripts.push(callReply("Paris"));
+    const stream = client.chat.completions.stream({
+      model: "tiny",
+      messages: messages.slice(0, 1),
+      tools: TOOLS,
+      ...NO_THINK,
+    });
+    const done = await stream.finalChatCompletion();
+    const sc = done.choices[0];
+    assert.equal(sc.finish_reason, "tool_calls");
+    const streamed = sc.message.tool_calls![0] as OpenAI.Chat.Completions.ChatCompletionMessageFunctionToolCall;
+    assert.equal(streamed.function.name, "get_weather");
+    assert.deepEqual(JSON.parse(streamed.function.arguments), { city: "Paris" });
+    assert.ok(!(sc.message.content ?? "").includes("<|"), "markup never reaches content");
+  });
+});
+
+Deno.test("openai SDK: logprobs equal a float64 log-softmax of the logits, streamed and not", async () => {
+  await withServer(async (baseURL, s) => {
+    const client = new OpenAI({ baseURL, apiKey: "none" });
+    const script = answerReply("Hello there");
+    const content = t("Hello there");
+    s.scripts.push(script, script);
+    const r = await client.chat.completions.create({
+      model: "tiny",
+      messages: [{ role: "user", content: "hi" }],
+      logprobs: true,
+      top_logprobs: 3,
+      ...NO_THINK,
+    });
+    const lp = r.choices[0].logprobs!.content!;
+    assert.equal(lp.length, content.length);
+    lp.forEach((e, i) => {
+      const l = logitsFor(content[i], i);
+      let m = -Infinity;
+      for (const x of l) m = Math.max(m, x);
+      let sum = 0;
+      for (const x of l) sum += Math.exp(x - m);
+      assert.equal(e.logprob, (l[content[i]] - m) - Math.log(sum));
+      assert.deepEqual(e.bytes, Array.from(tok.decodeBytes([content[i]])));
+      assert.equal(e.top_logprobs.length, 3);
+      assert.equal(e.top_logprobs[0].logprob, e.logprob, "the scripted token is the most likely");
+      assert.ok(e.top_logprobs[1].logprob <= e.top_logprobs[0].logprob);
+    });
+    const st = await client.chat.completions.create({
+      model: "tiny",
+      messages: [{ role: "user", content: "hi" }],
+      logprobs: true,
+      top_logprobs: 3,
+      stream: true,
+      ...NO_THINK,
+    });
+    const streamed: unknown[] = [];
+    for await (const c of st) streamed.push(...(c.choices[0]?.logprobs?.content ?? []));
+    assert.deepEqual(streamed, lp);
+  });
+});
+
+Deno.test("Vercel AI SDK: generateText with tools runs the tool and answers", async () => {
+  await withServer(async (baseURL, s) => {
+    // The AI SDK sends no chat_template_kwargs: the reply starts in the think channel.
+    const think = [...t("Let me check."), ...close("think"), ...open("response")];
+    s.scripts.push([...think, ...callReply("Rome")], [...think, ...answerReply("It is sunny in Rome.")]);
+    const provider = createOpenAI({ baseURL, apiKey: "none" });
+    const seen: string[] = [];
+    const result = await generateText({
+      model: provider.chat("tiny"),
+      prompt: "Weather in Rome?",
+      tools: {
+        get_weather: tool({
+          description: "The weather in a city.",
+          inputSchema: jsonSchema<{ city: string }>({
+            type: "object",
+            properties: { city: { type: "string" } },
+            required: ["city"],
+          }),
+          execute: ({ city }) => (seen.push(city), Promise.resolve(`sunny in ${city}`)),
+        }),
+      },
+      stopWhen: stepCountIs(3),
+    });
+    assert.deepEqual(seen, ["Rome"]);
+    assert.equal(result.text, "It is sunny in Rome.");
+    assert.ok(tok.decode(s.prompts[1]).includes('role="tool" tool="get_weather" index="1"<|sep|>'));
+  });
+});
+
+Deno.test("serve: a malformed call is content with finish stop; tool_choice none drops the channel; streamed = whole", async () => {
+  await withServer(async (baseURL, s) => {
+    const post = async (body: Record<string, unknown>) =>
+      await (await fetch(`${baseURL}/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: "tiny", messages: [{ role: "user", content: "x" }], ...NO_THINK, ...body }),
+      })).json();
+    const malformed = [
+      ...t("ok"),
+      ...close("response"),
+      ...open("tools"),
+      ...open('call tool="get_weather" index="1"'),
+      ...open('argument key="n" type="number"'),
+      ...t("twelve"),
+      ...close("argument"),
+      ...close("call"),
+      ...close("tools"),
+      ...close("message"),
+    ];
+    s.scripts.push(malformed);
+    const bad = (await post({ tools: TOOLS })).choices[0];
+    assert.equal(bad.finish_reason, "stop");
+    assert.equal(bad.message.tool_calls, undefined);
+    assert.ok(bad.message.content.startsWith("ok<|open|>tools<|sep|>"), bad.message.content);
+
+    s.scripts.push(callReply("Oslo"));
+    const none = (await post({ tools: TOOLS, tool_choice: "none" })).choices[0];
+    assert.deepEqual([none.finish_reason, none.message.content, none.message.tool_calls], ["stop", "", undefined]);
+    assert.ok(tok.decode(s.prompts[1]).includes("The system is invoked with `tool_choice=none`."));
+
+    // Two parallel calls, streamed: the deltas add up to the unstreamed answer's calls.
+    const two = [...callReply("A").slice(0, -close("message").length - close("tools").length)];
+    const parallel = [
+      ...two,
+      ...open('call tool="get_weather" index="2"'),
+      ...open('argument key="city" type="string"'),
+      ...t('B "q" é'),
+      ...close("argument"),
+      ...close("call"),
+      ...close("tools"),
+      ...close("message"),
+    ];
+    s.scripts.push(parallel, parallel);
+    const whole = (await post({ tools: TOOLS })).choices[0];
+    const res = await fetch(`${baseURL}/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: "tiny",
+        messages: [{ role: "user", content: "x" }],
+        tools: TOOLS,
+        stream: true,
+        ...NO_THINK,
+      }),
+    });
+    const calls: { name: string; arguments: string }[] = [];
+    let finish = "";
+    for (const line of (await res.text()).split("\n")) {
+      if (!line.startsWith("data: {")) continue;
+      const c = JSON.parse(line.slice(6)).choices[0];
+      for (const d of c?.delta?.tool_calls ?? []) {
+        calls[d.index] ??= { name: "", arguments: "" };
+        if (d.function.name) calls[d.index].name = d.function.name;
+        calls[d.index].arguments += d.function.arguments;
+      }
+      if (c?.finish_reason) finish = c.finish_reason;
+    }
+    assert.equal(finish, "tool_calls");
+    assert.deepEqual(calls, whole.message.tool_calls.map((c: { function: unknown }) => c.function));
+    assert.deepEqual(calls.map((c) => JSON.parse(c.arguments).city), ["A", 'B "q" é']);
+  });
+});
