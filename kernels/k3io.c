@@ -491,6 +491,11 @@ int64_t k3io_split_decode(const void *stored, uint64_t slen, void *dst, uint64_t
   uint64_t nblocks = nvals / K3IO_SPLIT_BLOCK;
   unsigned char dict[128] = {0};
   memcpy(dict, s + 16, (1u << w) - 1);
+  /* Everything between the dictionary and the first block is zero: a flipped byte anywhere
+   * in a coded piece either changes what it decodes to or is refused here. */
+  for (const unsigned char *z = s + 16 + (1u << w) - 1; z < s + first; z++) {
+    if (*z != 0) return -EBADMSG;
+  }
   /* In place when the stored bytes sit inside the slot (at its end, as the reads put them). */
   int in_place = s >= d && s < d + len;
   const unsigned char *p = s + first, *end = s + slen;

@@ -103,7 +103,10 @@ int64_t k3io_read_small(const char *path, void *buf, uint64_t cap);
 int64_t k3io_split_encode(const void *src, uint64_t len, void *dst, uint64_t cap, int32_t width);
 /* Decodes slen stored bytes into the len-byte piece at dst (separate buffers, or in place
  * as above). Returns len, or -EBADMSG for a piece that is not a well-formed coded piece of
- * len bytes (nothing beyond dst + len is written, nothing beyond stored + slen read). */
+ * len bytes (a header field out of range, a byte between the dictionary and the first block
+ * not zero, escapes that do not end exactly at slen, or in place a block that would
+ * overwrite the next one's stored bytes; nothing beyond dst + len is written, nothing
+ * beyond stored + slen read). */
 int64_t k3io_split_decode(const void *stored, uint64_t slen, void *dst, uint64_t len);
 /* Reads one trunk piece: `stored` bytes at offset to the end of the len-byte buf, decoded
  * in place when stored < len (split-coded), then with hash set out[0] = k3io_hash of the len
