@@ -644,7 +644,9 @@ if (import.meta.main) {
   };
   const only = values.only?.split(",").map((n) => {
     if (!named[n]) {
-      console.error(`k3: --only: unknown section ${JSON.stringify(n)} (one of ${Object.keys(named).join(", ")})\n${usage}`);
+      console.error(
+        `k3: --only: unknown section ${JSON.stringify(n)} (one of ${Object.keys(named).join(", ")})\n${usage}`,
+      );
       Deno.exit(2);
     }
     return named[n];
