@@ -36,7 +36,7 @@ import { parseConfig } from "../engine/model/config.ts";
 import { expertBytes } from "../engine/weights/experts.ts";
 import { ensureSlice, type SliceRecipe } from "./slice.ts";
 import { DATA_FILE, readManifest, storedSize } from "../engine/weights/manifest.ts";
-import { measureDecodeRate, measureReadRate } from "../engine/weights/codec.ts";
+import { codecVerdict, measureDecodeRate, measureReadRate } from "../engine/weights/codec.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 
@@ -522,7 +522,14 @@ export const codecSection: Section = async (ctx) => {
     }
   }
   const rawTok = median(per.raw), splitTok = median(per.split);
+  const v = codecVerdict({ decode: median(decs) * 1e9, disk: median(disks) * 1e9, ratio: stored / size });
   return [
+    {
+      key: "codec_predicted_coded_over_raw",
+      label: `auto's prediction for a disk-bound token: ${v.pays ? "split" : "raw"}`,
+      value: v.predicted,
+      unit: "x",
+    },
     {
       key: "codec_slice_stored_ratio",
       label: `slice layers split-coded: ${(stored / 1e9).toFixed(2)} of ${(size / 1e9).toFixed(2)} GB`,
@@ -574,6 +581,7 @@ export function summary(figures: Figure[]): Record<string, number> {
   put("codec_decode_over_disk", ratio("codec_decode_gbps"));
   put("floor_coded_over_raw", ratio("floor_coded_s_per_token"));
   put("codec_slice_stored_ratio", figures.find((f) => f.key === "codec_slice_stored_ratio")?.value);
+  put("codec_predicted_coded_over_raw", figures.find((f) => f.key === "codec_predicted_coded_over_raw")?.value);
   return out;
 }
 

@@ -17,7 +17,7 @@ import { EXIT, usageError } from "../engine/errors.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
 import { checkCheckpoint } from "../engine/weights/bind.ts";
 import { defaultLibraryPath, isaName, type Kernels, kernels, libraryPath } from "../engine/native/ffi.ts";
-import { CODEC_MARGIN, codecPays, measureDecodeRate } from "../engine/weights/codec.ts";
+import { CODEC_GAIN, CODEC_MARGIN, codecVerdict, measureDecodeRate } from "../engine/weights/codec.ts";
 import { cpuFlags } from "../engine/native/libpath.ts";
 import { IoFile } from "../engine/native/io.ts";
 import { cgroupText, memoryAvailability } from "../engine/native/available.ts";
@@ -256,17 +256,21 @@ const gbps = (x?: number) => (x === undefined ? "-" : `${(x / 1e9).toFixed(2)} G
 
 /**
  * The trunk codec's line: the split decode rate measured on every thread (engine/weights/
- * codec.ts), beside the disk's sequential O_DIRECT rate when it was measured, and what
- * `k3 pack --codec auto` would choose here.
+ * codec.ts), beside the disk's sequential O_DIRECT rate when it was measured, and what `k3 pack --codec auto` would choose here.
  */
 async function codecLine(k: Kernels, disk: number | undefined, line: (label: string, text: string) => void) {
   try {
     const dec = await measureDecodeRate(k, libraryPath());
-    const verdict = disk === undefined
+    const v = disk === undefined ? undefined : codecVerdict({ decode: dec.bytesPerSecond, disk, ratio: dec.ratio });
+    const verdict = disk === undefined || v === undefined
       ? "the disk's rate was not measured, so auto's choice is not known here"
-      : `${(dec.bytesPerSecond / disk).toFixed(2)}x the disk's sequential ${gbps(disk)}: k3 pack --codec auto ${
-        codecPays(dec.bytesPerSecond, disk) ? "codes the trunk (split)" : "keeps the trunk raw"
-      } (it codes at ${CODEC_MARGIN}x or more)`;
+      : `${(dec.bytesPerSecond / disk).toFixed(2)}x the disk's sequential ${
+        gbps(disk)
+      }; a disk-bound token is predicted ${
+        v.predicted.toFixed(2)
+      }x coded (the decode's time added to it): k3 pack --codec auto ${
+        v.pays ? "codes the trunk (split)" : "keeps the trunk raw"
+      } (it codes when the decode is ${CODEC_MARGIN}x the disk and the token ${CODEC_GAIN}x faster)`;
     line(
       "codec",
       `split decode ${gbps(dec.bytesPerSecond)} on ${dec.threads} threads (a weight-like piece stored at ${

@@ -27,7 +27,8 @@ few staging buffers) whatever the layer size. An interrupted pack leaves no usab
   --codec C       how the layers' 16 MB pieces are stored: raw; split (each piece whose
                   bf16 high bytes code smaller is stored as fixed-width dictionary codes
                   with escapes and its low bytes raw, decoded as it is read); auto (the
-                  default: split when this machine decodes 1.5x faster than the disk reads)
+                  default: split only when this machine's measured decode and disk
+                  rates predict a faster disk-bound token, decode time included)
   --verify        re-check every checksum of <trunk_dir> (and, given model_dir, that the
                   trunk belongs to that model, and every expert against experts.json)
   -h, --help   this help

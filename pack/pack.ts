@@ -38,7 +38,7 @@ import {
   VERSION,
   weightSample,
 } from "../engine/weights/manifest.ts";
-import { codecPays, measureDecodeRate, measureReadRate } from "../engine/weights/codec.ts";
+import { codecVerdict, measureDecodeRate, measureReadRate } from "../engine/weights/codec.ts";
 import { libraryPath } from "../engine/native/ffi.ts";
 import { SPLIT_BLOCK, splitEncode } from "../engine/native/io.ts";
 
@@ -411,18 +411,21 @@ async function packRegion(
 }
 
 /**
- * The codec `--codec auto` picks here: split when this machine's decode (all cores) outruns
- * the sequential read of `sample` (a source shard, on the disk the pack reads) by
- * CODEC_MARGIN. Logs both rates and the choice.
+ * The codec `--codec auto` picks here (engine/weights/codec.ts codecVerdict): split when
+ * this machine's decode (all cores) keeps ahead of the sequential read of `sample` (a source
+ * shard, on the disk the pack reads) and a disk-bound token is predicted faster coded even
+ * with the decode's time added to it. Logs the rates, the prediction and the choice.
  */
 async function chooseCodec(k: Kernels, sample: string, log: (s: string) => void): Promise<TrunkCodec> {
   const dec = await measureDecodeRate(k, libraryPath());
   const disk = await measureReadRate(k, sample);
-  const codec = codecPays(dec.bytesPerSecond, disk) ? "split" : "raw";
+  const v = codecVerdict({ decode: dec.bytesPerSecond, disk, ratio: dec.ratio });
+  const codec = v.pays ? "split" : "raw";
+  const gbps = (x: number) => `${(x / 1e9).toFixed(2)} GB/s`;
   log(
-    `pack: codec auto: decode ${(dec.bytesPerSecond / 1e9).toFixed(2)} GB/s on ${dec.threads} threads, disk ${
-      Number.isFinite(disk) ? `${(disk / 1e9).toFixed(2)} GB/s` : "not measurable (a tiny file)"
-    }: ${codec}`,
+    `pack: codec auto: decode ${gbps(dec.bytesPerSecond)} on ${dec.threads} threads, disk ${
+      Number.isFinite(disk) ? gbps(disk) : "not measurable (a tiny file)"
+    }: a disk-bound token predicted ${v.predicted.toFixed(2)}x coded: ${codec}`,
   );
   return codec;
 }

@@ -1,10 +1,14 @@
 /**
  * The trunk codec's measured speeds: how fast this machine decodes split-coded pieces
- * (kernels/k3io.h) on all its cores, how fast its disk reads a trunk, and whether coding
- * pays here. `k3 pack --codec auto` codes a trunk only when the decode outruns the disk by
- * CODEC_MARGIN (the decode runs on the I/O threads beside the forward pass, so it must keep
- * ahead of the disk with room to spare for the compute it shares the cores with); `k3
- * doctor` prints both rates.
+ * (kernels/k3io.h) on all its cores and how fast its disk reads a trunk, and whether coding
+ * pays here (`codecVerdict`). `k3 pack --codec auto` codes a trunk only where it does; `k3
+ * doctor` prints both rates and the verdict.
+ *
+ * The verdict is deliberately the worst case: the decode runs on the I/O threads, on the
+ * same cores as the forward pass, so when the cores are busy its time adds to the token
+ * instead of hiding behind the read. Measured on a 2-core machine whose streamed token was
+ * already close to its compute, a coded trunk made the floor token slower although the
+ * decode ran several times the disk's rate (README, "Trunk codec").
  *
  * @module
  */
@@ -13,8 +17,11 @@ import type { Kernels } from "../native/ffi.ts";
 import { ALIGN, IoFile, splitEncode } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
 
-/** Decode rate over disk rate at which `--codec auto` codes a trunk. */
+/** Decode rate over disk rate below which `--codec auto` never codes (the decode must keep
+ * ahead of the disk on the cores there are). */
 export const CODEC_MARGIN = 1.5;
+/** Predicted raw over coded time per streamed byte at which `--codec auto` codes. */
+export const CODEC_GAIN = 1.1;
 
 /** Bytes of the piece the decode rate is measured on (one trunk piece). */
 const SAMPLE_PIECE = 16 << 20;
@@ -113,6 +120,9 @@ export async function measureReadRate(k: Kernels, path: string, bytes = 512 << 2
   const f = IoFile.open(path, { direct: true });
   const piece = 16 << 20, depth = 8;
   const bufs = Array.from({ length: depth }, () => NativeBuffer.alloc(k, piece, "read rate"));
+  // Faulted in first: the first touch of fresh memory is slow on some virtual machines, and
+  // the ring's slots are not fresh after the first pass.
+  bufs.forEach((b) => b.prefault());
   try {
     const size = Math.floor(Math.min(f.size(), bytes) / ALIGN) * ALIGN;
     if (size === 0) return Infinity; // nothing to time: a disk no codec can beat
@@ -132,7 +142,23 @@ export async function measureReadRate(k: Kernels, path: string, bytes = 512 << 2
   }
 }
 
-/** True when a decode at `decodeBps` pays against a disk reading at `diskBps`. */
-export function codecPays(decodeBps: number, diskBps: number): boolean {
-  return decodeBps >= CODEC_MARGIN * diskBps;
+/** The rates a codec verdict weighs, bytes per second. */
+export interface CodecRates {
+  /** Split decode on all threads (measureDecodeRate). */
+  decode: number;
+  /** The disk's sequential read (measureReadRate). */
+  disk: number;
+  /** Stored over decoded bytes of the trunk's layers (or the sample piece's). */
+  ratio: number;
+}
+
+/**
+ * Whether coding pays with these rates, and the predicted coded over raw time of a token
+ * bound by the trunk read: `ratio` + disk / decode (the coded read, plus the decode's time on
+ * all cores as if it overlapped nothing). Pays when the decode keeps ahead of the disk by
+ * CODEC_MARGIN and the prediction is faster by CODEC_GAIN.
+ */
+export function codecVerdict(r: CodecRates): { pays: boolean; predicted: number } {
+  const predicted = r.ratio + r.disk / r.decode;
+  return { pays: r.decode >= CODEC_MARGIN * r.disk && predicted * CODEC_GAIN <= 1, predicted };
 }
