@@ -168,3 +168,15 @@ Deno.test("codec: a flipped byte anywhere the decode uses is refused or changes 
     assert(decode(lib, stored, bytes - BLOCK_BYTES, false) === undefined, `${name}: wrong length`);
   }
 });
+
+Deno.test("codec verdict: codes only when a disk-bound token is faster even with the decode's time added", async () => {
+  const { codecVerdict } = await import("../../engine/weights/codec.ts");
+  // 0.7 stored, decode 10x the disk: 0.8 of the raw token.
+  let v = codecVerdict({ decode: 30e9, disk: 3e9, ratio: 0.7 });
+  assert(v.pays && Math.abs(v.predicted - 0.8) < 1e-12);
+  // This machine's measured case: decode ~3x the disk saves nothing once its time counts.
+  v = codecVerdict({ decode: 9e9, disk: 3e9, ratio: 0.7 });
+  assert(!v.pays && v.predicted > 1);
+  // Below the margin it never codes, whatever the ratio.
+  assert(!codecVerdict({ decode: 4e9, disk: 3e9, ratio: 0.1 }).pays);
+});
