@@ -546,7 +546,7 @@ export const codecSection: Section = async (ctx) => {
     },
     {
       key: "floor_coded_s_per_token",
-      label: `floor token, coded trunk (decode ${decodeSeconds.toFixed(1)} s on I/O threads, ${
+      label: `floor token, coded trunk (decode ${decodeSeconds.toFixed(1)} CPU s on I/O threads, ${
         (storedRead / Math.max(read, 1)).toFixed(3)
       } of the trunk bytes read)`,
       value: splitTok,

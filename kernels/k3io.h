@@ -110,7 +110,7 @@ int64_t k3io_split_encode(const void *src, uint64_t len, void *dst, uint64_t cap
 int64_t k3io_split_decode(const void *stored, uint64_t slen, void *dst, uint64_t len);
 /* Reads one trunk piece: `stored` bytes at offset to the end of the len-byte buf, decoded
  * in place when stored < len (split-coded), then with hash set out[0] = k3io_hash of the len
- * decoded bytes; out[1] = nanoseconds spent decoding. Returns len, the bytes read when a
+ * decoded bytes; out[1] = the thread CPU nanoseconds spent decoding. Returns len, the bytes read when a
  * raw piece ends at end of file (0 for a coded one), or -errno (-EBADMSG: not decodable). */
 int64_t k3io_pread_piece(int32_t fd, void *buf, uint64_t len, uint64_t offset, uint64_t stored, int32_t hash,
                          uint64_t *out);

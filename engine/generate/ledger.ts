@@ -56,7 +56,7 @@ export interface LedgerReport {
   read_bytes_per_second_in_flight: number | null;
   /** Bytes the trunk read took on disk (fewer than `trunk_bytes_read` when split-coded). */
   trunk_bytes_stored: number;
-  /** Seconds the I/O threads spent decoding coded trunk pieces: beside the wall clock, not
+  /** CPU seconds the I/O threads spent decoding coded trunk pieces: beside the wall clock, not
    * part of its sum (the decode overlaps the forward pass). */
   trunk_decode_seconds: number;
 }
@@ -138,7 +138,7 @@ export function formatLedger(l: LedgerReport): string[] {
   );
   if (l.trunk_decode_seconds > 0) {
     lines.push(
-      `  trunk decode ${l.trunk_decode_seconds.toFixed(3)} s on the I/O threads (beside the wall clock): ${
+      `  trunk decode ${l.trunk_decode_seconds.toFixed(3)} CPU s on the I/O threads (beside the wall clock): ${
         gb(l.trunk_bytes_stored)
       } GB stored for ${gb(l.trunk_bytes_read)} GB`,
     );

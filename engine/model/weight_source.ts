@@ -66,7 +66,7 @@ export interface IoStats {
   pinnedLayers: number;
   /** Bytes the trunk layers counted in `trunkBytes` take on disk (fewer when split-coded). */
   trunkStoredBytes: number;
-  /** Seconds the I/O threads spent decoding coded trunk pieces (apart from the wall clock:
+  /** CPU seconds the I/O threads spent decoding coded trunk pieces (apart from the wall clock:
    * the decode runs beside the forward pass). */
   trunkDecodeSeconds: number;
 }

@@ -179,7 +179,7 @@ export class IoFile {
    * k3io_pread_piece): raw when they are equal, else split-coded, read to the end of `ptr`'s
    * `len` bytes and decoded there in place, on the I/O thread. With `hash` the decoded bytes'
    * k3w64 comes back too. Resolves to the bytes now at `ptr` (short only for a raw piece at
-   * end of file, 0 for a coded one) and the seconds spent decoding; a coded piece that does
+   * end of file, 0 for a coded one) and the CPU seconds the I/O thread spent decoding; a coded piece that does
    * not decode rejects with CodedPieceCorrupt.
    */
   async preadPiece(

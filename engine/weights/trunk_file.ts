@@ -254,7 +254,7 @@ export class TrunkFile {
     return new TrunkFile(dir, m, f, k, verify);
   }
 
-  /** Seconds the I/O threads spent decoding coded pieces read through this file. */
+  /** CPU seconds the I/O threads spent decoding coded pieces read through this file. */
   decodeSeconds = 0;
 
   /** Reads a whole region into a new buffer, every piece checked against its checksum. */

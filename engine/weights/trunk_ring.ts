@@ -53,7 +53,7 @@ interface RingEntry {
   done: number;
   /** Pieces in flight. */
   inflight: number;
-  /** Seconds the I/O threads spent decoding its coded pieces. */
+  /** CPU seconds the I/O threads spent decoding its coded pieces. */
   decodeSeconds: number;
   /** The ring is dropping this entry: start nothing more. */
   cancelled: boolean;
