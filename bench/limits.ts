@@ -515,7 +515,7 @@ export const codecSection: Section = async (ctx) => {
       const r = await k3Run([model, ...ids, "--trunk", dir, ...floor]);
       per[name].push(r.decode_seconds_per_token);
       if (name === "split") {
-        decodeSeconds += r.trunk_decode_seconds;
+        decodeSeconds += r.trunk_decode_cpu_seconds;
         storedRead += r.trunk_bytes_stored;
         read += r.trunk_bytes_read;
       }

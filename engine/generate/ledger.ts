@@ -57,8 +57,8 @@ export interface LedgerReport {
   /** Bytes the trunk read took on disk (fewer than `trunk_bytes_read` when split-coded). */
   trunk_bytes_stored: number;
   /** CPU seconds the I/O threads spent decoding coded trunk pieces: beside the wall clock, not
-   * part of its sum (the decode overlaps the forward pass). */
-  trunk_decode_seconds: number;
+   * part of its sum (the decode overlaps the forward pass), so not named `*_seconds`. */
+  trunk_decode_cpu: number;
 }
 
 /**
@@ -105,7 +105,7 @@ export function ledgerBetween(a: LedgerMark, b: LedgerMark): LedgerReport {
     expert_bytes_read: (b.io?.expertBytes ?? 0) - (a.io?.expertBytes ?? 0),
     read_bytes_per_second_in_flight: busy > 0 ? bytes / busy : null,
     trunk_bytes_stored: (b.io?.trunkStoredBytes ?? 0) - (a.io?.trunkStoredBytes ?? 0),
-    trunk_decode_seconds: (b.io?.trunkDecodeSeconds ?? 0) - (a.io?.trunkDecodeSeconds ?? 0),
+    trunk_decode_cpu: (b.io?.trunkDecodeSeconds ?? 0) - (a.io?.trunkDecodeSeconds ?? 0),
   };
 }
 
@@ -136,9 +136,9 @@ export function formatLedger(l: LedgerReport): string[] {
         ? ""
         : `, ${(l.read_bytes_per_second_in_flight / 1e9).toFixed(2)} GB/s while reads were in flight`),
   );
-  if (l.trunk_decode_seconds > 0) {
+  if (l.trunk_decode_cpu > 0) {
     lines.push(
-      `  trunk decode ${l.trunk_decode_seconds.toFixed(3)} CPU s on the I/O threads (beside the wall clock): ${
+      `  trunk decode ${l.trunk_decode_cpu.toFixed(3)} CPU s on the I/O threads (beside the wall clock): ${
         gb(l.trunk_bytes_stored)
       } GB stored for ${gb(l.trunk_bytes_read)} GB`,
     );
