@@ -29,12 +29,14 @@
 
 import { benchArgs } from "./args.ts";
 import { measureDisk } from "./disk.ts";
-import { defaultLibraryPath, isaName, type Kernels, kernels } from "../engine/native/ffi.ts";
+import { defaultLibraryPath, isaName, type Kernels, kernels, libraryPath } from "../engine/native/ffi.ts";
 import { IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import { parseConfig } from "../engine/model/config.ts";
 import { expertBytes } from "../engine/weights/experts.ts";
 import { ensureSlice, type SliceRecipe } from "./slice.ts";
+import { DATA_FILE, readManifest, storedSize } from "../engine/weights/manifest.ts";
+import { codecVerdict, measureDecodeRate, measureReadRate } from "../engine/weights/codec.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 
@@ -376,7 +378,7 @@ export const decodeSection: Section = async (ctx) => {
   const trunk = `${model}-trunk`;
   ctx.log(`decode: packing ${trunk}`);
   const pack = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", `${ROOT}/main.ts`, "pack", model, trunk, "--force"],
+    args: ["run", "-A", `${ROOT}/main.ts`, "pack", model, trunk, "--force", "--codec", "raw"],
     stdout: "null",
     stderr: "piped",
   }).output();
@@ -467,8 +469,97 @@ export const decodeSection: Section = async (ctx) => {
   return figures;
 };
 
+/** Median of a list. */
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+
+/**
+ * The trunk codec on the decode slice: the split decode rate on every thread against the
+ * disk's O_DIRECT read of the raw trunk (alternated, `reps` each, median of the ratios), the
+ * slice's coded size, and the floor token with the coded trunk against the raw one
+ * (alternated runs, median seconds per token). The slice's bf16 weights are uniform in
+ * +-sqrt(3 / cols) (bench/slice.ts): their high bytes take a handful of values, as real
+ * weights' do, but a different handful, so the size ratio is the slice's, not the model's.
+ */
+export const codecSection: Section = async (ctx) => {
+  if (ctx.opts.skipDecode) return [];
+  const model = await ensureSlice(LIMITS_SLICE, undefined, ctx.log);
+  const raw = `${model}-trunk`, split = `${model}-trunk-split`;
+  for (const [dir, codec] of [[raw, "raw"], [split, "split"]]) {
+    ctx.log(`codec: packing ${dir} (--codec ${codec}; left alone when it is there)`);
+    const pack = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", `${ROOT}/main.ts`, "pack", model, dir, "--codec", codec],
+      stdout: "null",
+      stderr: "piped",
+    }).output();
+    if (pack.code !== 0) throw new Error(`k3 pack: ${new TextDecoder().decode(pack.stderr).slice(-1500)}`);
+  }
+  const m = await readManifest(split);
+  const size = m.layer.reduce((a, r) => a + r.size, 0), stored = m.layer.reduce((a, r) => a + storedSize(r), 0);
+  const threads = navigator.hardwareConcurrency;
+  const ratios: number[] = [], decs: number[] = [], disks: number[] = [];
+  for (let i = 0; i < ctx.opts.reps; i++) {
+    const dec = (await measureDecodeRate(ctx.k, libraryPath(), threads, 1)).bytesPerSecond;
+    const disk = await measureReadRate(ctx.k, `${raw}/${DATA_FILE}`, 1 << 30);
+    decs.push(dec / 1e9);
+    disks.push(disk / 1e9);
+    ratios.push(dec / disk);
+    ctx.log(`codec: decode ${(dec / 1e9).toFixed(2)} GB/s on ${threads} threads, disk ${(disk / 1e9).toFixed(2)} GB/s`);
+  }
+  const ids = ["--ids", "11,222,3333,4444", "--gen", "6"];
+  const floor = ["--trunk-gb", "2.5", "--cache-gb", "0.31"];
+  const per: Record<string, number[]> = { raw: [], split: [] };
+  let decodeSeconds = 0, storedRead = 0, read = 0;
+  for (let i = 0; i < 2; i++) {
+    for (const [name, dir] of [["raw", raw], ["split", split]]) {
+      ctx.log(`codec: floor, ${name} trunk (run ${i + 1} of 2)`);
+      const r = await k3Run([model, ...ids, "--trunk", dir, ...floor]);
+      per[name].push(r.decode_seconds_per_token);
+      if (name === "split") {
+        decodeSeconds += r.trunk_decode_cpu_seconds;
+        storedRead += r.trunk_bytes_stored;
+        read += r.trunk_bytes_read;
+      }
+    }
+  }
+  const rawTok = median(per.raw), splitTok = median(per.split);
+  const v = codecVerdict({ decode: median(decs) * 1e9, disk: median(disks) * 1e9, ratio: stored / size });
+  return [
+    {
+      key: "codec_predicted_coded_over_raw",
+      label: `auto's prediction for a disk-bound token: ${v.pays ? "split" : "raw"}`,
+      value: v.predicted,
+      unit: "x",
+    },
+    {
+      key: "codec_slice_stored_ratio",
+      label: `slice layers split-coded: ${(stored / 1e9).toFixed(2)} of ${(size / 1e9).toFixed(2)} GB`,
+      value: stored / size,
+      unit: "x",
+    },
+    {
+      key: "codec_decode_gbps",
+      label: `split decode, ${threads} threads (disk ${median(disks).toFixed(2)} GB/s beside it)`,
+      value: median(decs),
+      unit: "GB/s",
+      of: "disk_read_gbps",
+      ratio: median(ratios),
+    },
+    {
+      key: "floor_coded_s_per_token",
+      label: `floor token, coded trunk (decode ${decodeSeconds.toFixed(1)} CPU s on I/O threads, ${
+        (storedRead / Math.max(read, 1)).toFixed(3)
+      } of the trunk bytes read)`,
+      value: splitTok,
+      unit: "s",
+      of: "floor_raw_s_per_token",
+      ratio: splitTok / rawTok,
+    },
+    { key: "floor_raw_s_per_token", label: "floor token, raw trunk", value: rawTok, unit: "s" },
+  ];
+};
+
 /** Sections in run order (append decode sections here; they may use the figures above). */
-export const SECTIONS: Section[] = [dramSection, diskSection, kernelSection, decodeSection];
+export const SECTIONS: Section[] = [dramSection, diskSection, kernelSection, decodeSection, codecSection];
 
 /** The issue's summary ratios, from the figures (absent when a section was skipped). */
 export function summary(figures: Figure[]): Record<string, number> {
@@ -487,6 +578,10 @@ export function summary(figures: Figure[]): Record<string, number> {
   put("fresh_memory_touch_of_disk", ratio("fresh_memory_touch_gbps"));
   put("floor_wall_over_max_io_compute", figures.find((f) => f.key === "floor_wall_over_max_io_compute")?.value);
   put("pinned_wall_over_max_io_compute", figures.find((f) => f.key === "pinned_wall_over_max_io_compute")?.value);
+  put("codec_decode_over_disk", ratio("codec_decode_gbps"));
+  put("floor_coded_over_raw", ratio("floor_coded_s_per_token"));
+  put("codec_slice_stored_ratio", figures.find((f) => f.key === "codec_slice_stored_ratio")?.value);
+  put("codec_predicted_coded_over_raw", figures.find((f) => f.key === "codec_predicted_coded_over_raw")?.value);
   return out;
 }
 
@@ -520,7 +615,7 @@ function table(figures: Figure[]): string {
 
 if (import.meta.main) {
   const usage =
-    "usage: deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk] [--skip-decode] [--reps N]\n" +
+    "usage: deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk] [--skip-decode] [--reps N] [--only dram,disk,kernels,decode,codec]\n" +
     "  DIR: where the disk's scratch file goes (default /var/tmp/k3-bench; removed after)";
   const { values } = benchArgs(usage, {
     json: { type: "boolean" },
@@ -530,6 +625,7 @@ if (import.meta.main) {
     "skip-disk": { type: "boolean" },
     "skip-decode": { type: "boolean" },
     reps: { type: "string" },
+    only: { type: "string" },
   });
   const num = (name: string, v: string | undefined, dflt: number) => {
     const n = v === undefined ? dflt : Number(v);
@@ -547,8 +643,24 @@ if (import.meta.main) {
     skipDecode: values["skip-decode"] ?? false,
     reps: Math.round(num("reps", values.reps, 5)),
   };
+  const named: Record<string, Section> = {
+    dram: dramSection,
+    disk: diskSection,
+    kernels: kernelSection,
+    decode: decodeSection,
+    codec: codecSection,
+  };
+  const only = values.only?.split(",").map((n) => {
+    if (!named[n]) {
+      console.error(
+        `k3: --only: unknown section ${JSON.stringify(n)} (one of ${Object.keys(named).join(", ")})\n${usage}`,
+      );
+      Deno.exit(2);
+    }
+    return named[n];
+  });
   const k = kernels();
-  const figures = await runLimits(k, opts);
+  const figures = await runLimits(k, opts, only ?? SECTIONS);
   console.log(table(figures));
   if (values.json) {
     const obj: Record<string, unknown> = { isa: isaName(k), ...summary(figures) };

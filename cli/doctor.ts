@@ -16,7 +16,8 @@ import { loadConfig } from "../engine/model/config.ts";
 import { EXIT, usageError } from "../engine/errors.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
 import { checkCheckpoint } from "../engine/weights/bind.ts";
-import { defaultLibraryPath, isaName, type Kernels, kernels } from "../engine/native/ffi.ts";
+import { defaultLibraryPath, isaName, type Kernels, kernels, libraryPath } from "../engine/native/ffi.ts";
+import { CODEC_GAIN, CODEC_MARGIN, codecVerdict, measureDecodeRate } from "../engine/weights/codec.ts";
 import { cpuFlags } from "../engine/native/libpath.ts";
 import { IoFile } from "../engine/native/io.ts";
 import { cgroupText, memoryAvailability } from "../engine/native/available.ts";
@@ -254,6 +255,34 @@ async function measure(k: Kernels, path: string, size: number): Promise<Speeds> 
 const gbps = (x?: number) => (x === undefined ? "-" : `${(x / 1e9).toFixed(2)} GB/s`);
 
 /**
+ * The trunk codec's line: the split decode rate measured on every thread (engine/weights/
+ * codec.ts), beside the disk's sequential O_DIRECT rate when it was measured, and what `k3 pack --codec auto` would choose here.
+ */
+async function codecLine(k: Kernels, disk: number | undefined, line: (label: string, text: string) => void) {
+  try {
+    const dec = await measureDecodeRate(k, libraryPath());
+    const v = disk === undefined ? undefined : codecVerdict({ decode: dec.bytesPerSecond, disk, ratio: dec.ratio });
+    const verdict = disk === undefined || v === undefined
+      ? "the disk's rate was not measured, so auto's choice is not known here"
+      : `${(dec.bytesPerSecond / disk).toFixed(2)}x the disk's sequential ${
+        gbps(disk)
+      }; a disk-bound token is predicted ${
+        v.predicted.toFixed(2)
+      }x coded (the decode's time added to it): k3 pack --codec auto ${
+        v.pays ? "codes the trunk (split)" : "keeps the trunk raw"
+      } (it codes when the decode is ${CODEC_MARGIN}x the disk and the token ${CODEC_GAIN}x faster)`;
+    line(
+      "codec",
+      `split decode ${gbps(dec.bytesPerSecond)} on ${dec.threads} threads (a weight-like piece stored at ${
+        dec.ratio.toFixed(3)
+      } of its size); ${verdict}`,
+    );
+  } catch (e) {
+    line("codec", `not measured: ${(e as Error).message}`);
+  }
+}
+
+/**
  * Verifies a checkpoint directory: headers (Checkpoint.open refuses a bad one with exit 1),
  * shard sizes against their headers, the tensors the engine binds, and the release's
  * totals when the config is the released shape.
@@ -420,6 +449,7 @@ export async function main(args: string[]): Promise<number> {
   }
 
   // Read speed.
+  let diskRate: number | undefined;
   if (values["no-read"]) line("reads", "not measured (--no-read)");
   else if (!k) line("reads", "not measured (needs the kernel library)");
   else if (facts.diskFree !== undefined && facts.diskFree < sizeMb * 1048576 * 1.1) {
@@ -437,6 +467,7 @@ export async function main(args: string[]): Promise<number> {
       } catch { /* never created */ }
     }
     if (sp) {
+      diskRate = sp.direct ? sp.sequential : undefined;
       line(
         "reads",
         `${sp.direct ? "O_DIRECT" : "buffered (this filesystem refuses O_DIRECT)"} on a ${sizeMb} MiB file: ` +
@@ -465,6 +496,8 @@ export async function main(args: string[]): Promise<number> {
       }
     }
   }
+
+  if (k) await codecLine(k, diskRate, line);
 
   const bad = problems(facts);
   if (values.checkpoint !== undefined) {

@@ -12,7 +12,7 @@ import { hashExperts, verifyExperts } from "../pack/experts.ts";
 import { parseFlags } from "./common.ts";
 
 /** Usage text of `k3 pack`. */
-export const USAGE = `usage: k3 pack <model_dir> <trunk_dir> [--force] [--hash-experts]
+export const USAGE = `usage: k3 pack <model_dir> <trunk_dir> [--force] [--hash-experts] [--codec auto|raw|split]
        k3 pack --verify <trunk_dir> [model_dir]
 
 Packs the trunk (every layer's dense tensors, the shared experts, embedding, lm_head and
@@ -24,6 +24,11 @@ few staging buffers) whatever the layer size. An interrupted pack leaves no usab
   --hash-experts  also hash every routed expert once into <trunk_dir>/experts.json, so
                   every expert read is verified; adds the table to an existing trunk
                   without repacking it
+  --codec C       how the layers' 16 MB pieces are stored: raw; split (each piece whose
+                  bf16 high bytes code smaller is stored as fixed-width dictionary codes
+                  with escapes and its low bytes raw, decoded as it is read); auto (the
+                  default: split only when this machine's measured decode and disk
+                  rates predict a faster disk-bound token, decode time included)
   --verify        re-check every checksum of <trunk_dir> (and, given model_dir, that the
                   trunk belongs to that model, and every expert against experts.json)
   -h, --help   this help
@@ -39,6 +44,7 @@ export async function main(args: string[]): Promise<number> {
     force: { type: "boolean" },
     verify: { type: "boolean" },
     "hash-experts": { type: "boolean" },
+    codec: { type: "string" },
     help: { type: "boolean", short: "h" },
   });
   if (values.help) {
@@ -51,6 +57,7 @@ export async function main(args: string[]): Promise<number> {
     }
     if (values.force) throw usageError("pack: --force does not apply to --verify");
     if (values["hash-experts"]) throw usageError("pack: --hash-experts does not apply to --verify");
+    if (values.codec !== undefined) throw usageError("pack: --codec does not apply to --verify");
     const r = await verifyTrunk(positionals[0], { modelDir: positionals[1] });
     console.error(
       `pack: ${positionals[0]}: all ${r.regions} regions verified (${(r.bytes / 1e9).toFixed(3)} GB in ${
@@ -83,7 +90,11 @@ export async function main(args: string[]): Promise<number> {
       `pack: ${positionals[1]} is ${kindWords(kind)}; the trunk needs a directory (a new path, or a trunk directory)`,
     );
   }
-  await packTrunk(positionals[0], positionals[1], { force: values.force });
+  const codec = values.codec ?? "auto";
+  if (codec !== "auto" && codec !== "raw" && codec !== "split") {
+    throw usageError(`pack: --codec ${JSON.stringify(codec)}: expected auto, raw or split`);
+  }
+  await packTrunk(positionals[0], positionals[1], { force: values.force, codec });
   if (values["hash-experts"]) await hashExperts(positionals[0], positionals[1]);
   return 0;
 }

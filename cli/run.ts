@@ -314,6 +314,8 @@ export async function main(args: string[]): Promise<number> {
         expert_bytes_read: stats.expertBytes,
         trunk_bytes_per_token: stats.trunkBytes / n,
         trunk_bytes_read_early: stats.trunkEarlyBytes,
+        trunk_bytes_stored: stats.trunkStoredBytes,
+        trunk_decode_cpu_seconds: stats.trunkDecodeSeconds,
         expert_bytes_per_token: stats.expertBytes / n,
         expert_cache_hits: stats.expertHits,
         expert_cache_misses: stats.expertMisses,

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef O_DIRECT
@@ -300,4 +301,236 @@ int64_t k3io_read_small(const char *path, void *buf, uint64_t cap) {
   }
   close(fd);
   return (int64_t)done;
+}
+
+/* ---- split codec (manifest version 5; docs/formats.md "Split-coded pieces") ------------ */
+
+static uint32_t k3s_rd32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void k3s_wr32(unsigned char *p, uint32_t v) {
+  p[0] = (unsigned char)v;
+  p[1] = (unsigned char)(v >> 8);
+  p[2] = (unsigned char)(v >> 16);
+  p[3] = (unsigned char)(v >> 24);
+}
+
+/* Bytes of block b's codes and low bytes (its escapes follow, one byte each). */
+#define K3S_BLOCK_FIXED(w) ((uint64_t)K3IO_SPLIT_BLOCK * (uint64_t)(w) / 8 + K3IO_SPLIT_BLOCK)
+
+/* The stored bytes of a piece coded at width w, given its high-byte histogram; 0 when the
+ * coded form would not decode in place (see k3io.h) or is no smaller than raw. dict gets
+ * the 2^w - 1 most frequent high bytes (ties: the smaller byte first). */
+static uint64_t k3s_plan(const uint64_t *hist, uint64_t nvals, int w, unsigned char *dict, uint64_t *escapes) {
+  uint32_t used[256] = {0};
+  int ndict = (1 << w) - 1;
+  uint64_t covered = 0;
+  for (int d = 0; d < ndict; d++) {
+    int best = -1;
+    for (int v = 0; v < 256; v++) {
+      if (!used[v] && (best < 0 || hist[v] > hist[best])) best = v;
+    }
+    used[best] = 1;
+    dict[d] = (unsigned char)best;
+    covered += hist[best];
+  }
+  *escapes = nvals - covered;
+  uint64_t nblocks = nvals / K3IO_SPLIT_BLOCK;
+  uint64_t content = K3IO_SPLIT_HEADER + nblocks * K3S_BLOCK_FIXED(w) + *escapes;
+  return (content + 4095) / 4096 * 4096;
+}
+
+int64_t k3io_split_encode(const void *src, uint64_t len, void *dst, uint64_t cap, int32_t width) {
+  if (len == 0 || len % (2 * K3IO_SPLIT_BLOCK) != 0 || width < 0 || width > 7) return -EINVAL;
+  const unsigned char *s = (const unsigned char *)src;
+  uint64_t nvals = len / 2, nblocks = nvals / K3IO_SPLIT_BLOCK;
+  uint64_t hist[256] = {0};
+  for (uint64_t i = 0; i < nvals; i++) hist[s[2 * i + 1]]++;
+  unsigned char dict[128];
+  uint64_t escapes = 0, stored = 0;
+  int w = width;
+  if (w == 0) {
+    uint64_t best = len;
+    for (int c = 1; c <= 7; c++) {
+      unsigned char d[128];
+      uint64_t e, n = k3s_plan(hist, nvals, c, d, &e);
+      if (n < best) best = n, w = c;
+    }
+    if (w == 0) return 0; /* raw is no larger */
+  }
+  stored = k3s_plan(hist, nvals, w, dict, &escapes);
+  if (stored > cap) return -ENOSPC;
+  unsigned char *o = (unsigned char *)dst;
+  memset(o, 0, (size_t)stored - nblocks * K3S_BLOCK_FIXED(w) - escapes);
+  k3s_wr32(o, K3IO_SPLIT_MAGIC);
+  k3s_wr32(o + 4, (uint32_t)w);
+  k3s_wr32(o + 8, (uint32_t)nvals);
+  /* The blocks end where the stored bytes do: the padding sits between header and blocks,
+   * so the last blocks keep their slack for the in-place rule. */
+  uint64_t first = stored - nblocks * K3S_BLOCK_FIXED(w) - escapes;
+  k3s_wr32(o + 12, (uint32_t)first);
+  int ndict = (1 << w) - 1;
+  memcpy(o + 16, dict, (size_t)ndict);
+  unsigned char code[256];
+  memset(code, (unsigned char)ndict, sizeof code); /* the escape code: all ones */
+  for (int d = ndict - 1; d >= 0; d--) code[dict[d]] = (unsigned char)d;
+  unsigned char *p = o + first;
+  /* The in-place rule: when the piece is read to the end of its decoded slot, block b's
+   * decoded bytes end at or before where block b + 1's stored bytes begin. */
+  uint64_t start = len - stored, in_place = 1;
+  for (uint64_t b = 0; b < nblocks; b++) {
+    const unsigned char *v = s + 2 * b * K3IO_SPLIT_BLOCK;
+    unsigned char *codes = p, *lo = p + (uint64_t)K3IO_SPLIT_BLOCK * (uint64_t)w / 8, *esc = lo + K3IO_SPLIT_BLOCK;
+    memset(codes, 0, (size_t)K3IO_SPLIT_BLOCK * (size_t)w / 8);
+    for (uint64_t g = 0; g < K3IO_SPLIT_BLOCK / 8; g++) {
+      uint64_t bits = 0;
+      for (int j = 0; j < 8; j++) {
+        uint64_t i = g * 8 + (uint64_t)j;
+        unsigned char c = code[v[2 * i + 1]];
+        bits |= (uint64_t)c << (j * w);
+        lo[i] = v[2 * i];
+        if (c == ndict) *esc++ = v[2 * i + 1];
+      }
+      for (int k = 0; k < w; k++) codes[g * (uint64_t)w + (uint64_t)k] = (unsigned char)(bits >> (8 * k));
+    }
+    p = esc;
+    if (b + 1 < nblocks && start + (uint64_t)(p - o) < 2 * (b + 1) * K3IO_SPLIT_BLOCK) in_place = 0;
+  }
+  if (width == 0 && !in_place) return 0;
+  return (int64_t)stored;
+}
+
+#if !defined(K3_SCALAR) && defined(__BMI2__) && defined(__SSSE3__)
+#define K3S_PDEP 1
+#include <immintrin.h>
+#endif
+
+/* Decodes one block of K3IO_SPLIT_BLOCK words at p (codes, low bytes, then escapes up to at
+ * most end) into out; *next gets the end of its escapes. -1 when the escapes run past end.
+ * Groups of 8 words without an escape take the fast path (the codes spread to one byte each,
+ * looked up 16 at a time with a byte shuffle where the dictionary fits 16 entries); a group
+ * with one goes word by word. Every path gives the same bytes (integer work only). */
+static int k3s_block(const unsigned char *p, const unsigned char *end, int w, const unsigned char *dict,
+                     uint16_t *out, const unsigned char **next) {
+  const unsigned char *lo = p + K3IO_SPLIT_BLOCK * w / 8, *esc = lo + K3IO_SPLIT_BLOCK;
+  const unsigned mask = (1u << w) - 1;
+#if defined(K3S_PDEP)
+  const uint64_t spread = 0x0101010101010101ULL * mask;
+  const __m128i vdict = _mm_loadu_si128((const __m128i *)dict), vmask = _mm_set1_epi8((char)mask);
+  for (int g = 0; g < K3IO_SPLIT_BLOCK / 8; g += 2) {
+    uint64_t b0, b1;
+    memcpy(&b0, p + g * w, 8);
+    memcpy(&b1, p + (g + 1) * w, 8);
+    __m128i c = _mm_set_epi64x((long long)_pdep_u64(b1, spread), (long long)_pdep_u64(b0, spread));
+    unsigned escs = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(c, vmask));
+    __m128i l = _mm_loadu_si128((const __m128i *)(lo + g * 8)), h;
+    if (w <= 4) {
+      h = _mm_shuffle_epi8(vdict, c);
+    } else {
+      unsigned char cb[16], hb[16];
+      _mm_storeu_si128((__m128i *)cb, c);
+      for (int j = 0; j < 16; j++) hb[j] = dict[cb[j]];
+      h = _mm_loadu_si128((const __m128i *)hb);
+    }
+    /* The escaped words, in order, take their high bytes from the escape list (branch-free
+     * where a masked expanding load exists: about half the groups of a narrow code hold one). */
+#if defined(__AVX512VBMI2__) && defined(__AVX512VL__)
+    {
+      unsigned nesc = (unsigned)__builtin_popcount(escs);
+      if ((uint64_t)(end - esc) < nesc) return -1;
+      h = _mm_mask_expandloadu_epi8(h, (__mmask16)escs, esc);
+      esc += nesc;
+    }
+#else
+    if (escs != 0) {
+      unsigned nesc = (unsigned)__builtin_popcount(escs);
+      if ((uint64_t)(end - esc) < nesc) return -1;
+      unsigned char hb[16];
+      _mm_storeu_si128((__m128i *)hb, h);
+      for (; escs != 0; escs &= escs - 1) hb[__builtin_ctz(escs)] = *esc++;
+      h = _mm_loadu_si128((const __m128i *)hb);
+    }
+#endif
+    _mm_storeu_si128((__m128i *)(out + g * 8), _mm_unpacklo_epi8(l, h));
+    _mm_storeu_si128((__m128i *)(out + g * 8 + 8), _mm_unpackhi_epi8(l, h));
+  }
+#else
+  for (int g = 0; g < K3IO_SPLIT_BLOCK / 8; g++) {
+    uint64_t bits;
+    memcpy(&bits, p + g * w, 8);
+    unsigned any = 0;
+    unsigned c[8];
+    for (int j = 0; j < 8; j++) {
+      c[j] = (unsigned)(bits >> (j * w)) & mask;
+      any |= c[j] == mask;
+    }
+    for (int j = 0; j < 8; j++) {
+      unsigned h = dict[c[j]];
+      if (any && c[j] == mask) {
+        if (esc >= end) return -1;
+        h = *esc++;
+      }
+      out[g * 8 + j] = (uint16_t)(h << 8 | lo[g * 8 + j]);
+    }
+  }
+#endif
+  *next = esc;
+  return 0;
+}
+
+int64_t k3io_split_decode(const void *stored, uint64_t slen, void *dst, uint64_t len) {
+  const unsigned char *s = (const unsigned char *)stored;
+  unsigned char *d = (unsigned char *)dst;
+  if (slen < K3IO_SPLIT_HEADER || len % (2 * K3IO_SPLIT_BLOCK) != 0) return -EBADMSG;
+  uint32_t w = k3s_rd32(s + 4), nvals = k3s_rd32(s + 8), first = k3s_rd32(s + 12);
+  if (k3s_rd32(s) != K3IO_SPLIT_MAGIC || w < 1 || w > 7 || (uint64_t)nvals * 2 != len || first < K3IO_SPLIT_HEADER ||
+      first > slen) {
+    return -EBADMSG;
+  }
+  uint64_t nblocks = nvals / K3IO_SPLIT_BLOCK;
+  unsigned char dict[128] = {0};
+  memcpy(dict, s + 16, (1u << w) - 1);
+  /* Everything between the dictionary and the first block is zero: a flipped byte anywhere
+   * in a coded piece either changes what it decodes to or is refused here. */
+  for (const unsigned char *z = s + 16 + (1u << w) - 1; z < s + first; z++) {
+    if (*z != 0) return -EBADMSG;
+  }
+  /* In place when the stored bytes sit inside the slot (at its end, as the reads put them). */
+  int in_place = s >= d && s < d + len;
+  const unsigned char *p = s + first, *end = s + slen;
+  uint16_t out[K3IO_SPLIT_BLOCK];
+  for (uint64_t b = 0; b < nblocks; b++) {
+    const unsigned char *next = p;
+    if ((uint64_t)(end - p) < K3S_BLOCK_FIXED(w)) return -EBADMSG;
+    int bad = k3s_block(p, end, (int)w, dict, out, &next);
+    if (bad) return -EBADMSG;
+    unsigned char *o = d + 2 * b * K3IO_SPLIT_BLOCK;
+    /* Copying out must not overwrite the next block's stored bytes (the encoder's rule). */
+    if (in_place && b + 1 < nblocks && o + 2 * K3IO_SPLIT_BLOCK > next) return -EBADMSG;
+    memcpy(o, out, sizeof out);
+    p = next;
+  }
+  if (p != end) return -EBADMSG;
+  return (int64_t)len;
+}
+
+int64_t k3io_pread_piece(int32_t fd, void *buf, uint64_t len, uint64_t offset, uint64_t stored, int32_t hash,
+                         uint64_t *out) {
+  if (stored > len || stored == 0) return -EINVAL;
+  unsigned char *at = (unsigned char *)buf + (len - stored);
+  int64_t n = k3io_pread(fd, at, stored, offset);
+  if (n < 0) return n;
+  if ((uint64_t)n < stored) return stored == len ? n : 0; /* end of file */
+  out[1] = 0;
+  if (stored < len) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    int64_t r = k3io_split_decode(at, stored, buf, len);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    out[1] = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec));
+    if (r < 0) return r;
+  }
+  if (hash) out[0] = k3io_hash(buf, len);
+  return (int64_t)len;
 }

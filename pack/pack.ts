@@ -20,7 +20,7 @@ import { configFingerprint, loadConfig } from "../engine/model/config.ts";
 import { EXIT, K3Error } from "../engine/errors.ts";
 import { isRegularFile, specialKind, writeFailure, writeFileDurable } from "../engine/native/files.ts";
 import { type Kernels, kernels } from "../engine/native/ffi.ts";
-import { ALIGN, CHECKSUM, Hasher, IoFile } from "../engine/native/io.ts";
+import { ALIGN, CHECKSUM, Hasher, hashHex, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
 import { checkAccounted } from "../engine/weights/bind.ts";
@@ -33,10 +33,14 @@ import {
   PIECE_BYTES,
   planLayout,
   readManifest,
+  type TrunkCodec,
   type TrunkManifest,
   VERSION,
   weightSample,
 } from "../engine/weights/manifest.ts";
+import { codecVerdict, measureDecodeRate, measureReadRate } from "../engine/weights/codec.ts";
+import { libraryPath } from "../engine/native/ffi.ts";
+import { SPLIT_BLOCK, splitEncode } from "../engine/native/io.ts";
 
 /** Options of packTrunk. */
 export interface PackOptions {
@@ -48,6 +52,11 @@ export interface PackOptions {
   pieceBytes?: number;
   /** Progress line sink (stderr by default); null silences it. */
   log?: ((line: string) => void) | null;
+  /** How to store the layer pieces: "raw" (the default here, so a packed layout does not
+   * depend on the machine); "split" (each piece split-coded where that stores fewer bytes);
+   * "auto" (`k3 pack`'s default: split when this machine decodes faster than the disk reads
+   * by CODEC_MARGIN, engine/weights/codec.ts, else raw). */
+  codec?: TrunkCodec | "auto";
 }
 
 /** What packTrunk wrote. */
@@ -121,7 +130,8 @@ export async function packTrunk(
       const same = old !== undefined && old.fingerprint === fingerprint &&
         old.sample === await weightSample(kernels(), cfg, ckpt) &&
         JSON.stringify(old.source.shards) === JSON.stringify(shards) &&
-        old.data.bytes === layout.bytes && (await Deno.stat(dataPath).then((s) => s.size, () => -1)) === old.data.bytes;
+        (opts.codec === "auto" || (opts.codec ?? "raw") === old.codec) &&
+        (await Deno.stat(dataPath).then((s) => s.size, () => -1)) === old.data.bytes;
       if (same && !opts.force) {
         log(
           `pack: ${trunkDir} already holds the trunk of this model (${
@@ -140,6 +150,7 @@ export async function packTrunk(
     }
 
     const k = kernels();
+    const codec = opts.codec === "auto" ? await chooseCodec(k, ckpt.shards[0], log) : opts.codec ?? "raw";
     const t0 = performance.now();
     const partial = `${dataPath}.partial`;
     const out = IoFile.open(partial, { write: true, direct: true });
@@ -148,6 +159,16 @@ export async function packTrunk(
       NativeBuffer.alloc(k, stage, "pack staging"),
     ];
     const conv = NativeBuffer.alloc(k, stage, "pack conversion");
+    // A coded region's pieces are put together whole, then coded (or copied, when raw is
+    // smaller) into one of two output buffers while the other's write may be in flight.
+    const coding = codec === "split"
+      ? {
+        piece: NativeBuffer.alloc(k, piece, "pack piece"),
+        out: [NativeBuffer.alloc(k, piece, "pack coded piece"), NativeBuffer.alloc(k, piece, "pack coded piece")],
+        next: 0,
+      }
+      : undefined;
+    let storedTotal = 0;
     const inputs = new Map<string, IoFile>();
     const input = (f: string, direct: boolean) => {
       const key = `${direct ? "d" : "b"}:${f}`;
@@ -185,9 +206,14 @@ export async function packTrunk(
           pending = p;
         },
       };
+      let cursor = 0;
       for (const r of [...layout.layers, layout.finals, layout.embed, layout.head]) {
-        await packRegion(k, r, bufs, conv, input, reader, sink, piece);
+        r.region.offset = cursor;
+        const coder = layout.layers.includes(r) ? coding : undefined;
+        await packRegion(k, r, bufs, conv, input, reader, sink, piece, coder);
+        cursor += r.region.stored.reduce((a, b) => a + b, 0);
       }
+      storedTotal = cursor;
       if (pending) await pending;
       pending = undefined;
       await out.sync();
@@ -206,6 +232,8 @@ export async function packTrunk(
       bufs.forEach((b) => b.free());
       conv.free();
       reader.free();
+      coding?.piece.free();
+      coding?.out.forEach((b) => b.free());
     }
     out.close();
     progress(true);
@@ -220,9 +248,10 @@ export async function packTrunk(
       hidden: cfg.hiddenSize,
       vocab: cfg.vocabSize,
       source: { dir: modelDir, shards },
-      data: { file: DATA_FILE, bytes: layout.bytes, align: ALIGN },
+      data: { file: DATA_FILE, bytes: storedTotal, align: ALIGN },
       checksum: CHECKSUM,
       piece,
+      codec,
       layer: layout.layers.map((r) => r.region),
       finals: layout.finals.region,
       embed: layout.embed.region,
@@ -246,12 +275,19 @@ export async function packTrunk(
     await Deno.rename(partial, dataPath);
     await Deno.rename(mpartial, manifestPath);
     const seconds = (performance.now() - t0) / 1000;
+    const layerBytes = layout.layers.reduce((a, r) => a + r.region.size, 0);
+    const layerStored = layout.layers.reduce((a, r) => a + r.region.stored.reduce((x, y) => x + y, 0), 0);
     log(
       `pack: wrote ${trunkDir}: ${cfg.numLayers} layers + embedding, head and final vectors, ${
-        (layout.bytes / 1e9).toFixed(3)
-      } GB in ${seconds.toFixed(1)} s (${(layout.bytes / 1e6 / seconds).toFixed(0)} MB/s)`,
+        (storedTotal / 1e9).toFixed(3)
+      } GB in ${seconds.toFixed(1)} s (${(layout.bytes / 1e6 / seconds).toFixed(0)} MB/s)` +
+        (codec === "split"
+          ? `; layers split-coded: ${(layerStored / 1e9).toFixed(3)} GB stored for ${
+            (layerBytes / 1e9).toFixed(3)
+          } GB (${(layerStored / layerBytes).toFixed(3)})`
+          : ""),
     );
-    return { manifest, seconds, bytes: layout.bytes, upToDate: false };
+    return { manifest, seconds, bytes: storedTotal, upToDate: false };
   } finally {
     ckpt.close();
   }
@@ -271,6 +307,7 @@ async function packRegion(
   reader: RangeReader,
   sink: { next: number; write: (buf: NativeBuffer, len: number, off: number) => Promise<void> },
   piece: number,
+  coder?: { piece: NativeBuffer; out: NativeBuffer[]; next: number },
 ): Promise<void> {
   const stage = bufs[0].bytes;
   const hasher = new Hasher();
@@ -279,6 +316,20 @@ async function packRegion(
   let cur = sink.next, pos = 0, regionPos = 0, fileOff = r.region.offset;
   // The hash of the current piece, fed the staged bytes split at piece boundaries.
   let pieceHasher = new Hasher(), pieceFill = 0;
+  // A whole piece of a coded region: coded (or copied when raw is smaller) and written.
+  const writeCoded = async (len: number) => {
+    const out = coder!.out[coder!.next];
+    coder!.next ^= 1;
+    let stored = len % (2 * SPLIT_BLOCK) === 0 ? splitEncode(coder!.piece.ptr, len, out.ptr, out.bytes) : 0;
+    if (stored === 0) {
+      out.u8.set(coder!.piece.u8.subarray(0, len));
+      stored = len;
+    }
+    r.region.stored.push(stored);
+    r.region.storedPieces.push(stored === len ? r.region.pieces[r.region.pieces.length - 1] : hashHex(out.ptr, stored));
+    await sink.write(out, stored, fileOff);
+    fileOff += stored;
+  };
   const flush = async () => {
     const b = bufs[cur];
     hasher.update(b.ptr, pos);
@@ -286,16 +337,24 @@ async function packRegion(
     for (let at = 0; at < pos;) {
       const n = Math.min(pos - at, piece - pieceFill);
       pieceHasher.update(b.at(at), n);
+      if (coder) coder.piece.u8.set(b.u8.subarray(at, at + n), pieceFill);
       at += n;
       pieceFill += n;
       if (pieceFill === piece || regionPos - pos + at === r.region.size) {
         r.region.pieces.push(pieceHasher.hex());
+        if (coder) await writeCoded(pieceFill);
+        else {
+          r.region.stored.push(pieceFill);
+          r.region.storedPieces.push(r.region.pieces[r.region.pieces.length - 1]);
+        }
         pieceHasher = new Hasher();
         pieceFill = 0;
       }
     }
-    await sink.write(b, pos, fileOff);
-    fileOff += pos;
+    if (!coder) {
+      await sink.write(b, pos, fileOff);
+      fileOff += pos;
+    }
     cur ^= 1;
     sink.next = cur;
     pos = 0;
@@ -349,6 +408,26 @@ async function packRegion(
   if (pos > 0) await flush();
   r.region.hash = hasher.hex();
   checker.results().forEach((c, i) => r.region.tensors[i].check = c);
+}
+
+/**
+ * The codec `--codec auto` picks here (engine/weights/codec.ts codecVerdict): split when
+ * this machine's decode (all cores) keeps ahead of the sequential read of `sample` (a source
+ * shard, on the disk the pack reads) and a disk-bound token is predicted faster coded even
+ * with the decode's time added to it. Logs the rates, the prediction and the choice.
+ */
+async function chooseCodec(k: Kernels, sample: string, log: (s: string) => void): Promise<TrunkCodec> {
+  const dec = await measureDecodeRate(k, libraryPath());
+  const disk = await measureReadRate(k, sample);
+  const v = codecVerdict({ decode: dec.bytesPerSecond, disk, ratio: dec.ratio });
+  const codec = v.pays ? "split" : "raw";
+  const gbps = (x: number) => `${(x / 1e9).toFixed(2)} GB/s`;
+  log(
+    `pack: codec auto: decode ${gbps(dec.bytesPerSecond)} on ${dec.threads} threads, disk ${
+      Number.isFinite(disk) ? gbps(disk) : "not measurable (a tiny file)"
+    }: a disk-bound token predicted ${v.predicted.toFixed(2)}x coded: ${codec}`,
+  );
+  return codec;
 }
 
 /**

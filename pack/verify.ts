@@ -1,6 +1,7 @@
 /**
  * `k3 pack --verify`: checks the manifest completely, then re-reads every region of a
- * packed trunk and checks each piece's k3w64, each tensor's check (what runs check: the
+ * packed trunk and checks each piece's k3w64 in both forms (as stored, and decoded when it
+ * is split-coded), each tensor's check (what runs check: the
  * pieces of what they pin, the tensor checks of what they stream) and the region's whole
  * hash, with two buffers so the next read runs while the current one is
  * hashed. Optionally checks the trunk belongs to a model.
@@ -11,12 +12,13 @@
 import { configFingerprint, type K3Config, loadConfig } from "../engine/model/config.ts";
 import { K3Error } from "../engine/errors.ts";
 import { kernels } from "../engine/native/ffi.ts";
-import { Hasher } from "../engine/native/io.ts";
+import { Hasher, hashHex, splitDecode } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
 import {
   checkLayout,
   DATA_FILE,
   openTrunkData,
+  pieceSpans,
   readManifest,
   regionsOf,
   type TrunkManifest,
@@ -88,20 +90,32 @@ export async function verifyTrunk(
     for (const [what, r] of regions) {
       const h = new Hasher();
       const checker = new RegionChecker(k, r.tensors);
-      const n = r.pieces.length;
-      const len = (i: number) => Math.min(m.piece, r.size - i * m.piece);
-      const read = (i: number) => f.preadHashed(bufs[i % 2].ptr, len(i), r.offset + i * m.piece);
+      const spans = pieceSpans(r, m.piece);
+      const n = spans.length;
+      const len = (i: number) => spans[i].len;
+      // Each piece's stored bytes land at the end of its buffer (where the engine's reads put
+      // them), are checked against their stored hash, decoded there when coded, and the
+      // decoded bytes checked against the piece hash: both forms verified.
+      const read = (i: number) =>
+        f.preadHashed(bufs[i % 2].at(spans[i].len - spans[i].stored), spans[i].stored, spans[i].file);
+      const corrupt = (i: number, form: string) =>
+        new K3Error(
+          `${dir}: ${what}: checksum mismatch in piece ${i} (${form}, bytes ${
+            spans[i].file
+          }.. of ${DATA_FILE}): the trunk is corrupt; re-pack it`,
+        );
       inflight = read(0);
       for (let i = 0; i < n; i++) {
         const got = await inflight!;
         inflight = i + 1 < n ? read(i + 1) : undefined;
-        if (got.n !== len(i)) throw new K3Error(`${dir}: ${what}: short read: the trunk data is truncated; re-pack it`);
-        if (got.hash !== r.pieces[i]) {
-          throw new K3Error(
-            `${dir}: ${what}: checksum mismatch in piece ${i} (bytes ${
-              r.offset + i * m.piece
-            }.. of ${DATA_FILE}): the trunk is corrupt; re-pack it`,
-          );
+        const s = spans[i], b = bufs[i % 2];
+        if (got.n !== s.stored) {
+          throw new K3Error(`${dir}: ${what}: short read: the trunk data is truncated; re-pack it`);
+        }
+        if (got.hash !== r.storedPieces[i]) throw corrupt(i, "stored form");
+        if (s.stored < s.len) {
+          if (!splitDecode(b.at(s.len - s.stored), s.stored, b.ptr, s.len)) throw corrupt(i, "does not decode");
+          if (hashHex(b.ptr, s.len) !== r.pieces[i]) throw corrupt(i, "decoded form");
         }
         h.update(bufs[i % 2].ptr, len(i));
         checker.update(bufs[i % 2], len(i));

@@ -54,6 +54,11 @@ export interface LedgerReport {
   expert_bytes_read: number;
   /** Bytes / seconds with a read in flight (null when nothing was read). */
   read_bytes_per_second_in_flight: number | null;
+  /** Bytes the trunk read took on disk (fewer than `trunk_bytes_read` when split-coded). */
+  trunk_bytes_stored: number;
+  /** CPU seconds the I/O threads spent decoding coded trunk pieces: beside the wall clock, not
+   * part of its sum (the decode overlaps the forward pass), so not named `*_seconds`. */
+  trunk_decode_cpu: number;
 }
 
 /**
@@ -99,6 +104,8 @@ export function ledgerBetween(a: LedgerMark, b: LedgerMark): LedgerReport {
     trunk_bytes_read: (b.io?.trunkBytes ?? 0) - (a.io?.trunkBytes ?? 0),
     expert_bytes_read: (b.io?.expertBytes ?? 0) - (a.io?.expertBytes ?? 0),
     read_bytes_per_second_in_flight: busy > 0 ? bytes / busy : null,
+    trunk_bytes_stored: (b.io?.trunkStoredBytes ?? 0) - (a.io?.trunkStoredBytes ?? 0),
+    trunk_decode_cpu: (b.io?.trunkDecodeSeconds ?? 0) - (a.io?.trunkDecodeSeconds ?? 0),
   };
 }
 
@@ -129,5 +136,12 @@ export function formatLedger(l: LedgerReport): string[] {
         ? ""
         : `, ${(l.read_bytes_per_second_in_flight / 1e9).toFixed(2)} GB/s while reads were in flight`),
   );
+  if (l.trunk_decode_cpu > 0) {
+    lines.push(
+      `  trunk decode ${l.trunk_decode_cpu.toFixed(3)} CPU s on the I/O threads (beside the wall clock): ${
+        gb(l.trunk_bytes_stored)
+      } GB stored for ${gb(l.trunk_bytes_read)} GB`,
+    );
+  }
   return lines;
 }

@@ -64,6 +64,11 @@ export interface IoStats {
   ioWaitSeconds: number;
   /** Trunk layers pinned in RAM. */
   pinnedLayers: number;
+  /** Bytes the trunk layers counted in `trunkBytes` take on disk (fewer when split-coded). */
+  trunkStoredBytes: number;
+  /** CPU seconds the I/O threads spent decoding coded trunk pieces (apart from the wall clock:
+   * the decode runs beside the forward pass). */
+  trunkDecodeSeconds: number;
 }
 
 /** IoStats with every counter at zero (a fresh source's, or a resident one's for good). */
@@ -76,5 +81,7 @@ export function noIoStats(): IoStats {
     expertMisses: 0,
     ioWaitSeconds: 0,
     pinnedLayers: 0,
+    trunkStoredBytes: 0,
+    trunkDecodeSeconds: 0,
   };
 }

@@ -38,6 +38,9 @@ export const ioSymbols = {
   k3io_hash_update: { parameters: [P, P, "u64"], result: I },
   k3io_hash_digest: { parameters: [P], result: "u64" },
   k3io_read_small: { parameters: ["buffer", "buffer", "u64"], result: "i64" },
+  k3io_split_encode: { parameters: [P, "u64", P, "u64", I], result: "i64" },
+  k3io_split_decode: { parameters: [P, "u64", P, "u64"], result: "i64" },
+  k3io_pread_piece: { parameters: [I, P, "u64", "u64", "u64", I, P], result: "i64", nonblocking: true },
 } as const;
 
 /** The loaded I/O functions of libk3. */
@@ -81,6 +84,7 @@ export function errnoText(e: number): string {
     21: "is a directory",
     22: "invalid argument",
     28: "no space left on device",
+    74: "not a well-formed coded piece",
   };
   return names[-e] ?? `errno ${-e}`;
 }
@@ -170,6 +174,46 @@ export class IoFile {
     return { n, hash: n === len ? hex64(out[0]) : undefined };
   }
 
+  /**
+   * Reads one trunk piece of `len` bytes stored as `stored` bytes at `offset` (kernels/k3io.h
+   * k3io_pread_piece): raw when they are equal, else split-coded, read to the end of `ptr`'s
+   * `len` bytes and decoded there in place, on the I/O thread. With `hash` the decoded bytes'
+   * k3w64 comes back too. Resolves to the bytes now at `ptr` (short only for a raw piece at
+   * end of file, 0 for a coded one) and the CPU seconds the I/O thread spent decoding; a coded piece that does
+   * not decode rejects with CodedPieceCorrupt.
+   */
+  async preadPiece(
+    ptr: NonNullable<Deno.PointerValue>,
+    len: number,
+    offset: number,
+    stored: number,
+    hash: boolean,
+  ): Promise<{ n: number; hash?: string; decodeSeconds: number }> {
+    const out = new BigUint64Array(2);
+    readStarted();
+    let n = -5;
+    try {
+      n = Number(
+        await io().k3io_pread_piece(
+          this.fd,
+          ptr,
+          BigInt(len),
+          BigInt(offset),
+          BigInt(stored),
+          hash ? 1 : 0,
+          Deno.UnsafePointer.of(out),
+        ),
+      );
+    } finally {
+      readEnded(n < 0 ? n : Math.min(n, stored));
+    }
+    if (n === -EBADMSG) throw new CodedPieceCorrupt(`${this.path}: the coded piece at ${offset} does not decode`);
+    if (n < 0) {
+      throw new K3Error(`${this.path}: read of ${stored} bytes at ${offset} failed: ${errnoText(n)}`);
+    }
+    return { n, hash: hash && n === len ? hex64(out[0]) : undefined, decodeSeconds: Number(out[1]) / 1e9 };
+  }
+
   /** Reads exactly len bytes (or throws naming the file and the shortfall). */
   async readExact(ptr: NonNullable<Deno.PointerValue>, len: number, offset: number): Promise<void> {
     const n = await this.pread(ptr, len, offset);
@@ -233,6 +277,47 @@ export class IoFile {
       io().k3io_close(this.fd);
     }
   }
+}
+
+/** Words per block of a split-coded piece (K3IO_SPLIT_BLOCK): a coded piece's bytes are a
+ * multiple of twice this. */
+export const SPLIT_BLOCK = 2048;
+
+/** errno k3io returns for a coded piece that does not decode. */
+const EBADMSG = 74;
+
+/** A split-coded piece whose bytes do not decode: the data is corrupt. */
+export class CodedPieceCorrupt extends Error {}
+
+/**
+ * Split-codes the `len` bytes at `src` into `dst` (`cap` bytes; kernels/k3io.h): `width` 0
+ * picks the width that stores fewest bytes and returns 0 when the piece is best stored raw;
+ * 1..7 forces that width. Returns the stored bytes (a multiple of ALIGN) or 0.
+ */
+export function splitEncode(
+  src: NonNullable<Deno.PointerValue>,
+  len: number,
+  dst: NonNullable<Deno.PointerValue>,
+  cap: number,
+  width = 0,
+): number {
+  const n = Number(io().k3io_split_encode(src, BigInt(len), dst, BigInt(cap), width));
+  if (n < 0) throw new Error(`split encode of ${len} bytes: ${errnoText(n)}`);
+  return n;
+}
+
+/**
+ * Decodes `stored` split-coded bytes at `src` into the `len`-byte piece at `dst` (separate
+ * buffers, or in place with the stored bytes at the end of the piece). Returns false when
+ * they are not a well-formed coded piece of `len` bytes.
+ */
+export function splitDecode(
+  src: NonNullable<Deno.PointerValue>,
+  stored: number,
+  dst: NonNullable<Deno.PointerValue>,
+  len: number,
+): boolean {
+  return Number(io().k3io_split_decode(src, BigInt(stored), dst, BigInt(len))) === len;
 }
 
 /** What `path` is (k3io_kind: stat in C, for paths the runtime may not stat), or -errno. */

@@ -23,7 +23,7 @@ import type { Matrix } from "../native/tensors.ts";
 import { HEAD_NAME, PREFIX } from "../model/tensors.ts";
 import { HEAD_CHUNK_BYTES } from "./plan.ts";
 import type { Checkpoint } from "./safetensors.ts";
-import type { Region, TrunkManifest } from "./manifest.ts";
+import { pieceRun, type Region, type TrunkManifest } from "./manifest.ts";
 import { readRegionVerified, type TrunkFile } from "./trunk_file.ts";
 
 /** A matrix whose rows are read from a file on demand. */
@@ -178,7 +178,7 @@ export class StreamedEmbedHead {
   }
 
   /** Reads bytes [from, to) of a region (whole pieces) to `ptr`, each piece verified. */
-  private readVerified(
+  private async readVerified(
     v: VerifiedRegion,
     m: StreamedMatrix,
     what: string,
@@ -187,13 +187,8 @@ export class StreamedEmbedHead {
     to: number,
   ): Promise<void> {
     const first = from / v.piece, last = Math.ceil(to / v.piece) - 1;
-    const sub: Region = {
-      ...v.region,
-      offset: v.region.offset + from,
-      size: to - from,
-      pieces: v.region.pieces.slice(first, last + 1),
-    };
-    return readRegionVerified(v.dir, m.file, v.manifest, `${what} (streamed)`, sub, ptr, v.verify, first);
+    const sub: Region = pieceRun(v.region, v.piece, first, last);
+    await readRegionVerified(v.dir, m.file, v.manifest, `${what} (streamed)`, sub, ptr, v.verify, first);
   }
 
   /** Writes row `id` of the embedding as f32 to `dst` (reading it first). */

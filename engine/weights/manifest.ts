@@ -25,12 +25,21 @@
  *   pinned, and on ultra's embedding and lm_head reads), tensors [{name, dtype ("BF16" |
  *   "F32"), keep, shape, offset (in the region), bytes, check (the tensor's matrix check,
  *   native/tensors.ts: verified by the product that uses a streamed matrix, and for a streamed
- *   layer's vectors when it is handed out)}]}, and `piece` (bytes per hashed piece, a
- *   multiple of 4096).
+ *   layer's vectors when it is handed out)}], stored [per piece: the bytes it takes in the
+ *   data file, a multiple of 4096; its length means raw, fewer split-coded (kernels/k3io.h)],
+ *   storedPieces [per piece: k3w64 of its stored bytes, equal to `pieces` for a raw one]},
+ *   `piece` (bytes per hashed piece, a multiple of 4096), and `codec` ("raw": every piece
+ *   raw; "split": layer pieces may be coded).
+ *
+ * A region's `offset` is where its stored pieces start in the data file; they follow each
+ * other, so piece i is at `offset` + the stored bytes of the pieces before it, and the
+ * regions are back to back by their stored sizes. Only layer regions are ever coded: the
+ * final vectors, embedding and lm_head are read by rows and chunks (head_stream.ts).
  *
  * Version 2 added the per-piece hashes, version 3 changed the checksum from k3h64 to the
- * faster k3w64, version 4 added the tensor checks; an older trunk is refused with the advice
- * to re-pack. Nothing in a manifest is trusted: `checkLayout` recomputes the whole layout
+ * faster k3w64, version 4 added the tensor checks, version 5 the stored pieces and the
+ * codec. A version-4 trunk is read as a version-5 one with every piece raw; an older one is
+ * refused with the advice to re-pack. Nothing in a manifest is trusted: `checkLayout` recomputes the whole layout
  * (region offsets and sizes, every tensor's offset, bytes, dtype and shape) and refuses any
  * difference, before any byte of the data file is bound to a kernel.
  *
@@ -54,7 +63,11 @@ import { checkTensor, globalTensors, HEAD_NAME, layerTensors, PREFIX, type Tenso
 /** The manifest's format name. */
 export const FORMAT = "k3-trunk";
 /** The manifest's format version. */
-export const VERSION = 4;
+export const VERSION = 5;
+/** The oldest version read (as VERSION with every piece raw). */
+export const OLDEST_READ = 4;
+/** How a trunk's pieces are stored: all raw, or layer pieces split-coded where that is smaller. */
+export type TrunkCodec = "raw" | "split";
 /** Bytes per hashed piece: the unit of every trunk read and its checksum. */
 export const PIECE_BYTES = 16 << 20;
 /** File name of the packed data. */
@@ -96,6 +109,63 @@ export interface Region {
   pieces: string[];
   /** The tensors in the region, in order. */
   tensors: TensorEntry[];
+  /** Bytes each piece takes in the data file (its length: raw; fewer: split-coded). */
+  stored: number[];
+  /** k3w64 of each piece's stored bytes (hex; a raw piece's equals its `pieces` hash). */
+  storedPieces: string[];
+}
+
+/** Where one piece of a region is: in the region, and in the data file. */
+export interface PieceSpan {
+  /** Its first byte in the region (decoded form). */
+  at: number;
+  /** Its decoded bytes. */
+  len: number;
+  /** Its offset in the data file. */
+  file: number;
+  /** Its stored bytes (`len`: raw). */
+  stored: number;
+}
+
+const spanCache = new WeakMap<Region, PieceSpan[]>();
+
+/** The pieces of region `r` (`piece` bytes each, the last shorter), where each is stored. */
+export function pieceSpans(r: Region, piece: number): PieceSpan[] {
+  let spans = spanCache.get(r);
+  if (!spans) {
+    spans = [];
+    let file = r.offset;
+    for (let i = 0, at = 0; at < r.size; i++, at += piece) {
+      const len = Math.min(piece, r.size - at);
+      spans.push({ at, len, file, stored: r.stored[i] });
+      file += r.stored[i];
+    }
+    spanCache.set(r, spans);
+  }
+  return spans;
+}
+
+/** Bytes region `r` takes in the data file. */
+export function storedSize(r: Region): number {
+  return r.stored.reduce((a, b) => a + b, 0);
+}
+
+/**
+ * The run of whole pieces [first, last] of region `r` as a region of its own (its file
+ * offset, sizes and per-piece tables cut to the run), for reading part of a region.
+ */
+export function pieceRun(r: Region, piece: number, first: number, last: number): Region {
+  const spans = pieceSpans(r, piece);
+  const size = spans[last].at + spans[last].len - spans[first].at;
+  return {
+    ...r,
+    offset: spans[first].file,
+    size,
+    bytes: size,
+    pieces: r.pieces.slice(first, last + 1),
+    stored: r.stored.slice(first, last + 1),
+    storedPieces: r.storedPieces.slice(first, last + 1),
+  };
 }
 
 /** manifest.json of a packed trunk. */
@@ -124,6 +194,8 @@ export interface TrunkManifest {
   checksum: typeof CHECKSUM;
   /** Bytes per hashed piece. */
   piece: number;
+  /** How the pieces are stored. */
+  codec: TrunkCodec;
   /** One region per layer. */
   layer: Region[];
   /** The final vectors. */
@@ -198,12 +270,15 @@ function region(
       hash: "",
       pieces: [],
       tensors: tensors.map((t) => t.entry),
+      stored: [],
+      storedPieces: [],
     },
     tensors,
   };
 }
 
-/** The layout of a trunk for this checkpoint: every region with its tensors and offset. */
+/** The layout of a trunk for this checkpoint: every region with its tensors and offset
+ * (offsets as if every piece were raw: the packer moves them by the stored sizes). */
 export function planLayout(
   cfg: K3Config,
   ckpt: Checkpoint,
@@ -275,14 +350,16 @@ export function parseManifest(text: string, path: string): TrunkManifest {
   if (j.format !== FORMAT) {
     bad(`format ${JSON.stringify(j.format)}, expected ${JSON.stringify(FORMAT)}`);
   }
-  if (j.version !== VERSION) {
+  if (j.version !== VERSION && j.version !== OLDEST_READ) {
     bad(
       `version ${
         JSON.stringify(j.version)
-      }, this k3 reads version ${VERSION} (per-piece ${CHECKSUM} checksums and tensor checks); re-pack it with k3 pack --force`,
+      }, this k3 reads versions ${OLDEST_READ} and ${VERSION} (per-piece ${CHECKSUM} checksums and tensor checks); re-pack it with k3 pack --force`,
     );
   }
   const m = j as unknown as TrunkManifest;
+  if (j.version === OLDEST_READ) readAsRaw(m);
+  if (m.codec !== "raw" && m.codec !== "split") bad(`codec ${JSON.stringify(m.codec)}, expected "raw" or "split"`);
   const int = (v: unknown, min: number, max: number) =>
     Number.isSafeInteger(v) && (v as number) >= min && (v as number) <= max;
   if (typeof m.fingerprint !== "string" || !/^[0-9a-f]{32}$/.test(m.fingerprint)) bad("no fingerprint");
@@ -320,6 +397,21 @@ export function parseManifest(text: string, path: string): TrunkManifest {
     ) {
       rb(`needs ${npieces} piece hashes`);
     }
+    if (!Array.isArray(r.stored) || r.stored.length !== npieces || !Array.isArray(r.storedPieces)) {
+      rb(`needs ${npieces} stored sizes and hashes`);
+    }
+    for (let i = 0; i < npieces; i++) {
+      const len = Math.min(m.piece, r.size - i * m.piece), st = r.stored[i], h = r.storedPieces[i];
+      const coded = m.codec === "split" && what.startsWith("layer ");
+      if (!int(st, ALIGN, len) || st % ALIGN !== 0 || (!coded && st !== len)) {
+        rb(
+          `piece ${i}: stored ${JSON.stringify(st)} bytes, expected ${coded ? "a multiple of 4096 up to" : ""} ${len}`,
+        );
+      }
+      if (typeof h !== "string" || !HEX16.test(h) || (st === len && h !== r.pieces[i])) {
+        rb(`piece ${i}: bad stored hash`);
+      }
+    }
     if (!Array.isArray(r.tensors) || r.tensors.length === 0) return rb("no tensor table");
     let end = 0;
     for (const [i, t] of r.tensors.entries()) {
@@ -345,10 +437,21 @@ export function parseManifest(text: string, path: string): TrunkManifest {
       end = off + want;
     }
     if (r.bytes !== end) rb(`bytes ${r.bytes}, but its tensors end at ${end}`);
-    at += r.size;
+    at += storedSize(r);
   }
   if (m.data.bytes !== at) bad(`data.bytes ${m.data.bytes}, but the regions end at ${at}`);
   return m;
+}
+
+/** A version-4 manifest read as version 5: every piece raw (what version 4 wrote). */
+function readAsRaw(m: TrunkManifest): void {
+  m.codec = "raw";
+  if (!Array.isArray(m.layer) || !Number.isSafeInteger(m.piece) || m.piece <= 0) return; // parseManifest says why
+  for (const [, r] of regionsOf(m)) {
+    if (!isObj(r) || !Array.isArray(r.pieces) || !Number.isSafeInteger(r.size)) continue; // parseManifest says why
+    r.stored = r.pieces.map((_, i) => Math.min(m.piece, r.size - i * m.piece));
+    r.storedPieces = [...r.pieces];
+  }
 }
 
 /**

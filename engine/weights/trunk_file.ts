@@ -15,7 +15,7 @@
 import type { K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
 import { type Kernels, WTYPE } from "../native/ffi.ts";
-import type { IoFile } from "../native/io.ts";
+import { CodedPieceCorrupt, type IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import { checkMismatch, type F32, type Matrix, tensorCheck } from "../native/tensors.ts";
 import { BoundTensors } from "./bind.ts";
@@ -23,6 +23,7 @@ import {
   checkLayout,
   DATA_FILE,
   openTrunkData,
+  pieceSpans,
   readManifest,
   type Region,
   type TensorEntry,
@@ -97,9 +98,11 @@ export async function readPieces(
 /**
  * Reads region `r` of a trunk into `ptr`, every piece verified against the manifest
  * (`verify` false skips the hashing: only bench/verify.ts, to measure what it costs). `r`
- * may be a run of whole pieces of a larger region; `pieceBase` is its first piece's index
- * there, for the message.
- * Throws K3Error (exit 1) naming the trunk, `what` and the bad piece.
+ * may be a run of whole pieces of a larger region (manifest.ts pieceRun); `pieceBase` is
+ * its first piece's index there, for the message. Coded pieces are decoded on the I/O
+ * thread that read them, and the hash is of the decoded bytes (what the kernels use).
+ * Resolves to the seconds spent decoding; throws K3Error (exit 1) naming the trunk, `what`
+ * and the bad piece.
  */
 export async function readRegionVerified(
   dir: string,
@@ -110,14 +113,46 @@ export async function readRegionVerified(
   ptr: NonNullable<Deno.PointerValue>,
   verify = true,
   pieceBase = 0,
-): Promise<void> {
-  let n: number;
+): Promise<number> {
+  const spans = pieceSpans(r, m.piece);
+  let next = 0, total = 0, decodeSeconds = 0;
+  let failure: unknown;
+  const worker = async () => {
+    while (next < spans.length && failure === undefined) {
+      const i = next++, s = spans[i];
+      try {
+        const got = await readOnePiece(f, ptr, s, i, verify);
+        total += got.n;
+        decodeSeconds += got.decodeSeconds;
+        if (got.n < s.len) return; // end of file: the caller sees the short total
+        if (verify && got.hash !== r.pieces[i]) throw new PieceMismatch(i, s.at);
+      } catch (e) {
+        failure = e;
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(VERIFIED_DEPTH, spans.length) }, worker));
+  if (failure !== undefined) throw regionReadError(dir, what, r, failure, pieceBase);
+  if (total !== r.size) throw regionShortRead(dir, what, total, r.size);
+  return decodeSeconds;
+}
+
+/** Reads piece `i` (span `s`) of a region whose bytes go to `base`: a coded piece that does
+ * not decode rejects as a PieceMismatch (corrupt like any other). */
+async function readOnePiece(
+  f: IoFile,
+  base: NonNullable<Deno.PointerValue>,
+  s: { at: number; len: number; file: number; stored: number },
+  i: number,
+  hash: boolean,
+): Promise<{ n: number; hash?: string; decodeSeconds: number }> {
+  const dst = s.at === 0 ? base : Deno.UnsafePointer.offset(base, s.at)!;
   try {
-    n = await readPieces(f, ptr, r.size, r.offset, m.piece, VERIFIED_DEPTH, verify ? r.pieces : undefined);
+    return await f.preadPiece(dst, s.len, s.file, s.stored, hash);
   } catch (e) {
-    throw regionReadError(dir, what, r, e, pieceBase);
+    if (e instanceof CodedPieceCorrupt) throw new PieceMismatch(i, s.at);
+    throw e;
   }
-  if (n !== r.size) throw regionShortRead(dir, what, n, r.size);
 }
 
 /**
@@ -219,6 +254,9 @@ export class TrunkFile {
     return new TrunkFile(dir, m, f, k, verify);
   }
 
+  /** CPU seconds the I/O threads spent decoding coded pieces read through this file. */
+  decodeSeconds = 0;
+
   /** Reads a whole region into a new buffer, every piece checked against its checksum. */
   async readVerified(what: string, r: Region): Promise<NativeBuffer> {
     const buf = NativeBuffer.alloc(this.k, r.size, `trunk ${what}`);
@@ -232,29 +270,28 @@ export class TrunkFile {
   }
 
   /** Reads region `r` to `ptr`, every piece checked against its checksum. */
-  readInto(what: string, r: Region, ptr: NonNullable<Deno.PointerValue>): Promise<void> {
-    return readRegionVerified(this.dir, this.file, this.manifest, what, r, ptr, this.verify);
+  async readInto(what: string, r: Region, ptr: NonNullable<Deno.PointerValue>): Promise<void> {
+    this.decodeSeconds += await readRegionVerified(this.dir, this.file, this.manifest, what, r, ptr, this.verify);
   }
 
   /**
-   * Reads bytes [at, at + len) of region `r` to `ptr` as they are (a streamed layer: its
-   * bytes are checked by their tensor checks once bound, trunk_ring.ts). Rejects with a
-   * K3Error (exit 1) naming `what` when the read fails or comes back short.
+   * Reads piece `i` of region `r` to `base` + its place in the region, decoded when it is
+   * coded, not hashed (a streamed layer: its bytes are checked by their tensor checks once
+   * bound, trunk_ring.ts). Resolves to the seconds spent decoding. Rejects with a K3Error
+   * (exit 1) naming `what` when the read fails or comes back short, or the piece does not
+   * decode.
    */
-  async readPlain(
-    what: string,
-    r: Region,
-    at: number,
-    len: number,
-    ptr: NonNullable<Deno.PointerValue>,
-  ): Promise<void> {
-    let n: number;
+  async readPiece(what: string, r: Region, i: number, base: NonNullable<Deno.PointerValue>): Promise<number> {
+    const s = pieceSpans(r, this.manifest.piece)[i];
+    let got: { n: number; decodeSeconds: number };
     try {
-      n = await this.file.pread(ptr, len, r.offset + at);
+      got = await readOnePiece(this.file, base, s, i, false);
     } catch (e) {
       throw regionReadError(this.dir, what, r, e);
     }
-    if (n < len) throw regionShortRead(this.dir, what, at + n, r.size);
+    if (got.n < s.len) throw regionShortRead(this.dir, what, s.at + got.n, r.size);
+    this.decodeSeconds += got.decodeSeconds;
+    return got.decodeSeconds;
   }
 
   /** Closes the data file (the ring and the pinned layers are StreamedTrunk's to free). */

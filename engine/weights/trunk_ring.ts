@@ -28,7 +28,7 @@ import type { Kernels } from "../native/ffi.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import type { IoStats } from "../model/weight_source.ts";
 import type { BoundTensors } from "./bind.ts";
-import type { Region, TensorEntry } from "./manifest.ts";
+import { type Region, storedSize, type TensorEntry } from "./manifest.ts";
 import { bindRegion, type TrunkFile } from "./trunk_file.ts";
 
 /**
@@ -53,6 +53,8 @@ interface RingEntry {
   done: number;
   /** Pieces in flight. */
   inflight: number;
+  /** CPU seconds the I/O threads spent decoding its coded pieces. */
+  decodeSeconds: number;
   /** The ring is dropping this entry: start nothing more. */
   cancelled: boolean;
   /** Settles when every piece is in (or the read failed or was dropped); never rejects. */
@@ -114,7 +116,9 @@ export class StreamedTrunk {
     try {
       for (const L of pinned) {
         const r = trunk.manifest.layer[L];
+        const d0 = trunk.decodeSeconds;
         const buf = await trunk.readVerified(`layer ${L}`, r);
+        stats.trunkDecodeSeconds += trunk.decodeSeconds - d0;
         t.pinnedLayers.set(L, { buf, bound: bindRegion(r.tensors, buf) });
         stats.pinnedLayers++;
       }
@@ -162,6 +166,7 @@ export class StreamedTrunk {
         started: new Uint8Array(Math.ceil(region.size / this.trunk.manifest.piece)),
         done: 0,
         inflight: 0,
+        decodeSeconds: 0,
         cancelled: false,
         settled: promise,
         settle: resolve,
@@ -199,19 +204,20 @@ export class StreamedTrunk {
         // Space an older layer still occupies but released after its attention: read early.
         if (older.some((o) => from < o.off + o.size && to > o.off)) this.stats.trunkEarlyBytes += to - from;
         e.started[j] = 1;
-        this.readPiece(e, from - e.off, to - from);
+        this.readPiece(e, j);
       }
     }
   }
 
-  /** Reads a piece of entry e (region bytes [at, at+len)); its bytes are verified by their
-   * tensor checks once bound. */
-  private readPiece(e: RingEntry, at: number, len: number): void {
+  /** Reads piece j of entry e into its ring bytes, decoding it there on the I/O thread when it
+   * is coded; its bytes are verified by their tensor checks once bound. */
+  private readPiece(e: RingEntry, j: number): void {
     this.inflight++;
     e.inflight++;
-    this.trunk.readPlain(`layer ${e.L} (streamed)`, e.region, at, len, this.ring!.at(e.off + at))
-      .then(() => {
+    this.trunk.readPiece(`layer ${e.L} (streamed)`, e.region, j, this.ring!.at(e.off))
+      .then((decodeSeconds) => {
         e.done++;
+        e.decodeSeconds += decodeSeconds;
       })
       .catch((err) => {
         e.error ??= err;
@@ -272,6 +278,8 @@ export class StreamedTrunk {
     if (e.error) throw e.error;
     // Counted when used, so a read-ahead the run never uses is not charged to a token.
     this.stats.trunkBytes += e.size;
+    this.stats.trunkStoredBytes += storedSize(e.region);
+    this.stats.trunkDecodeSeconds += e.decodeSeconds;
     return e.bound!;
   }
 

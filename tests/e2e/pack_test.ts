@@ -28,7 +28,7 @@ Deno.test("pack: layout is aligned, layers hold layerTensors in order, routed ex
   const m = r.manifest;
   const cfg = await loadConfig(TINY);
   assert.equal(m.format, "k3-trunk");
-  assert.equal(m.version, 4);
+  assert.equal(m.version, 5);
   assert.equal(m.layer.length, cfg.numLayers);
   assert.equal(m.source.shards.length, 3);
   let end = 0;

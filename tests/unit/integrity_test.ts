@@ -133,7 +133,7 @@ Deno.test("trunk versions: a version 1 trunk (no piece checksums), 2 (k3h64) or 
   const t = `${d.path}/trunk`;
   await packTrunk(TINY, t, quiet);
   const clean = JSON.parse(await Deno.readTextFile(`${t}/${MANIFEST_FILE}`));
-  assert.equal(clean.version, 4);
+  assert.equal(clean.version, 5);
   assert.equal(clean.checksum, "k3w64");
   for (const version of [1, 2, 3]) {
     const m = structuredClone(clean);

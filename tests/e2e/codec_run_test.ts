@@ -1,0 +1,144 @@
+// A split-coded trunk (k3 pack --codec split) runs to the same tokens and logits as the raw
+// one at every budget; a flipped byte in a coded piece is refused like any other; pack
+// --verify checks both forms; a version-4 trunk still opens.
+import assert from "node:assert/strict";
+import { packTrunk } from "../../pack/pack.ts";
+import { DATA_FILE, MANIFEST_FILE, pieceSpans, readManifest } from "../../engine/weights/manifest.ts";
+import { jsonIds, k3, packedFloor, tempDir, TINY } from "../helpers.ts";
+
+const PIECE = 64 << 10; // several pieces a layer, so one layer holds coded and raw pieces
+const quiet = { log: null };
+
+/** Ids and logits of a 6-token run on `trunk` with the budget flags `budget`. */
+async function tokens(dir: string, trunk: string, budget: string[], tag: string) {
+  const logits = `${dir}/${tag}.f32`;
+  const out = await k3([
+    "run",
+    TINY,
+    "--ids",
+    "5,17,300",
+    "--gen",
+    "6",
+    "--json",
+    "--trunk",
+    trunk,
+    "--dump-logits",
+    logits,
+    ...budget,
+  ]);
+  assert.equal(out.code, 0, out.stderr);
+  return { ids: jsonIds(out.stdout), logits: await Deno.readFile(logits), stderr: out.stderr };
+}
+
+Deno.test("codec: the split-coded trunk gives the raw trunk's tokens and logits, resident, pinned, at the floor and with ultra", async () => {
+  await using d = await tempDir();
+  const raw = `${d.path}/raw`, split = `${d.path}/split`;
+  const { floor } = await packedFloor(TINY, raw, PIECE);
+  await packTrunk(TINY, split, { ...quiet, pieceBytes: PIECE, codec: "split" });
+  const m = await readManifest(split);
+  assert.equal(m.codec, "split");
+  const spans = m.layer.flatMap((r) => pieceSpans(r, m.piece));
+  const coded = spans.filter((s) => s.stored < s.len).length;
+  assert.ok(coded > 0 && coded < spans.length, `some pieces coded, some raw (${coded} of ${spans.length})`);
+  assert.ok(m.data.bytes < (await readManifest(raw)).data.bytes, "the coded trunk is smaller");
+  const budgets: [string, string[]][] = [
+    ["resident", []],
+    ["half pinned", ["--trunk-gb", String(floor.trunkGB * 6), "--cache-gb", String(floor.cacheGB * 4)]],
+    ["floor", ["--trunk-gb", String(floor.trunkGB), "--cache-gb", String(floor.cacheGB)]],
+    ["ultra", ["--preset", "ultra"]],
+  ];
+  for (const [name, budget] of budgets) {
+    const a = await tokens(d.path, raw, budget, `raw-${name}`);
+    const b = await tokens(d.path, split, budget, `split-${name}`);
+    assert.deepEqual(b.ids, a.ids, `${name}: tokens`);
+    assert.ok(a.logits.length > 0 && a.logits.every((x, i) => x === b.logits[i]), `${name}: logits bit for bit`);
+  }
+});
+
+Deno.test("codec: a flipped byte in a coded piece is refused pinned, streamed and by pack --verify (both forms)", async () => {
+  await using d = await tempDir();
+  const t = `${d.path}/split`;
+  const { floor } = await packedFloor(TINY, `${d.path}/raw`, PIECE);
+  await packTrunk(TINY, t, { ...quiet, pieceBytes: PIECE, codec: "split" });
+  const m = await readManifest(t);
+  const data = await Deno.readFile(`${t}/${DATA_FILE}`);
+  const L = 7;
+  const s = pieceSpans(m.layer[L], m.piece).find((x) => x.stored < x.len)!;
+  assert.ok(s, `layer ${L} has a coded piece`);
+  const flip = `${d.path}/flip`;
+  await Deno.mkdir(flip);
+  await Deno.copyFile(`${t}/${MANIFEST_FILE}`, `${flip}/${MANIFEST_FILE}`);
+  // In the padding after the header, in a block's low bytes, and in its last byte (an escape
+  // or a low byte): each must stop the run, pinned or streamed.
+  for (const at of [1000, s.stored - 20000, s.stored - 1]) {
+    const bad = data.slice();
+    bad[s.file + at] ^= 0x04;
+    await Deno.writeFile(`${flip}/${DATA_FILE}`, bad);
+    let out = await k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", flip]);
+    assert.equal(out.code, 1, `pinned, byte ${at}: ${out.stderr}`);
+    assert.match(out.stderr, new RegExp(`layer ${L}: checksum mismatch in piece`));
+    out = await k3([
+      "run",
+      TINY,
+      "--ids",
+      "5,17,300",
+      "--gen",
+      "2",
+      "--trunk",
+      flip,
+      "--trunk-gb",
+      String(floor.trunkGB),
+      "--cache-gb",
+      String(floor.cacheGB),
+    ]);
+    assert.equal(out.code, 1, `streamed, byte ${at}: ${out.stderr}`);
+    assert.match(out.stderr, new RegExp(`layer ${L} \\(streamed\\)`));
+    assert.doesNotMatch(out.stderr, /^\s+at /m, "no stack trace");
+    out = await k3(["pack", "--verify", flip]);
+    assert.equal(out.code, 1);
+    assert.match(out.stderr, new RegExp(`layer ${L}: checksum mismatch in piece \\d+ \\(stored form`));
+  }
+  const out = await k3(["pack", "--verify", t, TINY]);
+  assert.equal(out.code, 0, out.stderr);
+});
+
+Deno.test("codec: a version-4 trunk (every piece raw, no stored table) still opens and gives the same tokens", async () => {
+  await using d = await tempDir();
+  const t = `${d.path}/raw`;
+  const { floor } = await packedFloor(TINY, t, PIECE);
+  const v4 = `${d.path}/v4`;
+  await Deno.mkdir(v4);
+  await Deno.copyFile(`${t}/${DATA_FILE}`, `${v4}/${DATA_FILE}`);
+  const j = JSON.parse(await Deno.readTextFile(`${t}/${MANIFEST_FILE}`));
+  j.version = 4;
+  delete j.codec;
+  for (const r of [...j.layer, j.finals, j.embed, j.head]) {
+    delete r.stored;
+    delete r.storedPieces;
+  }
+  await Deno.writeTextFile(`${v4}/${MANIFEST_FILE}`, JSON.stringify(j));
+  const budget = ["--trunk-gb", String(floor.trunkGB), "--cache-gb", String(floor.cacheGB)];
+  const a = await tokens(d.path, t, budget, "v5");
+  const b = await tokens(d.path, v4, budget, "v4");
+  assert.deepEqual(b.ids, a.ids);
+  const out = await k3(["pack", "--verify", v4]);
+  assert.equal(out.code, 0, out.stderr);
+  // Version 3 is still refused with the advice to re-pack.
+  j.version = 3;
+  await Deno.writeTextFile(`${v4}/${MANIFEST_FILE}`, JSON.stringify(j));
+  const old = await k3(["run", TINY, "--ids", "5", "--gen", "1", "--trunk", v4]);
+  assert.equal(old.code, 1);
+  assert.match(old.stderr, /version 3, this k3 reads versions 4 and 5.*re-pack/);
+});
+
+Deno.test("codec: k3 pack --codec takes auto, raw or split (a usage error otherwise)", async () => {
+  await using d = await tempDir();
+  let out = await k3(["pack", TINY, `${d.path}/t`, "--codec", "zip"]);
+  assert.equal(out.code, 2);
+  assert.match(out.stderr, /--codec "zip": expected auto, raw or split/);
+  out = await k3(["pack", TINY, `${d.path}/t`, "--codec", "auto"]);
+  assert.equal(out.code, 0, out.stderr);
+  assert.match(out.stderr, /codec auto: decode [\d.]+ GB\/s on \d+ threads, disk .*: (split|raw)/);
+  const m = await readManifest(`${d.path}/t`);
+  assert.ok(m.codec === "split" || m.codec === "raw");
+});
