@@ -15,6 +15,8 @@
 
 import type { ChatMessage } from "../engine/text/chat.ts";
 import { EFFORTS } from "../engine/text/chat.ts";
+import type { GNode } from "../engine/generate/grammar/automaton.ts";
+import { ANY_JSON, compileSchema, SchemaError } from "../engine/generate/grammar/schema.ts";
 
 /** An error answered as `{"error": {message, type, param, code}}` with an HTTP status. */
 export class ApiError extends Error {
@@ -72,6 +74,28 @@ export interface CommonRequest {
   ignoreEos: boolean;
 }
 
+/** A validated `response_format` that constrains the reply: its JSON value's grammar. */
+export interface ResponseFormat {
+  /** json_object: any JSON object; json_schema: the schema's subset (engine/generate/grammar/schema.ts). */
+  type: "json_object" | "json_schema";
+  /** json_schema.name. */
+  name?: string;
+  /** The grammar of the reply's content. */
+  value: GNode;
+}
+
+/** A function tool as declared in `tools` (parsed with the tool-calling fields). */
+export interface ToolDecl {
+  /** function.name. */
+  name: string;
+  /** function.description. */
+  description?: string;
+  /** function.parameters: a JSON Schema of the arguments object. */
+  parameters?: object;
+  /** function.strict. */
+  strict?: boolean;
+}
+
 /** A validated `/v1/chat/completions` request. */
 export interface ChatRequest extends CommonRequest {
   /** Which endpoint. */
@@ -82,6 +106,14 @@ export interface ChatRequest extends CommonRequest {
   thinking: boolean;
   /** chat_template_kwargs.thinking_effort. */
   effort?: string;
+  /** response_format json_object or json_schema (text: undefined). */
+  responseFormat?: ResponseFormat;
+  /** tools (function tools). */
+  tools?: ToolDecl[];
+  /** tool_choice. */
+  toolChoice?: "auto" | "none" | "required" | { name: string };
+  /** parallel_tool_calls (default true). */
+  parallelToolCalls?: boolean;
 }
 
 /** A validated `/v1/completions` request. */
@@ -300,11 +332,6 @@ export function parseChatRequest(body: unknown): ChatRequest {
   f.refuse("tool_choice", "k3 serve has no tool calling", ["none"]);
   f.refuse("functions", "k3 serve has no tool calling", [[]]);
   f.refuse("function_call", "k3 serve has no tool calling", ["none"]);
-  f.refuse("response_format", "structured output is not enforced", [{}]);
-  const rf = f.obj.response_format;
-  if (typeName(rf) === "object" && (rf as Json).type !== undefined && (rf as Json).type !== "text") {
-    throw bad("response_format", "'response_format' is not supported by k3 serve: only text", "unsupported_parameter");
-  }
   const kw = f.object("chat_template_kwargs");
   const thinking = kw?.boolean("thinking") ?? kw?.boolean("enable_thinking") ?? true;
   const effort = kw?.string("thinking_effort") ?? f.string("reasoning_effort");
@@ -312,7 +339,44 @@ export function parseChatRequest(body: unknown): ChatRequest {
     const param = kw?.has("thinking_effort") ? "chat_template_kwargs.thinking_effort" : "reasoning_effort";
     throw bad(param, `'${param}' must be one of ${EFFORTS.join(", ")}, got ${JSON.stringify(effort)}`);
   }
-  return { kind: "chat", ...common(f), messages, thinking, effort };
+  const responseFormat = parseResponseFormat(f);
+  return { kind: "chat", ...common(f), messages, thinking, effort, ...(responseFormat ? { responseFormat } : {}) };
+}
+
+/** Wraps a schema the grammar cannot enforce as a 400 naming the keyword under `param`. */
+export function schemaApiError(e: SchemaError, param: string): ApiError {
+  const where = e.path === "" ? param : `${param}.${e.path}`;
+  return bad(where, e.message.replace(/^(the schema|'[^']*'):/, `'${where}':`), "unsupported_parameter");
+}
+
+/** response_format: text (undefined), json_object, or json_schema with a schema of the subset. */
+function parseResponseFormat(f: Fields): ResponseFormat | undefined {
+  const rf = f.object("response_format");
+  if (!rf) return undefined;
+  const type = rf.string("type");
+  if (type === undefined) throw bad("response_format.type", "'response_format.type' is required");
+  if (type === "text") return undefined;
+  if (type === "json_object") return { type, value: ANY_JSON };
+  if (type !== "json_schema") {
+    throw bad(
+      "response_format.type",
+      `'response_format.type' must be text, json_object or json_schema, got ${JSON.stringify(type)}`,
+    );
+  }
+  const js = rf.object("json_schema");
+  if (!js) throw bad("response_format.json_schema", "'response_format.json_schema' is required for type json_schema");
+  const name = js.string("name");
+  if (name === undefined) {
+    throw bad("response_format.json_schema.name", "'response_format.json_schema.name' is required");
+  }
+  js.boolean("strict");
+  const schema = js.obj.schema ?? {};
+  try {
+    return { type, name, value: compileSchema(schema) };
+  } catch (e) {
+    if (e instanceof SchemaError) throw schemaApiError(e, "response_format.json_schema.schema");
+    throw e;
+  }
 }
 
 /** Validates a `/v1/completions` body (prompt: text or ids below `vocab`). */

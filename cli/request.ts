@@ -18,6 +18,8 @@ import { chatPrompt, stopIds as chatStopIds } from "../engine/text/chat.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { intFlag, numFlag } from "./common.ts";
 import { ApiError, type ChatRequest, type CompletionRequest, type RequestSampling } from "./openai.ts";
+import type { GrammarSpec } from "../engine/generate/grammar/forms.ts";
+import { chatGrammar } from "./structured.ts";
 
 /** What one request asks the scheduler to run, whichever command it came from. */
 export interface Task {
@@ -33,6 +35,8 @@ export interface Task {
   stops: string[];
   /** A chat: whether the think channel was opened (the reply splits into reasoning and content). */
   chat?: { thinking: boolean };
+  /** Constrains the reply (response_format, a forced tool call, `k3 run --grammar`): cli/structured.ts. */
+  grammar?: GrammarSpec;
 }
 
 /** OpenAI's sampling defaults (temperature 1 over all tokens), for `/v1/completions`. */
@@ -180,6 +184,14 @@ export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContex
     throw e;
   }
   const room = ctx.capacity - promptIds.length;
+  const grammar = chat ? chatGrammar(r) : undefined;
+  if (grammar && (r.ignoreEos || !ctx.tokenizer)) {
+    throw new ApiError(
+      400,
+      "structured output ends the reply at an end id: 'ignore_eos' cannot be true with it",
+      "ignore_eos",
+    );
+  }
   return {
     promptIds,
     maxTokens: r.maxTokens ??
@@ -188,5 +200,6 @@ export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContex
     stopIds: r.ignoreEos || !ctx.tokenizer ? [] : chatStopIds(ctx.tokenizer),
     stops: r.stop,
     chat: chat ? { thinking: r.thinking } : undefined,
+    ...(grammar ? { grammar } : {}),
   };
 }

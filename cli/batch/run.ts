@@ -20,6 +20,7 @@ import { reportHead, type ReportSettings, sequenceFields } from "../report.ts";
 import type { AppendLog } from "./append_log.ts";
 import type { Job } from "./jobs.ts";
 import { openaiResultLine } from "./openai_lines.ts";
+import { sequenceConstraint } from "../structured.ts";
 
 /** Bytes read and expert-cache hits of one prompt (streamed weights only). */
 function ioDelta(a: IoStats | undefined, b: IoStats | undefined, ledger: LedgerReport): Record<string, number> {
@@ -138,6 +139,8 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
         maxTokens: job.maxTokens,
         stopIds: job.stopIds,
         choose: makeSampler(job.sampling),
+        grammar: job.grammar && tokenizer &&
+          sequenceConstraint(job.grammar, tokenizer, model.cfg.vocabSize, job.stopIds),
         onToken: (token) => {
           if (!matcher || ((job.chat || job.openai) && job.stopIds.includes(token))) return;
           const r = matcher.push(token);

@@ -21,6 +21,7 @@ import {
   parseCompletionRequest,
 } from "../openai.ts";
 import { openaiTask, type Task } from "../request.ts";
+import { sequenceConstraint } from "../structured.ts";
 
 /** What the server generates with, available once the model is loaded. */
 export interface ServeEngine {
@@ -125,6 +126,7 @@ export async function runTask(
     maxTokens: task.maxTokens,
     stopIds: ends,
     choose,
+    grammar: task.grammar && sequenceConstraint(task.grammar, e.tokenizer, e.vocabSize, ends),
     signal,
     onToken: (token) => {
       if (first) (first = false, onFirstToken());
