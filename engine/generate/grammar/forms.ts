@@ -102,7 +102,9 @@ export function markupSyms(tok: Tokenizer, text: string): number[] {
 export function startState(spec: GrammarSpec, tok: Tokenizer, ends: readonly number[]): State {
   if (ends.length === 0) throw new Error("structured output needs an end id to finish on");
   const lit = (text: string) => new Lit(markupSyms(tok, text));
-  const end = new End(ends.map((id) => SPECIAL_BASE + id));
+  const endSyms = ends.map((id) => SPECIAL_BASE + id);
+  // A bare value may trail whitespace before its end id; a chat reply ends right after its markup.
+  const end = new End(endSyms, 0, spec.kind === "value" && spec.reply === undefined);
   const close = SPECIAL_BASE + tok.specialId("<|close|>");
   const m = TOOL_MARKUP;
   if (spec.kind === "value") {
