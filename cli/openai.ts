@@ -16,7 +16,7 @@
 import type { ChatMessage } from "../engine/text/chat.ts";
 import { EFFORTS } from "../engine/text/chat.ts";
 import type { GNode } from "../engine/generate/grammar/automaton.ts";
-import { ANY_JSON, compileSchema, SchemaError } from "../engine/generate/grammar/schema.ts";
+import { ANY_OBJECT, compileSchema, SchemaError } from "../engine/generate/grammar/schema.ts";
 
 /** An error answered as `{"error": {message, type, param, code}}` with an HTTP status. */
 export class ApiError extends Error {
@@ -76,7 +76,7 @@ export interface CommonRequest {
 
 /** A validated `response_format` that constrains the reply: its JSON value's grammar. */
 export interface ResponseFormat {
-  /** json_object: any JSON object; json_schema: the schema's subset (engine/generate/grammar/schema.ts). */
+  /** json_object: any JSON object (not another value); json_schema: the schema's subset (engine/generate/grammar/schema.ts). */
   type: "json_object" | "json_schema";
   /** json_schema.name. */
   name?: string;
@@ -356,7 +356,7 @@ function parseResponseFormat(f: Fields): ResponseFormat | undefined {
   const type = rf.string("type");
   if (type === undefined) throw bad("response_format.type", "'response_format.type' is required");
   if (type === "text") return undefined;
-  if (type === "json_object") return { type, value: ANY_JSON };
+  if (type === "json_object") return { type, value: ANY_OBJECT };
   if (type !== "json_schema") {
     throw bad(
       "response_format.type",
