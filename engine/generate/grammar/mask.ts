@@ -9,15 +9,17 @@
  * every token under a refused prefix without stepping it.
  *
  * Picking ({@link TokenConstraint.pick}) is lazy: the sampler picks from the logits as
- * they are; a token the automaton refuses gets -Infinity and the sampler picks again, up
- * to {@link LAZY_TRIES} times, and only then is the whole mask computed and applied. A
- * greedy step whose argmax is allowed costs one check of one token. Refusing one token at
- * a time and drawing again is, for plain temperature sampling, exactly sampling from the
- * masked distribution (Luce's choice axiom: the first allowed token of a Plackett-Luce
- * order has probability p(t) / p(allowed)); top-k, top-p and min-p are applied to what
- * remains at each draw. A token the unconstrained run would pick is picked whenever the
- * grammar allows it. With `maskAll` (a caller that reads the logits as a distribution,
- * such as log probabilities) the whole mask is applied before the first pick.
+ * they are, and only a token the automaton refuses costs more. Greedy (the argmax): the
+ * refused token gets -Infinity and the argmax is taken again, up to {@link LAZY_TRIES}
+ * times, then the whole mask is applied; the result is always the argmax of the masked
+ * logits. Sampling: one draw from the logits as they are; a refused draw is followed by
+ * the whole mask and a second draw (re-drawing means re-sorting the whole vocabulary, which
+ * costs more than the mask). For plain temperature sampling that is exactly sampling from
+ * the masked distribution: p(t) + R p(t) / (1 - R) = p(t) / (1 - R), R the refused mass;
+ * top-k, top-p and min-p apply to the logits each draw sees. Either way a token the
+ * unconstrained run would pick is picked whenever the grammar allows it. With `maskAll`
+ * (a caller that reads the logits as a distribution, such as log probabilities) the whole
+ * mask is applied before the first pick.
  *
  * @module
  */
@@ -26,9 +28,10 @@ import { K3Error } from "../../errors.ts";
 import type { Tokenizer } from "../../text/tokenizer.ts";
 import { unnamedIdText } from "../../text/tokenizer.ts";
 import type { TokenFilter } from "../scheduler.ts";
+import { argmax } from "../sampling.ts";
 import { SPECIAL_BASE, type State, stepState } from "./automaton.ts";
 
-/** Refused picks before the whole mask is computed. */
+/** Refused greedy picks before the whole mask is computed. */
 export const LAZY_TRIES = 8;
 
 /** Every token's symbols, and the byte tokens in byte order for the whole-mask walk. */
@@ -172,11 +175,15 @@ export function tokenSymbols(tok: Tokenizer, vocab: number): TokenSymbols {
 export class TokenConstraint implements TokenFilter {
   #state: State;
   #allowed: Uint8Array;
+  #ids: Int32Array;
+  #compact: Float32Array;
 
   /** From `start`, over `symbols`; `maskAll`: apply the whole mask before every pick. */
   constructor(readonly symbols: TokenSymbols, start: State, readonly maskAll = false) {
     this.#state = start;
     this.#allowed = new Uint8Array(symbols.size);
+    this.#ids = new Int32Array(symbols.size);
+    this.#compact = new Float32Array(symbols.size);
   }
 
   /** The current state (for tests and the bench). */
@@ -201,7 +208,8 @@ export class TokenConstraint implements TokenFilter {
   /** See {@link TokenFilter.pick}. Throws K3Error when the grammar allows no token at all. */
   pick(logits: Float32Array, choose: (logits: Float32Array) => number): number {
     if (!this.maskAll) {
-      for (let tries = 0; tries < LAZY_TRIES; tries++) {
+      const tries = choose === argmax ? LAZY_TRIES : 1;
+      for (let i = 0; i < tries; i++) {
         const t = choose(logits);
         const next = this.symbols.step(this.#state, t);
         if (next.length > 0) {
@@ -214,7 +222,14 @@ export class TokenConstraint implements TokenFilter {
     if (this.applyMask(logits) === 0) {
       throw new K3Error("structured output: the grammar allows no token here (the schema cannot be completed)");
     }
-    const t = choose(logits);
+    // The sampler sees only the allowed tokens, in id order: the same order, weights and
+    // draw as on the masked vocabulary (refused tokens weigh 0), without sorting those.
+    const allowed = this.#allowed, ids = this.#ids, V = Math.min(logits.length, allowed.length);
+    let n = 0;
+    for (let i = 0; i < V; i++) if (allowed[i] === 1) ids[n++] = i;
+    const compact = this.#compact.subarray(0, n);
+    for (let j = 0; j < n; j++) compact[j] = logits[ids[j]];
+    const t = ids[choose(compact)];
     const next = this.symbols.step(this.#state, t);
     if (next.length === 0) throw new Error(`internal: the sampler picked token ${t}, which the mask refused`);
     this.#state = next;
