@@ -359,3 +359,28 @@ Deno.test("lazy pick: the same token as the whole mask's greedy pick, and the un
     { numRuns: RUNS },
   );
 });
+
+Deno.test("whole mask inside a long string: the mask kept from the previous character equals a fresh one", () => {
+  const schema = {
+    type: "object",
+    properties: { text: { type: "string", minLength: 3 }, more: { type: "array", items: { type: "string" } } },
+    required: ["text"],
+  };
+  const spec: GrammarSpec = { kind: "value", value: compileSchema(schema) };
+  fc.assert(
+    fc.property(fc.integer({ min: 1, max: 2 ** 31 }), (seed) => {
+      const r = rng(seed);
+      const c = new TokenConstraint(symbols, startState(spec, tok, [EOS]), true);
+      const fresh = new Uint8Array(V);
+      for (let step = 0; step < 60 && !c.finished; step++) {
+        const logits = Float32Array.from({ length: V }, () => (r() - 0.5) * 8);
+        const before = c.state;
+        const masked = logits.slice();
+        c.pick(masked, makeSampler({ temperature: 1, topP: 1, topK: 0, minP: 0, seed: seed + step }));
+        symbols.mask(before, fresh);
+        for (let id = 0; id < V; id++) assert.equal(masked[id] !== -Infinity, fresh[id] === 1, `step ${step} id ${id}`);
+      }
+    }),
+    { numRuns: RUNS / 2 },
+  );
+});

@@ -29,7 +29,7 @@ import type { Tokenizer } from "../../text/tokenizer.ts";
 import { unnamedIdText } from "../../text/tokenizer.ts";
 import type { TokenFilter } from "../scheduler.ts";
 import { argmax } from "../sampling.ts";
-import { SPECIAL_BASE, type State, stepState } from "./automaton.ts";
+import { SPECIAL_BASE, type Stack, type State, stepState, Str } from "./automaton.ts";
 
 /** Refused greedy picks before the whole mask is computed. */
 export const LAZY_TRIES = 8;
@@ -176,6 +176,8 @@ export class TokenConstraint implements TokenFilter {
   #state: State;
   #allowed: Uint8Array;
   #ids: Int32Array;
+  /** The last whole mask computed inside a string (see #mask). */
+  #stringMask?: { below: Stack | null; key: string; allowed: Uint8Array; count: number };
   #compact: Float32Array;
 
   /** From `start`, over `symbols`; `maskAll`: apply the whole mask before every pick. */
@@ -196,9 +198,28 @@ export class TokenConstraint implements TokenFilter {
     return this.#state.length === 0;
   }
 
+  /** The whole mask of the current state into the scratch mask; returns the allowed count. */
+  #mask(): number {
+    // Inside a string of unbounded length the mask repeats from one character to the next:
+    // it depends only on the string frame's sub-state and the (immutable, shared) stack
+    // below it, and on the character count only through reaching minLength.
+    const st = this.#state;
+    const top = st.length === 1 ? st[0].top : undefined;
+    if (!(top instanceof Str) || top.max !== Infinity) return this.symbols.mask(st, this.#allowed);
+    const key = `${Math.min(top.n, top.min)} ${top.min} ${top.esc} ${top.cont} ${top.lo} ${top.hi} ${top.surrogate}`;
+    const c = this.#stringMask;
+    if (c && c.below === st[0].below && c.key === key) {
+      this.#allowed.set(c.allowed);
+      return c.count;
+    }
+    const count = this.symbols.mask(st, this.#allowed);
+    this.#stringMask = { below: st[0].below, key, allowed: this.#allowed.slice(), count };
+    return count;
+  }
+
   /** Applies the whole mask to `logits` (-Infinity for every refused token); returns the allowed count. */
   applyMask(logits: Float32Array): number {
-    const n = this.symbols.mask(this.#state, this.#allowed);
+    const n = this.#mask();
     const allowed = this.#allowed, V = Math.min(logits.length, allowed.length);
     for (let i = 0; i < V; i++) if (allowed[i] === 0) logits[i] = -Infinity;
     for (let i = V; i < logits.length; i++) logits[i] = -Infinity;
