@@ -16,6 +16,8 @@
 import type { ChatMessage, HistoryToolCall, ToolChoice, ToolDecl } from "../engine/text/chat.ts";
 import { EFFORTS } from "../engine/text/chat.ts";
 import { MAX_TOP_LOGPROBS } from "../engine/generate/logprobs.ts";
+import type { GNode } from "../engine/generate/grammar/automaton.ts";
+import { ANY_OBJECT, compileSchema, SchemaError } from "../engine/generate/grammar/schema.ts";
 
 /** An error answered as `{"error": {message, type, param, code}}` with an HTTP status. */
 export class ApiError extends Error {
@@ -77,6 +79,16 @@ export interface CommonRequest {
   topLogprobs?: number;
 }
 
+/** A validated `response_format` that constrains the reply: its JSON value's grammar. */
+export interface ResponseFormat {
+  /** json_object: any JSON object (not another value); json_schema: the schema's subset (engine/generate/grammar/schema.ts). */
+  type: "json_object" | "json_schema";
+  /** json_schema.name. */
+  name?: string;
+  /** The grammar of the reply's content. */
+  value: GNode;
+}
+
 /** A validated `/v1/chat/completions` request. */
 export interface ChatRequest extends CommonRequest {
   /** Which endpoint. */
@@ -87,6 +99,8 @@ export interface ChatRequest extends CommonRequest {
   thinking: boolean;
   /** chat_template_kwargs.thinking_effort. */
   effort?: string;
+  /** response_format json_object or json_schema (text: undefined). */
+  responseFormat?: ResponseFormat;
   /** Function tools the reply may call (absent or empty: none). */
   tools?: ToolDecl[];
   /** The request's tool_choice, when it gave one. */
@@ -427,11 +441,6 @@ export function parseChatRequest(body: unknown): ChatRequest {
   if (topLogprobs !== undefined && logprobs !== true) {
     throw bad("top_logprobs", "'top_logprobs' needs 'logprobs' to be true");
   }
-  f.refuse("response_format", "structured output is not enforced", [{}]);
-  const rf = f.obj.response_format;
-  if (typeName(rf) === "object" && (rf as Json).type !== undefined && (rf as Json).type !== "text") {
-    throw bad("response_format", "'response_format' is not supported by k3 serve: only text", "unsupported_parameter");
-  }
   const kw = f.object("chat_template_kwargs");
   const thinking = kw?.boolean("thinking") ?? kw?.boolean("enable_thinking") ?? true;
   const effort = kw?.string("thinking_effort") ?? f.string("reasoning_effort");
@@ -439,6 +448,7 @@ export function parseChatRequest(body: unknown): ChatRequest {
     const param = kw?.has("thinking_effort") ? "chat_template_kwargs.thinking_effort" : "reasoning_effort";
     throw bad(param, `'${param}' must be one of ${EFFORTS.join(", ")}, got ${JSON.stringify(effort)}`);
   }
+  const responseFormat = parseResponseFormat(f);
   return {
     kind: "chat",
     ...common(f),
@@ -449,7 +459,44 @@ export function parseChatRequest(body: unknown): ChatRequest {
     ...(choice !== undefined ? { toolChoice: choice } : {}),
     ...(parallelToolCalls !== undefined ? { parallelToolCalls } : {}),
     ...(logprobs ? { logprobs: true, topLogprobs: topLogprobs ?? 0 } : {}),
+    ...(responseFormat ? { responseFormat } : {}),
   };
+}
+
+/** Wraps a schema the grammar cannot enforce as a 400 naming the keyword under `param`. */
+export function schemaApiError(e: SchemaError, param: string): ApiError {
+  const where = e.path === "" ? param : `${param}.${e.path}`;
+  return bad(where, e.message.replace(/^(the schema|'[^']*'):/, `'${where}':`), "unsupported_parameter");
+}
+
+/** response_format: text (undefined), json_object, or json_schema with a schema of the subset. */
+function parseResponseFormat(f: Fields): ResponseFormat | undefined {
+  const rf = f.object("response_format");
+  if (!rf) return undefined;
+  const type = rf.string("type");
+  if (type === undefined) throw bad("response_format.type", "'response_format.type' is required");
+  if (type === "text") return undefined;
+  if (type === "json_object") return { type, value: ANY_OBJECT };
+  if (type !== "json_schema") {
+    throw bad(
+      "response_format.type",
+      `'response_format.type' must be text, json_object or json_schema, got ${JSON.stringify(type)}`,
+    );
+  }
+  const js = rf.object("json_schema");
+  if (!js) throw bad("response_format.json_schema", "'response_format.json_schema' is required for type json_schema");
+  const name = js.string("name");
+  if (name === undefined) {
+    throw bad("response_format.json_schema.name", "'response_format.json_schema.name' is required");
+  }
+  js.boolean("strict");
+  const schema = js.obj.schema ?? {};
+  try {
+    return { type, name, value: compileSchema(schema) };
+  } catch (e) {
+    if (e instanceof SchemaError) throw schemaApiError(e, "response_format.json_schema.schema");
+    throw e;
+  }
 }
 
 /** Validates a `/v1/completions` body (prompt: text or ids below `vocab`). */

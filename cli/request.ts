@@ -18,6 +18,8 @@ import { chatPrompt, stopIds as chatStopIds } from "../engine/text/chat.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { intFlag, numFlag } from "./common.ts";
 import { ApiError, type ChatRequest, type CompletionRequest, type RequestSampling } from "./openai.ts";
+import type { GrammarSpec } from "../engine/generate/grammar/forms.ts";
+import { chatGrammar } from "./structured.ts";
 
 /** What one request asks the scheduler to run, whichever command it came from. */
 export interface Task {
@@ -39,6 +41,8 @@ export interface Task {
   logprobs?: { top: number };
   /** Generate through the end of the turn (vLLM's ignore_eos). */
   ignoreEos?: boolean;
+  /** Constrains the reply (response_format, a forced tool call, `k3 run --grammar`): cli/structured.ts. */
+  grammar?: GrammarSpec;
 }
 
 /** OpenAI's sampling defaults (temperature 1 over all tokens), for `/v1/completions`. */
@@ -191,6 +195,14 @@ export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContex
     throw e;
   }
   const room = ctx.capacity - promptIds.length;
+  const grammar = chat ? chatGrammar(r) : undefined;
+  if (grammar && (r.ignoreEos || !ctx.tokenizer)) {
+    throw new ApiError(
+      400,
+      "structured output ends the reply at an end id: 'ignore_eos' cannot be true with it",
+      "ignore_eos",
+    );
+  }
   return {
     promptIds,
     maxTokens: r.maxTokens ??
@@ -201,5 +213,6 @@ export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContex
     chat: chat ? { thinking: r.thinking, tools: (r.tools?.length ?? 0) > 0 && r.toolChoice !== "none" } : undefined,
     ...(r.logprobs ? { logprobs: { top: r.topLogprobs ?? 0 } } : {}),
     ...(r.ignoreEos ? { ignoreEos: true } : {}),
+    ...(grammar ? { grammar } : {}),
   };
 }

@@ -41,6 +41,7 @@ import {
   tokenizerDir,
 } from "./run_options.ts";
 import { SAMPLING_FLAGS, samplingHelp, samplingOptions } from "./request.ts";
+import { GRAMMAR_FLAGS, runGrammar, sequenceConstraint } from "./structured.ts";
 
 /** Usage text of `k3 run`. */
 export const USAGE = `usage: k3 run <model_dir> (--prompt TEXT | --prompt-file PATH | --ids 1,2,3) [options]
@@ -61,6 +62,10 @@ output:
                     (logprob: float64 log-softmax of the logits the token was picked from),
                     then {"finish_reason","generated_ids","generated_text","prompt_tokens"}
   --dump-logits F   write the logits of every step, float32 little-endian [steps][vocab]
+structured output (the text is the value, then an end id: --stop-id, default [EOS]):
+  --grammar json    the output is one JSON value (any)
+  --json-schema F   the output is a JSON value the schema in file F allows (the README's
+                    "Structured output" lists the subset; anything else is refused)
   --out FILE        write a JSON report (atomically)
 saved states (exact prefixes only: a KDA state cannot be rewound):
   --save-state F    after the prompt and any generation, save the sequence state to F
@@ -120,6 +125,7 @@ export async function main(args: string[]): Promise<number> {
     ...GENERATION_FLAGS,
     ...SAMPLING_FLAGS,
     ...MEMORY_FLAGS,
+    ...GRAMMAR_FLAGS,
     json: { type: "boolean" },
     "save-state": { type: "string" },
     "load-state": { type: "string" },
@@ -152,6 +158,11 @@ export async function main(args: string[]): Promise<number> {
   const getTokenizer = () => (tokenizer ??= needTokenizer(dir, genOpts.tokDir, "--prompt", cfg.vocabSize));
   const prompt = await promptIds(source, cfg.vocabSize, getTokenizer);
   const stopIds = genOpts.stopIds.map((s) => parseIds("stop-id", s, cfg.vocabSize)[0]);
+  const grammar = runGrammar(values);
+  if (grammar) {
+    tokenizer ??= needTokenizer(dir, genOpts.tokDir, values.grammar ? "--grammar" : "--json-schema", cfg.vocabSize);
+    if (stopIds.length === 0) stopIds.push(tokenizer.specialId("[EOS]"));
+  }
   if (genOpts.stops.length > 0) tokenizer ??= needTokenizer(dir, genOpts.tokDir, "--stop", cfg.vocabSize);
   if (!tokenizer && tokenizerDir(dir, genOpts.tokDir)) getTokenizer();
   // A saved state is checked for layout and checksum before the model is opened: its
@@ -197,6 +208,7 @@ export async function main(args: string[]): Promise<number> {
       maxTokens: genOpts.gen,
       stopIds,
       choose: makeSampler(sampling),
+      grammar: grammar && sequenceConstraint(grammar, tokenizer!, cfg.vocabSize, stopIds),
       recompute: !genOpts.incremental,
       state,
       keepState: values["save-state"] !== undefined,

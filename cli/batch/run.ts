@@ -19,6 +19,7 @@ import type { AppendLog } from "./append_log.ts";
 import type { Job } from "./jobs.ts";
 import { openaiResultLine } from "./openai_lines.ts";
 import { ReplyStream } from "../reply.ts";
+import { sequenceConstraint } from "../structured.ts";
 
 /** Bytes read and expert-cache hits of one prompt (streamed weights only). */
 function ioDelta(a: IoStats | undefined, b: IoStats | undefined, ledger: LedgerReport): Record<string, number> {
@@ -146,6 +147,8 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
         maxTokens: job.maxTokens,
         stopIds: job.stopIds,
         choose: makeSampler(job.sampling),
+        grammar: job.grammar && tokenizer &&
+          sequenceConstraint(job.grammar, tokenizer, model.cfg.vocabSize, job.stopIds, job.logprobs !== undefined),
         onToken: (token, logits) => {
           if (!reply) return;
           const chat = job.chat || task?.chat;

@@ -23,6 +23,7 @@ import {
 } from "../openai.ts";
 import { openaiTask, type Task } from "../request.ts";
 import { ReplyStream } from "../reply.ts";
+import { sequenceConstraint } from "../structured.ts";
 
 /** What the server generates with, available once the model is loaded. */
 export interface ServeEngine {
@@ -141,6 +142,8 @@ export async function runTask(
     maxTokens: task.maxTokens,
     stopIds: ends,
     choose,
+    grammar: task.grammar &&
+      sequenceConstraint(task.grammar, e.tokenizer, e.vocabSize, ends, task.logprobs !== undefined),
     signal,
     onToken: (token, logits) => {
       if (first) (first = false, onFirstToken());

@@ -36,6 +36,9 @@ export interface SequenceRequest {
   /** Picks the next token from fp32 logits (a view valid only during the call). Default:
    * greedy argmax, ties to the lowest id. */
   choose?: (logits: Float32Array) => number;
+  /** Constrains the tokens (structured output, forced tool calls): picks with `choose` from
+   * the logits it masks in place (-Infinity), so `onToken` sees the masked logits. */
+  grammar?: TokenFilter;
   /** Called for every generated token, in order, as soon as it exists. Return true to stop
    * here with finish reason "stop" (stop strings are matched by the caller). */
   onToken?: (token: number, logits: Float32Array) => boolean | void;
@@ -53,6 +56,13 @@ export interface SequenceRequest {
   recompute?: boolean;
   /** Ends generation at the next pass boundary with finish reason "interrupted". */
   signal?: AbortSignal;
+}
+
+/** A per-sequence constraint on the next token (engine/generate/grammar/mask.ts). */
+export interface TokenFilter {
+  /** Picks the next token with `choose` from `logits` (masking refused tokens in place), and
+   * advances past it. */
+  pick(logits: Float32Array, choose: (logits: Float32Array) => number): number;
 }
 
 /** What a finished sequence produced. */
@@ -311,7 +321,8 @@ export class Scheduler {
     const { req } = seq;
     checkFinite(logits, seq.tokens.length);
     const t0 = performance.now();
-    const token = (req.choose ?? argmax)(logits);
+    const choose = req.choose ?? argmax;
+    const token = req.grammar ? req.grammar.pick(logits, choose) : choose(logits);
     this.model.ledger.sampling += (performance.now() - t0) / 1000;
     seq.stepSeconds.push((now - (seq.lastAt || seq.admitted)) / 1000);
     seq.firstAt ||= now;

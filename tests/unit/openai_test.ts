@@ -126,7 +126,7 @@ Deno.test("chat request: each bad field is a 400 naming it", () => {
   rejects({ messages: MSG, top_logprobs: 3 }, "top_logprobs", /needs 'logprobs'/);
   rejects({ messages: MSG, logprobs: true, top_logprobs: 21 }, "top_logprobs", /\[0, 20\]/);
   rejects({ messages: MSG, presence_penalty: 0.5 }, "presence_penalty", /not supported/);
-  rejects({ messages: MSG, response_format: { type: "json_object" } }, "response_format", /not supported/);
+  rejects({ messages: MSG, response_format: { type: "json_schema" } }, "response_format.json_schema", /required/);
   rejects({ messages: MSG, chat_template_kwargs: { thinking: "on" } }, "chat_template_kwargs.thinking", /boolean/);
   rejects(
     { messages: MSG, chat_template_kwargs: { thinking_effort: "medium" } },

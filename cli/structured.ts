@@ -1,0 +1,99 @@
+/**
+ * Structured output for the commands: the grammar a request asks for (`response_format`,
+ * a forced `tool_choice`, `k3 run --grammar json` / `--json-schema FILE`), and the
+ * per-sequence constraint the scheduler applies (engine/generate/grammar/).
+ *
+ * @module
+ */
+
+import type { GNode } from "../engine/generate/grammar/automaton.ts";
+import { type GrammarSpec, type ReplyChannel, startState } from "../engine/generate/grammar/forms.ts";
+import { TokenConstraint, tokenSymbols } from "../engine/generate/grammar/mask.ts";
+import { ANY_JSON, compileSchema, compileToolParameters, SchemaError } from "../engine/generate/grammar/schema.ts";
+import { EXIT, usageError } from "../engine/errors.ts";
+import { readInputJson } from "../engine/native/files.ts";
+import type { Tokenizer } from "../engine/text/tokenizer.ts";
+import { ApiError, type ChatRequest, schemaApiError } from "./openai.ts";
+
+/**
+ * The grammar of a validated chat request: a forced tool call when `tool_choice` is
+ * "required" or names a function, else its `response_format`; undefined when neither
+ * constrains the reply. Throws ApiError (400) for a named tool that is not declared or a
+ * parameters schema outside the subset.
+ */
+export function chatGrammar(r: ChatRequest): GrammarSpec | undefined {
+  const reply: ReplyChannel = r.thinking ? "think" : "response";
+  const choice = r.toolChoice;
+  if (choice === "required" || (typeof choice === "object" && choice !== null)) {
+    const declared = r.tools ?? [];
+    const named = typeof choice === "object" ? choice.name : undefined;
+    if (declared.length === 0) {
+      throw new ApiError(400, "'tool_choice' forces a call but 'tools' is empty", "tool_choice");
+    }
+    const chosen = named === undefined ? declared : declared.filter((t) => t.name === named);
+    if (chosen.length === 0) {
+      throw new ApiError(
+        400,
+        `'tool_choice' names ${JSON.stringify(named)}, which 'tools' does not declare`,
+        "tool_choice",
+      );
+    }
+    const tools = chosen.map((t) => {
+      const i = declared.indexOf(t);
+      try {
+        return { name: t.name, args: compileToolParameters(t.parameters) };
+      } catch (e) {
+        if (e instanceof SchemaError) throw schemaApiError(e, `tools[${i}].function.parameters`);
+        throw e;
+      }
+    });
+    return { kind: "tools", tools, parallel: r.parallelToolCalls !== false, reply };
+  }
+  if (r.responseFormat) return { kind: "value", value: r.responseFormat.value, reply };
+  return undefined;
+}
+
+/**
+ * The constraint of one sequence for `grammar`, over `tokenizer`'s tokens for a model of
+ * `vocab` ids, ending on one of `ends` (the task's stop ids). `maskAll`: apply the whole
+ * mask at every step (a caller reading the logits as a distribution, e.g. log probabilities).
+ */
+export function sequenceConstraint(
+  grammar: GrammarSpec,
+  tokenizer: Tokenizer,
+  vocab: number,
+  ends: readonly number[],
+  maskAll = false,
+): TokenConstraint {
+  return new TokenConstraint(tokenSymbols(tokenizer, vocab), startState(grammar, tokenizer, ends), maskAll);
+}
+
+/** Flags of `k3 run` that constrain its output. */
+export const GRAMMAR_FLAGS = {
+  grammar: { type: "string" },
+  "json-schema": { type: "string" },
+} as const;
+
+/**
+ * The grammar of `k3 run`'s flags: `--grammar json` (any JSON value) or `--json-schema
+ * FILE` (a schema of the subset); undefined without either. A usage error (exit 2) for an
+ * unknown grammar, an unreadable file, or a schema outside the subset.
+ */
+export function runGrammar(values: Record<string, unknown>): GrammarSpec | undefined {
+  const name = values.grammar as string | undefined, file = values["json-schema"] as string | undefined;
+  if (name !== undefined && file !== undefined) throw usageError("--grammar and --json-schema: give one");
+  let value: GNode;
+  if (name !== undefined) {
+    if (name !== "json") throw usageError(`--grammar must be json, got ${JSON.stringify(name)}`);
+    value = ANY_JSON;
+  } else if (file !== undefined) {
+    const schema = readInputJson(file, { what: "--json-schema", maxBytes: 1 << 20, exitCode: EXIT.usage });
+    try {
+      value = compileSchema(schema);
+    } catch (e) {
+      if (e instanceof SchemaError) throw usageError(`--json-schema ${file}: ${e.message}`);
+      throw e;
+    }
+  } else return undefined;
+  return { kind: "value", value };
+}
