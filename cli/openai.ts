@@ -300,10 +300,13 @@ export function parseChatRequest(body: unknown): ChatRequest {
   f.refuse("tool_choice", "k3 serve has no tool calling", ["none"]);
   f.refuse("functions", "k3 serve has no tool calling", [[]]);
   f.refuse("function_call", "k3 serve has no tool calling", ["none"]);
-  f.refuse("response_format", "structured output is not enforced", [{}]);
+  // {"type": "text"} is what plain text already is; anything else asks for structure.
   const rf = f.obj.response_format;
-  if (typeName(rf) === "object" && (rf as Json).type !== undefined && (rf as Json).type !== "text") {
-    throw bad("response_format", "'response_format' is not supported by k3 serve: only text", "unsupported_parameter");
+  if (
+    !(typeName(rf) === "object" && Object.keys(rf as Json).every((k) => k === "type") &&
+      [undefined, "text"].includes((rf as Json).type as string))
+  ) {
+    f.refuse("response_format", 'structured output is not enforced: only {"type": "text"}');
   }
   const kw = f.object("chat_template_kwargs");
   const thinking = kw?.boolean("thinking") ?? kw?.boolean("enable_thinking") ?? true;
@@ -355,11 +358,15 @@ export interface Usage {
   completion_tokens: number;
   /** The sum. */
   total_tokens: number;
+  /** Of the completion tokens, those of the think channel. */
+  completion_tokens_details?: { reasoning_tokens: number };
 }
 
-/** Usage from prompt and completion token counts. */
-export function usage(prompt: number, completion: number): Usage {
-  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+/** Usage from prompt and completion token counts (`reasoning`: think-channel tokens, when known). */
+export function usage(prompt: number, completion: number, reasoning?: number): Usage {
+  const u: Usage = { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+  if (reasoning !== undefined) u.completion_tokens_details = { reasoning_tokens: reasoning };
+  return u;
 }
 
 /** OpenAI's finish reasons; an interrupted sequence is never answered as finished. */
@@ -379,6 +386,8 @@ export interface ResponseHead {
   created: number;
   /** The served model name. */
   model: string;
+  /** What identifies the server's build and model (OpenAI's `system_fingerprint`). */
+  system_fingerprint?: string;
 }
 
 /** `chat.completion`: a whole chat answer. */
@@ -434,6 +443,7 @@ export function chatCompletion(
     object: "chat.completion" as const,
     created: h.created,
     model: h.model,
+    system_fingerprint: h.system_fingerprint,
     choices: [{
       index: 0,
       message: { role: "assistant" as const, content: out.content, reasoning_content: out.reasoning, refusal: null },
@@ -466,6 +476,7 @@ export function chatChunk(
     object: "chat.completion.chunk" as const,
     created: h.created,
     model: h.model,
+    system_fingerprint: h.system_fingerprint,
     choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
     ...(includeUsage ? { usage: null } : {}),
   };
@@ -477,7 +488,15 @@ export function usageChunk(
   object: "chat.completion.chunk" | "text_completion",
   u: Usage,
 ): ChatChunk | Completion {
-  return { id: h.id, object, created: h.created, model: h.model, choices: [], usage: u };
+  return {
+    id: h.id,
+    object,
+    created: h.created,
+    model: h.model,
+    system_fingerprint: h.system_fingerprint,
+    choices: [],
+    usage: u,
+  };
 }
 
 /** A non-streamed completion. */
@@ -487,6 +506,7 @@ export function completion(h: ResponseHead, out: { text: string; finish: OpenAIF
     object: "text_completion" as const,
     created: h.created,
     model: h.model,
+    system_fingerprint: h.system_fingerprint,
     choices: [{ index: 0, text: out.text, logprobs: null, finish_reason: out.finish }],
     usage: out.usage,
   };
@@ -504,6 +524,7 @@ export function completionChunk(
     object: "text_completion" as const,
     created: h.created,
     model: h.model,
+    system_fingerprint: h.system_fingerprint,
     choices: [{ index: 0, text, logprobs: null, finish_reason: finish }],
     ...(includeUsage ? { usage: null } : {}),
   };

@@ -50,6 +50,8 @@ export interface Outcome {
   result: SequenceResult;
   /** Text emitted (stop strings and stop ids excluded). */
   text: string;
+  /** Of the tokens generated, those of the think channel (set by the server). */
+  reasoningTokens?: number;
 }
 
 /** Checks the prompt and max_tokens against what one sequence can hold. */
