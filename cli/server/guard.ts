@@ -113,7 +113,6 @@ export function corsHeaders(req: Request, cors: string | undefined): Record<stri
 /** `text` for a log line: at most `max` characters, control and non-ASCII escaped. */
 export function logSafe(text: string, max = 200): string {
   const cut = text.length > max ? text.slice(0, max) : text;
-  // deno-lint-ignore no-control-regex
   const esc = cut.replace(/[^\x21-\x7e]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
   return text.length > max ? `${esc}...(${text.length} chars)` : esc;
 }
