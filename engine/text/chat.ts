@@ -48,11 +48,14 @@ class Builder {
   readonly ids: number[] = [];
   constructor(readonly tok: Tokenizer) {}
   control(text: string): this {
-    this.ids.push(...this.tok.encode(text, { allowSpecial: true }));
-    return this;
+    return this.#append(this.tok.encode(text, { allowSpecial: true }));
   }
   user(text: string): this {
-    this.ids.push(...this.tok.encode(text, { allowSpecial: false }));
+    return this.#append(this.tok.encode(text, { allowSpecial: false }));
+  }
+  /** One id at a time: spreading a long message's ids into push overflows the stack. */
+  #append(ids: readonly number[]): this {
+    for (const id of ids) this.ids.push(id);
     return this;
   }
   open(tag: string, attrs = ""): this {
