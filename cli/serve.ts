@@ -61,7 +61,7 @@ ${MEMORY_HELP}
 
 examples:
   k3 serve tests/fixtures/tiny --port 8000
-  k3 serve /data/kimi-k3 --trunk /data/k3-trunk --preset auto --served-model-name kimi-k3 --api-key KEY
+  k3 serve /data/kimi-k3 --trunk /data/k3-trunk --preset auto --served-model-name kimi-k3 --api-key-file ~/.k3-key
   curl -s http://127.0.0.1:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'
 `;
 
