@@ -15,7 +15,8 @@ import { ChannelSplitter, type ChannelText } from "../../engine/text/chat.ts";
 import { ApiError, type ChatRequest, errorBody, type ModelList, modelList } from "../openai.ts";
 import type { Outcome } from "./tasks.ts";
 
-type Json = Record<string, unknown>;
+/** A JSON object as built and parsed here. */
+export type Json = Record<string, unknown>;
 
 /** One model of `GET /v1/models/{id}` (the same object the list holds). */
 export function modelObject(name: string, created: number): ModelList["data"][number] {
