@@ -8,8 +8,7 @@
 
 import assert from "node:assert/strict";
 import OpenAI from "openai";
-import { K3_PERMISSIONS } from "../../cli/permissions.ts";
-import { ROOT, TINY } from "../helpers.ts";
+import { serveTiny } from "../helpers.ts";
 
 /** The AI SDK, when installed. */
 async function aiSdk() {
@@ -32,24 +31,8 @@ Deno.test({
   fn: async () => {
     const { generateText, streamText, createOpenAI } = sdk!;
     const KEY = "ai-sdk-key";
-    const child = new Deno.Command(Deno.execPath(), {
-      args: ["run", ...K3_PERMISSIONS, `${ROOT}/main.ts`, "serve", TINY, "--port", "0", "--context", "1024"],
-      env: { K3_API_KEY: KEY },
-      stdin: "null",
-      stdout: "null",
-      stderr: "piped",
-    }).spawn();
-    const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
-    let err = "";
-    while (!/ready: (http:\S+)\/v1/.test(err)) {
-      const r = await reader.read();
-      assert.ok(!r.done, err);
-      err += r.value;
-    }
-    const url = /ready: (http:\S+)\/v1/.exec(err)![1];
-    const draining = (async () => {
-      while (!(await reader.read()).done);
-    })();
+    const server = await serveTiny(["--context", "1024"], { env: { K3_API_KEY: KEY } });
+    const url = server.url;
     try {
       const prompt = "What is the capital of France?";
       const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: KEY, maxRetries: 0 });
@@ -68,9 +51,7 @@ Deno.test({
       for await (const piece of streamText(opts).textStream) text += piece;
       assert.equal(text, chat.choices[0].message.content);
     } finally {
-      child.kill("SIGTERM");
-      await child.status;
-      await draining;
+      await server.stop();
     }
   },
 });

@@ -15,7 +15,7 @@ import OpenAI from "openai";
 import { openModel, readModelConfig } from "../../engine/open.ts";
 import { Scheduler, type SequenceRequest } from "../../engine/generate/scheduler.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
-import { type RunningServer, type ServeEngine, startServer } from "../../cli/server/http.ts";
+import { type RunningServer, type ServeEngine, type ServerOptions, startServer } from "../../cli/server/http.ts";
 import { TINY } from "../helpers.ts";
 
 const KEY = "hostile-key-0123";
@@ -277,16 +277,26 @@ Deno.test({
   },
 });
 
-/** A second server on the same engine with short timeouts and a small connection cap. */
-function strictServer(extra: Parameters<typeof startServer>[0]["limits"] = {}) {
-  const s = startServer({
+/** Another server on loopback (one slot, one waiting, no log) with `opts` over that. */
+function another(opts: Partial<ServerOptions>): RunningServer {
+  return startServer({
     hostname: "127.0.0.1",
     port: 0,
     modelName: "tiny",
+    parallel: 1,
+    maxQueue: 1,
+    maxBodyBytes: 1 << 16,
+    log: () => {},
+    ...opts,
+  });
+}
+
+/** A second server on the same engine with short timeouts and a small connection cap. */
+function strictServer(extra: Parameters<typeof startServer>[0]["limits"] = {}) {
+  const s = another({
     parallel: PARALLEL,
     maxQueue: 4,
     maxBodyBytes: 1 << 20,
-    log: () => {},
     limits: { headerTimeoutSeconds: 0.3, bodyTimeoutSeconds: 0.3, idleTimeoutSeconds: 0.3, ...extra },
   });
   s.ready(engine);
@@ -388,15 +398,8 @@ Deno.test({
     }
     // --allowed-host and an explicit --host.
     for (const opts of [{ allowedHosts: ["k3.lan"] }, { hostExplicit: true }]) {
-      const s = startServer({
+      const s = another({
         ...opts,
-        hostname: "127.0.0.1",
-        port: 0,
-        modelName: "tiny",
-        parallel: 1,
-        maxQueue: 0,
-        maxBodyBytes: 4096,
-        log: () => {},
       });
       const conn = await Deno.connect({ hostname: "127.0.0.1", port: s.addr.port });
       await conn.write(enc.encode("GET /health HTTP/1.1\r\nhost: k3.lan:8000\r\nconnection: close\r\n\r\n"));
@@ -412,16 +415,9 @@ Deno.test({
   ...shared,
   fn: async () => {
     const origin = "https://app.example";
-    const s = startServer({
-      hostname: "127.0.0.1",
-      port: 0,
-      modelName: "tiny",
+    const s = another({
       apiKey: KEY,
-      parallel: 1,
-      maxQueue: 1,
-      maxBodyBytes: 1 << 16,
       cors: origin,
-      log: () => {},
     });
     s.ready(engine);
     const url = `http://127.0.0.1:${s.addr.port}/v1/chat/completions`;
@@ -469,15 +465,7 @@ Deno.test({
     assert.equal(head.status, 200);
     assert.match(head.text, /content-length: 15\r\n/);
     assert.ok(head.text.endsWith("\r\n\r\n"), "no body after a HEAD");
-    const loading = startServer({
-      hostname: "127.0.0.1",
-      port: 0,
-      modelName: "tiny",
-      parallel: 1,
-      maxQueue: 0,
-      maxBodyBytes: 4096,
-      log: () => {},
-    });
+    const loading = another({});
     for (const [method, path] of [["GET", "/health"], ["POST", "/v1/chat/completions"]]) {
       const r = await fetch(`http://127.0.0.1:${loading.addr.port}${path}`, {
         method,
@@ -574,13 +562,7 @@ Deno.test({
       scheduler: { ...scheduler, submit: () => Promise.reject(new Error("boom\n    at somewhere (x.ts:1:1)")) },
     };
     const lines: string[] = [];
-    const s = startServer({
-      hostname: "127.0.0.1",
-      port: 0,
-      modelName: "tiny",
-      parallel: 1,
-      maxQueue: 1,
-      maxBodyBytes: 4096,
+    const s = another({
       log: (l) => lines.push(l),
     });
     s.ready(failing);

@@ -8,8 +8,7 @@
  */
 
 import assert from "node:assert/strict";
-import { K3_PERMISSIONS } from "../../cli/permissions.ts";
-import { ROOT, TINY } from "../helpers.ts";
+import { serveTiny } from "../helpers.ts";
 
 const KEY = "memory-key-01";
 
@@ -18,34 +17,8 @@ Deno.test({
   sanitizeOps: false,
   sanitizeResources: false,
   fn: async () => {
-    const child = new Deno.Command(Deno.execPath(), {
-      args: [
-        "run",
-        "--v8-flags=--max-old-space-size=40",
-        ...K3_PERMISSIONS,
-        `${ROOT}/main.ts`,
-        "serve",
-        TINY,
-        "--port",
-        "0",
-        "--api-key",
-        KEY,
-      ],
-      stdin: "null",
-      stdout: "null",
-      stderr: "piped",
-    }).spawn();
-    const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
-    let err = "";
-    while (!/ready: (http:\S+)\/v1/.test(err)) {
-      const r = await reader.read();
-      assert.ok(!r.done, err);
-      err += r.value;
-    }
-    const url = /ready: (http:\S+)\/v1/.exec(err)![1];
-    const draining = (async () => {
-      while (!(await reader.read()).done);
-    })();
+    const server = await serveTiny(["--api-key", KEY], { denoFlags: ["--v8-flags=--max-old-space-size=40"] });
+    const { url, child } = server;
     const rss = async () => {
       const ps = await new Deno.Command("ps", { args: ["-o", "rss=", "-p", String(child.pid)], stdout: "piped" })
         .output();
@@ -68,9 +41,7 @@ Deno.test({
     await round(2000);
     const second = await rss();
     const metrics = await (await fetch(`${url}/metrics`, { headers: { authorization: `Bearer ${KEY}` } })).text();
-    child.kill("SIGTERM");
-    assert.equal((await child.status).code, 0);
-    await draining;
+    assert.equal((await server.stop()).code, 0);
     assert.ok(
       second - first < 24 << 20,
       `the second round grew RSS by ${second - first} bytes (${first} -> ${second})`,
