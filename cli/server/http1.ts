@@ -300,9 +300,15 @@ export class Http1Server {
     if (bytes.closed.signal.aborted) onClosed();
     const bodyUntil = Date.now() + 1000 * lim.bodyTimeoutSeconds;
     const hasBody = remaining > 0 && head.method !== "GET" && head.method !== "HEAD";
+    // curl asks before sending a body over 1 kB: answer once the handler wants the body.
+    let askedToContinue = /^100-continue$/i.test(h.get("expect") ?? "");
     const body = hasBody
       ? new ReadableStream<Uint8Array>({
         pull: async (c) => {
+          if (askedToContinue) {
+            askedToContinue = false;
+            if (bytes.buffered === 0) await write(conn, enc.encode("HTTP/1.1 100 Continue\r\n\r\n"));
+          }
           while (bytes.buffered === 0) {
             if (!(await bytes.more(bodyUntil))) {
               const why = bytes.eof ? new ClientGone("closed") : new ClientGone("body timeout");

@@ -344,6 +344,25 @@ Deno.test({
 });
 
 Deno.test({
+  name: "Expect: 100-continue (curl, bodies over 1 kB): 100 Continue once the key is checked, then the answer",
+  ...shared,
+  fn: async () => {
+    const conn = await Deno.connect({ hostname: "127.0.0.1", port: server.addr.port });
+    const { head, body } = requestBytes("POST", "/v1/chat/completions", JSON.stringify({ ...CHAT, max_tokens: 1 }), {
+      expect: "100-continue",
+    });
+    await conn.write(head);
+    const interim = new Uint8Array(64);
+    const n = await conn.read(interim);
+    assert.equal(dec.decode(interim.subarray(0, n ?? 0)), "HTTP/1.1 100 Continue\r\n\r\n");
+    await conn.write(body);
+    const res = await readResponse(conn);
+    assert.equal(res.status, 200, res.body);
+    conn.close();
+  },
+});
+
+Deno.test({
   name: "a 200,000-character chat message is a 400 context_length_exceeded",
   ...shared,
   fn: async () => {
