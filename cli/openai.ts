@@ -541,11 +541,15 @@ export interface Usage {
   completion_tokens: number;
   /** The sum. */
   total_tokens: number;
+  /** Of the completion tokens, those of the think channel. */
+  completion_tokens_details?: { reasoning_tokens: number };
 }
 
-/** Usage from prompt and completion token counts. */
-export function usage(prompt: number, completion: number): Usage {
-  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+/** Usage from prompt and completion token counts (`reasoning`: think-channel tokens, when known). */
+export function usage(prompt: number, completion: number, reasoning?: number): Usage {
+  const u: Usage = { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+  if (reasoning !== undefined) u.completion_tokens_details = { reasoning_tokens: reasoning };
+  return u;
 }
 
 /** OpenAI's finish reasons; an interrupted sequence is never answered as finished. */
@@ -611,6 +615,8 @@ export interface ResponseHead {
   created: number;
   /** The served model name. */
   model: string;
+  /** What identifies the server's build and model (OpenAI's `system_fingerprint`). */
+  system_fingerprint?: string;
 }
 
 /** `chat.completion`: a whole chat answer. */
@@ -680,6 +686,7 @@ export function chatCompletion(
     object: "chat.completion" as const,
     created: h.created,
     model: h.model,
+    system_fingerprint: h.system_fingerprint,
     choices: [{
       index: 0,
       message: {
@@ -727,6 +734,7 @@ export function chatChunk(
     object: "chat.completion.chunk" as const,
     created: h.created,
     model: h.model,
+    system_fingerprint: h.system_fingerprint,
     choices: [{ index: 0, delta, logprobs, finish_reason: finish }],
     ...(includeUsage ? { usage: null } : {}),
   };
@@ -738,7 +746,15 @@ export function usageChunk(
   object: "chat.completion.chunk" | "text_completion",
   u: Usage,
 ): ChatChunk | Completion {
-  return { id: h.id, object, created: h.created, model: h.model, choices: [], usage: u };
+  return {
+    id: h.id,
+    object,
+    created: h.created,
+    model: h.model,
+    system_fingerprint: h.system_fingerprint,
+    choices: [],
+    usage: u,
+  };
 }
 
 /** A non-streamed completion. */
@@ -751,6 +767,7 @@ export function completion(
     object: "text_completion" as const,
     created: h.created,
     model: h.model,
+    system_fingerprint: h.system_fingerprint,
     choices: [{ index: 0, text: out.text, logprobs: out.logprobs ?? null, finish_reason: out.finish }],
     usage: out.usage,
   };
@@ -769,6 +786,7 @@ export function completionChunk(
     object: "text_completion" as const,
     created: h.created,
     model: h.model,
+    system_fingerprint: h.system_fingerprint,
     choices: [{ index: 0, text, logprobs, finish_reason: finish }],
     ...(includeUsage ? { usage: null } : {}),
   };

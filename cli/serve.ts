@@ -14,14 +14,17 @@ import { readActivity } from "../engine/native/io.ts";
 import { openModel, readModelConfig } from "../engine/open.ts";
 import { intFlag, numFlag, parseFlags } from "./common.ts";
 import { MEMORY_FLAGS, MEMORY_HELP, memoryOptions, needTokenizer } from "./run_options.ts";
-import { startServer } from "./server/http.ts";
+import { DEFAULT_LIMITS, startServer } from "./server/http.ts";
+import { VERSION } from "./version.ts";
+import { createHash } from "node:crypto";
 import { stopIds } from "../engine/text/chat.ts";
 
 /** `k3 serve --help`. */
 export const USAGE = `usage: k3 serve <model_dir> [options]
 
-An OpenAI-compatible API: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
-GET /health (no key needed), GET /metrics (Prometheus text). One log line per request on
+An OpenAI-compatible API: POST /v1/chat/completions, POST /v1/completions, POST
+/v1/responses, GET /v1/models, GET /v1/models/{id}, GET /health (no key needed), GET
+/metrics (Prometheus text). One log line per request on
 stderr. SIGTERM or SIGINT: stop accepting, let requests in flight finish within --grace,
 cancel the rest, exit 0.
 
@@ -29,7 +32,9 @@ server:
   --host H          address to listen on (default 127.0.0.1; anything else is reachable
                     from other machines, and a warning says so)
   --port P          TCP port (default 8000; 0 picks a free one, printed on stderr)
-  --api-key KEY     require "Authorization: Bearer KEY" (default: $K3_API_KEY when set)
+  --api-key-file F  require "Authorization: Bearer KEY", KEY the file's first line
+                    (or set $K3_API_KEY; both keep the key out of the process list)
+  --api-key KEY     the same with the key on the command line (visible in ps)
   --served-model-name NAME
                     the model name clients send and see (default: the directory's name)
   --parallel N      sequences generating at once (default 4, 1..256)
@@ -37,7 +42,15 @@ server:
   --context N       positions per sequence, prompt plus completion (default 4096)
   --max-body-kb N   largest request body accepted, 413 beyond (default 1024)
   --grace S         seconds requests in flight get at shutdown (default 10)
-  --cors ORIGIN     answer CORS for ORIGIN (default: no CORS headers)
+  --cors ORIGIN     answer CORS for ORIGIN, or * for any (default: no CORS headers, and
+                    cross-origin POSTs are refused)
+  --allowed-host H  a Host header name to accept besides the listening address
+                    (repeatable; without --host only loopback names are accepted)
+  --header-timeout S  seconds for a request's head to arrive (default 10)
+  --body-timeout S  seconds for its body after the head (default 30)
+  --idle-timeout S  seconds a kept-alive connection may wait for its next request
+                    (default 30)
+  --max-connections N  TCP connections open at once; more get 503 (default 256)
 model:
   --tok DIR         tokenizer directory (default: the model directory)
   --threads N       compute threads (default: all cores; never changes a token)
@@ -48,11 +61,38 @@ ${MEMORY_HELP}
 
 examples:
   k3 serve tests/fixtures/tiny --port 8000
-  k3 serve /data/kimi-k3 --trunk /data/k3-trunk --preset auto --served-model-name kimi-k3 --api-key KEY
+  k3 serve /data/kimi-k3 --trunk /data/k3-trunk --preset auto --served-model-name kimi-k3 --api-key-file ~/.k3-key
   curl -s http://127.0.0.1:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'
 `;
 
 const LOOPBACK = new Set(["127.0.0.1", "localhost", "::1", "[::1]"]);
+
+/**
+ * The API key from `--api-key`, `--api-key-file` (its first line) or $K3_API_KEY, in
+ * that order; at most one of the flags; an empty key or an unreadable file is exit 2.
+ */
+async function apiKeyOf(flag: string | undefined, file: string | undefined): Promise<string | undefined> {
+  if (flag !== undefined && file !== undefined) throw usageError("serve: give --api-key or --api-key-file, not both");
+  let key = flag;
+  if (file !== undefined) {
+    try {
+      key = (await Deno.readTextFile(file)).split(/\r?\n/)[0];
+    } catch (e) {
+      throw usageError(`--api-key-file: cannot read ${file}: ${(e as Error).message}`);
+    }
+  }
+  key ??= Deno.env.get("K3_API_KEY") || undefined;
+  if (key !== undefined && key.trim().length === 0) {
+    throw usageError(`${file !== undefined ? "--api-key-file" : "--api-key"}: the key is empty`);
+  }
+  return key;
+}
+
+/** OpenAI's `system_fingerprint`: what would make the same request answer differently. */
+function fingerprint(modelName: string, context: number): string {
+  const h = createHash("sha256").update(`${VERSION}\0${modelName}\0${context}`).digest("hex");
+  return `fp_k3_${h.slice(0, 12)}`;
+}
 
 /** Resolves on the first SIGTERM or SIGINT. */
 function terminated(): Promise<string> {
@@ -69,6 +109,12 @@ export async function main(args: string[]): Promise<number> {
     host: { type: "string" },
     port: { type: "string" },
     "api-key": { type: "string" },
+    "api-key-file": { type: "string" },
+    "allowed-host": { type: "string", multiple: true },
+    "header-timeout": { type: "string" },
+    "body-timeout": { type: "string" },
+    "idle-timeout": { type: "string" },
+    "max-connections": { type: "string" },
     "served-model-name": { type: "string" },
     parallel: { type: "string" },
     "max-queue": { type: "string" },
@@ -98,8 +144,25 @@ export async function main(args: string[]): Promise<number> {
   const grace = values.grace === undefined ? 10 : numFlag("grace", values.grace, 0, 86400);
   const threads = intFlag("threads", values.threads, navigator.hardwareConcurrency, 1, 256);
   const chunk = intFlag("chunk", values.chunk, 16, 1, 256);
-  const apiKey = values["api-key"] ?? (Deno.env.get("K3_API_KEY") || undefined);
-  if (apiKey !== undefined && apiKey.length === 0) throw usageError("--api-key: the key is empty");
+  const apiKey = await apiKeyOf(values["api-key"], values["api-key-file"]);
+  const limits = {
+    headerTimeoutSeconds: values["header-timeout"] === undefined
+      ? DEFAULT_LIMITS.headerTimeoutSeconds
+      : numFlag("header-timeout", values["header-timeout"], 0.1, 3600),
+    bodyTimeoutSeconds: values["body-timeout"] === undefined
+      ? DEFAULT_LIMITS.bodyTimeoutSeconds
+      : numFlag("body-timeout", values["body-timeout"], 0.1, 3600),
+    idleTimeoutSeconds: values["idle-timeout"] === undefined
+      ? DEFAULT_LIMITS.idleTimeoutSeconds
+      : numFlag("idle-timeout", values["idle-timeout"], 0.1, 3600),
+    maxConnections: intFlag("max-connections", values["max-connections"], DEFAULT_LIMITS.maxConnections, 1, 65536),
+  };
+  const allowedHosts = values["allowed-host"] ?? [];
+  for (const h of allowedHosts) {
+    if (!/^[\w.-]{1,253}$|^\[[0-9a-f:.]{2,45}\]$/i.test(h)) {
+      throw usageError(`--allowed-host: '${h}' is not a host name (no port, no scheme)`);
+    }
+  }
   const memory = memoryOptions(tokens);
   const config = await readModelConfig(
     dir,
@@ -123,6 +186,10 @@ export async function main(args: string[]): Promise<number> {
       maxQueue,
       maxBodyBytes,
       cors: values.cors,
+      hostExplicit: values.host !== undefined,
+      allowedHosts,
+      limits,
+      fingerprint: fingerprint(modelName, context),
     });
   } catch (e) {
     throw usageError(`serve: cannot listen on ${host}:${port}: ${(e as Error).message}`);

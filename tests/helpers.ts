@@ -225,3 +225,61 @@ export class K3Process {
     return s;
   }
 }
+
+/** A `k3 serve` subprocess on the tiny model, ready: its base URL, and how to stop it. */
+export interface ServeProcess {
+  /** http://127.0.0.1:PORT */
+  url: string;
+  /** The server process (its pid for ps). */
+  child: Deno.ChildProcess;
+  /** SIGTERM, then its exit status once stderr is read to the end. */
+  stop(): Promise<Deno.CommandStatus>;
+}
+
+/**
+ * Starts `k3 serve TINY --port 0 ...args` with k3's own permissions (`denoFlags` before
+ * them, e.g. V8 flags), and resolves once it prints its ready line.
+ */
+export async function serveTiny(
+  args: string[],
+  opts: { env?: Record<string, string>; denoFlags?: string[] } = {},
+): Promise<ServeProcess> {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      ...(opts.denoFlags ?? []),
+      ...K3_PERMISSIONS,
+      `${ROOT}/main.ts`,
+      "serve",
+      TINY,
+      "--port",
+      "0",
+      ...args,
+    ],
+    env: opts.env,
+    stdin: "null",
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
+  let err = "";
+  const ready = /k3: ready: (http:\/\/127\.0\.0\.1:\d+)\/v1/;
+  while (!ready.test(err)) {
+    const r = await reader.read();
+    if (r.done) throw new Error(`k3 serve exited before it was ready: ${err}`);
+    err += r.value;
+  }
+  const draining = (async () => {
+    while (!(await reader.read()).done);
+  })();
+  return {
+    url: ready.exec(err)![1],
+    child,
+    stop: async () => {
+      child.kill("SIGTERM");
+      const status = await child.status;
+      await draining;
+      return status;
+    },
+  };
+}

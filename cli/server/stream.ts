@@ -39,7 +39,7 @@ export function completionBody(
   o: Outcome,
   promptTokens: number,
 ): ChatCompletion | Completion {
-  const u = usage(promptTokens, o.result.tokens.length);
+  const u = usage(promptTokens, o.result.tokens.length, o.reasoningTokens);
   const reply = o.reply;
   const calls = reply.calls.map(toolCallBody);
   const fin = finishReason(o.result.finishReason, calls.length > 0);
@@ -89,9 +89,24 @@ export class EventStream {
     }
   }
 
+  /** Sends one event named `type` (the Responses API names its events). */
+  sendEvent(type: string, data: unknown): void {
+    if (!this.#open) return;
+    try {
+      this.#ctl.enqueue(this.#enc.encode(`event: ${type}\n${sse(data)}`));
+    } catch {
+      this.#open = false;
+    }
+  }
+
   /** Sends `[DONE]` and ends the stream. */
   close(): void {
     this.send("[DONE]");
+    this.end();
+  }
+
+  /** Ends the stream without `[DONE]`. */
+  end(): void {
     if (this.#open) {
       this.#open = false;
       this.#ctl.close();
@@ -153,7 +168,7 @@ export class ChunkWriter {
         usageChunk(
           this.head,
           r.kind === "chat" ? "chat.completion.chunk" : "text_completion",
-          usage(promptTokens, o.result.tokens.length),
+          usage(promptTokens, o.result.tokens.length, o.reasoningTokens),
         ),
       );
     }

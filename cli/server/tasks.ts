@@ -55,6 +55,8 @@ export interface Outcome {
   text: string;
   /** The reply as read: channels, tool calls, log probabilities. */
   reply: ReplyStream;
+  /** Of the tokens generated, those of the think channel (set by the server). */
+  reasoningTokens?: number;
 }
 
 /** What a task hands out as it runs: events now safe to send, and a token's log probabilities. */

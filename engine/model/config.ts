@@ -71,6 +71,9 @@ const MAX_LAYERS = 4096;
 const MAX_WIDTH = 1 << 16;
 const MAX_VOCAB = 1 << 22;
 const MAX_INTERMEDIATE = 1 << 20;
+/** Float ranges (the released model: KDA decay bound -5, routed scaling 1, SiTU caps 4 and 25). */
+const GATE_BOUND_RANGE = [-1000, 0] as const;
+const SCALE_RANGE = [0, 1000] as const;
 
 class FieldReader {
   problems: string[] = [];
@@ -101,6 +104,18 @@ class FieldReader {
     if (typeof v !== "number" || !Number.isFinite(v)) {
       this.problems.push(`${this.prefix}${name} (expected a number, got ${JSON.stringify(v)})`);
       return 0;
+    }
+    return v;
+  }
+
+  /**
+   * A finite number in the open-closed range (lo, hi]: where the math needs a sign or a
+   * scale, a value outside it would run as another model, so it is refused instead.
+   */
+  numIn(name: string, lo: number, hi: number): number {
+    const v = this.num(name);
+    if (name in this.obj && typeof this.obj[name] === "number" && Number.isFinite(v) && !(v > lo && v <= hi)) {
+      this.problems.push(`${this.prefix}${name} (expected a number in (${lo}, ${hi}], got ${JSON.stringify(v)})`);
     }
     return v;
   }
@@ -190,7 +205,8 @@ export function parseConfig(json: unknown, source = "config.json"): K3Config {
       numHeads: lin.int("num_heads", 1, 4096),
       headDim: lin.int("head_dim", 1, 4096),
       convKernel: lin.int("short_conv_kernel_size", 1, 64),
-      gateLowerBound: lin.num("gate_lower_bound"),
+      // The decay bound is a log-space floor: negative, or the state would grow.
+      gateLowerBound: lin.numIn("gate_lower_bound", ...GATE_BOUND_RANGE),
     },
     mla: {
       numHeads: text.int("num_attention_heads", 1, 4096),
@@ -206,13 +222,14 @@ export function parseConfig(json: unknown, source = "config.json"): K3Config {
       numShared: text.int("num_shared_experts", 0, 64),
       latent: text.int("routed_expert_hidden_size", 1, MAX_WIDTH),
       intermediate: text.int("moe_intermediate_size", 1, MAX_INTERMEDIATE),
-      routedScaling: text.num("routed_scaling_factor"),
+      routedScaling: text.numIn("routed_scaling_factor", ...SCALE_RANGE),
     },
     firstKDense: text.int("first_k_dense_replace", 0, MAX_LAYERS),
     denseIntermediate: text.int("intermediate_size", 1, MAX_INTERMEDIATE),
     attnResBlock: text.int("attn_res_block_size", 1, MAX_LAYERS),
-    situBeta: text.num("activation_situ_beta"),
-    situLinearBeta: text.num("activation_situ_linear_beta"),
+    // SiTU's caps divide and multiply: positive, and small enough to cap anything.
+    situBeta: text.numIn("activation_situ_beta", ...SCALE_RANGE),
+    situLinearBeta: text.numIn("activation_situ_linear_beta", ...SCALE_RANGE),
     bosId: root.int("bos_token_id", 0, MAX_VOCAB),
     eosId: root.int("eos_token_id", 0, MAX_VOCAB),
     quantGroup: 0,

@@ -103,11 +103,14 @@ class Builder {
     this.#open = m.open, this.#close = m.close, this.#sep = m.sep;
   }
   control(text: string): this {
-    this.ids.push(...this.tok.encode(text, { allowSpecial: true }));
-    return this;
+    return this.#append(this.tok.encode(text, { allowSpecial: true }));
   }
   data(text: string): this {
-    this.ids.push(...this.tok.encode(text, { allowSpecial: false }));
+    return this.#append(this.tok.encode(text, { allowSpecial: false }));
+  }
+  /** One id at a time: spreading a long message's ids into push overflows the stack. */
+  #append(ids: readonly number[]): this {
+    for (const id of ids) this.ids.push(id);
     return this;
   }
   /** `<|open|>tag k="v"...<|sep|>`: the header is one data span (attribute values are the

@@ -231,10 +231,13 @@ Deno.test({
         assert.equal(msg.content, split.content, `content, thinking ${thinking}`);
         assert.equal(msg.reasoning_content, thinking ? split.reasoning : null);
         assert.equal(r.choices[0].finish_reason, STOP_IDS.includes(want.at(-1)!) ? "stop" : "length");
+        const closeThink = tok.encode("<|close|>think<|sep|>", { allowSpecial: true });
+        const closedAt = want.findIndex((_, i) => closeThink.every((c, j) => want[i + j] === c));
         assert.deepEqual(r.usage, {
           prompt_tokens: ids.length,
           completion_tokens: want.length,
           total_tokens: ids.length + want.length,
+          completion_tokens_details: { reasoning_tokens: thinking ? (closedAt < 0 ? want.length : closedAt) : 0 },
         });
         // Streamed: the same text in deltas, a usage chunk at the end when asked.
         const s = await streamChat({
@@ -568,6 +571,7 @@ Deno.test({
     const s = await new Server(["--port", "0", "--grace", "0.2"]).ready();
     const res = await fetch(`${s.url}/v1/completions`, {
       method: "POST",
+      headers: { "content-type": "application/json" },
       body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 1000, ignore_eos: true, stream: true }),
     });
     const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();

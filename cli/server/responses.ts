@@ -1,0 +1,341 @@
+/**
+ * OpenAI's Responses API (`POST /v1/responses`) on the chat pipeline: a Responses body
+ * becomes a chat body ({@link chatBodyOfResponses}: `instructions` a system message,
+ * `input` the messages, `max_output_tokens` the completion limit), is validated and run
+ * like any chat request, and its answer is written in the Responses shape: a whole
+ * `response` object ({@link responseObject}), or its event stream
+ * ({@link ResponseEventWriter}: `response.created` ... `response.output_text.delta` ...
+ * `response.completed`). Output items are built from parts (reasoning, message text) so
+ * that function calls, once parsed from token ids, are one more kind of item.
+ *
+ * @module
+ */
+
+import type { ReplyEvent } from "../../engine/text/xtml.ts";
+import type { ReplyStream } from "../reply.ts";
+import { ApiError, type ChatRequest, errorBody, type ModelList, modelList } from "../openai.ts";
+import type { Outcome } from "./tasks.ts";
+
+/** A JSON object as built and parsed here. */
+export type Json = Record<string, unknown>;
+
+/** One model of `GET /v1/models/{id}` (the same object the list holds). */
+export function modelObject(name: string, created: number): ModelList["data"][number] {
+  return modelList(name, created).data[0];
+}
+
+function bad(param: string, message: string, code: string | null = null): ApiError {
+  return new ApiError(400, message, param, code);
+}
+
+const kind = (v: unknown) => (v === null ? "null" : Array.isArray(v) ? "array" : typeof v);
+
+/** The text of a Responses content (a string, or input_text / output_text parts). */
+function contentText(v: unknown, param: string): string {
+  if (typeof v === "string") return v;
+  if (!Array.isArray(v)) throw bad(param, `'${param}' must be a string or an array of parts, got ${kind(v)}`);
+  let text = "";
+  v.forEach((part, j) => {
+    const p = `${param}[${j}]`;
+    if (kind(part) !== "object") throw bad(p, `'${p}' must be an object, got ${kind(part)}`);
+    const t = (part as Json).type;
+    if (t === "input_text" || t === "output_text" || t === "text") {
+      const s = (part as Json).text;
+      if (typeof s !== "string") throw bad(`${p}.text`, `'${p}.text' must be a string, got ${kind(s)}`);
+      text += s;
+    } else if (t === "input_image" || t === "input_file" || t === "input_audio") {
+      throw bad(p, `'${p}' is ${String(t)}: k3 serve takes text only`, "unsupported_parameter");
+    } else {
+      throw bad(`${p}.type`, `'${p}.type' must be "input_text" or "output_text", got ${JSON.stringify(t ?? null)}`);
+    }
+  });
+  return text;
+}
+
+/** Fields of a Responses body that have no effect here and are accepted as sent. */
+const IGNORED = new Set(["store", "metadata", "user", "parallel_tool_calls", "truncation", "include", "service_tier"]);
+/** Fields passed on to the chat request under their chat names. */
+const RENAMED: Record<string, string> = {
+  model: "model",
+  temperature: "temperature",
+  top_p: "top_p",
+  stream: "stream",
+  max_output_tokens: "max_completion_tokens",
+  seed: "seed",
+};
+
+/**
+ * A `/v1/responses` body as the chat body it runs as; throws ApiError(400) for what the
+ * Responses API asks that k3 does not do (tools until they are parsed, stored responses).
+ */
+export function chatBodyOfResponses(body: unknown): Json {
+  if (kind(body) !== "object") throw new ApiError(400, `the request body must be a JSON object, got ${kind(body)}`);
+  const b = body as Json;
+  const chat: Json = {};
+  const messages: Json[] = [];
+  for (const [k, v] of Object.entries(b)) {
+    if (v === undefined || v === null) continue;
+    if (k in RENAMED) chat[RENAMED[k]] = v;
+    else if (IGNORED.has(k)) continue;
+    else if (k === "instructions") {
+      if (typeof v !== "string") throw bad(k, `'instructions' must be a string, got ${kind(v)}`);
+      messages.unshift({ role: "system", content: v });
+    } else if (k === "input") continue;
+    else if (k === "reasoning") {
+      if (kind(v) !== "object") throw bad(k, `'reasoning' must be an object, got ${kind(v)}`);
+      const effort = (v as Json).effort;
+      if (effort !== undefined && effort !== null) chat.reasoning_effort = effort;
+    } else if (k === "text") {
+      const format = kind(v) === "object" ? (v as Json).format : undefined;
+      if (format !== undefined && !(kind(format) === "object" && (format as Json).type === "text")) {
+        throw bad("text.format", 'structured output is not enforced: only {"type": "text"}', "unsupported_parameter");
+      }
+    } else if (k === "tools" || k === "tool_choice") {
+      if (Array.isArray(v) ? v.length > 0 : v !== "none" && v !== "auto") {
+        throw bad(k, `'${k}' is not supported on /v1/responses yet`, "unsupported_parameter");
+      }
+    } else if (k === "previous_response_id" || k === "conversation" || k === "background" || k === "prompt") {
+      throw bad(k, `'${k}' is not supported by k3 serve: responses are not stored`, "unsupported_parameter");
+    } else {
+      throw bad(k, `'${k}' is not a field of a /v1/responses request`, "unknown_parameter");
+    }
+  }
+  const input = b.input;
+  if (typeof input === "string") messages.push({ role: "user", content: input });
+  else if (Array.isArray(input)) {
+    input.forEach((item, i) => {
+      const p = `input[${i}]`;
+      if (kind(item) !== "object") throw bad(p, `'${p}' must be an object, got ${kind(item)}`);
+      const it = item as Json;
+      if (it.type !== undefined && it.type !== "message") {
+        throw bad(
+          `${p}.type`,
+          `'${p}.type' ${JSON.stringify(it.type)} is not supported: only messages`,
+          "unsupported_parameter",
+        );
+      }
+      const role = it.role;
+      if (!["user", "assistant", "system", "developer"].includes(role as string)) {
+        throw bad(
+          `${p}.role`,
+          `'${p}.role' must be one of user, assistant, system, developer, got ${JSON.stringify(role ?? null)}`,
+        );
+      }
+      messages.push({ role, content: contentText(it.content, `${p}.content`) });
+    });
+  } else throw bad("input", `'input' is required: a string or an array of messages, got ${kind(input)}`);
+  chat.messages = messages;
+  return chat;
+}
+
+/** What identifies one response. */
+export interface ResponsesHead {
+  /** resp_... */
+  id: string;
+  /** Unix seconds. */
+  created: number;
+  /** The served model name. */
+  model: string;
+  /** The request's `max_output_tokens`, echoed. */
+  maxOutputTokens: number | null;
+}
+
+/** One output item of a response (reasoning and message now; function calls to come). */
+export type OutputItem =
+  | { type: "reasoning"; id: string; summary: []; content: { type: "reasoning_text"; text: string }[] }
+  | {
+    type: "message";
+    id: string;
+    status: "completed" | "incomplete";
+    role: "assistant";
+    content: { type: "output_text"; text: string; annotations: [] }[];
+  };
+
+/** The Responses usage of an outcome. */
+function responsesUsage(promptTokens: number, o: Outcome) {
+  const out = o.result.tokens.length;
+  return {
+    input_tokens: promptTokens,
+    input_tokens_details: { cached_tokens: 0 },
+    output_tokens: out,
+    output_tokens_details: { reasoning_tokens: o.reasoningTokens ?? 0 },
+    total_tokens: promptTokens + out,
+  };
+}
+
+/** The `response` object: in progress (no outcome yet) or finished. */
+export function responseObject(
+  h: ResponsesHead,
+  output: OutputItem[],
+  done?: { o: Outcome; promptTokens: number },
+): Json {
+  const incomplete = done?.o.result.finishReason === "length";
+  return {
+    id: h.id,
+    object: "response",
+    created_at: h.created,
+    status: !done ? "in_progress" : incomplete ? "incomplete" : "completed",
+    error: null,
+    incomplete_details: incomplete ? { reason: "max_output_tokens" } : null,
+    instructions: null,
+    max_output_tokens: h.maxOutputTokens,
+    model: h.model,
+    output,
+    parallel_tool_calls: false,
+    previous_response_id: null,
+    reasoning: { effort: null, summary: null },
+    store: false,
+    temperature: null,
+    text: { format: { type: "text" } },
+    tool_choice: "auto",
+    tools: [],
+    top_p: null,
+    truncation: "disabled",
+    usage: done ? responsesUsage(done.promptTokens, done.o) : null,
+    metadata: {},
+  };
+}
+
+/** The output items of a finished chat outcome: its think channel, then its reply. */
+export function outputItems(r: ChatRequest, o: Outcome, ids: { reasoning: string; message: string }): OutputItem[] {
+  return itemsOf(r.thinking ? o.reply.reasoning : "", o.reply.text, o.result.finishReason === "length", ids);
+}
+
+function itemsOf(
+  reasoning: string,
+  reply: string,
+  cut: boolean,
+  ids: { reasoning: string; message: string },
+): OutputItem[] {
+  const items: OutputItem[] = [];
+  if (reasoning) {
+    items.push({
+      type: "reasoning",
+      id: ids.reasoning,
+      summary: [],
+      content: [{ type: "reasoning_text", text: reasoning }],
+    });
+  }
+  items.push({
+    type: "message",
+    id: ids.message,
+    status: cut ? "incomplete" : "completed",
+    role: "assistant",
+    content: [{ type: "output_text", text: reply, annotations: [] }],
+  });
+  return items;
+}
+
+/** Sends one named server-sent event. */
+export type SendEvent = (type: string, data: Json) => void;
+
+/**
+ * The event stream of one streamed response: `response.created` and `in_progress` first,
+ * then the reasoning item's and the message item's events as text arrives, then
+ * `response.completed` (or `incomplete`), or `error`.
+ */
+export class ResponseEventWriter {
+  #seq = 0;
+  #reasoning = "";
+  #reply = "";
+  /** Which item is open: none yet, the reasoning item, or the message. */
+  #open: "none" | "reasoning" | "message" = "none";
+  #items = 0;
+
+  /** Events of a response under `head` to the chat request `r`, sent with `send`. */
+  constructor(
+    readonly send: SendEvent,
+    readonly r: ChatRequest,
+    readonly head: ResponsesHead,
+    readonly ids: { reasoning: string; message: string },
+  ) {
+    const response = responseObject(head, []);
+    this.#event("response.created", { response });
+    this.#event("response.in_progress", { response });
+  }
+
+  #event(type: string, data: Json): void {
+    this.send(type, { type, sequence_number: this.#seq++, ...data });
+  }
+
+  #openMessage(): void {
+    if (this.#open === "message") return;
+    if (this.#open === "reasoning") this.#closeReasoning();
+    this.#open = "message";
+    const item = { type: "message", id: this.ids.message, status: "in_progress", role: "assistant", content: [] };
+    this.#event("response.output_item.added", { output_index: this.#items, item });
+    this.#event("response.content_part.added", {
+      item_id: this.ids.message,
+      output_index: this.#items,
+      content_index: 0,
+      part: { type: "output_text", text: "", annotations: [] },
+    });
+  }
+
+  #closeReasoning(): void {
+    const item = itemsOf(this.#reasoning, "", false, this.ids)[0];
+    this.#event("response.reasoning_text.done", {
+      item_id: this.ids.reasoning,
+      output_index: this.#items,
+      content_index: 0,
+      text: this.#reasoning,
+    });
+    this.#event("response.output_item.done", { output_index: this.#items, item });
+    this.#items++;
+  }
+
+  /** Sends the channel text a step of the reply made safe (tool calls are not in this API's
+   * output here: a request with `tools` is refused). */
+  step(_reply: ReplyStream, events: ReplyEvent[]): void {
+    for (const e of events) if (e.type === "text") this.#piece(e);
+  }
+
+  #piece(p: { channel: "think" | "response"; text: string }): void {
+    if (p.channel === "think") {
+      if (this.#open === "none") {
+        this.#open = "reasoning";
+        const item = { type: "reasoning", id: this.ids.reasoning, summary: [], content: [] };
+        this.#event("response.output_item.added", { output_index: this.#items, item });
+      }
+      // Think text after the reply began is not the model's reasoning: it is dropped.
+      if (this.#open !== "reasoning") return;
+      this.#reasoning += p.text;
+      this.#event("response.reasoning_text.delta", {
+        item_id: this.ids.reasoning,
+        output_index: this.#items,
+        content_index: 0,
+        delta: p.text,
+      });
+    } else {
+      this.#openMessage();
+      this.#reply += p.text;
+      this.#event("response.output_text.delta", {
+        item_id: this.ids.message,
+        output_index: this.#items,
+        content_index: 0,
+        delta: p.text,
+        logprobs: [],
+      });
+    }
+  }
+
+  /** Sends the end: the items' done events, the response. */
+  finish(o: Outcome, promptTokens: number): void {
+    this.#openMessage();
+    const cut = o.result.finishReason === "length";
+    const item = itemsOf("", this.#reply, cut, this.ids)[0];
+    const where = { item_id: this.ids.message, output_index: this.#items, content_index: 0 };
+    this.#event("response.output_text.done", { ...where, text: this.#reply, logprobs: [] });
+    this.#event("response.content_part.done", { ...where, part: item.type === "message" ? item.content[0] : null });
+    this.#event("response.output_item.done", { output_index: this.#items, item });
+    const output = itemsOf(this.#reasoning, this.#reply, cut, this.ids);
+    const response = responseObject(this.head, output, { o, promptTokens });
+    this.#event(cut ? "response.incomplete" : "response.completed", { response });
+  }
+
+  /** Sends an error event. */
+  error(e: ApiError): void {
+    const { error } = errorBody(e);
+    this.#event("error", { code: error.code, message: error.message, param: error.param });
+  }
+}
