@@ -46,6 +46,8 @@ export interface LedgerReport {
   head_seconds: number;
   /** Choosing tokens from logits. */
   sampling_seconds: number;
+  /** Copying states into and out of the state cache, reading its spill files. */
+  state_cache_seconds: number;
   /** The rest of the wall clock (norms, residuals, bookkeeping). */
   other_seconds: number;
   /** Trunk bytes read in the span. */
@@ -89,6 +91,7 @@ export function ledgerBetween(a: LedgerMark, b: LedgerMark): LedgerReport {
     attention_seconds: d("attention"),
     head_seconds: d("head"),
     sampling_seconds: d("sampling"),
+    state_cache_seconds: d("stateCache"),
   };
   const busy = b.readBusySeconds - a.readBusySeconds;
   const bytes = b.readBytes - a.readBytes;
@@ -117,6 +120,7 @@ export function formatLedger(l: LedgerReport): string[] {
     ["attention (KDA, MLA)", l.attention_seconds],
     ["head", l.head_seconds],
     ["sampling", l.sampling_seconds],
+    ...(l.state_cache_seconds > 0 ? [["state cache", l.state_cache_seconds] as [string, number]] : []),
     ["other", l.other_seconds],
   ];
   const pct = (s: number) => (100 * s / Math.max(l.wall_seconds, 1e-9)).toFixed(1).padStart(5);

@@ -27,6 +27,9 @@ export interface Ledger {
   head: number;
   /** Seconds choosing tokens (the scheduler's). */
   sampling: number;
+  /** Seconds copying states into and out of the state cache and reading its spill files
+   * (the scheduler's). */
+  stateCache: number;
 }
 
 /** A ledger of zeros. */
@@ -39,5 +42,6 @@ export function newLedger(): Ledger {
     attention: 0,
     head: 0,
     sampling: 0,
+    stateCache: 0,
   };
 }
