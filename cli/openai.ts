@@ -355,11 +355,16 @@ export interface Usage {
   completion_tokens: number;
   /** The sum. */
   total_tokens: number;
+  /** Of the prompt tokens, those served from the state cache instead of prefilled. */
+  prompt_tokens_details?: { cached_tokens: number };
 }
 
-/** Usage from prompt and completion token counts. */
-export function usage(prompt: number, completion: number): Usage {
-  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+/** Usage from prompt and completion token counts; `cached` (prompt tokens served from the
+ * state cache) adds OpenAI's `prompt_tokens_details`. */
+export function usage(prompt: number, completion: number, cached?: number): Usage {
+  const u: Usage = { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+  if (cached !== undefined) u.prompt_tokens_details = { cached_tokens: cached };
+  return u;
 }
 
 /** OpenAI's finish reasons; an interrupted sequence is never answered as finished. */

@@ -15,6 +15,7 @@ import { openModel, readModelConfig } from "../engine/open.ts";
 import { intFlag, numFlag, parseFlags } from "./common.ts";
 import { MEMORY_FLAGS, MEMORY_HELP, memoryOptions, needTokenizer } from "./run_options.ts";
 import { startServer } from "./server/http.ts";
+import { openStateCache, STATE_CACHE_FLAGS, STATE_CACHE_HELP, stateCacheFlags } from "./state_cache_flags.ts";
 import { stopIds } from "../engine/text/chat.ts";
 
 /** `k3 serve --help`. */
@@ -44,6 +45,7 @@ model:
   --chunk N         prefill tokens per forward call (default 16, 1..256)
   --layers N        bind and run only the first N layers (diagnostics)
 ${MEMORY_HELP}
+${STATE_CACHE_HELP}
   -h, --help        this help
 
 examples:
@@ -81,6 +83,7 @@ export async function main(args: string[]): Promise<number> {
     chunk: { type: "string" },
     layers: { type: "string" },
     ...MEMORY_FLAGS,
+    ...STATE_CACHE_FLAGS,
     help: { type: "boolean", short: "h" },
   });
   if (values.help) {
@@ -101,6 +104,7 @@ export async function main(args: string[]): Promise<number> {
   const apiKey = values["api-key"] ?? (Deno.env.get("K3_API_KEY") || undefined);
   if (apiKey !== undefined && apiKey.length === 0) throw usageError("--api-key: the key is empty");
   const memory = memoryOptions(tokens);
+  const stateCacheAsked = stateCacheFlags(values);
   const config = await readModelConfig(
     dir,
     values.layers !== undefined ? intFlag("layers", values.layers, 0, 1, 100000) : undefined,
@@ -143,14 +147,24 @@ export async function main(args: string[]): Promise<number> {
     sequences: parallel,
     threads,
     memory,
+    stateCache: { gb: stateCacheAsked.gb },
     log: (line) => console.error(`k3: ${line}`),
   }).catch(async (e) => {
     await server.shutdown(0);
     throw e;
   });
-  const scheduler = new Scheduler(opened.model, { maxSequences: parallel });
+  let stateCache;
+  try {
+    stateCache = await openStateCache(opened, stateCacheAsked, (line) => console.error(`k3: ${line}`));
+  } catch (e) {
+    await server.shutdown(0);
+    await opened.close();
+    throw e;
+  }
+  const scheduler = new Scheduler(opened.model, { maxSequences: parallel, cache: stateCache });
   try {
     server.ready({
+      stateCache,
       scheduler,
       tokenizer,
       capacity: context,
@@ -164,6 +178,7 @@ export async function main(args: string[]): Promise<number> {
     console.error(`k3: ${sig}: no new requests; ${grace} s for those in flight`);
     await server.shutdown(grace);
     await scheduler.close();
+    await stateCache?.settled();
     console.error("k3: stopped");
     return 0;
   } finally {

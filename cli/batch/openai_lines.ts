@@ -119,10 +119,10 @@ export function parseOpenAILine(
 /** The Batch output line of a finished request (`text`: generated text, stop ids and strings cut). */
 export function openaiResultLine(
   r: OpenAIRequest,
-  out: { text: string; finishReason: "stop" | "length"; completionTokens: number },
+  out: { text: string; finishReason: "stop" | "length"; completionTokens: number; cachedTokens?: number },
 ): Record<string, unknown> {
   const created = Math.floor(Date.now() / 1000);
-  const u = usage(r.task.promptIds.length, out.completionTokens);
+  const u = usage(r.task.promptIds.length, out.completionTokens, out.cachedTokens);
   const thinking = r.task.chat?.thinking ?? false;
   const finish = finishReason(out.finishReason);
   const body = r.endpoint === "chat"

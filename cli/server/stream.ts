@@ -35,7 +35,7 @@ export function completionBody(
   o: Outcome,
   promptTokens: number,
 ): ChatCompletion | Completion {
-  const u = usage(promptTokens, o.result.tokens.length);
+  const u = usage(promptTokens, o.result.tokens.length, o.result.cachedTokens);
   const fin = finishReason(o.result.finishReason);
   if (r.kind === "completion") return completion(head, { text: o.text, finish: fin, usage: u });
   const split = new ChannelSplitter(r.thinking);
@@ -126,7 +126,7 @@ export class ChunkWriter {
         usageChunk(
           this.head,
           r.kind === "chat" ? "chat.completion.chunk" : "text_completion",
-          usage(promptTokens, o.result.tokens.length),
+          usage(promptTokens, o.result.tokens.length, o.result.cachedTokens),
         ),
       );
     }

@@ -113,7 +113,8 @@ export class StateCache {
   #diskBytes = 0;
   readonly #spills = new Set<Promise<void>>();
   readonly #stats = { hits: 0, misses: 0, evictions: 0, diskHits: 0, refused: 0, cachedTokens: 0 };
-  /** Bytes and seconds of spill reads and writes so far (the measured disk rate). */
+  /** Bytes and seconds of spill reads so far (the measured disk rate; writes are not
+   * counted: their fsync says little about reading). */
   #ioBytes = 0;
   #ioSeconds = 0;
   /** Prefill cost measured by the scheduler: seconds per prefill pass and rows per pass. */
@@ -303,7 +304,6 @@ export class StateCache {
   /** Writes `e` to the spill directory (then forgets its payload) and bounds the directory. */
   async #spill(e: Entry, payload: Uint8Array): Promise<void> {
     const file = join(this.opts.dir!, `${prefixKey(e.tokens)}.k3state`);
-    const t0 = performance.now();
     try {
       await writeStatePayload(file, this.model.cfg, e.tokens, [payload], this.opts.fingerprint!, {
         writer: "state-cache",
@@ -313,8 +313,6 @@ export class StateCache {
       if (!e.payload || e.payload === payload) this.#drop(e);
       return;
     }
-    this.#ioBytes += payload.length;
-    this.#ioSeconds += (performance.now() - t0) / 1000;
     if (e.node.entry !== e) return void (await Deno.remove(file).catch(() => {})); // dropped meanwhile
     e.file = file;
     e.fileBytes = (await Deno.stat(file)).size;

@@ -320,3 +320,30 @@ export function formatHistory(messages: readonly ChatMessage[]): string {
     ) + "\n"
   ).join("");
 }
+
+/**
+ * Message boundaries of rendered chat ids: the position after each `<|end_of_msg|>`, where
+ * a complete message ends and a conversation's next turn can continue (the state cache
+ * keeps states there). Ascending.
+ */
+export function messageBoundaries(tok: Tokenizer, ids: readonly number[]): number[] {
+  const end = tok.specialId("<|end_of_msg|>");
+  const out: number[] = [];
+  ids.forEach((t, i) => t === end && out.push(i + 1));
+  return out;
+}
+
+/**
+ * The ids that close a generated assistant reply (its `tokens`, decoded with their markup)
+ * as the template renders it in the history: the channels and message it left open, then
+ * `<|end_of_msg|>`; nothing when the reply ended with `<|end_of_msg|>` itself. Undefined
+ * when the reply ended with [EOS] (which a rendered history never holds).
+ */
+export function replyCloser(tok: Tokenizer, tokens: readonly number[], thinking: boolean): number[] | undefined {
+  if (tokens.at(-1) === tok.specialId("[EOS]")) return undefined;
+  const split = new ChannelSplitter(thinking);
+  split.push(tok.decode([...tokens]));
+  const generationPrompt = chatPrompt(tok, [], { thinking }).length;
+  const closing = continuePrompt(tok, split.left, [], thinking);
+  return closing.slice(0, closing.length - generationPrompt);
+}
