@@ -11,8 +11,7 @@
 import type { Scheduler, SequenceResult } from "../../engine/generate/scheduler.ts";
 import { makeSampler } from "../../engine/generate/sampling.ts";
 import { StopMatcher } from "../../engine/generate/stops.ts";
-import type { StateCache } from "../../engine/generate/state_cache.ts";
-import { messageBoundaries, replyCloser } from "../../engine/text/chat.ts";
+import { chatCachePoints, type StateCache } from "../../engine/generate/state_cache.ts";
 import type { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { K3Error } from "../../engine/errors.ts";
 import {
@@ -110,24 +109,6 @@ export function serveTask(e: ServeEngine, kind: "chat" | "completion", body: unk
   return { request: r, task };
 }
 
-/**
- * Where the state cache keeps this request's states: after its first message (a system
- * prompt other conversations share) and its last complete message (where the next turn
- * of a chat continues), and after the reply closed as the template renders it.
- */
-function cacheHooks(
-  e: ServeEngine,
-  task: Task,
-): { cacheAt?: number[]; replyTail?: (t: readonly number[]) => number[] | undefined } {
-  if (!e.stateCache) return {};
-  const bounds = messageBoundaries(e.tokenizer, task.promptIds);
-  const chat = task.chat;
-  return {
-    cacheAt: bounds.length > 0 ? [...new Set([bounds[0], bounds[bounds.length - 1]])] : [],
-    replyTail: chat ? (tokens) => replyCloser(e.tokenizer, tokens, chat.thinking) : undefined,
-  };
-}
-
 /** Runs a task as one scheduler sequence; `emit` gets text as it becomes safe to send. */
 export async function runTask(
   e: ServeEngine,
@@ -148,7 +129,7 @@ export async function runTask(
     stopIds: ends,
     choose,
     signal,
-    ...cacheHooks(e, task),
+    ...(e.stateCache ? chatCachePoints(e.tokenizer, task.promptIds, task.chat) : {}),
     onToken: (token) => {
       if (first) (first = false, onFirstToken());
       if (ends.includes(token)) return;

@@ -30,6 +30,8 @@ import { K3Error } from "../errors.ts";
 import type { K3Model } from "../model/model.ts";
 import { bytesText } from "../native/available.ts";
 import { checkStateFile, type ModelFingerprint, readStateFile, writeStatePayload } from "./state_file.ts";
+import { messageBoundaries, replyCloser } from "../text/chat.ts";
+import type { Tokenizer } from "../text/tokenizer.ts";
 
 /** How a state cache is set up. */
 export interface StateCacheOptions {
@@ -100,6 +102,25 @@ const newNode = (edge: number[]): TrieNode => ({ edge, children: new Map() });
 /** The file name of a prefix: the SHA-256 of its ids (u32 little-endian). */
 export function prefixKey(tokens: readonly number[]): string {
   return createHash("sha256").update(new Uint8Array(Uint32Array.from(tokens).buffer)).digest("hex");
+}
+
+/**
+ * Where a request's states are kept (`k3 serve`): after its first message (a system prompt
+ * other conversations share) and its last complete message (where the next turn of a
+ * chat continues), and, for a chat, after the reply closed as the template renders it in
+ * the history (found only when the client sends the reply back as generated, reasoning
+ * included).
+ */
+export function chatCachePoints(
+  tok: Tokenizer,
+  promptIds: readonly number[],
+  chat?: { thinking: boolean },
+): { cacheAt: number[]; replyTail?: (tokens: readonly number[]) => number[] | undefined } {
+  const bounds = messageBoundaries(tok, promptIds);
+  return {
+    cacheAt: bounds.length > 0 ? [...new Set([bounds[0], bounds[bounds.length - 1]])] : [],
+    replyTail: chat ? (tokens) => replyCloser(tok, tokens, chat.thinking) : undefined,
+  };
 }
 
 /** Exact-prefix state reuse across sequences; see the module doc. */
