@@ -189,6 +189,23 @@ Deno.test("eviction under a tiny budget, a spill round trip and a damaged spill 
     await again.index();
     assert.equal(again.stats.diskEntries, 2);
     assert.equal(again.peek(prompts[0], 73), 70);
+    // A disk hit is read only while reading is estimated cheaper than prefilling: once
+    // prefill is measured (nearly) free, the same entry is prefilled instead, and said so.
+    const choosyLog: string[] = [];
+    const choosy = new StateCache(model, {
+      ramBytes: 0,
+      dir: dir.path,
+      fingerprint,
+      log: (l) => void choosyLog.push(l),
+    });
+    await choosy.index();
+    assert.equal((await choosy.lookup(prompts[0], 73))?.from, "disk");
+    choosy.notePrefillPass(1e-12, 1e9);
+    assert.equal(await choosy.lookup(prompts[0], 73), undefined);
+    assert.match(
+      choosyLog.join("\n"),
+      /no disk rate measured yet: reading it[^]*read ~.* vs prefill ~.*: prefilling instead/,
+    );
     const bounded = new StateCache(model, { ramBytes: 0, dir: dir.path, fingerprint, diskBytes: 1 });
     await bounded.index();
     assert.equal(bounded.stats.diskEntries, 0);
