@@ -12,7 +12,7 @@ import { Scheduler, type SequenceRequest } from "../../engine/generate/scheduler
 import { StateCache } from "../../engine/generate/state_cache.ts";
 import { modelFingerprint } from "../../engine/generate/state_file.ts";
 import { type OpenedModel, openModel } from "../../engine/open.ts";
-import { tempDir, TINY } from "../helpers.ts";
+import { packedFloor, tempDir, TINY } from "../helpers.ts";
 
 const CAPACITY = 512;
 
@@ -230,4 +230,25 @@ Deno.test("sequences sharing a prefix prefill it once, in flight together", asyn
     // The prefix once, each suffix, two decode tokens each.
     assert.equal(prefillRows, 200 + (5 + 6 + 7 + 8) + 4 * 2);
   });
+});
+
+Deno.test("at the floor budget with 2 threads, a continued sequence has the resident cache-off bits", async () => {
+  await using trunk = await tempDir();
+  const { floor } = await packedFloor(TINY, trunk.path);
+  const head = ids(90, 30);
+  const p1 = [...head, ...ids(9, 31)], p2 = [...head, ...ids(17, 32)];
+  let want: Run;
+  await withModel(async ({ model }) => void (want = await generate(new Scheduler(model, { chunk: 16 }), p2, 5)));
+  const opened = await openModel(TINY, { capacity: CAPACITY, chunk: 16, sequences: 2, threads: 2, memory: floor });
+  try {
+    const cache = new StateCache(opened.model, { ramBytes: 1e9 });
+    const s = new Scheduler(opened.model, { chunk: 16, maxSequences: 2, cache });
+    await generate(s, p1, 3, { cacheAt: [90] });
+    const got = await generate(s, p2, 5);
+    assert.equal(got.cached, 90);
+    assert.deepEqual(got.bits, want!.bits);
+    assert.deepEqual(got.tokens, want!.tokens);
+  } finally {
+    await opened.close();
+  }
 });
