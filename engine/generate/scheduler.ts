@@ -98,6 +98,9 @@ export function checkFinite(logits: Float32Array, step: number): void {
   }
 }
 
+/** A pass slower than this is not run only to close a reply for the state cache. */
+export const CLOSE_ALONE_SECONDS = 1;
+
 /** Options of a scheduler. */
 export interface SchedulerOptions {
   /** Sequences in flight at once (each holds a state). Default 1. */
@@ -157,6 +160,7 @@ export class Scheduler {
   private readonly chunk: number;
   private loop?: Promise<void>;
   private failure?: unknown;
+  private lastPassSeconds = 0;
 
   /** A scheduler over `model`; nothing runs until a sequence is submitted. */
   constructor(readonly model: K3Model, private readonly opts: SchedulerOptions = {}) {
@@ -348,6 +352,16 @@ export class Scheduler {
       }
       await this.admit();
       for (const seq of [...this.running]) if (seq.req.signal?.aborted) this.finish(seq, "interrupted");
+      // A reply's closing ids ride along with other work for free; alone they cost a whole
+      // pass (at the floor budget, a read of the streamed trunk), paid only while passes
+      // are cheap. Dropping them loses only the reply's kept state, never a token.
+      if (
+        this.waiting.length === 0 && this.running.length > 0 && this.running.every((s) => s.closing) &&
+        this.lastPassSeconds > CLOSE_ALONE_SECONDS
+      ) {
+        for (const seq of [...this.running]) this.finish(seq, "length");
+        continue;
+      }
       const pass = this.nextPass();
       if (pass.length === 0) {
         if (this.running.length > 0) throw new Error("internal: scheduler built an empty pass");
@@ -367,6 +381,7 @@ export class Scheduler {
       }
       const now = performance.now();
       const rows = pass.reduce((n, p) => n + p.seg.ids.length, 0);
+      this.lastPassSeconds = (now - t0) / 1000;
       this.opts.onPass?.({ rows, sequences: pass.length, seconds: (now - t0) / 1000 });
       if (pass.some((p) => !p.seq.decoding)) this.opts.cache?.notePrefillPass((now - t0) / 1000, rows);
       pass.forEach(({ seq, seg }, i) => {
