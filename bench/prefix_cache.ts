@@ -8,7 +8,12 @@
  * and per conversation, and the passes a cached turn skips.
  *
  *   deno run -A bench/prefix_cache.ts [--model DIR] [--tok DIR] [--turns 6] [--gen 8]
- *     [--lines 16] [--shared 500] [--reps 3] [--trunk DIR --trunk-gb X --cache-gb Y] [--json]
+ *     [--lines 16] [--shared 500] [--reps 3] [--rules 12] [--trunk DIR --trunk-gb X --cache-gb Y] [--json]
+ *
+ * `--rules N`: sentences of the system prompt (12: ~330 tokens). On a real-width slice at
+ * the floor every pass streams the trunk, so keep it small, e.g.
+ *   deno run -A bench/prefix_cache.ts --model SLICE --tok tests/fixtures/tiny --trunk TRUNK \
+ *     --trunk-gb 2.35 --cache-gb 0.3 --turns 3 --gen 1 --reps 1 --rules 3 --lines 4 --shared 64
  *
  * @module
  */
@@ -25,7 +30,7 @@ import { stateBytes } from "../engine/model/state.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname;
 const USAGE = "usage: deno run -A bench/prefix_cache.ts [--model DIR] [--tok DIR] [--turns 6] [--gen 8] " +
-  "[--lines 16] [--shared 500] [--reps 3] [--trunk DIR --trunk-gb X --cache-gb Y] [--json]";
+  "[--lines 16] [--shared 500] [--reps 3] [--rules 12] [--trunk DIR --trunk-gb X --cache-gb Y] [--json]";
 const { values } = benchArgs(USAGE, {
   model: { type: "string", default: `${ROOT}tests/fixtures/tiny` },
   tok: { type: "string" },
@@ -34,6 +39,7 @@ const { values } = benchArgs(USAGE, {
   lines: { type: "string", default: "16" },
   shared: { type: "string", default: "500" },
   reps: { type: "string", default: "3" },
+  rules: { type: "string", default: "12" },
   trunk: { type: "string" },
   "trunk-gb": { type: "string" },
   "cache-gb": { type: "string" },
@@ -60,7 +66,10 @@ const { model } = opened;
 const ends = stopIds(tok);
 
 /** A long system prompt (an agent's instructions and tool list) and short user turns. */
-const system = Array.from({ length: 12 }, (_, i) => `Rule ${i + 1}: answer with care and cite tool ${i}.`).join(" ");
+const system = Array.from(
+  { length: Number(values.rules) },
+  (_, i) => `Rule ${i + 1}: answer with care and cite tool ${i}.`,
+).join(" ");
 const users = Array.from({ length: turns }, (_, i) => `Question ${i + 1}: what comes after ${i + 1}, and why?`);
 
 /** Seconds to the first token, and the tokens, of one request on `s`. */

@@ -54,6 +54,8 @@ export interface LedgerReport {
   trunk_bytes_read: number;
   /** Expert bytes read in the span. */
   expert_bytes_read: number;
+  /** Prompt tokens restored from the state cache in the span instead of prefilled. */
+  cached_tokens: number;
   /** Bytes / seconds with a read in flight (null when nothing was read). */
   read_bytes_per_second_in_flight: number | null;
 }
@@ -101,6 +103,7 @@ export function ledgerBetween(a: LedgerMark, b: LedgerMark): LedgerReport {
     other_seconds: wall - Object.values(parts).reduce((x, y) => x + y, 0),
     trunk_bytes_read: (b.io?.trunkBytes ?? 0) - (a.io?.trunkBytes ?? 0),
     expert_bytes_read: (b.io?.expertBytes ?? 0) - (a.io?.expertBytes ?? 0),
+    cached_tokens: d("cachedTokens"),
     read_bytes_per_second_in_flight: busy > 0 ? bytes / busy : null,
   };
 }
@@ -133,5 +136,6 @@ export function formatLedger(l: LedgerReport): string[] {
         ? ""
         : `, ${(l.read_bytes_per_second_in_flight / 1e9).toFixed(2)} GB/s while reads were in flight`),
   );
+  if (l.cached_tokens > 0) lines.push(`  ${l.cached_tokens} prompt tokens from the state cache, not prefilled`);
   return lines;
 }

@@ -234,6 +234,7 @@ export class Scheduler {
           if (hit) {
             seq.state.restore(hit.payload, hit.length);
             seq.cachedTokens = hit.length;
+            this.model.ledger.cachedTokens += hit.length;
             seq.pending = req.prompt.slice(hit.length);
           }
         } catch (e) {

@@ -30,6 +30,9 @@ export interface Ledger {
   /** Seconds copying states into and out of the state cache and reading its spill files
    * (the scheduler's). */
   stateCache: number;
+  /** Prompt positions restored from the state cache instead of prefilled (a count, not
+   * seconds; the scheduler's). */
+  cachedTokens: number;
 }
 
 /** A ledger of zeros. */
@@ -43,5 +46,6 @@ export function newLedger(): Ledger {
     head: 0,
     sampling: 0,
     stateCache: 0,
+    cachedTokens: 0,
   };
 }

@@ -61,4 +61,5 @@ Deno.test("batch lines sharing a 200-token prefix prefill it once, with the cach
   assert.equal(off.report.cached_tokens, 0);
   assert.match(on.stderr, /1400 prompt tokens from kept states, not prefilled/);
   assert.ok(on.report.ledger.state_cache_seconds > 0);
+  assert.equal(on.report.ledger.cached_tokens, 7 * 200);
 });
