@@ -32,6 +32,7 @@ import {
 import { SAMPLING_FLAGS, samplingHelp, samplingOptions } from "./request.ts";
 import { readJobs } from "./batch/jobs.ts";
 import { type BatchRun, runJobs } from "./batch/run.ts";
+import { openStateCache, STATE_CACHE_FLAGS, STATE_CACHE_HELP, stateCacheFlags } from "./state_cache_flags.ts";
 import { readDone, resumeMismatch } from "./batch/resume.ts";
 import { AppendLog } from "./batch/append_log.ts";
 
@@ -84,6 +85,7 @@ run stops there, results already written are kept.
 ${GENERATION_HELP}
 ${samplingHelp("default: greedy; a line's own fields override")}
 ${MEMORY_HELP}
+${STATE_CACHE_HELP}
   -h, --help        this help
 
 example:
@@ -113,6 +115,7 @@ export async function main(args: string[]): Promise<number> {
     ...GENERATION_FLAGS,
     ...SAMPLING_FLAGS,
     ...MEMORY_FLAGS,
+    ...STATE_CACHE_FLAGS,
     help: { type: "boolean", short: "h" },
   });
   if (values.help) {
@@ -135,6 +138,7 @@ export async function main(args: string[]): Promise<number> {
   const sampling = samplingOptions(values);
   const parallel = parallelOption(values.parallel);
   const memory = memoryOptions(tokens);
+  const stateCacheAsked = stateCacheFlags(values);
   const config = await readModelConfig(dir, genOpts.layers);
   const { cfg } = config;
   const stopIds = genOpts.stopIds.map((s) => parseIds("stop-id", s, cfg.vocabSize)[0]);
@@ -217,6 +221,7 @@ export async function main(args: string[]): Promise<number> {
       autoSequences: parallel === undefined,
       threads: genOpts.threads,
       memory,
+      stateCache: { gb: stateCacheAsked.gb },
       log: (line) => console.error(`k3: ${line}`),
       onProgress: (what, d, n) => progress(what, d, n),
     });
@@ -228,7 +233,11 @@ export async function main(args: string[]): Promise<number> {
     );
     let run: BatchRun;
     try {
+      const stateCache = genOpts.incremental
+        ? await openStateCache(opened, stateCacheAsked, (line) => console.error(`k3: ${line}`))
+        : undefined;
       run = await runJobs(opened.model, todo, {
+        stateCache,
         inFlight,
         chunk: opened.plan.chunk,
         incremental: genOpts.incremental,
@@ -245,6 +254,7 @@ export async function main(args: string[]): Promise<number> {
       `k3: batch: ${todo.length} ${plural(todo.length, "prompt")}, ${tokensDone} ${plural(tokensDone, "token")} in ${
         wall.toFixed(3)
       } s (${(wall / Math.max(tokensDone, 1)).toFixed(4)} s/token); PEAK RSS ${fmtBytes(peakRssBytes())}` +
+        (run.cachedTokens ? `; ${run.cachedTokens} prompt tokens from kept states, not prefilled` : "") +
         (failed ? `; ${failed} malformed input ${plural(failed, "line")} skipped (exit 1)` : ""),
     );
     if (values.report) {
@@ -258,6 +268,7 @@ export async function main(args: string[]): Promise<number> {
             prompts: todo.length,
             parallel: inFlight,
             generated_tokens: tokensDone,
+            cached_tokens: run.cachedTokens,
             wall_seconds: wall,
             tokens_per_second: tokensDone / wall,
             trunk_bytes_read: end && io0 ? end.trunkBytes - io0.trunkBytes : 0,

@@ -543,12 +543,16 @@ export interface Usage {
   total_tokens: number;
   /** Of the completion tokens, those of the think channel. */
   completion_tokens_details?: { reasoning_tokens: number };
+  /** Of the prompt tokens, those served from the state cache instead of prefilled. */
+  prompt_tokens_details?: { cached_tokens: number };
 }
 
-/** Usage from prompt and completion token counts (`reasoning`: think-channel tokens, when known). */
-export function usage(prompt: number, completion: number, reasoning?: number): Usage {
+/** Usage from prompt and completion token counts (`reasoning`: think-channel tokens, when
+ * known; `cached`: prompt tokens served from the state cache, OpenAI's `prompt_tokens_details`). */
+export function usage(prompt: number, completion: number, reasoning?: number, cached?: number): Usage {
   const u: Usage = { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
   if (reasoning !== undefined) u.completion_tokens_details = { reasoning_tokens: reasoning };
+  if (cached !== undefined) u.prompt_tokens_details = { cached_tokens: cached };
   return u;
 }
 

@@ -17,6 +17,7 @@ import { MEMORY_FLAGS, MEMORY_HELP, memoryOptions, needTokenizer } from "./run_o
 import { DEFAULT_LIMITS, startServer } from "./server/http.ts";
 import { VERSION } from "./version.ts";
 import { createHash } from "node:crypto";
+import { openStateCache, STATE_CACHE_FLAGS, STATE_CACHE_HELP, stateCacheFlags } from "./state_cache_flags.ts";
 import { stopIds } from "../engine/text/chat.ts";
 
 /** `k3 serve --help`. */
@@ -57,6 +58,7 @@ model:
   --chunk N         prefill tokens per forward call (default 16, 1..256)
   --layers N        bind and run only the first N layers (diagnostics)
 ${MEMORY_HELP}
+${STATE_CACHE_HELP}
   -h, --help        this help
 
 examples:
@@ -127,6 +129,7 @@ export async function main(args: string[]): Promise<number> {
     chunk: { type: "string" },
     layers: { type: "string" },
     ...MEMORY_FLAGS,
+    ...STATE_CACHE_FLAGS,
     help: { type: "boolean", short: "h" },
   });
   if (values.help) {
@@ -164,6 +167,7 @@ export async function main(args: string[]): Promise<number> {
     }
   }
   const memory = memoryOptions(tokens);
+  const stateCacheAsked = stateCacheFlags(values);
   const config = await readModelConfig(
     dir,
     values.layers !== undefined ? intFlag("layers", values.layers, 0, 1, 100000) : undefined,
@@ -210,14 +214,24 @@ export async function main(args: string[]): Promise<number> {
     sequences: parallel,
     threads,
     memory,
+    stateCache: { gb: stateCacheAsked.gb },
     log: (line) => console.error(`k3: ${line}`),
   }).catch(async (e) => {
     await server.shutdown(0);
     throw e;
   });
-  const scheduler = new Scheduler(opened.model, { maxSequences: parallel });
+  let stateCache;
+  try {
+    stateCache = await openStateCache(opened, stateCacheAsked, (line) => console.error(`k3: ${line}`));
+  } catch (e) {
+    await server.shutdown(0);
+    await opened.close();
+    throw e;
+  }
+  const scheduler = new Scheduler(opened.model, { maxSequences: parallel, cache: stateCache });
   try {
     server.ready({
+      stateCache,
       scheduler,
       tokenizer,
       capacity: context,
@@ -231,6 +245,7 @@ export async function main(args: string[]): Promise<number> {
     console.error(`k3: ${sig}: no new requests; ${grace} s for those in flight`);
     await server.shutdown(grace);
     await scheduler.close();
+    await stateCache?.settled();
     console.error("k3: stopped");
     return 0;
   } finally {

@@ -77,6 +77,9 @@ export interface OpenOptions {
   splitMin?: number;
   /** Memory budget; undefined fields mean everything resident. */
   memory?: MemoryOptions;
+  /** Plan a conversation state cache (`k3 serve`, `k3 batch`): its GB, or undefined for
+   * the plan's default (weights/plan.ts); absent: no cache in the plan. */
+  stateCache?: { gb?: number };
   /** Where the memory plan is printed before anything big is allocated (default: nowhere). */
   log?: (line: string) => void;
   /** Progress of long phases (what, done, total). */
@@ -167,6 +170,7 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
           packed: trunk !== undefined,
           available: available?.bytes,
           availableSource: available?.source,
+          stateCache: opts.stateCache,
         });
         checkFits(p);
         return p;

@@ -121,10 +121,16 @@ export function parseOpenAILine(
  * strings cut; `reply`: the reply as read, undefined without a tokenizer). */
 export function openaiResultLine(
   r: OpenAIRequest,
-  out: { text: string; reply?: ReplyStream; finishReason: "stop" | "length"; completionTokens: number },
+  out: {
+    text: string;
+    reply?: ReplyStream;
+    finishReason: "stop" | "length";
+    completionTokens: number;
+    cachedTokens?: number;
+  },
 ): Record<string, unknown> {
   const created = Math.floor(Date.now() / 1000);
-  const u = usage(r.task.promptIds.length, out.completionTokens);
+  const u = usage(r.task.promptIds.length, out.completionTokens, undefined, out.cachedTokens);
   const thinking = r.task.chat?.thinking ?? false;
   const reply = out.reply;
   const calls = (reply?.calls ?? []).map(toolCallBody);

@@ -20,6 +20,8 @@ import type { Job } from "./jobs.ts";
 import { openaiResultLine } from "./openai_lines.ts";
 import { ReplyStream } from "../reply.ts";
 import { sequenceConstraint } from "../structured.ts";
+import { sharedPrefixes } from "./shared_prefix.ts";
+import type { StateCache } from "../../engine/generate/state_cache.ts";
 
 /** Bytes read and expert-cache hits of one prompt (streamed weights only). */
 function ioDelta(a: IoStats | undefined, b: IoStats | undefined, ledger: LedgerReport): Record<string, number> {
@@ -47,6 +49,8 @@ export interface RunOptions {
   settings: ReportSettings;
   /** Where result lines go. */
   out: AppendLog;
+  /** Lines continue from kept states of the prefixes they share (undefined: off). */
+  stateCache?: StateCache;
 }
 
 /** What a batch run did, for its summary and report. */
@@ -61,6 +65,8 @@ export interface BatchRun {
   io0: IoStats | undefined;
   /** The ledger before the run. */
   start: LedgerMark;
+  /** Prompt tokens served from kept states instead of prefilled. */
+  cachedTokens: number;
 }
 
 /**
@@ -72,10 +78,12 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
   const weights = model.weights;
   const io = () => weights.ioStats?.();
   const io0 = io();
-  let tokensDone = 0, finished = 0;
+  let tokensDone = 0, finished = 0, cachedTokens = 0;
   const t1 = performance.now();
   const start = markLedger(model);
-  const scheduler = new Scheduler(model, { maxSequences: opts.inFlight, chunk: opts.chunk });
+  const cache = opts.incremental ? opts.stateCache : undefined;
+  const scheduler = new Scheduler(model, { maxSequences: opts.inFlight, chunk: opts.chunk, cache });
+  const shared = cache ? sharedPrefixes(todo.map((j) => j.promptIds)) : [];
   // A prompt whose output is unsound stops the run: the others are interrupted and not
   // written (they would resume on a rerun), results already written stay.
   const stop = new AbortController();
@@ -91,6 +99,7 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
         reply,
         finishReason: r.finishReason as "stop" | "length",
         completionTokens: ids.length,
+        cachedTokens: cache ? r.cachedTokens : undefined,
       })
       : {
         ...reportHead("batch_result"),
@@ -102,6 +111,7 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
           prefillSeconds: r.prefillSeconds,
           decodeSeconds: r.decodeSeconds,
         }),
+        cached_tokens: r.cachedTokens,
         prompt_ids: job.promptIds,
         generated_ids: ids,
         generated_text: tokenizer ? text : null,
@@ -116,6 +126,7 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
     opts.out.append(result);
     finished++;
     tokensDone += ids.length;
+    cachedTokens += r.cachedTokens;
     const elapsed = (performance.now() - t1) / 1000;
     const now = io();
     const bytes = now && io0 ? now.trunkBytes + now.expertBytes - io0.trunkBytes - io0.expertBytes : 0;
@@ -130,7 +141,7 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
     );
   };
   try {
-    await Promise.all(todo.map((job) => {
+    await Promise.all(todo.map((job, i) => {
       let admitted = markLedger(model);
       // The reply as it is generated: stop strings cut, a chat read by its markup ids.
       const task = job.openai?.task;
@@ -157,6 +168,7 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
           return reply.token(token, logits).stop;
         },
         recompute: !opts.incremental,
+        cacheAt: shared[i],
         signal: stop.signal,
         onAdmit: () => (admitted = markLedger(model)),
       }).then(
@@ -180,6 +192,7 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
     if (unsound) throw unsound;
   } finally {
     await scheduler.close();
+    await cache?.settled();
   }
-  return { tokensDone, startedAt: t1, io, io0, start };
+  return { tokensDone, startedAt: t1, io, io0, start, cachedTokens };
 }

@@ -193,6 +193,23 @@ class Metrics {
       this.internalErrors,
     ]]);
     metric("k3_connections", "gauge", "TCP connections open.", [["", connections]]);
+    const sc = engine?.stateCache?.stats;
+    if (sc) {
+      const stateCache: [string, string, string, [string, number][]][] = [
+        ["hits_total", "counter", "Requests continued from a kept state.", [["", sc.hits]]],
+        ["misses_total", "counter", "Requests with no kept prefix.", [["", sc.misses]]],
+        ["evictions_total", "counter", "Kept states evicted from RAM.", [["", sc.evictions]]],
+        ["bytes", "gauge", "Bytes of kept states, by tier.", [['tier="ram"', sc.bytes], ['tier="disk"', sc.diskBytes]]],
+        ["entries", "gauge", "Kept states, by tier.", [['tier="ram"', sc.entries], ['tier="disk"', sc.diskEntries]]],
+        ["disk_hits_total", "counter", "Hits read back from the spill directory.", [["", sc.diskHits]]],
+        ["refused_total", "counter", "Spill files refused (damaged) and recomputed.", [["", sc.refused]]],
+      ];
+      for (const [name, type, help, rows] of stateCache) metric(`k3_state_cache_${name}`, type, help, rows);
+      metric("k3_cached_prompt_tokens_total", "counter", "Prompt tokens served from kept states.", [[
+        "",
+        sc.cachedTokens,
+      ]]);
+    }
     return out.join("\n") + "\n";
   }
 }

@@ -156,7 +156,7 @@ function responsesUsage(promptTokens: number, o: Outcome) {
   const out = o.result.tokens.length;
   return {
     input_tokens: promptTokens,
-    input_tokens_details: { cached_tokens: 0 },
+    input_tokens_details: { cached_tokens: o.result.cachedTokens ?? 0 },
     output_tokens: out,
     output_tokens_details: { reasoning_tokens: o.reasoningTokens ?? 0 },
     total_tokens: promptTokens + out,

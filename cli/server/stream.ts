@@ -39,7 +39,7 @@ export function completionBody(
   o: Outcome,
   promptTokens: number,
 ): ChatCompletion | Completion {
-  const u = usage(promptTokens, o.result.tokens.length, o.reasoningTokens);
+  const u = usage(promptTokens, o.result.tokens.length, o.reasoningTokens, o.result.cachedTokens);
   const reply = o.reply;
   const calls = reply.calls.map(toolCallBody);
   const fin = finishReason(o.result.finishReason, calls.length > 0);
@@ -168,7 +168,7 @@ export class ChunkWriter {
         usageChunk(
           this.head,
           r.kind === "chat" ? "chat.completion.chunk" : "text_completion",
-          usage(promptTokens, o.result.tokens.length, o.reasoningTokens),
+          usage(promptTokens, o.result.tokens.length, o.reasoningTokens, o.result.cachedTokens),
         ),
       );
     }

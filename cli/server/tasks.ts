@@ -12,6 +12,7 @@ import type { Scheduler, SequenceResult } from "../../engine/generate/scheduler.
 import { makeSampler } from "../../engine/generate/sampling.ts";
 import type { TokenLogprob } from "../../engine/generate/logprobs.ts";
 import type { ReplyEvent } from "../../engine/text/xtml.ts";
+import { chatCachePoints, type StateCache } from "../../engine/generate/state_cache.ts";
 import type { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { K3Error } from "../../engine/errors.ts";
 import {
@@ -37,6 +38,8 @@ export interface ServeEngine {
   vocabSize: number;
   /** Bytes read from disk so far (trunk and experts). */
   bytesRead: () => number;
+  /** The conversation state cache the scheduler continues from (undefined: off). */
+  stateCache?: Pick<StateCache, "stats">;
 }
 
 /** A validated request and the task it runs. */
@@ -147,6 +150,7 @@ export async function runTask(
     grammar: task.grammar &&
       sequenceConstraint(task.grammar, e.tokenizer, e.vocabSize, ends, task.logprobs !== undefined),
     signal,
+    ...(e.stateCache ? chatCachePoints(e.tokenizer, task.promptIds, task.chat) : {}),
     onToken: (token, logits) => {
       if (first) (first = false, onFirstToken());
       // A completion's end ids are not text; a chat's reader reads them as the turn's end.

@@ -46,12 +46,16 @@ export interface LedgerReport {
   head_seconds: number;
   /** Choosing tokens from logits. */
   sampling_seconds: number;
+  /** Copying states into and out of the state cache, reading its spill files. */
+  state_cache_seconds: number;
   /** The rest of the wall clock (norms, residuals, bookkeeping). */
   other_seconds: number;
   /** Trunk bytes read in the span. */
   trunk_bytes_read: number;
   /** Expert bytes read in the span. */
   expert_bytes_read: number;
+  /** Prompt tokens restored from the state cache in the span instead of prefilled. */
+  cached_tokens: number;
   /** Bytes / seconds with a read in flight (null when nothing was read). */
   read_bytes_per_second_in_flight: number | null;
   /** Bytes the trunk read took on disk (fewer than `trunk_bytes_read` when split-coded). */
@@ -94,6 +98,7 @@ export function ledgerBetween(a: LedgerMark, b: LedgerMark): LedgerReport {
     attention_seconds: d("attention"),
     head_seconds: d("head"),
     sampling_seconds: d("sampling"),
+    state_cache_seconds: d("stateCache"),
   };
   const busy = b.readBusySeconds - a.readBusySeconds;
   const bytes = b.readBytes - a.readBytes;
@@ -103,6 +108,7 @@ export function ledgerBetween(a: LedgerMark, b: LedgerMark): LedgerReport {
     other_seconds: wall - Object.values(parts).reduce((x, y) => x + y, 0),
     trunk_bytes_read: (b.io?.trunkBytes ?? 0) - (a.io?.trunkBytes ?? 0),
     expert_bytes_read: (b.io?.expertBytes ?? 0) - (a.io?.expertBytes ?? 0),
+    cached_tokens: d("cachedTokens"),
     read_bytes_per_second_in_flight: busy > 0 ? bytes / busy : null,
     trunk_bytes_stored: (b.io?.trunkStoredBytes ?? 0) - (a.io?.trunkStoredBytes ?? 0),
     trunk_decode_cpu: (b.io?.trunkDecodeSeconds ?? 0) - (a.io?.trunkDecodeSeconds ?? 0),
@@ -124,6 +130,7 @@ export function formatLedger(l: LedgerReport): string[] {
     ["attention (KDA, MLA)", l.attention_seconds],
     ["head", l.head_seconds],
     ["sampling", l.sampling_seconds],
+    ...(l.state_cache_seconds > 0 ? [["state cache", l.state_cache_seconds] as [string, number]] : []),
     ["other", l.other_seconds],
   ];
   const pct = (s: number) => (100 * s / Math.max(l.wall_seconds, 1e-9)).toFixed(1).padStart(5);
@@ -143,5 +150,6 @@ export function formatLedger(l: LedgerReport): string[] {
       } GB stored for ${gb(l.trunk_bytes_read)} GB`,
     );
   }
+  if (l.cached_tokens > 0) lines.push(`  ${l.cached_tokens} prompt tokens from the state cache, not prefilled`);
   return lines;
 }

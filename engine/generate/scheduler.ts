@@ -21,6 +21,7 @@ import { EXIT, K3Error } from "../errors.ts";
 import type { K3Model, Segment } from "../model/model.ts";
 import type { SequenceState } from "../model/state.ts";
 import { argmax } from "./sampling.ts";
+import type { StateCache } from "./state_cache.ts";
 
 /** Why a sequence ended: a stop id or stop string, its token limit, or its abort signal. */
 export type FinishReason = "stop" | "length" | "interrupted";
@@ -56,6 +57,12 @@ export interface SequenceRequest {
   recompute?: boolean;
   /** Ends generation at the next pass boundary with finish reason "interrupted". */
   signal?: AbortSignal;
+  /** Positions of `prompt` whose state the scheduler's state cache keeps (message
+   * boundaries, prefixes other sequences share); used only with a cache. */
+  cacheAt?: readonly number[];
+  /** The ids that close the reply after its generated tokens (chat markup), so the cache
+   * also keeps the state at prompt + reply + these; undefined: the reply is not kept. */
+  replyTail?: (tokens: readonly number[], reason: FinishReason) => number[] | undefined;
 }
 
 /** A per-sequence constraint on the next token (engine/generate/grammar/mask.ts). */
@@ -71,8 +78,10 @@ export interface SequenceResult {
   tokens: number[];
   /** Why generation ended. */
   finishReason: FinishReason;
-  /** Tokens of the prompt prefilled. */
+  /** Tokens of the prompt (prefilled, or served from the state cache). */
   promptTokens: number;
+  /** Tokens of the prompt served from the state cache instead of prefilled. */
+  cachedTokens: number;
   /** From admission to the first token's logits (the whole prompt's prefill). */
   prefillSeconds: number;
   /** From the first token to the last. */
@@ -99,6 +108,9 @@ export function checkFinite(logits: Float32Array, step: number): void {
   }
 }
 
+/** A pass slower than this is not run only to close a reply for the state cache. */
+export const CLOSE_ALONE_SECONDS = 1;
+
 /** Options of a scheduler. */
 export interface SchedulerOptions {
   /** Sequences in flight at once (each holds a state). Default 1. */
@@ -107,6 +119,9 @@ export interface SchedulerOptions {
   chunk?: number;
   /** Called after every pass with its segments (for progress and reports). */
   onPass?: (info: { rows: number; sequences: number; seconds: number }) => void;
+  /** Exact-prefix state reuse: a sequence continues from the longest kept prefix of its
+   * prompt and keeps its state at its `cacheAt` positions and after its reply. */
+  cache?: StateCache;
 }
 
 /** A sequence in flight. */
@@ -117,6 +132,12 @@ class Running {
   readonly tokens: number[] = [];
   readonly stepSeconds: number[] = [];
   prefillDone = 0;
+  /** Positions of the prompt restored from the state cache. */
+  cachedTokens = 0;
+  /** Prompt positions still to keep in the state cache, ascending. */
+  keepAt: number[] = [];
+  /** Only closes a finished reply for the state cache (no caller waits on it). */
+  closing = false;
   readonly admitted = performance.now();
   firstAt = 0;
   lastAt = 0;
@@ -149,6 +170,7 @@ export class Scheduler {
   private readonly chunk: number;
   private loop?: Promise<void>;
   private failure?: unknown;
+  private lastPassSeconds = 0;
 
   /** A scheduler over `model`; nothing runs until a sequence is submitted. */
   constructor(readonly model: K3Model, private readonly opts: SchedulerOptions = {}) {
@@ -197,15 +219,82 @@ export class Scheduler {
     while (this.loop) await this.loop;
   }
 
-  /** Moves waiting sequences into the running set while there is room. */
-  private admit(): void {
-    while (this.waiting.length > 0 && this.running.length < this.maxSequences) {
-      const { req, resolve, reject } = this.waiting.shift()!;
+  /**
+   * Moves waiting sequences into the running set while there is room. With a state cache,
+   * a sequence starts from the longest kept prefix of its prompt, and one whose prefix a
+   * running sequence is about to keep waits for it (a shared prefix is prefilled once).
+   */
+  private async admit(): Promise<void> {
+    const cache = this.opts.cache;
+    for (let i = 0; i < this.waiting.length && this.running.length < this.maxSequences;) {
+      const { req, resolve, reject } = this.waiting[i];
+      const cached = cache && !req.state && !req.recompute;
+      const maxHit = req.maxTokens > 0 ? req.prompt.length - 1 : req.prompt.length;
+      if (cached && this.prefixInFlight(req.prompt, cache.peek(req.prompt, maxHit), maxHit)) {
+        i++;
+        continue;
+      }
+      this.waiting.splice(i, 1);
       const seq = new Running(req, req.state ?? this.model.newState(), resolve, reject);
       this.running.push(seq);
+      if (cached) {
+        const t0 = performance.now();
+        try {
+          const hit = await cache.lookup(req.prompt, maxHit);
+          if (hit) {
+            seq.state.restore(hit.payload, hit.length);
+            seq.cachedTokens = hit.length;
+            this.model.ledger.cachedTokens += hit.length;
+            seq.pending = req.prompt.slice(hit.length);
+          }
+        } catch (e) {
+          this.fail(seq, e);
+          continue;
+        } finally {
+          this.model.ledger.stateCache += (performance.now() - t0) / 1000;
+        }
+        seq.keepAt = [...new Set(req.cacheAt ?? [])]
+          .filter((p) => Number.isInteger(p) && p > seq.cachedTokens && p <= req.prompt.length)
+          .sort((a, b) => a - b);
+      }
       req.onAdmit?.();
-      if (req.prompt.length === 0) this.finish(seq, "length"); // a state handed back as is
+      if (seq.pending.length === 0) this.finish(seq, "length"); // a state handed back as is
     }
+  }
+
+  /** True when a running sequence will keep a state of `ids`' first p positions,
+   * `have` < p <= `upTo`: waiting for it beats prefilling the same prefix twice. */
+  private prefixInFlight(ids: readonly number[], have: number, upTo: number): boolean {
+    for (const r of this.running) {
+      for (const p of r.keepAt) {
+        if (p <= have || p > upTo || r.req.prompt.length < p) continue;
+        let same = true;
+        for (let j = 0; j < p && same; j++) same = r.req.prompt[j] === ids[j];
+        if (same) return true;
+      }
+    }
+    return false;
+  }
+
+  /**
+   * After a reply, runs its last token and `replyTail` ids through its state and keeps the
+   * result in the cache (the state the next turn of the conversation starts from). True
+   * when the state went to that closing sequence (which frees it).
+   */
+  private closeReply(seq: Running, reason: FinishReason): boolean {
+    const cache = this.opts.cache, req = seq.req;
+    if (!cache || seq.closing || !req.replyTail || req.recompute || req.state || reason === "interrupted") return false;
+    if (seq.tokens.length === 0 || seq.state.pos !== req.prompt.length + seq.tokens.length - 1) return false;
+    const tail = req.replyTail(seq.tokens, reason);
+    if (!tail) return false;
+    const key = [...req.prompt, ...seq.tokens, ...tail];
+    if (key.length > this.model.capacity || cache.has(key)) return false;
+    const closer = new Running({ prompt: key, maxTokens: 0 }, seq.state, () => {}, () => {});
+    closer.closing = true;
+    closer.pending = [seq.tokens[seq.tokens.length - 1], ...tail];
+    closer.keepAt = [key.length];
+    this.running.push(closer);
+    return true;
   }
 
   /** Ends a sequence with `reason` and resolves its promise. */
@@ -218,12 +307,13 @@ export class Scheduler {
       tokens: seq.tokens,
       finishReason: reason,
       promptTokens: seq.req.prompt.length,
+      cachedTokens: seq.cachedTokens,
       prefillSeconds: ((seq.firstAt || now) - seq.admitted) / 1000,
       decodeSeconds: seq.firstAt ? (seq.lastAt - seq.firstAt) / 1000 : 0,
       stepSeconds: seq.stepSeconds,
     };
     if (seq.req.keepState) result.state = seq.state;
-    else seq.state.free();
+    else if (!this.closeReply(seq, reason)) seq.state.free();
     seq.resolve(result);
   }
 
@@ -247,7 +337,9 @@ export class Scheduler {
     }
     for (const seq of this.running) {
       if (seq.decoding) continue;
-      const n = Math.min(seq.pending.length, this.chunk, this.model.maxT - rows);
+      // A chunk ends where the state is to be kept (chunking never changes a bit).
+      const keep = seq.keepAt.length > 0 ? seq.keepAt[0] - seq.state.pos : Infinity;
+      const n = Math.min(seq.pending.length, this.chunk, this.model.maxT - rows, keep);
       if (n <= 0) continue;
       const ids = seq.pending.splice(0, n);
       const last = seq.pending.length === 0 && seq.req.maxTokens > 0;
@@ -269,8 +361,18 @@ export class Scheduler {
       if (this.running.some((s) => s.req.signal) || this.waiting.some((w) => w.req.signal)) {
         await new Promise((r) => setImmediate(r));
       }
-      this.admit();
+      await this.admit();
       for (const seq of [...this.running]) if (seq.req.signal?.aborted) this.finish(seq, "interrupted");
+      // A reply's closing ids ride along with other work for free; alone they cost a whole
+      // pass (at the floor budget, a read of the streamed trunk), paid only while passes
+      // are cheap. Dropping them loses only the reply's kept state, never a token.
+      if (
+        this.waiting.length === 0 && this.running.length > 0 && this.running.every((s) => s.closing) &&
+        this.lastPassSeconds > CLOSE_ALONE_SECONDS
+      ) {
+        for (const seq of [...this.running]) this.finish(seq, "length");
+        continue;
+      }
       const pass = this.nextPass();
       if (pass.length === 0) {
         if (this.running.length > 0) throw new Error("internal: scheduler built an empty pass");
@@ -289,16 +391,16 @@ export class Scheduler {
         return;
       }
       const now = performance.now();
-      this.opts.onPass?.({
-        rows: pass.reduce((n, p) => n + p.seg.ids.length, 0),
-        sequences: pass.length,
-        seconds: (now - t0) / 1000,
-      });
+      const rows = pass.reduce((n, p) => n + p.seg.ids.length, 0);
+      this.lastPassSeconds = (now - t0) / 1000;
+      this.opts.onPass?.({ rows, sequences: pass.length, seconds: (now - t0) / 1000 });
+      if (pass.some((p) => !p.seq.decoding)) this.opts.cache?.notePrefillPass((now - t0) / 1000, rows);
       pass.forEach(({ seq, seg }, i) => {
         if (seq.done) return;
         if (!seq.decoding && seq.tokens.length === 0) {
           seq.prefillDone += seg.ids.length;
           seq.req.onPrefill?.(Math.min(seq.prefillDone, seq.req.prompt.length), seq.req.prompt.length);
+          if (seq.keepAt[0] === seq.state.pos) this.keep(seq);
         }
         if (seg.logits === "none") {
           if (seq.pending.length === 0) this.finish(seq, "length"); // prompt only
@@ -314,6 +416,14 @@ export class Scheduler {
     // Cleared here, synchronously: a caller resumed by the last finish may submit again
     // before this promise settles, and must start a new loop rather than wait on this one.
     this.loop = undefined;
+  }
+
+  /** Keeps `seq`'s state at its next `keepAt` position (where it is now) in the cache. */
+  private keep(seq: Running): void {
+    const t0 = performance.now();
+    const pos = seq.keepAt.shift()!;
+    this.opts.cache!.put(seq.req.prompt.slice(0, pos), seq.state.snapshot());
+    this.model.ledger.stateCache += (performance.now() - t0) / 1000;
   }
 
   /** Picks and hands out one token of `seq`; ends it or queues the token for the next pass. */

@@ -114,22 +114,6 @@ export function payloadBytes(cfg: K3Config, pos: number): number {
   return 4 * (layersOf(cfg, "kda").length * s.kdaFloats + layersOf(cfg, "mla").length * pos * (s.latent + s.rope));
 }
 
-/** The native views a state's payload is made of, in file order. */
-function regions(model: K3Model, state: SequenceState, pos: number): Uint8Array[] {
-  const { latent, rope } = sizes(model.cfg);
-  const out: Uint8Array[] = [];
-  for (const L of layersOf(model.cfg, "kda")) {
-    const s = state.kda.get(L)!;
-    for (const v of [s.convQ, s.convK, s.convV, s.S]) out.push(v.buf.u8.subarray(0, v.length * 4));
-  }
-  for (const L of layersOf(model.cfg, "mla")) {
-    const s = state.mla.get(L)!;
-    out.push(s.latent.buf.u8.subarray(0, pos * latent * 4));
-    out.push(s.krope.buf.u8.subarray(0, pos * rope * 4));
-  }
-  return out;
-}
-
 /**
  * Writes `state` (which has processed exactly `tokens`) atomically: a temporary sibling,
  * fsync'ed, then renamed over `path`.
@@ -145,18 +129,40 @@ export async function saveState(
   if (tokens.length !== state.pos) {
     throw new Error(`saveState: ${tokens.length} tokens for a state at position ${state.pos}`);
   }
-  const cfg = model.cfg;
+  await writeStatePayload(path, model.cfg, tokens, state.regions(), fp, meta);
+}
+
+/**
+ * Writes a state file from its payload (`parts`: {@link SequenceState.regions} of a state
+ * that has processed exactly `tokens`, or one {@link SequenceState.snapshot}) atomically:
+ * a temporary sibling, fsync'ed, then renamed over `path`.
+ */
+export async function writeStatePayload(
+  path: string,
+  cfg: K3Config,
+  tokens: readonly number[],
+  parts: readonly Uint8Array[],
+  fp: ModelFingerprint,
+  meta: Record<string, unknown> = {},
+): Promise<void> {
+  const pos = tokens.length;
+  const size = parts.reduce((n, p) => n + p.length, 0);
+  if (size !== payloadBytes(cfg, pos)) {
+    throw new Error(
+      `writeStatePayload: ${size} payload bytes for ${pos} positions (${payloadBytes(cfg, pos)} expected)`,
+    );
+  }
   const header: StateHeader = {
     format: "k3-state",
     version: STATE_VERSION,
     config: fp.config,
     weights: fp.weights,
     layers: cfg.numLayers,
-    pos: state.pos,
+    pos,
     tokens: [...tokens],
     kda: layersOf(cfg, "kda"),
     mla: layersOf(cfg, "mla"),
-    payload_bytes: payloadBytes(cfg, state.pos),
+    payload_bytes: size,
     meta,
   };
   const json = new TextEncoder().encode(JSON.stringify(header));
@@ -165,16 +171,16 @@ export async function saveState(
   const dv = new DataView(prefix.buffer);
   dv.setUint32(8, STATE_VERSION, true);
   dv.setUint32(12, json.length, true);
-  const parts = [prefix, json, ...regions(model, state, state.pos)];
+  const file = [prefix, json, ...parts];
   const hash = createHash("sha256");
-  for (const p of parts) hash.update(p);
-  parts.push(new Uint8Array(hash.digest()));
+  for (const p of file) hash.update(p);
+  file.push(new Uint8Array(hash.digest()));
 
   const tmp = `${path}.tmp-${Deno.pid}-${Date.now()}`;
   let f: Deno.FsFile | undefined;
   try {
     f = await Deno.open(tmp, { write: true, create: true, truncate: true });
-    for (const p of parts) {
+    for (const p of file) {
       let off = 0;
       while (off < p.length) off += await f.write(p.subarray(off));
     }
@@ -256,7 +262,28 @@ export async function loadState(
   model: K3Model,
   fp: ModelFingerprint,
 ): Promise<LoadedState> {
-  const { path, header: h, bytes, at } = typeof file === "string" ? await readStateFile(file) : file;
+  const { header: h, payload } = checkStateFile(typeof file === "string" ? await readStateFile(file) : file, model, fp);
+  const state = model.newState();
+  try {
+    state.restore(payload, h.pos);
+  } catch (e) {
+    state.free();
+    throw e;
+  }
+  return { state, tokens: h.tokens, meta: h.meta };
+}
+
+/**
+ * Checks every header field of a read state file against `model` (fingerprints, layer
+ * lists, pos within capacity, token ids, payload size) and returns its payload (what
+ * {@link SequenceState.restore} takes). Throws K3Error (one line) for any mismatch.
+ */
+export function checkStateFile(
+  file: StateFile,
+  model: K3Model,
+  fp: ModelFingerprint,
+): { header: StateHeader; payload: Uint8Array } {
+  const { path, header: h, bytes, at } = file;
   const bad = (why: string) => new K3Error(`state ${path}: ${why}; refusing it`);
   const cfg = model.cfg;
   if (h.format !== "k3-state" || h.version !== STATE_VERSION) throw bad("corrupt header (format or version)");
@@ -285,17 +312,5 @@ export async function loadState(
   }
   if (typeof h.meta !== "object" || h.meta === null || Array.isArray(h.meta)) throw bad("corrupt header (meta)");
 
-  const state = model.newState();
-  try {
-    let off = at;
-    for (const r of regions(model, state, h.pos)) {
-      r.set(bytes.subarray(off, off + r.length));
-      off += r.length;
-    }
-    state.pos = h.pos;
-  } catch (e) {
-    state.free();
-    throw e;
-  }
-  return { state, tokens: h.tokens, meta: h.meta };
+  return { header: h, payload: bytes.subarray(at, at + h.payload_bytes) };
 }

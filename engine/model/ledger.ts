@@ -27,6 +27,12 @@ export interface Ledger {
   head: number;
   /** Seconds choosing tokens (the scheduler's). */
   sampling: number;
+  /** Seconds copying states into and out of the state cache and reading its spill files
+   * (the scheduler's). */
+  stateCache: number;
+  /** Prompt positions restored from the state cache instead of prefilled (a count, not
+   * seconds; the scheduler's). */
+  cachedTokens: number;
 }
 
 /** A ledger of zeros. */
@@ -39,5 +45,7 @@ export function newLedger(): Ledger {
     attention: 0,
     head: 0,
     sampling: 0,
+    stateCache: 0,
+    cachedTokens: 0,
   };
 }

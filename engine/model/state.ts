@@ -35,10 +35,15 @@ export class SequenceState {
   /** MLA layers: the latent cache, normed latents [pos][kvLoraRank] and raw k_rope [pos][ropeDim]. */
   readonly mla = new Map<number, { latent: Vec; krope: Vec }>();
 
+  readonly #latentDim: number;
+  readonly #ropeDim: number;
+
   /** Allocates the state for up to `capacity` positions. */
   constructor(k: Kernels, cfg: K3Config, readonly capacity: number) {
     const { numHeads: H, headDim: d } = cfg.kda;
     const m = cfg.mla;
+    this.#latentDim = m.kvLoraRank;
+    this.#ropeDim = m.ropeDim;
     cfg.layerKinds.forEach((kind, L) => {
       if (kind === "kda") {
         const C = H * d;
@@ -67,6 +72,52 @@ export class SequenceState {
       s.convV.f.fill(0);
       s.S.f.fill(0);
     }
+  }
+
+  /**
+   * The native bytes the forward pass reads from this state at `pos` positions, in the
+   * saved-state payload's order: each KDA layer (convQ, convK, convV, S), then each MLA
+   * layer (latent [pos][kvLoraRank], krope [pos][ropeDim]). Views, not copies.
+   */
+  regions(pos = this.pos): Uint8Array[] {
+    const out: Uint8Array[] = [];
+    for (const s of this.kda.values()) {
+      for (const v of [s.convQ, s.convK, s.convV, s.S]) out.push(v.buf.u8.subarray(0, v.length * 4));
+    }
+    for (const s of this.mla.values()) {
+      out.push(s.latent.buf.u8.subarray(0, pos * this.#latentDim * 4));
+      out.push(s.krope.buf.u8.subarray(0, pos * this.#ropeDim * 4));
+    }
+    return out;
+  }
+
+  /**
+   * A copy of every byte the forward pass reads at the current position (the payload of
+   * {@link regions}, back to back): what {@link restore} needs to continue exactly here.
+   */
+  snapshot(): Uint8Array {
+    const parts = this.regions();
+    const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+    let off = 0;
+    for (const p of parts) (out.set(p, off), off += p.length);
+    return out;
+  }
+
+  /**
+   * Makes this state the one {@link snapshot} copied at `pos` positions: every region
+   * written and the position set, so the next forward call reads exactly what the original
+   * state would have. Throws when the bytes do not fit this state's layout or capacity.
+   */
+  restore(bytes: Uint8Array, pos: number): void {
+    if (!Number.isSafeInteger(pos) || pos < 0 || pos > this.capacity) {
+      throw new Error(`restore: position ${pos} outside this state's capacity ${this.capacity}`);
+    }
+    const parts = this.regions(pos);
+    const want = parts.reduce((n, p) => n + p.length, 0);
+    if (bytes.length !== want) throw new Error(`restore: ${bytes.length} bytes for a state that needs ${want}`);
+    let off = 0;
+    for (const p of parts) (p.set(bytes.subarray(off, off + p.length)), off += p.length);
+    this.pos = pos;
   }
 
   /** Frees the state's native buffers. */

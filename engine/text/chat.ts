@@ -27,7 +27,7 @@
 
 import { usageError } from "../errors.ts";
 import type { Tokenizer } from "./tokenizer.ts";
-import { markupIds } from "./xtml.ts";
+import { markupIds, ReplyReader } from "./xtml.ts";
 
 /** Who speaks a message. */
 export type Role = "system" | "user" | "assistant" | "tool";
@@ -424,4 +424,32 @@ export function formatHistory(messages: readonly ChatMessage[]): string {
     if (m.name !== undefined) o.name = m.name;
     return JSON.stringify(o) + "\n";
   }).join("");
+}
+
+/**
+ * Message boundaries of rendered chat ids: the position after each `<|end_of_msg|>`, where
+ * a complete message ends and a conversation's next turn can continue (the state cache
+ * keeps states there). Ascending.
+ */
+export function messageBoundaries(tok: Tokenizer, ids: readonly number[]): number[] {
+  const end = tok.specialId("<|end_of_msg|>");
+  const out: number[] = [];
+  ids.forEach((t, i) => t === end && out.push(i + 1));
+  return out;
+}
+
+/**
+ * The ids that close a generated assistant reply (its `tokens`, read on their control ids)
+ * as the template renders it in the history: the channels and message it left open, then
+ * `<|end_of_msg|>`; nothing when the reply ended with `<|end_of_msg|>` itself. Undefined
+ * when the reply ended with [EOS] (which a rendered history never holds).
+ */
+export function replyCloser(tok: Tokenizer, tokens: readonly number[], thinking: boolean): number[] | undefined {
+  if (tokens.at(-1) === tok.specialId("[EOS]")) return undefined;
+  const reader = new ReplyReader(tok, { thinking, tools: true });
+  for (const id of tokens) reader.push(id);
+  reader.finish();
+  const generationPrompt = chatPrompt(tok, [], { thinking }).length;
+  const closing = continuePrompt(tok, reader.left, [], thinking);
+  return closing.slice(0, closing.length - generationPrompt);
 }

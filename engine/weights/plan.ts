@@ -17,6 +17,9 @@
  *   embed/head = both matrices resident, or (ultra) one row buffer + two lm_head chunks
  *   state   = KDA state (fixed) + KV per position x positions (MLA latent cache, fp32)
  *   scratch = the forward pass's buffers for a prefill chunk (model/scratch.ts, sized by the caller)
+ *   state cache (serve, batch) = kept conversation states (generate/state_cache.ts): --state-cache-gb,
+ *             or by default half of what MemAvailable leaves after the rest, at most
+ *             STATE_CACHE_DEFAULT_CAP (the cap itself when availability is unknown)
  *
  * The run is refused (exit 1) when total + FIXED_OVERHEAD exceeds MemAvailable.
  *
@@ -145,7 +148,14 @@ export interface PlanInput {
   available?: number;
   /** Where `available` comes from, for the refusal ("MemAvailable" unless given). */
   availableSource?: string;
+  /** A conversation state cache to plan: its GB, or undefined gb for the default. Absent:
+   * no state cache (the plan has no such line). */
+  stateCache?: { gb?: number };
 }
+
+/** The largest default state cache: enough for a few long conversations on the full model
+ * (~55 KB per position: 8 GB holds ~145,000 positions). */
+export const STATE_CACHE_DEFAULT_CAP = 8e9;
 
 /** The memory plan. Every size in bytes. */
 export interface MemoryPlan {
@@ -184,6 +194,8 @@ export interface MemoryPlan {
   state: { fixedBytes: number; kvPerPosition: number; positions: number; sequences: number; bytes: number };
   /** Bytes of scratch buffers. */
   scratchBytes: number;
+  /** The conversation state cache's RAM budget (null: no cache planned). */
+  stateCache: { bytes: number; perPosition: number; fixedBytes: number; source: "flag" | "default" } | null;
   /** The prefill chunk. A pass whose experts exceed the cache runs them in waves. */
   chunk: number;
   /** Rows one forward pass holds: a prefill chunk plus one decode token of each other sequence. */
@@ -451,8 +463,21 @@ export function makePlan(input: PlanInput): MemoryPlan {
   const chunk = input.chunk;
   const scratch = input.scratchBytes;
   const trunkBytes = pinnedBytes + ring;
-  const total = trunkBytes + expertBytes + embedHeadBytes + input.finalsBytes + stateTotal +
-    scratch;
+  const rest = trunkBytes + expertBytes + embedHeadBytes + input.finalsBytes + stateTotal + scratch;
+  let stateCache: MemoryPlan["stateCache"] = null;
+  if (input.stateCache) {
+    const gb = input.stateCache.gb;
+    const left = input.available === undefined
+      ? STATE_CACHE_DEFAULT_CAP
+      : Math.max(0, (input.available - rest - FIXED_OVERHEAD_BYTES) / 2);
+    stateCache = {
+      bytes: gb !== undefined ? Math.round(gb * GB) : Math.floor(Math.min(STATE_CACHE_DEFAULT_CAP, left)),
+      perPosition: st.perPosition,
+      fixedBytes: st.fixed,
+      source: gb !== undefined ? "flag" : "default",
+    };
+  }
+  const total = rest + (stateCache?.bytes ?? 0);
   const plan: MemoryPlan = {
     mode: streaming ? "streamed" : "resident",
     preset: mem.preset ?? null,
@@ -486,6 +511,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
       bytes: stateTotal,
     },
     scratchBytes: scratch,
+    stateCache,
     chunk,
     passRows: rows,
     totalBytes: total,
@@ -584,6 +610,18 @@ export function formatPlan(p: MemoryPlan): string[] {
       p.passRows > p.chunk ? ` + ${p.passRows - p.chunk} decode tokens` : ""
     })`,
   );
+  if (p.stateCache) {
+    const c = p.stateCache;
+    row(
+      "state cache",
+      c.bytes,
+      c.bytes === 0
+        ? "off (--state-cache-gb 0)"
+        : `kept conversation states: KDA ${bytesText(c.fixedBytes)} + KV ${bytesText(c.perPosition)}/position each (${
+          c.source === "flag" ? "--state-cache-gb" : "default: half of what is left, capped"
+        })`,
+    );
+  }
   row(
     "total",
     p.totalBytes,

@@ -160,6 +160,7 @@ Deno.test("batch: OpenAI Batch API lines in, Batch output lines out; 400s answer
     prompt_tokens: prompt.length,
     completion_tokens: 5,
     total_tokens: prompt.length + 5,
+    prompt_tokens_details: { cached_tokens: 0 },
   });
   assert.equal(chat.body.choices[0].finish_reason, "length");
   const ids = jsonIds((await k3(["run", TINY, "--ids", prompt.join(","), "--gen", "5", "--json"])).stdout);

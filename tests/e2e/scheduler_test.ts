@@ -250,7 +250,7 @@ Deno.test("the run report's ledger: every kind of time non-negative, adding up t
   assert.match(out.stderr, /expert read wait/);
   const { ledger } = JSON.parse(await Deno.readTextFile(report));
   const parts = Object.entries(ledger).filter(([k]) => k.endsWith("_seconds") && k !== "wall_seconds");
-  assert.equal(parts.length, 8, "trunk, expert waits; dense, expert, attention, head, sampling; other");
+  assert.equal(parts.length, 9, "trunk, expert waits; dense, expert, attention, head, sampling; state cache; other");
   for (const [k, v] of parts) if (k !== "other_seconds") assert.ok((v as number) >= 0, `${k} >= 0`);
   const sum = parts.reduce((a, [, v]) => a + (v as number), 0);
   assert.ok(

@@ -75,6 +75,7 @@ class ScriptedScheduler {
       prefillSeconds: 0,
       decodeSeconds: 0,
       stepSeconds: tokens.map(() => 0),
+      cachedTokens: 0,
     });
   }
 }

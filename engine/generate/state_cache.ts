@@ -1,0 +1,418 @@
+/**
+ * The conversation state cache: sequence states kept under their exact token prefix, so a
+ * request whose ids start with a kept prefix continues from its state and prefills only
+ * the rest (`k3 serve` across requests, `k3 batch` across lines).
+ *
+ * A KDA layer's recurrent state folds every token in and cannot be rewound, so a state is
+ * only ever reused for exactly the prefix it processed: entries sit on the nodes of a
+ * radix trie over token ids, a lookup walks the request's ids and takes the deepest entry
+ * on its path, and nothing ever matches part of an entry. The scheduler keeps entries at
+ * the positions its callers name (message boundaries of the chat template, prefixes lines
+ * of a batch share), so the trie holds few, long entries.
+ *
+ * An entry is a {@link SequenceState.snapshot}: every byte the forward pass reads at that
+ * position (KDA conv histories and S, the MLA latent cache up to the position), in the
+ * saved-state payload's order. RAM entries are evicted least recently used first when their
+ * bytes exceed the budget; with a spill directory an evicted entry is written there as a
+ * saved-state file (engine/generate/state_file.ts: checksummed, atomic), named by the
+ * SHA-256 of its tokens, and the directory is itself bounded (oldest used files removed
+ * first). A hit on disk is read back only when the read is estimated cheaper than
+ * prefilling the same tokens (the measured read rate against the measured cost of a
+ * prefill pass), and each such decision is logged; a file that fails any check is
+ * refused, deleted, and its tokens prefilled.
+ *
+ * @module
+ */
+
+import { createHash } from "node:crypto";
+import { join } from "node:path";
+import { K3Error } from "../errors.ts";
+import type { K3Model } from "../model/model.ts";
+import { bytesText } from "../native/available.ts";
+import { checkStateFile, type ModelFingerprint, readStateFile, writeStatePayload } from "./state_file.ts";
+import { messageBoundaries, replyCloser } from "../text/chat.ts";
+import type { Tokenizer } from "../text/tokenizer.ts";
+
+/** How a state cache is set up. */
+export interface StateCacheOptions {
+  /** Bytes of RAM entries at most (0: nothing is kept in RAM; spilled entries still are). */
+  ramBytes: number;
+  /** Directory evicted entries are written to (none: evicted entries are dropped). */
+  dir?: string;
+  /** Bytes of spill files at most (default: unbounded). */
+  diskBytes?: number;
+  /** The model's fingerprint, written into and checked against every spill file. */
+  fingerprint?: ModelFingerprint;
+  /** Where decisions (disk read or prefill, refused files) are logged (default: nowhere). */
+  log?: (line: string) => void;
+}
+
+/** Counters of a state cache, for /metrics and reports. */
+export interface StateCacheStats {
+  /** Lookups that found an entry (RAM or disk, read back). */
+  hits: number;
+  /** Lookups that found none (or only a disk entry not worth reading). */
+  misses: number;
+  /** RAM entries evicted (spilled or dropped). */
+  evictions: number;
+  /** Bytes of RAM entries now. */
+  bytes: number;
+  /** RAM entries now. */
+  entries: number;
+  /** Hits read back from the spill directory. */
+  diskHits: number;
+  /** Bytes of spill files now. */
+  diskBytes: number;
+  /** Spill files now. */
+  diskEntries: number;
+  /** Spill files refused (damaged or not this model's) and recomputed. */
+  refused: number;
+  /** Positions served from the cache instead of prefilled. */
+  cachedTokens: number;
+}
+
+/** A state found for a prefix: its length and payload (for {@link SequenceState.restore}). */
+export interface CacheHit {
+  /** Positions the state holds: the request's first `length` ids. */
+  length: number;
+  /** The snapshot. */
+  payload: Uint8Array;
+  /** Where it came from. */
+  from: "ram" | "disk";
+}
+
+/** An entry: a state kept in RAM, or spilled to a file. */
+interface Entry {
+  tokens: number[];
+  node: TrieNode;
+  payload?: Uint8Array;
+  file?: string;
+  fileBytes: number;
+}
+
+/** A node of the radix trie: `edge` is the run of ids from its parent. */
+interface TrieNode {
+  edge: number[];
+  children: Map<number, TrieNode>;
+  entry?: Entry;
+}
+
+const newNode = (edge: number[]): TrieNode => ({ edge, children: new Map() });
+
+/** The file name of a prefix: the SHA-256 of its ids (u32 little-endian). */
+export function prefixKey(tokens: readonly number[]): string {
+  return createHash("sha256").update(new Uint8Array(Uint32Array.from(tokens).buffer)).digest("hex");
+}
+
+/**
+ * Where a request's states are kept (`k3 serve`): after its first message (a system prompt
+ * other conversations share) and its last complete message (where the next turn of a
+ * chat continues), and, for a chat, after the reply closed as the template renders it in
+ * the history (found only when the client sends the reply back as generated, reasoning
+ * included).
+ */
+export function chatCachePoints(
+  tok: Tokenizer,
+  promptIds: readonly number[],
+  chat?: { thinking: boolean },
+): { cacheAt: number[]; replyTail?: (tokens: readonly number[]) => number[] | undefined } {
+  const bounds = messageBoundaries(tok, promptIds);
+  return {
+    cacheAt: bounds.length > 0 ? [...new Set([bounds[0], bounds[bounds.length - 1]])] : [],
+    replyTail: chat ? (tokens) => replyCloser(tok, tokens, chat.thinking) : undefined,
+  };
+}
+
+/** Exact-prefix state reuse across sequences; see the module doc. */
+export class StateCache {
+  readonly #root = newNode([]);
+  /** RAM entries, least recently used first. */
+  readonly #ram = new Map<Entry, true>();
+  /** Spilled entries, least recently used first. */
+  readonly #disk = new Map<Entry, true>();
+  #ramBytes = 0;
+  #diskBytes = 0;
+  readonly #spills = new Set<Promise<void>>();
+  readonly #stats = { hits: 0, misses: 0, evictions: 0, diskHits: 0, refused: 0, cachedTokens: 0 };
+  /** Bytes and seconds of spill reads so far (the measured disk rate; writes are not
+   * counted: their fsync says little about reading). */
+  #ioBytes = 0;
+  #ioSeconds = 0;
+  /** Prefill cost measured by the scheduler: seconds per prefill pass and rows per pass. */
+  #passSeconds = 0;
+  #passRows = 0;
+
+  /** A cache for `model` (its layout sizes every entry). */
+  constructor(readonly model: K3Model, readonly opts: StateCacheOptions) {
+    if (opts.dir && !opts.fingerprint) throw new Error("state cache: a spill directory needs the model fingerprint");
+  }
+
+  /** The counters now. */
+  get stats(): StateCacheStats {
+    return {
+      ...this.#stats,
+      bytes: this.#ramBytes,
+      entries: this.#ram.size,
+      diskBytes: this.#diskBytes,
+      diskEntries: this.#disk.size,
+    };
+  }
+
+  /** The node for exactly `tokens`, created (splitting edges) when `create`. */
+  #node(tokens: readonly number[], create: boolean): TrieNode | undefined {
+    let node = this.#root, i = 0;
+    while (i < tokens.length) {
+      let child = node.children.get(tokens[i]);
+      if (!child) {
+        if (!create) return undefined;
+        child = newNode(tokens.slice(i));
+        node.children.set(tokens[i], child);
+        return child;
+      }
+      let j = 0;
+      while (j < child.edge.length && i + j < tokens.length && child.edge[j] === tokens[i + j]) j++;
+      if (j < child.edge.length) {
+        if (!create) return undefined;
+        // Split the edge at j: a middle node holding the common part.
+        const mid = newNode(child.edge.slice(0, j));
+        child.edge = child.edge.slice(j);
+        mid.children.set(child.edge[0], child);
+        node.children.set(tokens[i], mid);
+        child = mid;
+      }
+      node = child;
+      i += j;
+    }
+    return node;
+  }
+
+  /** Entries on the path of `ids` of at most `maxLength` positions, longest first. */
+  #path(ids: readonly number[], maxLength: number): Entry[] {
+    const found: Entry[] = [];
+    let node = this.#root, i = 0;
+    for (;;) {
+      if (node.entry && i <= maxLength && i > 0) found.push(node.entry);
+      if (i >= ids.length) break;
+      const child = node.children.get(ids[i]);
+      if (!child || i + child.edge.length > ids.length) break;
+      if (!child.edge.every((t, j) => t === ids[i + j])) break;
+      node = child;
+      i += child.edge.length;
+    }
+    return found.reverse();
+  }
+
+  /** Positions of the longest entry for `ids` (at most `maxLength`), without using it. */
+  peek(ids: readonly number[], maxLength: number): number {
+    return this.#path(ids, maxLength)[0]?.tokens.length ?? 0;
+  }
+
+  /** True when an entry holds exactly `tokens`. */
+  has(tokens: readonly number[]): boolean {
+    return this.#node(tokens, false)?.entry !== undefined;
+  }
+
+  /**
+   * The longest entry whose tokens are the first positions of `ids` (at most `maxLength`):
+   * a RAM entry as is, a spilled one read back and verified when reading is estimated
+   * cheaper than prefilling its positions. Undefined: prefill from the start.
+   */
+  async lookup(ids: readonly number[], maxLength: number): Promise<CacheHit | undefined> {
+    for (const e of this.#path(ids, maxLength)) {
+      if (e.payload) {
+        this.#touch(e);
+        return this.#hit(e.tokens.length, e.payload, "ram");
+      }
+      if (!e.file) continue;
+      if (!this.#worthReading(e)) continue;
+      const payload = await this.#readSpill(e);
+      if (payload) return this.#hit(e.tokens.length, payload, "disk");
+    }
+    this.#stats.misses++;
+    return undefined;
+  }
+
+  #hit(length: number, payload: Uint8Array, from: "ram" | "disk"): CacheHit {
+    this.#stats.hits++;
+    if (from === "disk") this.#stats.diskHits++;
+    this.#stats.cachedTokens += length;
+    return { length, payload, from };
+  }
+
+  /** Records one prefill pass (its seconds and rows): the cost a disk read is weighed against. */
+  notePrefillPass(seconds: number, rows: number): void {
+    this.#passSeconds += seconds;
+    this.#passRows += rows;
+  }
+
+  /** Whether reading `e` back is estimated cheaper than prefilling its positions; logged. */
+  #worthReading(e: Entry): boolean {
+    const n = e.tokens.length;
+    const rate = this.#ioSeconds > 0 ? this.#ioBytes / this.#ioSeconds : undefined;
+    const prefill = this.#passRows > 0 ? (this.#passSeconds / this.#passRows) * n : undefined;
+    const read = rate ? e.fileBytes / rate : undefined;
+    const yes = read === undefined || prefill === undefined || read < prefill;
+    this.opts.log?.(
+      `state cache: ${n} positions on disk (${bytesText(e.fileBytes)}): ${
+        read === undefined || prefill === undefined
+          ? `no ${read === undefined ? "disk rate" : "prefill cost"} measured yet`
+          : `read ~${read.toFixed(3)} s at ${bytesText(rate!)}/s vs prefill ~${prefill.toFixed(3)} s`
+      }: ${yes ? "reading it" : "prefilling instead"}`,
+    );
+    return yes;
+  }
+
+  /** Reads and verifies a spill file; a damaged one is refused, removed and forgotten. */
+  async #readSpill(e: Entry): Promise<Uint8Array | undefined> {
+    const t0 = performance.now();
+    try {
+      const file = await readStateFile(e.file!);
+      const { header, payload } = checkStateFile(file, this.model, this.opts.fingerprint!);
+      if (header.tokens.length !== e.tokens.length || header.tokens.some((t, i) => t !== e.tokens[i])) {
+        throw new K3Error(`state ${e.file}: holds a different token prefix than its name says; refusing it`);
+      }
+      this.#ioBytes += file.bytes.length;
+      this.#ioSeconds += (performance.now() - t0) / 1000;
+      this.#touch(e);
+      return payload;
+    } catch (err) {
+      if (!(err instanceof K3Error)) throw err;
+      this.#stats.refused++;
+      this.opts.log?.(`state cache: ${err.message}; recomputing its ${e.tokens.length} positions`);
+      const file = e.file!;
+      this.#drop(e);
+      await Deno.remove(file).catch(() => {});
+      return undefined;
+    }
+  }
+
+  /** Marks `e` most recently used in its tier. */
+  #touch(e: Entry): void {
+    const tier = e.payload ? this.#ram : this.#disk;
+    if (tier.delete(e)) tier.set(e, true);
+  }
+
+  /**
+   * Keeps `payload` (a {@link SequenceState.snapshot}) as the state of exactly `tokens`; a
+   * prefix already kept is only marked used. Evicts least recently used RAM entries past
+   * the budget (spilling them when there is a directory).
+   */
+  put(tokens: readonly number[], payload: Uint8Array): void {
+    if (tokens.length === 0) return;
+    const node = this.#node(tokens, true)!;
+    if (node.entry) return this.#touch(node.entry);
+    const e: Entry = { tokens: [...tokens], node, payload, fileBytes: 0 };
+    node.entry = e;
+    this.#ram.set(e, true);
+    this.#ramBytes += payload.length;
+    this.#evict();
+  }
+
+  /** Evicts RAM entries, oldest first, until the RAM budget holds. */
+  #evict(): void {
+    while (this.#ramBytes > this.opts.ramBytes && this.#ram.size > 0) {
+      const e = this.#ram.keys().next().value!;
+      this.#ram.delete(e);
+      this.#ramBytes -= e.payload!.length;
+      this.#stats.evictions++;
+      if (this.opts.dir) {
+        const spill: Promise<void> = this.#spill(e, e.payload!).finally(() => this.#spills.delete(spill));
+        this.#spills.add(spill);
+      } else this.#drop(e);
+    }
+  }
+
+  /** Writes `e` to the spill directory (then forgets its payload) and bounds the directory. */
+  async #spill(e: Entry, payload: Uint8Array): Promise<void> {
+    const file = join(this.opts.dir!, `${prefixKey(e.tokens)}.k3state`);
+    try {
+      await writeStatePayload(file, this.model.cfg, e.tokens, [payload], this.opts.fingerprint!, {
+        writer: "state-cache",
+      });
+    } catch (err) {
+      this.opts.log?.(`state cache: cannot spill ${e.tokens.length} positions: ${(err as Error).message}`);
+      if (!e.payload || e.payload === payload) this.#drop(e);
+      return;
+    }
+    if (e.node.entry !== e) return void (await Deno.remove(file).catch(() => {})); // dropped meanwhile
+    e.file = file;
+    e.fileBytes = (await Deno.stat(file)).size;
+    if (!this.#ram.has(e)) e.payload = undefined;
+    this.#disk.set(e, true);
+    this.#diskBytes += e.fileBytes;
+    await this.#boundDisk();
+  }
+
+  /** Removes the oldest spill files until the disk budget holds. */
+  async #boundDisk(): Promise<void> {
+    const cap = this.opts.diskBytes ?? Infinity;
+    while (this.#diskBytes > cap && this.#disk.size > 0) {
+      const e = this.#disk.keys().next().value!;
+      const file = e.file!;
+      this.#drop(e);
+      await Deno.remove(file).catch(() => {});
+    }
+  }
+
+  /** Forgets `e` in every tier (its file, if any, is the caller's to remove). */
+  #drop(e: Entry): void {
+    if (this.#ram.delete(e)) this.#ramBytes -= e.payload!.length;
+    if (this.#disk.delete(e)) this.#diskBytes -= e.fileBytes;
+    if (e.node.entry === e) e.node.entry = undefined;
+    e.payload = undefined;
+    e.file = undefined;
+  }
+
+  /** Waits for the spills in flight (a test's hook; shutdown). */
+  async settled(): Promise<void> {
+    while (this.#spills.size > 0) await Promise.all([...this.#spills]);
+  }
+
+  /**
+   * Takes in the spill files a previous run left in the directory (their headers only:
+   * each is verified in full when it is used), so the directory stays within its budget
+   * and a restarted server still finds its conversations. Files that are not state files
+   * are left alone.
+   */
+  async index(): Promise<void> {
+    const dir = this.opts.dir;
+    if (!dir) return;
+    await Deno.mkdir(dir, { recursive: true });
+    for await (const f of Deno.readDir(dir)) {
+      if (!f.isFile || !f.name.endsWith(".k3state")) continue;
+      const file = join(dir, f.name);
+      const tokens = await headerTokens(file);
+      if (!tokens || tokens.length === 0 || this.has(tokens)) continue;
+      const node = this.#node(tokens, true)!;
+      const e: Entry = { tokens, node, file, fileBytes: (await Deno.stat(file)).size };
+      node.entry = e;
+      this.#disk.set(e, true);
+      this.#diskBytes += e.fileBytes;
+    }
+    await this.#boundDisk();
+  }
+}
+
+/** The token prefix a state file's header names (undefined: not a readable state file). */
+async function headerTokens(path: string): Promise<number[] | undefined> {
+  let f: Deno.FsFile | undefined;
+  try {
+    f = await Deno.open(path);
+    const head = new Uint8Array(16);
+    if ((await f.read(head)) !== 16 || new TextDecoder().decode(head.subarray(0, 8)) !== "K3STATE\n") return undefined;
+    const n = new DataView(head.buffer).getUint32(12, true);
+    const json = new Uint8Array(n);
+    let off = 0;
+    while (off < n) {
+      const got = await f.read(json.subarray(off));
+      if (got === null) return undefined;
+      off += got;
+    }
+    const tokens = JSON.parse(new TextDecoder().decode(json)).tokens;
+    return Array.isArray(tokens) && tokens.every((t) => Number.isInteger(t) && t >= 0) ? tokens : undefined;
+  } catch {
+    return undefined;
+  } finally {
+    f?.close();
+  }
+}

@@ -1,0 +1,188 @@
+/**
+ * The state cache through `k3 serve` and the official `openai` client: a six-turn
+ * conversation gets, turn by turn, the replies a server without the cache gives, while
+ * each turn prefills only what follows the previous turn's last complete message (counted
+ * from `usage.prompt_tokens_details.cached_tokens` and /metrics); conversations running at
+ * once never see each other's states; a spill directory with a damaged file is refused and
+ * recomputed without changing a reply.
+ */
+
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import OpenAI from "openai";
+import { type ChatMessage, chatPrompt } from "../../engine/text/chat.ts";
+import { Tokenizer } from "../../engine/text/tokenizer.ts";
+import { K3_PERMISSIONS } from "../../cli/permissions.ts";
+import { ROOT, tempDir, TINY } from "../helpers.ts";
+
+/** A `k3 serve` subprocess on the tiny model, ready; `stop` ends it and returns its stderr. */
+async function serve(args: string[]) {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", ...K3_PERMISSIONS, `${ROOT}/main.ts`, "serve", TINY, "--port", "0", "--context", "2048", ...args],
+    stdin: "null",
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  let stderr = "";
+  const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
+  const ready = /k3: ready: (http:\/\/127\.0\.0\.1:\d+)\/v1/;
+  while (!ready.test(stderr)) {
+    const { value, done } = await reader.read();
+    if (done) throw new Error(`k3 serve ended before it was ready: ${stderr}`);
+    stderr += value;
+  }
+  const rest = (async () => {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      stderr += value;
+    }
+  })();
+  const url = ready.exec(stderr)![1];
+  let stopped = false;
+  return {
+    url,
+    client: new OpenAI({ baseURL: `${url}/v1`, apiKey: "none", maxRetries: 0 }),
+    metric: async (name: string) => {
+      const text = await (await fetch(`${url}/metrics`)).text();
+      const m = new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, "m").exec(text);
+      return m ? Number(m[1]) : NaN;
+    },
+    /** Ends the server (again: a no-op) and returns its stderr. */
+    stop: async () => {
+      if (!stopped) (stopped = true, child.kill("SIGTERM"));
+      await child.status;
+      await rest;
+      return stderr;
+    },
+  };
+}
+
+type Server = Awaited<ReturnType<typeof serve>>;
+const tok = Tokenizer.load(TINY);
+/** Ids of the generation prompt (what follows the last complete message). */
+const GENERATION_PROMPT = chatPrompt(tok, []).length;
+
+/** One turn: the reply's text, and its usage. */
+async function turn(s: Server, messages: ChatMessage[]) {
+  const r = await s.client.chat.completions.create({
+    model: "tiny",
+    messages: messages.map((m) => ({ role: m.role, content: m.content })) as OpenAI.ChatCompletionMessageParam[],
+    max_tokens: 6,
+    temperature: 0,
+  });
+  const msg = r.choices[0].message as { content: string | null; reasoning_content?: string | null };
+  return {
+    reply: { content: msg.content ?? "", reasoning: msg.reasoning_content ?? "" },
+    promptTokens: r.usage!.prompt_tokens,
+    completionTokens: r.usage!.completion_tokens,
+    cached: (r.usage as { prompt_tokens_details?: { cached_tokens: number } }).prompt_tokens_details?.cached_tokens,
+  };
+}
+
+/** Runs `turns` user messages as one conversation on both servers; checks every turn. */
+async function conversation(on: Server, off: Server, system: string, users: string[]): Promise<number> {
+  const messages: ChatMessage[] = [{ role: "system", content: system }];
+  let prefilled = 0, previous: ChatMessage[] | undefined;
+  for (const [i, user] of users.entries()) {
+    messages.push({ role: "user", content: user });
+    const [a, b] = await Promise.all([turn(on, messages), turn(off, messages)]);
+    assert.deepEqual(a.reply, b.reply, `turn ${i + 1}: the same reply with and without the cache`);
+    assert.equal(a.completionTokens, b.completionTokens);
+    assert.equal(a.promptTokens, b.promptTokens);
+    assert.equal(b.cached, 0, "the cache-off server serves nothing from a cache");
+    assert.equal(a.promptTokens, chatPrompt(tok, messages).length);
+    if (previous) {
+      // At least everything up to the previous turn's last complete message was kept.
+      const kept = chatPrompt(tok, previous).length - GENERATION_PROMPT;
+      assert.ok(a.cached! >= kept, `turn ${i + 1}: ${a.cached} cached, the previous turn kept ${kept}`);
+      assert.ok(a.cached! < a.promptTokens);
+    }
+    prefilled += a.promptTokens - a.cached!;
+    previous = [...messages];
+    messages.push({ role: "assistant", content: a.reply.content });
+  }
+  return prefilled;
+}
+
+const USERS = [
+  "Hello there, can you help me plan a trip?",
+  "I would like to visit the mountains in spring.",
+  "What should I pack for cold nights?",
+  "How long should the trip be?",
+  "Which trails are good for beginners?",
+  "Thanks, please summarise the plan.",
+];
+
+Deno.test("six turns through the server: the cache-off replies, prefilling only new tokens", async () => {
+  const on = await serve([]), off = await serve(["--state-cache-gb", "0"]);
+  try {
+    const prefilled = await conversation(on, off, "You are a careful travel planner.", USERS);
+    const all = USERS.map((_, i) => {
+      const m: ChatMessage[] = [{ role: "system", content: "You are a careful travel planner." }];
+      for (let j = 0; j <= i; j++) m.push({ role: "user", content: USERS[j] }, { role: "assistant", content: "" });
+      return m;
+    });
+    assert.ok(all.length === 6);
+    // The counters agree with the responses: every prompt token is prefilled or cached.
+    const prompt = await on.metric("k3_prompt_tokens_total");
+    assert.equal(await on.metric("k3_cached_prompt_tokens_total"), prompt - prefilled);
+    assert.equal(await on.metric("k3_state_cache_hits_total"), 5);
+    assert.equal(await on.metric("k3_state_cache_misses_total"), 1);
+    assert.ok(prefilled < prompt / 2, `${prefilled} of ${prompt} prompt tokens prefilled`);
+    assert.ok(Number.isNaN(await off.metric("k3_state_cache_hits_total")), "no cache, no cache metrics");
+  } finally {
+    await on.stop();
+    await off.stop();
+  }
+});
+
+Deno.test("conversations at once do not see each other's states", async () => {
+  const on = await serve(["--parallel", "4"]), off = await serve(["--state-cache-gb", "0"]);
+  try {
+    await Promise.all([
+      conversation(on, off, "You are a careful travel planner.", USERS.slice(0, 3)),
+      conversation(on, off, "You are a terse chef.", ["What is a roux?", "And a béchamel?", "Thanks."]),
+      conversation(on, off, "You are a careful travel planner.", ["A different first question.", "And then?"]),
+    ]);
+  } finally {
+    await on.stop();
+    await off.stop();
+  }
+});
+
+Deno.test("a tiny RAM budget spills to disk; a restart reads the spills back; a damaged one is refused", async () => {
+  await using dir = await tempDir();
+  const spill = ["--state-cache-gb", "0.000001", "--state-cache-dir", dir.path];
+  const off = await serve(["--state-cache-gb", "0"]);
+  const users = USERS.slice(0, 3);
+  let on = await serve(spill);
+  try {
+    await conversation(on, off, "You are a careful travel planner.", users);
+    assert.ok((await on.metric("k3_state_cache_evictions_total")) > 0);
+    await on.stop(); // waits for the spills in flight
+    assert.ok([...Deno.readDirSync(dir.path)].length > 0);
+    // A restarted server has nothing in RAM: its first hit is read back from the spill
+    // (no disk rate measured yet, so it reads), and the replies stay the cache-off ones.
+    on = await serve(spill);
+    await conversation(on, off, "You are a careful travel planner.", users);
+    assert.ok((await on.metric("k3_state_cache_disk_hits_total")) >= 1);
+    assert.equal(await on.metric("k3_state_cache_refused_total"), 0);
+    assert.match(await on.stop(), /kept from before\)[^]*positions on disk .*no disk rate measured yet: reading it/);
+    // Damage every spill file: the restarted server refuses what it reads and recomputes
+    // (then spills the recomputed states afresh).
+    for (const f of Deno.readDirSync(dir.path)) {
+      const path = join(dir.path, f.name);
+      const bytes = Deno.readFileSync(path);
+      bytes[bytes.length - 40] ^= 0xff;
+      Deno.writeFileSync(path, bytes);
+    }
+    on = await serve(spill);
+    await conversation(on, off, "You are a careful travel planner.", users);
+    assert.ok((await on.metric("k3_state_cache_refused_total")) >= 1);
+    assert.match(await on.stop(), /checksum mismatch\); refusing it; recomputing its \d+ positions/);
+  } finally {
+    await on.stop();
+    await off.stop();
+  }
+});

@@ -1,0 +1,42 @@
+/** The memory plan's state cache line: the flag, the default (half of what is left, capped), off. */
+
+import assert from "node:assert/strict";
+import {
+  estimatedInput,
+  formatPlan,
+  makePlan,
+  releasedK3,
+  STATE_CACHE_DEFAULT_CAP,
+} from "../../engine/weights/plan.ts";
+
+const cfg = releasedK3();
+const floor = estimatedInput(cfg, { trunkDir: "t", trunkGB: 3, cacheGB: 1 }, 4096);
+
+Deno.test("plan: no state cache asked, no line and nothing added", () => {
+  const p = makePlan(floor);
+  assert.equal(p.stateCache, null);
+  assert.ok(!formatPlan(p).some((l) => l.includes("state cache")));
+});
+
+Deno.test("plan: --state-cache-gb is planned and counted in the total", () => {
+  const base = makePlan(floor);
+  const p = makePlan({ ...floor, stateCache: { gb: 2.5 } });
+  assert.equal(p.stateCache!.bytes, 2.5e9);
+  assert.equal(p.totalBytes, base.totalBytes + 2.5e9);
+  assert.equal(p.stateCache!.perPosition, 55296);
+  assert.match(formatPlan(p).join("\n"), /state cache +2\.50 GB +kept conversation states: KDA 464\.6 MB/);
+  assert.match(formatPlan(makePlan({ ...floor, stateCache: { gb: 0 } })).join("\n"), /state cache .*off/);
+});
+
+Deno.test("plan: the default is half of what MemAvailable leaves, at most the cap", () => {
+  const base = makePlan(floor);
+  const left = 6e9;
+  const available = base.totalBytes + base.overheadBytes + left;
+  assert.equal(makePlan({ ...floor, available, stateCache: {} }).stateCache!.bytes, left / 2);
+  assert.equal(
+    makePlan({ ...floor, available: available + 1e12, stateCache: {} }).stateCache!.bytes,
+    STATE_CACHE_DEFAULT_CAP,
+  );
+  assert.equal(makePlan({ ...floor, stateCache: {} }).stateCache!.bytes, STATE_CACHE_DEFAULT_CAP);
+  assert.equal(makePlan({ ...floor, available: base.totalBytes, stateCache: {} }).stateCache!.bytes, 0);
+});
