@@ -81,9 +81,12 @@ export function progress(label: string, done: number, total: number, bytes?: num
   const finished = done >= total;
   if (!finished && now - p.lastPrint < MIN_INTERVAL_MS) return;
   p.lastPrint = now;
-  const line = progressLine(label, done, total, (now - p.start) / 1000, bytes);
+  const elapsed = (now - p.start) / 1000;
+  const line = progressLine(label, done, total, elapsed, bytes);
   try {
-    Deno.stderr.writeSync(enc.encode(`\r\x1b[K${line}${finished ? "\n" : ""}`));
+    // A phase done within a second leaves no line behind (a tiny model's load is not news).
+    const text = finished && elapsed < 1 ? "\r\x1b[K" : `\r\x1b[K${line}${finished ? "\n" : ""}`;
+    Deno.stderr.writeSync(enc.encode(text));
   } catch { /* stderr closed: progress is best effort */ }
   if (finished) phases.delete(label);
 }
