@@ -135,7 +135,8 @@ export function parseFlags<T extends ParseArgsConfig["options"]>(
     parsed = parseArgs({ args: joined, options, strict: true, allowPositionals, tokens: true });
   } catch (e) {
     // node:util messages are multi-line with hints; keep the first line.
-    const msg = (e as Error).message.split("\n")[0].replace(/\. To specify a positional.*$/, "");
+    const msg = (e as Error).message.split("\n")[0].replace(/\. To specify a positional.*$/, "")
+      .replace(/'-\w, (--[\w-]+)/, "'$1");
     throw usageError(`${cmd}: ${msg}; ${help}`);
   }
   const seen = new Map<string, number>();
@@ -224,11 +225,11 @@ export function plural(n: number, word: string, many = `${word}s`): string {
 export function modelDirArg(cmd: string, positionals: string[], textFlag?: string): string {
   if (positionals.length === 1) return positionals[0];
   if (positionals.length === 0) {
-    throw usageError(`${cmd}: expected a <model_dir> (k3 ${cmd} MODEL_DIR ...; see k3 ${cmd} --help)`);
+    throw usageError(`${cmd}: expected exactly one <model_dir> (k3 ${cmd} MODEL_DIR ...; see k3 ${cmd} --help)`);
   }
   const extra = positionals.slice(1).join(" ");
   throw usageError(
-    `${cmd}: unexpected argument ${JSON.stringify(extra)} after the model directory` +
+    `${cmd}: expected exactly one <model_dir>, got also ${JSON.stringify(extra)}` +
       (textFlag
         ? `; to give it as the ${textFlag.replace(/^--/, "")}: k3 ${cmd} ${positionals[0]} ${textFlag} ${
           JSON.stringify(extra)

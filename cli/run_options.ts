@@ -155,14 +155,6 @@ export function generationOptions(values: Record<string, unknown>, minGen = 1): 
   };
 }
 
-function stdinPiped(): boolean {
-  try {
-    return !Deno.stdin.isTerminal();
-  } catch {
-    return false;
-  }
-}
-
 /** Where a prompt comes from: exactly one of --prompt, --prompt-file, --ids. */
 export type PromptSource = { kind: "ids"; text: string } | { kind: "text"; text: string } | {
   kind: "file";
@@ -175,8 +167,7 @@ export function promptSource(values: Record<string, unknown>): PromptSource {
   if (given.length !== 1) {
     throw usageError(
       given.length === 0
-        ? "a prompt is required: one of --prompt TEXT, --prompt-file PATH, --ids 1,2,3" +
-          (stdinPiped() ? " (stdin is piped: --prompt-file - reads it)" : "")
+        ? "a prompt is required: one of --prompt, --prompt-file, --ids (text on stdin: --prompt-file -)"
         : `only one prompt source is allowed, got ${given.map((g) => "--" + g).join(" and ")}`,
     );
   }
