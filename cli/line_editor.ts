@@ -89,10 +89,12 @@ const enum Key {
 
 /** A readline-like editor over a Terminal, with a history. */
 export class LineEditor {
+  /** The entries up/down recall, oldest first (the file's, then this session's). */
   readonly history: string[];
   #pending: number[] = [];
   readonly #decoder = new TextDecoder();
 
+  /** An editor reading `term`, its history loaded from (and appended to) `historyPath`. */
   constructor(readonly term: Terminal, readonly historyPath?: string) {
     this.history = historyPath ? readHistoryFile(historyPath) : [];
   }
