@@ -12,11 +12,11 @@ import { ROOT, runCmd, tempDir, TINY } from "../helpers.ts";
 type Step = { send: string } | { expect: string };
 
 /** Runs `k3 chat TINY args` in a pty through `steps`; returns the exit code and transcript. */
-async function typeInto(args: string[], steps: Step[], home: string) {
+async function typeInto(args: string[], steps: Step[], home: string, extraEnv: Record<string, string> = {}) {
   const spec = {
     argv: [Deno.execPath(), "run", ...K3_PERMISSIONS, `${ROOT}/main.ts`, "chat", TINY, ...args],
     cwd: ROOT,
-    env: { HOME: home, PATH: "/usr/bin:/bin" },
+    env: { HOME: home, PATH: "/usr/bin:/bin", ...extraEnv },
     steps,
   };
   const out = await runCmd("python3", [`${ROOT}/tests/e2e/pty_drive.py`], { stdin: JSON.stringify(spec) });
@@ -83,4 +83,16 @@ Deno.test("chat REPL in a pty: editing, history, multi-line, /help, Ctrl-C mid-r
   for (const entry of after) {
     assert.ok([...entry].every((c) => c === "\n" || c.charCodeAt(0) >= 32), `no control characters: ${entry}`);
   }
+});
+
+Deno.test("chat REPL in a pty: the think channel dimmed, and marked in text instead under NO_COLOR", async () => {
+  await using dir = await tempDir();
+  const ESC = String.fromCharCode(27);
+  const steps: Step[] = [{ expect: "\\r> " }, { send: "Hello\r" }, turn(1), { expect: "\\r> " }, { send: CTRL_D }];
+  const args = ["--temperature", "0", "--gen", "8", "--input-history", ""];
+  const colored = await typeInto(args, steps, dir.path);
+  const plain = await typeInto(args, steps, dir.path, { NO_COLOR: "1" });
+  assert.ok(colored.transcript.includes(`${ESC}[2m`), colored.transcript);
+  assert.ok(!plain.transcript.includes(`${ESC}[2m`), plain.transcript);
+  assert.match(plain.transcript, /Thinking\.\.\./);
 });
