@@ -128,7 +128,7 @@ export async function main(args: string[]): Promise<number> {
     const busy = e instanceof Deno.errors.AddrInUse;
     throw usageError(
       busy
-        ? `serve: ${host}:${port} is already in use (another k3 serve?); pick another --port, or --port 0 for a free one`
+        ? `serve: cannot listen on ${host}:${port}: it is already in use (another k3 serve?); pick another --port, or --port 0 for a free one`
         : `serve: cannot listen on ${host}:${port}: ${(e as Error).message.replace(/ \(os error \d+\)/, "")}`,
     );
   }
