@@ -44,9 +44,8 @@ Greedy generation for every prompt of a JSONL file, opening the model once.
 input, one JSON object per line (blank lines are ignored):
   {"id": "a1", "prompt": "Once upon a time"}           text (needs a tokenizer)
   {"id": 2, "ids": [1, 2, 3], "gen": 16, "stop_ids": [770]}
-  id        string or number, unique in the file
   {"id": "c", "messages": [{"role": "user", "content": "Hi"}], "thinking": false,
-   "temperature": 0.7, "seed": 3, "stop": ["\n\n"]}
+   "temperature": 0.7, "seed": 3, "stop": ["\\n\\n"]}
   {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions",
    "body": {"model": "k3", "messages": [...], "max_tokens": 64}}   OpenAI Batch API
   id        string or number, unique in the file

@@ -40,8 +40,10 @@ import { ReplyStream } from "./reply.ts";
 import { ApiError, parseTools } from "./openai.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
-import { fmtBytes, intFlag, parseFlags, peakRssBytes, writeFileAtomic } from "./common.ts";
-import { progress } from "./progress.ts";
+import { fmtBytes, intFlag, modelDirArg, parseFlags, peakRssBytes, plural, writeFileAtomic } from "./common.ts";
+import { info, OUTPUT_FLAGS, OUTPUT_HELP, outputMode, progress } from "./progress.ts";
+import { LineEditor, type LineResult, readMessage, stdinTerminal } from "./line_editor.ts";
+import { reportHead, snakeKeys } from "./report.ts";
 import { EXIT_INTERRUPTED, Interrupts, writeStdout } from "./interrupt.ts";
 import { MEMORY_FLAGS, MEMORY_HELP, memoryOptions, needTokenizer } from "./run_options.ts";
 import { DEFAULTS, SAMPLING_FLAGS, samplingHelp, samplingOptions, stopStrings } from "./request.ts";
@@ -49,11 +51,18 @@ import { DEFAULTS, SAMPLING_FLAGS, samplingHelp, samplingOptions, stopStrings } 
 /** Usage text of `k3 chat`. */
 export const USAGE = `usage: k3 chat <model_dir> [options]
 
-A conversation in Kimi K3's chat format. Each line read from stdin (a terminal or a pipe)
-is a user message; the reply streams to stdout, its think channel dimmed (or hidden).
-Commands: /reset (start over), /save FILE (the history as JSONL, and the state as
-FILE.k3state with --state), /exit (or end of input). Ctrl-C stops the current reply and
-keeps what was said; at the prompt it exits (130).
+A conversation in Kimi K3's chat format. Each line read from stdin is a user message
+(a line starting with """ takes every line up to one ending with """; a line ending with a
+backslash continues on the next); the reply streams to stdout.
+
+On a terminal: a line editor (left/right, Home/End, Ctrl-A/E, Ctrl-K/U/W, up/down through
+the inputs of earlier sessions, kept in --input-history), "thinking..." until the reply
+starts, its think channel dimmed. Ctrl-C stops the current reply and keeps what was said;
+at the prompt it clears the line; Ctrl-D (or /exit) ends the chat.
+From a pipe: the think channel is left out of stdout unless --show-think, which marks it
+with "Thinking..." and "...done thinking." lines (as ollama run); Ctrl-C exits (130).
+Commands: /help, /reset (start over), /save FILE (the history as JSONL, and the state as
+FILE.k3state with --state), /exit.
 
 conversation:
   --system TEXT          a system message to start a new conversation with
@@ -64,8 +73,11 @@ conversation:
                          same messages, saved after every turn (see README: Saved states)
   --no-think             reply straight in the response channel
   --thinking-effort E    ${EFFORTS.join(", ")}
-  --hide-think           do not show the think channel
-  --gen N                tokens per reply at most (default 1024)
+  --hide-think           do not show the think channel (also on a terminal)
+  --show-think           show it when stdout is not a terminal, between marker lines
+  --input-history FILE   the line editor's history (default ~/.k3/chat_history; "" keeps
+                         none); one JSON string per message sent
+  -n, --gen N            tokens per reply at most (default 1024)
   --context N            positions the conversation may hold (default 4096)
   --stop TEXT            also end a reply at TEXT (repeatable)
   --tools FILE.json      function tools the model may call (OpenAI's "tools" array); a
@@ -77,10 +89,21 @@ conversation:
                          conversation again (what the state saves)
   --out FILE             a JSON report of every turn (ids, timings), rewritten after each
 ${samplingHelp("default: temperature 1.0, top-p 0.95, the vendor's guidance")}
-  --tok DIR, --threads N, --layers N, --chunk N   as for k3 run
+  --tok DIR, -t/--threads N, --layers N, --chunk N   as for k3 run
 ${MEMORY_HELP}
+${OUTPUT_HELP}
   -h, --help             this help
+
+examples:
+  k3 chat tests/fixtures/tiny
+  k3 chat tests/fixtures/tiny --system "Be brief." --history talk.jsonl --state talk.k3state
+  printf 'Hello\nAnd then?\n' | k3 chat tests/fixtures/tiny --temperature 0 --gen 16 --show-think
 `;
+
+/** The REPL's /help. */
+const REPL_HELP = `commands: /help  /reset (start over)  /save FILE  /exit (or Ctrl-D)
+several lines: start with """ and end with """, or end a line with \\
+keys: left/right, Home/End, Ctrl-A/E, Ctrl-K/U/W, up/down (history); Ctrl-C stops a reply`;
 
 /** One turn of the report. */
 interface TurnReport {
@@ -190,7 +213,9 @@ export async function main(args: string[]): Promise<number> {
     "no-think": { type: "boolean" },
     "thinking-effort": { type: "string" },
     "hide-think": { type: "boolean" },
-    gen: { type: "string" },
+    "show-think": { type: "boolean" },
+    "input-history": { type: "string" },
+    gen: { type: "string", short: "n" },
     context: { type: "string" },
     stop: { type: "string", multiple: true },
     tools: { type: "string" },
@@ -198,9 +223,10 @@ export async function main(args: string[]): Promise<number> {
     reprefill: { type: "boolean" },
     out: { type: "string" },
     tok: { type: "string" },
-    threads: { type: "string" },
+    threads: { type: "string", short: "t" },
     layers: { type: "string" },
     chunk: { type: "string" },
+    ...OUTPUT_FLAGS,
     ...SAMPLING_FLAGS,
     ...MEMORY_FLAGS,
     help: { type: "boolean", short: "h" },
@@ -209,8 +235,8 @@ export async function main(args: string[]): Promise<number> {
     console.log(USAGE);
     return EXIT.ok;
   }
-  if (positionals.length !== 1) throw usageError("chat: expected exactly one <model_dir> (see k3 chat --help)");
-  const dir = positionals[0];
+  const dir = modelDirArg("chat", positionals, "--system");
+  const mode = outputMode(values);
   const thinking = !values["no-think"];
   const effort = values["thinking-effort"];
   if (effort !== undefined && !(EFFORTS as readonly string[]).includes(effort)) {
@@ -248,7 +274,7 @@ export async function main(args: string[]): Promise<number> {
     chunk,
     threads,
     memory,
-    log: (line) => console.error(`k3: ${line}`),
+    log: (line) => info(`k3: ${line}`),
     onProgress: (what, d, n) => progress(what, d, n),
   });
   const { model } = opened;
@@ -258,6 +284,18 @@ export async function main(args: string[]): Promise<number> {
   const scripted = (testHook("K3_TEST_CHOOSE") ?? "").split(",").filter((x) => x !== "").map(Number);
   const sampler = (logits: Float32Array) => scripted.length > 0 ? scripted.shift()! : sample(logits);
   const tty = Deno.stdout.isTerminal();
+  const interactive = tty && Deno.stdin.isTerminal();
+  // The think channel: dimmed with colour; otherwise between marker lines, as ollama run does;
+  // off a terminal only when asked for.
+  const hideThink = values["hide-think"] === true || (!tty && !values["show-think"]);
+  const home = (() => {
+    try {
+      return Deno.env.get("HOME");
+    } catch {
+      return undefined;
+    }
+  })();
+  const historyFile = values["input-history"] ?? (home ? `${home}/.k3/chat_history` : "");
   const interrupts = new Interrupts();
   const turns: TurnReport[] = [];
   let fp: ModelFingerprint | undefined;
@@ -302,7 +340,7 @@ export async function main(args: string[]): Promise<number> {
           conv.done = loaded.tokens;
           conv.pending = meta.pending === null ? undefined : meta.pending as number;
           conv.left = { open: left!.open as string[], ended: left!.ended as boolean };
-          console.error(
+          info(
             `k3: chat: continuing ${values.state}: ${conv.messages.length} messages, ${conv.done.length} tokens kept`,
           );
         } else {
@@ -315,21 +353,41 @@ export async function main(args: string[]): Promise<number> {
         }
       }
     }
-    console.error(
-      `k3: chat: ${dir}: ${cfg.numLayers} layers, context ${context} positions; ${conv.messages.length} messages; ` +
-        `sampling temperature ${sampling.temperature}, top-p ${sampling.topP}, seed ${sampling.seed}. /exit to end.`,
+    const count = conv.messages.length;
+    info(
+      `k3: chat: ${dir}: ${cfg.numLayers} layers, context ${context} positions; ${count} ${
+        plural(count, "message")
+      }; ` +
+        `sampling temperature ${sampling.temperature}, top-p ${sampling.topP}, seed ${sampling.seed}. ` +
+        (interactive ? "/help for commands, Ctrl-D to end." : "/exit to end."),
     );
 
+    const editor = interactive ? new LineEditor(stdinTerminal(), historyFile || undefined) : undefined;
     const lines = stdinLines();
+    const nextLine = async (prompt: string): Promise<LineResult> => {
+      if (editor) return await editor.readLine(prompt);
+      if (tty) writeStdout(prompt);
+      const next = await lines.next();
+      return next.done ? { kind: "eof" } : { kind: "line", text: next.value };
+    };
     for (;;) {
-      if (tty) writeStdout("\n> ");
+      if (tty) writeStdout("\n");
       interrupts.busy = false;
       interrupts.idle = () => Deno.exit(EXIT_INTERRUPTED);
-      const next = await lines.next();
-      if (next.done) break;
-      const line = next.value;
+      const read = await readMessage(nextLine);
+      if (read.kind === "eof") break;
+      if (read.kind === "interrupt") {
+        writeStdout("(Ctrl-D or /exit ends the chat)\n");
+        continue;
+      }
+      const line = read.text;
       if (line.trim() === "") continue;
-      if (line.trim() === "/exit") break;
+      editor?.addHistory(line);
+      if (line.trim() === "/exit" || line.trim() === "/bye") break;
+      if (line.trim() === "/help" || line.trim() === "/?") {
+        writeStdout(REPL_HELP + "\n");
+        continue;
+      }
       if (line.trim() === "/reset") {
         conv.forget();
         conv.messages = conv.messages[0]?.role === "system" ? [conv.messages[0]] : [];
@@ -352,7 +410,7 @@ export async function main(args: string[]): Promise<number> {
         continue;
       }
       if (line.startsWith("/")) {
-        console.error(`k3: chat: unknown command ${line.split(/\s/, 1)[0]} (/reset, /save FILE, /exit)`);
+        console.error(`k3: chat: unknown command ${line.split(/\s/, 1)[0]} (/help, /reset, /save FILE, /exit)`);
         continue;
       }
 
@@ -383,17 +441,29 @@ export async function main(args: string[]): Promise<number> {
         const before = [...conv.done, ...prompt];
         const reply = new ReplyStream(tok, { chat: { thinking, tools: tools !== undefined }, stops });
         let shown: "think" | "response" | "call" | undefined;
+        // "thinking..." until the first text (a terminal only; erased by it).
+        let waiting = tty;
+        if (waiting) writeStdout(mode.color ? "\x1b[2mthinking...\x1b[0m" : "thinking...");
+        const unwait = () => {
+          if (waiting) writeStdout("\r\x1b[K");
+          waiting = false;
+        };
+        const endThink = () => writeStdout(mode.color ? "\x1b[0m\n" : "\n...done thinking.\n\n");
         const show = (events: ReturnType<ReplyStream["token"]>["events"]) => {
           for (const e of events) {
             if (e.type !== "text") {
-              if (e.type === "call") writeStdout(`${shown ? "\n" : ""}[call ${e.name} `);
+              unwait();
+              if (shown === "think") endThink();
+              if (e.type === "call") writeStdout(`${shown === "response" ? "\n" : ""}[call ${e.name} `);
               else writeStdout(e.text);
               shown = "call";
               continue;
             }
-            if (e.channel === "think" && values["hide-think"]) continue;
-            if (shown === "think" && e.channel === "response") writeStdout(tty ? "\x1b[0m\n" : "\n");
-            if (e.channel === "think" && shown !== "think" && tty) writeStdout("\x1b[2m");
+            if (e.channel === "think" && hideThink) continue;
+            if (e.text === "") continue;
+            unwait();
+            if (shown === "think" && e.channel === "response") endThink();
+            if (e.channel === "think" && shown !== "think") writeStdout(mode.color ? "\x1b[2m" : "Thinking...\n");
             shown = e.channel;
             writeStdout(e.text);
           }
@@ -417,7 +487,8 @@ export async function main(args: string[]): Promise<number> {
         await scheduler.close();
         interrupts.busy = false;
         show(reply.end());
-        if (tty && shown === "think") writeStdout("\x1b[0m");
+        unwait();
+        if (shown === "think") writeStdout(mode.color ? "\x1b[0m" : "\n...done thinking.");
         writeStdout(shown === "call" ? "]\n" : "\n");
         const reader = reply.reader!;
         calls = [...reply.calls];
@@ -448,7 +519,7 @@ export async function main(args: string[]): Promise<number> {
           prefill_seconds: result.prefillSeconds,
           decode_seconds: result.decodeSeconds,
         });
-        console.error(
+        info(
           `k3: chat: turn ${turns.length}: prefilled ${prompt.length} tokens in ${
             result.prefillSeconds.toFixed(3)
           } s, ` +
@@ -460,8 +531,18 @@ export async function main(args: string[]): Promise<number> {
         if (values.out) {
           await writeFileAtomic(
             values.out,
-            JSON.stringify({ model_dir: dir, sampling, thinking, turns, peak_rss_bytes: peakRssBytes() }, null, 2) +
-              "\n",
+            JSON.stringify(
+              {
+                ...reportHead("chat"),
+                model_dir: dir,
+                sampling: snakeKeys(sampling),
+                thinking,
+                turns,
+                peak_rss_bytes: peakRssBytes(),
+              },
+              null,
+              2,
+            ) + "\n",
           );
         }
         if (calls.length > 0 && result.finishReason === "stop") {
@@ -470,9 +551,8 @@ export async function main(args: string[]): Promise<number> {
           for (const c of calls) {
             let text: string | undefined = canned?.shift();
             if (text === undefined && !canned) {
-              if (tty) writeStdout(`result of ${c.name}> `);
-              const got = await lines.next();
-              text = got.done ? undefined : got.value;
+              const got = await nextLine(`result of ${c.name}> `);
+              text = got.kind === "line" ? got.text : undefined;
             }
             if (text === undefined) break;
             results.push({ role: "tool", content: text, toolCallId: c.id, name: c.name });
@@ -482,7 +562,7 @@ export async function main(args: string[]): Promise<number> {
         }
       }
     }
-    console.error(`k3: chat: ${turns.length} turns; PEAK RSS ${fmtBytes(peakRssBytes())}`);
+    info(`k3: chat: ${turns.length} ${plural(turns.length, "turn")}; PEAK RSS ${fmtBytes(peakRssBytes())}`);
     return EXIT.ok;
   } finally {
     interrupts.dispose();

@@ -66,10 +66,14 @@ examples:
   k3 doctor --dir /data
   k3 help run
 
+habits: -p/-n/-t are --prompt/--gen/--threads; -c and --ctx-size are called --context
+
 environment: K3_LIB=PATH  kernel library to load instead of the built-in one
              K3_DEBUG=1   print stack traces of internal errors
+             NO_COLOR=1   no colours (as --color never)
 
-exit codes: 0 ok, 1 runtime failure, 2 usage or unreadable config, 4 output unsound
+exit codes: 0 ok, 1 runtime failure, 2 usage, unreadable config or a path of the wrong
+            kind, 4 output unsound, 130 interrupted (docs/troubleshooting.md: each error)
 `;
 
 function isDirectory(path: string): boolean {

@@ -55,6 +55,36 @@ export function didYouMean(word: string, candidates: Iterable<string>, prefix = 
   return n === undefined ? "" : ` (did you mean ${prefix}${n}?)`;
 }
 
+/**
+ * Flags people bring from llama.cpp and ollama, and what k3 calls them: an unknown one gets
+ * this as its suggestion. `-p`, `-n` and `-t` are also k3's own short aliases (of --prompt,
+ * --gen, --threads) wherever the command has that flag; `-m` and `-c` are not (k3 takes the
+ * model directory as its first argument, and `-c` means a config file elsewhere).
+ */
+export const HABITS: Record<string, { flag: string; hint?: string }> = {
+  "-p": { flag: "prompt" },
+  "-n": { flag: "gen" },
+  "-t": { flag: "threads" },
+  "-c": { flag: "context" },
+  "-m": { flag: "", hint: "the model directory is the first argument: k3 run MODEL_DIR --prompt TEXT" },
+  "--model": { flag: "", hint: "the model directory is the first argument: k3 run MODEL_DIR --prompt TEXT" },
+  "--ctx-size": { flag: "context" },
+  "--n-predict": { flag: "gen" },
+  "--predict": { flag: "gen" },
+  "--temp": { flag: "temperature" },
+  "--file": { flag: "prompt-file" },
+  "--system-prompt": { flag: "system" },
+  "--num-ctx": { flag: "context" },
+};
+
+/** The habit suggestion for an unknown flag `arg` of a command with `flags`, or "". */
+export function habitHint(arg: string, flags: readonly string[]): string {
+  const h = HABITS[arg.replace(/=.*$/, "")];
+  if (!h) return "";
+  if (h.hint) return ` (${h.hint})`;
+  return flags.includes(h.flag) ? ` (k3 calls it --${h.flag})` : "";
+}
+
 /** What parseFlags returns: parseArgs' result with tokens, for `options`. */
 export type ParsedFlags<T extends ParseArgsConfig["options"]> = ReturnType<
   typeof parseArgs<{ args: string[]; options: T; strict: true; allowPositionals: boolean; tokens: true }>
@@ -85,10 +115,11 @@ export function parseFlags<T extends ParseArgsConfig["options"]>(
     const long = a.match(/^--([^=]+)(=.*)?$/);
     const name = long ? long[1] : /^-[^-\d]/.test(a) && a.length === 2 ? shorts.get(a[1]) : undefined;
     if (long && !Object.hasOwn(opts, long[1])) {
-      throw usageError(`${cmd}: unknown option --${long[1]}${didYouMean(long[1], Object.keys(opts), "--")}; ${help}`);
+      const hint = habitHint(a, Object.keys(opts)) || didYouMean(long[1], Object.keys(opts), "--");
+      throw usageError(`${cmd}: unknown option --${long[1]}${hint}; ${help}`);
     }
     if (!long && /^-[^-\d]/.test(a) && !name) {
-      throw usageError(`${cmd}: unknown option ${a}; ${help}`);
+      throw usageError(`${cmd}: unknown option ${a}${habitHint(a.slice(0, 2), Object.keys(opts))}; ${help}`);
     }
     // A string flag followed by a negative number: pass it as --flag=-1 so that the value
     // reaches the flag's own range check.
@@ -104,7 +135,8 @@ export function parseFlags<T extends ParseArgsConfig["options"]>(
     parsed = parseArgs({ args: joined, options, strict: true, allowPositionals, tokens: true });
   } catch (e) {
     // node:util messages are multi-line with hints; keep the first line.
-    const msg = (e as Error).message.split("\n")[0].replace(/\. To specify a positional.*$/, "");
+    const msg = (e as Error).message.split("\n")[0].replace(/\. To specify a positional.*$/, "")
+      .replace(/'-\w, (--[\w-]+)/, "'$1");
     throw usageError(`${cmd}: ${msg}; ${help}`);
   }
   const seen = new Map<string, number>();
@@ -183,4 +215,25 @@ export function fmtBytes(n: number): string {
 /** `word` for one, `word`s (or `many`) otherwise: "1 prompt", "2 prompts". */
 export function plural(n: number, word: string, many = `${word}s`): string {
   return n === 1 ? word : many;
+}
+
+/**
+ * The one `<model_dir>` of a command's positionals, or a usage error that says what to do: a
+ * second word is most often a prompt typed as in `ollama run MODEL "text"`, so it names
+ * the flag that takes it.
+ */
+export function modelDirArg(cmd: string, positionals: string[], textFlag?: string): string {
+  if (positionals.length === 1) return positionals[0];
+  if (positionals.length === 0) {
+    throw usageError(`${cmd}: expected exactly one <model_dir> (k3 ${cmd} MODEL_DIR ...; see k3 ${cmd} --help)`);
+  }
+  const extra = positionals.slice(1).join(" ");
+  throw usageError(
+    `${cmd}: expected exactly one <model_dir>, got also ${JSON.stringify(extra)}` +
+      (textFlag
+        ? `; to give it as the ${textFlag.replace(/^--/, "")}: k3 ${cmd} ${positionals[0]} ${textFlag} ${
+          JSON.stringify(extra)
+        }`
+        : `; see k3 ${cmd} --help`),
+  );
 }

@@ -358,10 +358,18 @@ export async function main(args: string[]): Promise<number> {
   if (values["no-read"] && values["size-mb"] !== undefined) {
     throw usageError("doctor: --size-mb and --no-read conflict: choose one");
   }
+  // Named by the flag it came from (--checkpoint alone measures the checkpoint's disk).
+  const dirFlag = values.dir !== undefined ? "--dir" : values.checkpoint !== undefined ? "--checkpoint" : "--dir";
   try {
-    if (!Deno.statSync(dir).isDirectory) throw usageError(`--dir: ${dir} is not a directory`);
+    if (!Deno.statSync(dir).isDirectory) throw usageError(`${dirFlag}: ${dir} is not a directory`);
   } catch (e) {
-    if (e instanceof Deno.errors.NotFound) throw usageError(`--dir: ${dir} does not exist`);
+    if (e instanceof Deno.errors.NotFound) {
+      throw usageError(
+        `${dirFlag}: ${dir} does not exist (${
+          dirFlag === "--checkpoint" ? "the directory of the downloaded shards and config.json" : "the disk to check"
+        })`,
+      );
+    }
     throw e;
   }
   const line = (label: string, text: string) => console.log(`${label.padEnd(10)}${text}`);

@@ -8,6 +8,8 @@
  * @module
  */
 
+import { usageError } from "../engine/errors.ts";
+
 /** State of one labelled phase. */
 interface Phase {
   start: number;
@@ -79,9 +81,12 @@ export function progress(label: string, done: number, total: number, bytes?: num
   const finished = done >= total;
   if (!finished && now - p.lastPrint < MIN_INTERVAL_MS) return;
   p.lastPrint = now;
-  const line = progressLine(label, done, total, (now - p.start) / 1000, bytes);
+  const elapsed = (now - p.start) / 1000;
+  const line = progressLine(label, done, total, elapsed, bytes);
   try {
-    Deno.stderr.writeSync(enc.encode(`\r\x1b[K${line}${finished ? "\n" : ""}`));
+    // A phase done within a second leaves no line behind (a tiny model's load is not news).
+    const text = finished && elapsed < 1 ? "\r\x1b[K" : `\r\x1b[K${line}${finished ? "\n" : ""}`;
+    Deno.stderr.writeSync(enc.encode(text));
   } catch { /* stderr closed: progress is best effort */ }
   if (finished) phases.delete(label);
 }
@@ -117,6 +122,7 @@ const LOG_INTERVAL_S = 5;
  * never minutes of silence. Short prefills print nothing off a terminal.
  */
 export function prefillProgress(chunk: number, sink?: PrefillSink): (done: number, total: number) => void {
+  if (!sink && verbosity === "quiet") return () => {};
   const out: PrefillSink = sink ?? {
     terminal: enabled(),
     write: (t) => {
@@ -143,5 +149,88 @@ export function prefillProgress(chunk: number, sink?: PrefillSink): (done: numbe
       printed = true;
       out.write(`k3: ${prefillLine(done, total, chunk, elapsed)}\n`);
     }
+  };
+}
+
+/** How much k3 says on stderr: errors only, the default, or everything (the per-step table). */
+export type Verbosity = "quiet" | "normal" | "verbose";
+
+let verbosity: Verbosity = "normal";
+
+/** Sets what `info` and the progress lines print (`--quiet`, `--verbose`). */
+export function setVerbosity(v: Verbosity): void {
+  verbosity = v;
+  if (v === "quiet") setProgressEnabled(false);
+}
+
+/** A status line on stderr (plans, timings, summaries), silenced by --quiet; errors and
+ * warnings use console.error directly. */
+export function info(line: string): void {
+  if (verbosity !== "quiet") console.error(line);
+}
+
+/** The output flags of the commands that generate (run, chat). */
+export const OUTPUT_FLAGS = {
+  quiet: { type: "boolean", short: "q" },
+  verbose: { type: "boolean" },
+  color: { type: "string" },
+} as const;
+
+/** Help for OUTPUT_FLAGS. */
+export const OUTPUT_HELP = `terminal:
+  -q, --quiet       stderr: errors only (no plan, progress, table or summary)
+  --verbose         stderr: also the per-step table (printed by default only when stderr
+                    is not a terminal, i.e. in logs)
+  --color WHEN      auto (default: on a terminal, unless NO_COLOR is set), always, never`;
+
+/** What the output flags decided. */
+export interface OutputMode {
+  /** Errors only, the default, or everything. */
+  verbosity: Verbosity;
+  /** Print the per-step table on stderr. */
+  stepTable: boolean;
+  /** Use ANSI colours on stdout. */
+  color: boolean;
+}
+
+function isTerminal(f: { isTerminal(): boolean }): boolean {
+  try {
+    return f.isTerminal();
+  } catch {
+    return false;
+  }
+}
+
+/** NO_COLOR (https://no-color.org): set and not empty means no colours. An environment k3 may
+ * not read counts as unset. */
+export function noColorEnv(): boolean {
+  try {
+    return (Deno.env.get("NO_COLOR") ?? "") !== "";
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The output mode from the flags (`quiet`, `verbose`, `color` as parsed) and where stdout and
+ * stderr go: like llama-cli, the step table is for logs and --verbose, not a terminal where
+ * it would interleave with the text. Sets the verbosity `info` and progress use.
+ */
+export function outputMode(
+  values: { quiet?: boolean; verbose?: boolean; color?: string },
+  where = { stdout: isTerminal(Deno.stdout), stderr: isTerminal(Deno.stderr) },
+  noColor = noColorEnv(),
+): OutputMode {
+  if (values.quiet && values.verbose) throw usageError("--quiet and --verbose conflict: choose one");
+  const when = values.color ?? "auto";
+  if (!["auto", "always", "never"].includes(when)) {
+    throw usageError(`--color: expected auto, always or never, got ${JSON.stringify(when)}`);
+  }
+  const v: Verbosity = values.quiet ? "quiet" : values.verbose ? "verbose" : "normal";
+  setVerbosity(v);
+  return {
+    verbosity: v,
+    stepTable: v === "verbose" || (v === "normal" && !where.stderr),
+    color: when === "always" || (when === "auto" && where.stdout && !noColor),
   };
 }

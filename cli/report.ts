@@ -20,7 +20,7 @@ import type { MemoryOptions } from "../engine/weights/plan.ts";
 export const SCHEMA_VERSION = 1;
 
 /** What wrote the object. */
-export type ReportKind = "run" | "run_json_summary" | "batch_result" | "batch_report" | "presets";
+export type ReportKind = "run" | "run_json_summary" | "batch_result" | "batch_report" | "presets" | "chat";
 
 /** The head every report starts with. */
 export interface ReportHead {

@@ -22,9 +22,9 @@ import { openModel, readModelConfig } from "../engine/open.ts";
 import { noIoStats } from "../engine/model/weight_source.ts";
 import { formatLedger, ledgerBetween, markLedger, readsBetween } from "../engine/generate/ledger.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
-import { prefillProgress, progress } from "./progress.ts";
+import { info, OUTPUT_FLAGS, OUTPUT_HELP, outputMode, prefillProgress, progress } from "./progress.ts";
 import { reportHead, reportSettings, sequenceFields, snakeKeys } from "./report.ts";
-import { fmtBytes, parseIds, peakRssBytes, plural } from "./common.ts";
+import { fmtBytes, intFlag, modelDirArg, parseIds, peakRssBytes, plural } from "./common.ts";
 import { EXIT_INTERRUPTED, Interrupts, writeStdout } from "./interrupt.ts";
 import { prepareOutput, writeOutput } from "../engine/native/files.ts";
 import {
@@ -47,15 +47,18 @@ import { GRAMMAR_FLAGS, runGrammar, sequenceConstraint } from "./structured.ts";
 export const USAGE = `usage: k3 run <model_dir> (--prompt TEXT | --prompt-file PATH | --ids 1,2,3) [options]
 
 Generation from one prompt. The text goes to stdout as tokens arrive (the ids, without a
-tokenizer); a per-step table and the summary go to stderr. Ctrl-C (SIGINT) or SIGTERM stops
+tokenizer); the plan, progress and the summary go to stderr, and the per-step table too
+when stderr is not a terminal (or with --verbose). Ctrl-C (SIGINT) or SIGTERM stops
 cleanly: what was generated is printed, --out is written with finish_reason
 "interrupted", exit 130.
 
 prompt (exactly one):
-  --prompt TEXT     text, encoded with the tokenizer (special tokens are not recognised)
-  --prompt-file P   a UTF-8 file, read verbatim
+  -p, --prompt TEXT text, encoded with the tokenizer (special tokens are not recognised)
+  --prompt-file P   a UTF-8 file, read verbatim (- reads stdin)
   --ids LIST        token ids, comma-separated (no tokenizer needed)
 ${GENERATION_HELP}
+  --context N       positions the run may hold (default: the prompt, a loaded state and
+                    --gen; a smaller one is refused, a larger one sizes the cache)
 ${samplingHelp("default: greedy")}
 output:
   --json            stdout: one JSON object per token {"index","id","text","seconds","logprob"}
@@ -74,10 +77,13 @@ saved states (exact prefixes only: a KDA state cannot be rewound):
   --ledger          print where the seconds went (reads, matmuls, experts, attention,
                     head, sampling) and what was read; the report always has it
 ${MEMORY_HELP}
+${OUTPUT_HELP}
   -h, --help        this help
 
 examples:
   k3 run tests/fixtures/tiny --prompt "Once upon a time" --gen 8
+  k3 run tests/fixtures/tiny -p "Once upon a time" -n 32 --temperature 0.8 --seed 7
+  echo "Once upon a time" | k3 run tests/fixtures/tiny --prompt-file - --quiet
   k3 run tests/fixtures/tiny --ids 5,17,300 --gen 20 --out report.json
   k3 run /data/kimi-k3 --trunk /data/k3-trunk --preset laptop --prompt-file q.txt
 `;
@@ -119,9 +125,11 @@ class Output {
 /** Runs `k3 run`; returns the exit code (130 when interrupted), throws K3Error on failure. */
 export async function main(args: string[]): Promise<number> {
   const { values, positionals, tokens } = parseFlags("run", args, {
-    prompt: { type: "string" },
+    prompt: { type: "string", short: "p" },
     "prompt-file": { type: "string" },
     ids: { type: "string" },
+    context: { type: "string" },
+    ...OUTPUT_FLAGS,
     ...GENERATION_FLAGS,
     ...SAMPLING_FLAGS,
     ...MEMORY_FLAGS,
@@ -138,8 +146,8 @@ export async function main(args: string[]): Promise<number> {
     console.log(USAGE);
     return 0;
   }
-  if (positionals.length !== 1) throw usageError("run: expected exactly one <model_dir> (see k3 run --help)");
-  const dir = positionals[0];
+  const dir = modelDirArg("run", positionals, "--prompt");
+  const mode = outputMode(values);
   // Outputs are checked before anything loads (a directory, an unwritable place: exit 2).
   const outTarget = values.out !== undefined ? prepareOutput(values.out, "--out") : undefined;
   const logitsTarget = values["dump-logits"] !== undefined
@@ -171,13 +179,22 @@ export async function main(args: string[]): Promise<number> {
   if (values["load-state"] !== undefined) stateFile = await readStateFile(values["load-state"]);
   const prefix = stateFile && Number.isSafeInteger(stateFile.header.pos) ? Math.max(0, stateFile.header.pos) : 0;
 
+  const needed = prefix + prompt.length + genOpts.gen;
+  const context = values.context === undefined ? needed : intFlag("context", values.context, needed, 1, 1 << 20);
+  if (context < needed) {
+    throw usageError(
+      `--context ${context}: this run needs ${needed} positions (${
+        prefix ? `${prefix} saved + ` : ""
+      }${prompt.length} prompt + ${genOpts.gen} --gen); raise --context or lower --gen`,
+    );
+  }
   const t0 = performance.now();
   const opened = await openModel(config, {
-    capacity: prefix + prompt.length + genOpts.gen,
+    capacity: context,
     chunk: genOpts.chunk,
     threads: genOpts.threads,
     memory,
-    log: (line) => console.error(`k3: ${line}`),
+    log: (line) => info(`k3: ${line}`),
     onProgress: (what, d, n) => progress(what, d, n),
   });
   const loadSeconds = (performance.now() - t0) / 1000;
@@ -189,12 +206,12 @@ export async function main(args: string[]): Promise<number> {
   try {
     const fp = stateFile || values["save-state"] ? await modelFingerprint(opened) : undefined;
     if (stateFile) loaded = await loadState(stateFile, opened.model, fp!);
-    console.error(
+    info(
       `k3: ${dir}: ${cfg.numLayers} layers, hidden ${cfg.hiddenSize}, vocab ${cfg.vocabSize}; ready in ${
         loadSeconds.toFixed(2)
       } s` + (loaded ? `; continuing a saved state of ${loaded.tokens.length} tokens` : ""),
     );
-    console.error("step   token   seconds  expert hits   GB read   tok/s");
+    if (mode.stepTable) console.error("step   token   seconds  expert hits   GB read   tok/s");
     let last = io();
     const t1 = performance.now();
     const mark0 = markLedger(opened.model);
@@ -222,11 +239,13 @@ export async function main(args: string[]): Promise<number> {
         const hits = io1.expertHits - last.expertHits, misses = io1.expertMisses - last.expertMisses;
         const gb = (io1.trunkBytes + io1.expertBytes - last.trunkBytes - last.expertBytes) / 1e9;
         last = io1;
-        console.error(
-          `${String(stepCount).padStart(4)}  ${String(token).padStart(6)}  ${seconds.toFixed(4).padStart(8)}  ${
-            `${hits}/${hits + misses}`.padStart(11)
-          }  ${gb.toFixed(3).padStart(8)}  ${(1 / seconds).toFixed(2).padStart(6)}`,
-        );
+        if (mode.stepTable) {
+          console.error(
+            `${String(stepCount).padStart(4)}  ${String(token).padStart(6)}  ${seconds.toFixed(4).padStart(8)}  ${
+              `${hits}/${hits + misses}`.padStart(11)
+            }  ${gb.toFixed(3).padStart(8)}  ${(1 / seconds).toFixed(2).padStart(6)}`,
+          );
+        }
         stepCount++;
         return output.token(token, seconds, logits);
       },
@@ -235,7 +254,7 @@ export async function main(args: string[]): Promise<number> {
     const mark1 = markLedger(opened.model);
     const ledger = ledgerBetween(mark0, mark1);
     const reads = readsBetween(mark0, mark1);
-    if (values.ledger) { for (const line of formatLedger(ledger)) console.error(`k3: ${line}`); }
+    if (values.ledger) { for (const line of formatLedger(ledger)) info(`k3: ${line}`); }
     const ioWait = ledger.trunk_read_wait_seconds + ledger.expert_read_wait_seconds;
     const ids = result.tokens;
     const settings = reportSettings({
@@ -272,7 +291,7 @@ export async function main(args: string[]): Promise<number> {
       try {
         const all = [...(stateFile?.header.tokens ?? []), ...prompt, ...ids];
         await saveState(values["save-state"], opened.model, st, all, fp!);
-        console.error(`k3: saved the state of ${all.length} tokens to ${values["save-state"]}`);
+        info(`k3: saved the state of ${all.length} tokens to ${values["save-state"]}`);
       } finally {
         st.free();
       }
@@ -284,7 +303,7 @@ export async function main(args: string[]): Promise<number> {
     // Prompt eval and eval apart, as llama.cpp reports them: prefill speed is tokens/s of
     // the prompt, decode speed s/token of the tokens after the first.
     const decoded = Math.max(ids.length - 1, 0);
-    console.error(
+    info(
       `k3: prompt eval ${prompt.length} ${plural(prompt.length, "token")} in ${seq.prefill_seconds.toFixed(3)} s (${
         seq.prompt_tokens_per_second.toFixed(1)
       } tokens/s); eval ${decoded} ${plural(decoded, "token")} in ${seq.decode_seconds.toFixed(3)} s (${
@@ -292,7 +311,7 @@ export async function main(args: string[]): Promise<number> {
       } s/token); finish_reason ${result.finishReason}; PEAK RSS ${fmtBytes(peak)} (quote this, not the plan)`,
     );
     if (weights.ioStats) {
-      console.error(
+      info(
         `k3: read ${fmtBytes(stats.trunkBytes)} trunk, ${fmtBytes(stats.expertBytes)} experts (${
           fmtBytes(Math.round(stats.trunkBytes / n))
         } + ${fmtBytes(Math.round(stats.expertBytes / n))} per token); expert cache hit rate ${

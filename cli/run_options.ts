@@ -38,7 +38,7 @@ lastFlagWins(...Object.keys(MEMORY_FLAGS));
 
 /** Generation and diagnostics flags. */
 export const GENERATION_FLAGS = {
-  gen: { type: "string" },
+  gen: { type: "string", short: "n" },
   incremental: { type: "boolean" },
   "full-recompute": { type: "boolean" },
   "stop-id": { type: "string", multiple: true },
@@ -46,7 +46,7 @@ export const GENERATION_FLAGS = {
   layers: { type: "string" },
   chunk: { type: "string" },
   tok: { type: "string" },
-  threads: { type: "string" },
+  threads: { type: "string", short: "t" },
 } as const satisfies ParseArgsConfig["options"];
 
 /** Help for the memory flags. */
@@ -58,7 +58,7 @@ export const MEMORY_HELP = `memory (a later flag overrides an earlier one):
 
 /** Help for the generation and diagnostics flags. */
 export const GENERATION_HELP = `generation:
-  --gen N           tokens to generate (default 8, 1..4096)
+  -n, --gen N       tokens to generate (default 8, 1..4096)
   --incremental     carry KDA/conv state and the MLA cache between steps (the default)
   --full-recompute  recompute the whole sequence every step instead (same tokens, slower)
   --stop-id ID      stop after this id (repeatable; none by default)
@@ -69,7 +69,7 @@ export const GENERATION_HELP = `generation:
 diagnostics:
   --layers N        bind and run only the first N layers
   --chunk N         prefill tokens per forward call (default 16, 1..256)
-  --threads N       compute threads (default and most: the cores; never changes a token)`;
+  -t, --threads N   compute threads (default and most: the cores; never changes a token)`;
 
 /** Parsed generation options. */
 export interface GenerationOptions {
@@ -167,7 +167,7 @@ export function promptSource(values: Record<string, unknown>): PromptSource {
   if (given.length !== 1) {
     throw usageError(
       given.length === 0
-        ? "a prompt is required: one of --prompt, --prompt-file, --ids"
+        ? "a prompt is required: one of --prompt, --prompt-file, --ids (text on stdin: --prompt-file -)"
         : `only one prompt source is allowed, got ${given.map((g) => "--" + g).join(" and ")}`,
     );
   }

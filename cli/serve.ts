@@ -196,7 +196,12 @@ export async function main(args: string[]): Promise<number> {
       fingerprint: fingerprint(modelName, context),
     });
   } catch (e) {
-    throw usageError(`serve: cannot listen on ${host}:${port}: ${(e as Error).message}`);
+    const busy = e instanceof Deno.errors.AddrInUse;
+    throw usageError(
+      busy
+        ? `serve: cannot listen on ${host}:${port}: it is already in use (another k3 serve?); pick another --port, or --port 0 for a free one`
+        : `serve: cannot listen on ${host}:${port}: ${(e as Error).message.replace(/ \(os error \d+\)/, "")}`,
+    );
   }
   const url = `http://${host.includes(":") && !host.startsWith("[") ? `[${host}]` : host}:${server.addr.port}`;
   console.error(`k3: listening on ${url} (model '${modelName}' loading)`);

@@ -287,15 +287,19 @@ export function checkStateFile(
   const bad = (why: string) => new K3Error(`state ${path}: ${why}; refusing it`);
   const cfg = model.cfg;
   if (h.format !== "k3-state" || h.version !== STATE_VERSION) throw bad("corrupt header (format or version)");
+  // What to do: a state only continues the model (and --layers) that saved it.
+  const redo = "use the model directory it was saved with, or drop --load-state/--state to start afresh";
   if (h.config !== fp.config || h.layers !== cfg.numLayers) {
     throw bad(
       `saved with a different model config (fingerprint ${
         String(h.config)
-      }, ${h.layers} layers; this model has ${fp.config}, ${cfg.numLayers} layers)`,
+      }, ${h.layers} layers; this model has ${fp.config}, ${cfg.numLayers} layers): ${redo}`,
     );
   }
   if (h.weights !== fp.weights) {
-    throw bad(`saved with different weights (weight sample ${String(h.weights)}, this model has ${fp.weights})`);
+    throw bad(
+      `saved with different weights (weight sample ${String(h.weights)}, this model has ${fp.weights}): ${redo}`,
+    );
   }
   if (!sameList(h.kda, layersOf(cfg, "kda")) || !sameList(h.mla, layersOf(cfg, "mla"))) {
     throw bad("corrupt header (layer lists do not match the config)");

@@ -58,10 +58,20 @@ export function decodeUtf8Strict(bytes: Uint8Array, what: string): string {
     return strictDecoder.decode(bytes);
   } catch {
     const at = firstInvalidUtf8(bytes);
-    throw new K3Error(
-      `${what} is not valid UTF-8: bad byte 0x${bytes[at].toString(16).padStart(2, "0")} at offset ${at}`,
-      EXIT.usage,
-    );
+    // Name the sequence the bad byte breaks: from its lead byte, not the byte after it.
+    let lead = at - 1;
+    while (lead > 0 && at - lead < 4 && (bytes[lead] & 0xc0) === 0x80) lead--;
+    const b = lead >= 0 ? bytes[lead] : 0;
+    const need = b >= 0xf0 ? 3 : b >= 0xe0 ? 2 : b >= 0xc0 ? 1 : 0;
+    if (at - lead > need) lead = at; // no open sequence before the bad byte
+    const hex = (i: number) => `0x${bytes[i].toString(16).padStart(2, "0")}`;
+    const where = lead < at
+      ? `a sequence from offset ${lead} (${hex(lead)}) broken by ${hex(at)} at offset ${at}`
+      : `bad byte ${hex(at)} at offset ${at}`;
+    const binary = bytes.subarray(0, 4096).includes(0)
+      ? " (a binary file? a prompt is UTF-8 text; ids go in --ids)"
+      : "";
+    throw new K3Error(`${what} is not valid UTF-8: ${where}${binary}`, EXIT.usage);
   }
 }
 

@@ -47,7 +47,7 @@
  */
 
 import { type K3Config } from "../model/config.ts";
-import { K3Error } from "../errors.ts";
+import { EXIT, K3Error } from "../errors.ts";
 import { directoryProblem } from "../paths.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { ALIGN, alignUp, CHECKSUM, hashHex, IoFile } from "../native/io.ts";
@@ -499,8 +499,19 @@ export async function readManifest(dir: string): Promise<TrunkManifest> {
   const path = `${dir}/${MANIFEST_FILE}`;
   const why = notRegular(path);
   if (why !== undefined) {
+    // Trunk data without a manifest is an interrupted pack (damaged: exit 1); anything else is
+    // a path of the wrong kind (exit 2: the command line must change).
+    let partial: string | undefined;
+    try {
+      partial = [...Deno.readDirSync(dir)].find((e) => e.name.startsWith(DATA_FILE))?.name;
+    } catch { /* not a readable directory: directoryProblem says what it is */ }
+    if (partial !== undefined && why === "no such file") {
+      throw new K3Error(
+        `${dir} is not a packed trunk: ${partial} without ${MANIFEST_FILE} (an interrupted k3 pack?); pack again with k3 pack MODEL_DIR ${dir} --force`,
+      );
+    }
     const problem = directoryProblem(dir, "a packed trunk", MANIFEST_FILE) ?? `${path}: ${why}`;
-    throw new K3Error(`${problem}; make one with k3 pack`);
+    throw new K3Error(`${problem}; make one with k3 pack MODEL_DIR ${dir}`, EXIT.usage);
   }
   const text = readInputText(path, { what: "trunk manifest", maxBytes: MAX_MANIFEST_BYTES });
   return await Promise.resolve(parseManifest(text, path));

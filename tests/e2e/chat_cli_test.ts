@@ -115,7 +115,7 @@ Deno.test("chat: sampling by default (temperature 1, top-p 0.95), the same seed 
     return JSON.parse(await Deno.readTextFile(out));
   };
   const a = await run("3", `${d.path}/a.json`), b = await run("3", `${d.path}/b.json`);
-  assert.deepEqual(a.sampling, { temperature: 1, topP: 0.95, topK: 0, minP: 0, seed: 3 });
+  assert.deepEqual(a.sampling, { temperature: 1, top_p: 0.95, top_k: 0, min_p: 0, seed: 3 });
   assert.deepEqual(a.turns.map((t: Turn) => t.generated_ids), b.turns.map((t: Turn) => t.generated_ids));
   // After /reset the conversation starts over (same prompt), the generator continues.
   assert.deepEqual(a.turns[1].prompt_ids, a.turns[0].prompt_ids);

@@ -491,7 +491,8 @@ Deno.test("paths of the wrong kind: one line saying what was expected, exit 2", 
   ];
   for (const [args, pattern] of cases) {
     const out = await k3(args);
-    assertOneLine(out, args[0] === "run" && args.includes("--trunk") ? 1 : 2, pattern, args.join(" "));
+    // A wrong-kind --trunk is 2 like every other path (README, Exit codes).
+    assertOneLine(out, 2, pattern, args.join(" "));
     assert.doesNotMatch(out.stderr, /os error|readfile|internal error/, args.join(" "));
   }
 });
