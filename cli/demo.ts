@@ -1,11 +1,14 @@
 /**
  * `deno task demo` (`npm run demo`): the product's claim, shown on the bundled tiny model
- * (tests/fixtures/tiny: 13 layers, hidden 128, random weights). It packs the trunk into a
- * temporary directory, then generates from the committed reference prompt twice: fully
- * resident, and streamed at a budget far below the model (a few layers of trunk, a few
- * experts of cache). Both must give the tokens of the independent float64 reference
- * (tests/oracle/reference.py, committed as tests/fixtures/tiny/reference.json); it prints
- * both timings. The temporary directory is removed at the end (also on Ctrl-C).
+ * (tests/fixtures/tiny-en: the tiny K3 shape, 13 layers, hidden 128, trained on the Brown
+ * corpus by tools/train_tiny). It packs the trunk into a temporary directory, then
+ * continues the committed reference prompt (a sentence start from the held-out text) twice:
+ * fully resident, and streamed at a budget far below the model (a few layers of trunk, a
+ * few experts of cache), printing the text as it is generated. Both must give the tokens
+ * of the independent float64 reference (tests/oracle/reference.py, committed as
+ * tests/fixtures/tiny-en/reference.json), and the prompt text must encode to the
+ * reference's prompt ids; it prints both timings. The temporary directory is removed at
+ * the end (also on Ctrl-C).
  *
  * @module
  */
@@ -13,15 +16,16 @@
 import { cli } from "./commands.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
-const TINY = `${ROOT}/tests/fixtures/tiny`;
+const TINY = `${ROOT}/tests/fixtures/tiny-en`;
 const rel = (p: string) => (p.startsWith(ROOT + "/") ? p.slice(ROOT.length + 1) : p);
+const shown = (a: string) => (/[\s"]/.test(a) ? JSON.stringify(a) : rel(a));
 
-/** The budgets of the streamed run: far below the tiny model's 13 layers and 104 experts. */
+/** The budgets of the streamed run: far below the tiny model's 13 layers and 96 experts. */
 export const DEMO_BUDGET = ["--trunk-gb", "0.0005", "--cache-gb", "0.0002"];
 
 async function step(args: string[], why: string): Promise<number> {
   console.error(
-    `\ndemo: ${why}\ndemo: $ k3 ${args.map((a) => (/[\s"]/.test(a) ? JSON.stringify(a) : rel(a))).join(" ")}`,
+    `\ndemo: ${why}\ndemo: $ k3 ${args.map(shown).join(" ")}`,
   );
   return await cli(args);
 }
@@ -45,12 +49,13 @@ async function main(): Promise<number> {
   Deno.addSignalListener("SIGINT", onSigint);
   try {
     console.error(
-      "demo: the bundled model (tests/fixtures/tiny) has random weights, so its text is gibberish by design; " +
-        "what it shows is that k3 computes exactly, and as exactly with almost no memory.",
+      "demo: the bundled model (tests/fixtures/tiny-en) is a 2 M-parameter K3 trained on the Brown corpus: " +
+        "it continues English text (it does not follow instructions). What it shows is that k3 computes " +
+        "exactly, and as exactly with almost no memory.",
     );
     const ref = JSON.parse(await Deno.readTextFile(`${TINY}/reference.json`));
     const refIds: number[] = ref.generated_ids;
-    const common = ["run", TINY, "--ids", ref.prompt_ids.join(","), "--gen", String(refIds.length)];
+    const common = ["run", TINY, "--prompt", ref.prompt_text, "--gen", String(refIds.length)];
     const trunk = `${tmp}/trunk`;
     let code = await step(["pack", TINY, trunk], "pack the trunk into one aligned file");
     if (code !== 0) return code;
@@ -64,6 +69,7 @@ async function main(): Promise<number> {
     const resident = JSON.parse(await Deno.readTextFile(`${tmp}/resident.json`));
     const streamed = JSON.parse(await Deno.readTextFile(`${tmp}/streamed.json`));
     const n = refIds.length;
+    const samePrompt = JSON.stringify(resident.prompt_ids) === JSON.stringify(ref.prompt_ids);
     const sameRef = agree(resident.generated_ids, refIds),
       sameRes = agree(streamed.generated_ids, resident.generated_ids);
     const timing = (r: Record<string, number>) =>
@@ -71,14 +77,19 @@ async function main(): Promise<number> {
     console.error(
       [
         "",
-        `demo: float64 reference (tests/oracle, committed in tests/fixtures/tiny/reference.json): ${refIds.join(",")}`,
+        `demo: prompt: ${JSON.stringify(ref.prompt_text)} (${resident.prompt_ids.length} tokens, ` +
+        `${samePrompt ? "the" : "NOT the"} reference's prompt ids)`,
+        `demo: continuation: ${JSON.stringify(resident.generated_text)}`,
+        `demo: float64 reference (tests/oracle, committed in tests/fixtures/tiny-en/reference.json): ${
+          refIds.join(",")
+        }`,
         `demo: resident run: ${sameRef}/${n} tokens equal the reference; ${timing(resident)}`,
         `demo: streamed run: ${sameRes}/${n} tokens equal the resident run; ${timing(streamed)}; ` +
         `read ${streamed.trunk_bytes_read} B of trunk and ${streamed.expert_bytes_read} B of experts, ` +
         `peak RSS ${(streamed.peak_rss_bytes / 1e6).toFixed(1)} MB`,
       ].join("\n"),
     );
-    if (sameRef !== n || sameRes !== n) {
+    if (!samePrompt || sameRef !== n || sameRes !== n) {
       console.error("demo: FAILED: the tokens differ (please report this)");
       return 1;
     }

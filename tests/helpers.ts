@@ -4,10 +4,13 @@
  * @module
  */
 
+import assert from "node:assert/strict";
 import { K3_PERMISSIONS, PERMISSION_SETS, permissionFlags } from "../cli/permissions.ts";
 
 export const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 export const TINY = `${ROOT}/tests/fixtures/tiny`;
+/** The tiny shape trained on English (tools/train_tiny): real text, same layers and widths. */
+export const TINY_EN = `${ROOT}/tests/fixtures/tiny-en`;
 export const ORACLE = `${ROOT}/tests/oracle`;
 
 /** Output of a finished subprocess. */
@@ -134,6 +137,56 @@ export async function packedFloor(
     },
     layerSizes,
   };
+}
+
+/** Max |a - b| over two logit arrays. */
+export function maxAbsDiff(a: Float32Array, b: Float32Array): number {
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
+  return m;
+}
+
+/**
+ * Checks the engine against a reference run on `dir` (reference.py's JSON and logits):
+ * teacher-forced argmax at every position (GATE 1), greedy decode by full recompute and
+ * incremental (GATE 2), at the given memory plan (default resident). Returns the max
+ * logit difference.
+ */
+export async function checkAgainstReference(
+  dir: string,
+  refPath: string,
+  logitsPath: string,
+  chunk = 16,
+  memory?: import("../engine/weights/plan.ts").MemoryOptions,
+): Promise<number> {
+  const { generate, teacherForce } = await import("../engine/generate/generate.ts");
+  const { openModel } = await import("../engine/open.ts");
+  const ref = await readReference(refPath);
+  const refLogits = new Float32Array((await Deno.readFile(logitsPath)).buffer);
+  const seq = [...ref.prompt_ids, ...ref.generated_ids.slice(0, -1)];
+  const opened = await openModel(dir, { capacity: seq.length + 1, chunk, memory });
+  try {
+    const V = opened.cfg.vocabSize;
+    assert.equal(refLogits.length, seq.length * V, "reference logits cover every position");
+    // GATE 1: teacher forcing, argmax at every position.
+    let maxDiff = 0;
+    const am = await teacherForce(opened.model, seq, (pos, row) => {
+      maxDiff = Math.max(maxDiff, maxAbsDiff(row, refLogits.subarray(pos * V, (pos + 1) * V)));
+    });
+    assert.deepEqual(am, ref.argmax, "teacher-forced argmax at every position");
+    // GATE 2: greedy decode, both modes.
+    for (const incremental of [false, true]) {
+      const steps = await generate(opened.model, ref.prompt_ids, { gen: ref.generated_ids.length, incremental });
+      assert.deepEqual(
+        steps.map((s) => s.token),
+        ref.generated_ids,
+        `greedy (${incremental ? "incremental" : "full recompute"})`,
+      );
+    }
+    return maxDiff;
+  } finally {
+    opened.close();
+  }
 }
 
 const KDIR = new URL("../kernels/", import.meta.url).pathname;

@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { diskNeeded, fittingPreset, presetNeeds, problems, TRUNK_BYTES } from "../../cli/doctor.ts";
 import { fmtDuration, progressLine } from "../../cli/progress.ts";
 import { permissionFlags } from "../../cli/permissions.ts";
-import { copyDir, k3, type Output, ROOT, runCmd, tempDir, TINY } from "../helpers.ts";
+import { copyDir, k3, type Output, ROOT, runCmd, tempDir, TINY, TINY_EN } from "../helpers.ts";
 
 /** Exit `code` with exactly one line on stderr matching `pattern`. */
 function assertOneLine(out: Output, code: number, pattern: RegExp, what: string): void {
@@ -334,7 +334,7 @@ Deno.test("the compiled binary's permissions are enough: run, batch and doctor u
   );
 });
 
-Deno.test("deno task demo: random weights said, tokens equal the float64 reference, streamed equals resident", async () => {
+Deno.test("deno task demo: the trained model said, its text shown, tokens equal the float64 reference, streamed equals resident", async () => {
   const tasks = JSON.parse(await Deno.readTextFile(`${ROOT}/deno.json`)).tasks;
   assert.match(tasks.demo.command, /deno run -q -P=k3 cli\/demo\.ts/);
   const { K3_PERMISSIONS } = await import("../../cli/permissions.ts");
@@ -345,14 +345,30 @@ Deno.test("deno task demo: random weights said, tokens equal the float64 referen
   }).output();
   const stderr = new TextDecoder().decode(out.stderr);
   assert.equal(out.code, 0, stderr);
-  assert.match(stderr, /^demo: the bundled model \(tests\/fixtures\/tiny\) has random weights/m);
-  assert.match(stderr, /demo: \$ k3 pack tests\/fixtures\/tiny \/\S+\/trunk/);
-  assert.match(stderr, /demo: \$ k3 run tests\/fixtures\/tiny --ids [\d,]+ --gen 20 --out /);
+  assert.match(
+    stderr,
+    /^demo: the bundled model \(tests\/fixtures\/tiny-en\) is a 2 M-parameter K3 trained on the Brown corpus/m,
+  );
+  assert.match(stderr, /demo: \$ k3 pack tests\/fixtures\/tiny-en \/\S+\/trunk/);
+  const ref = JSON.parse(await Deno.readTextFile(`${TINY_EN}/reference.json`));
+  const n = ref.generated_ids.length;
+  assert.ok(
+    stderr.includes(
+      `demo: $ k3 run tests/fixtures/tiny-en --prompt ${JSON.stringify(ref.prompt_text)} --gen ${n} --out `,
+    ),
+  );
   assert.match(stderr, /demo: \$ k3 run .* --trunk \S+ --trunk-gb 0\.0005 --cache-gb 0\.0002/);
-  const ref = JSON.parse(await Deno.readTextFile(`${TINY}/reference.json`));
+  assert.ok(stderr.includes(`(${ref.prompt_ids.length} tokens, the reference's prompt ids)`), "the prompt ids");
   assert.ok(stderr.includes(`reference.json): ${ref.generated_ids.join(",")}\n`), "the reference tokens");
-  assert.match(stderr, /resident run: 20\/20 tokens equal the reference; prefill [\d.]+ s, decode [\d.]+ s\/token/);
-  assert.match(stderr, /streamed run: 20\/20 tokens equal the resident run; prefill [\d.]+ s, decode [\d.]+ s\/token/);
+  assert.ok(new TextDecoder().decode(out.stdout).includes(JSON.parse(stderr.match(/continuation: (".*")\n/)![1])));
+  assert.match(
+    stderr,
+    new RegExp(`resident run: ${n}/${n} tokens equal the reference; prefill [\\d.]+ s, decode [\\d.]+ s/token`),
+  );
+  assert.match(
+    stderr,
+    new RegExp(`streamed run: ${n}/${n} tokens equal the resident run; prefill [\\d.]+ s, decode [\\d.]+ s/token`),
+  );
   assert.match(stderr, /Next, from this checkout: npm run -s k3 -- doctor/);
   assert.equal(packageJsonScript("k3").length > 0, true, "the hint's npm script exists");
   const tmp = stderr.match(/removed (\S+)\./)![1];

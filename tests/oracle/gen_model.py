@@ -380,38 +380,45 @@ def main(argv=None):
     if d["topk"] > d["experts"]:
         raise SystemExit("topk > experts")
     fdt = {"bf16": "BF16", "f16": "F16", "f32": "F32"}[args.float_dtype]
-
-    os.makedirs(args.out_dir, exist_ok=True)
-    # remove only what we own from a previous run (never the tokenizer files)
-    for f in os.listdir(args.out_dir):
-        if (f.startswith("model-") and f.endswith(".safetensors")) or f in (
-                "model.safetensors.index.json", "config.json"):
-            os.remove(os.path.join(args.out_dir, f))
+    d["seed"] = args.seed
 
     units = build_plan(d, args.seed, fdt)
-    nsh = max(1, min(d["shards"], len(units)))
+    write_checkpoint(args.out_dir, d, units, d["shards"], fdt, args.quant_at_root,
+                     index=not args.no_index)
+
+
+def write_checkpoint(out_dir, d, units, nshards, fdt, quant_at_root=False, index=True):
+    """Write `units` (build_plan's list, each tensor's gen yielding its rows) as
+    nshards safetensors shards plus config.json and, if `index`, the index. Also used by
+    tools/train_tiny/train.py to write trained values in this same layout."""
+    os.makedirs(out_dir, exist_ok=True)
+    # remove only what we own from a previous run (never the tokenizer files)
+    for f in os.listdir(out_dir):
+        if (f.startswith("model-") and f.endswith(".safetensors")) or f in (
+                "model.safetensors.index.json", "config.json"):
+            os.remove(os.path.join(out_dir, f))
+    nsh = max(1, min(nshards, len(units)))
     shards = split_shards(units, nsh)
     weight_map = {}
     total = 0
     for i, tensors in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{nsh:05d}.safetensors"
-        w = StreamWriter(os.path.join(args.out_dir, fname), [t[:3] for t in tensors],
+        w = StreamWriter(os.path.join(out_dir, fname), [t[:3] for t in tensors],
                          metadata={"format": "pt"})
         for name, dtype, shape, gen in tensors:
-            for chunk in gen(tensor_rng(args.seed, name)):
+            for chunk in gen(tensor_rng(d["seed"], name)):
                 w.write(name, chunk)
             weight_map[name] = fname
             total += numel(shape) * ELEM_SIZE[dtype]
         w.close()
-    with open(os.path.join(args.out_dir, "config.json"), "w") as f:
-        json.dump(make_config(d, fdt, args.quant_at_root), f, indent=2)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(make_config(d, fdt, quant_at_root), f, indent=2)
         f.write("\n")
-    if not args.no_index:
-        with open(os.path.join(args.out_dir, "model.safetensors.index.json"), "w") as f:
+    if index:
+        with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total},
                        "weight_map": {k: weight_map[k] for k in sorted(weight_map)}}, f, indent=2)
             f.write("\n")
-
 
 if __name__ == "__main__":
     main()

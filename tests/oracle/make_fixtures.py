@@ -6,6 +6,10 @@
   tests/fixtures/tiny/reference.json, reference_logits.f32
                                   reference.py greedy decode of PROMPT for GEN tokens
   tests/fixtures/ops.json         per-kernel fixtures (make_ops.py)
+  tests/fixtures/tiny-en/reference.json, reference_logits.f32
+                                reference.py greedy decode of PROMPT_EN on the trained
+                                English model (its weights are committed: they come from
+                                tools/train_tiny, which needs PyTorch; see its README)
 
 Only files this script owns are replaced: tiktoken.model / tokenizer_config.json that
 live in tests/fixtures/tiny are left alone. Everything is deterministic (fixed seeds), so
@@ -24,6 +28,13 @@ TINY = os.path.join(FIX, "tiny")
 PROMPT = [5, 17, 300, 42, 99, 123, 640, 7, 250, 511, 3, 77]
 GEN = 20
 
+TINY_EN = os.path.join(FIX, "tiny-en")
+# The start of a held-out sentence (Brown corpus, fiction) and its ids under the
+# tiny-en tokenizer (tests/unit/tiny_en_test.ts checks the engine encodes it so).
+PROMPT_EN_TEXT = "She wanted to be with him, to give him"
+PROMPT_EN = [83, 257, 264, 406, 274, 288, 302, 342, 447, 44, 288, 309, 408, 447]
+GEN_EN = 32
+
 
 def run(*args):
     subprocess.run([sys.executable, *args], check=True)
@@ -37,6 +48,10 @@ def main():
         "--gen", str(GEN), "--out", os.path.join(TINY, "reference.json"),
         "--logits", os.path.join(TINY, "reference_logits.f32"))
     run(os.path.join(HERE, "make_ops.py"), os.path.join(FIX, "ops.json"))
+    run(os.path.join(HERE, "reference.py"), TINY_EN, "--ids", ",".join(map(str, PROMPT_EN)),
+        "--gen", str(GEN_EN), "--text", PROMPT_EN_TEXT,
+        "--out", os.path.join(TINY_EN, "reference.json"),
+        "--logits", os.path.join(TINY_EN, "reference_logits.f32"))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ OUT.json:
   logit_std, logit_absmax       scale of the logits
   bias_changed_routing          number of (token, MoE layer) pairs whose top-k set with
                                 e_score_correction_bias differs from the unbiased top-k
+  prompt_text                   with --text: the text the prompt ids encode (recorded, not
+                                encoded here: the engine's tokenizer test checks it)
 --logits writes float32 little-endian [positions][vocab] for the same positions.
 --trace DIR writes, for the same positions, float32 LE [positions][hidden] files
   L{i}.attn_in.f32, L{i}.attn.f32, L{i}.mlp_in.f32, L{i}.mlp.f32 and final.f32
@@ -75,12 +77,15 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="output JSON path")
     ap.add_argument("--logits", default=None, help="write float32 LE logits here")
     ap.add_argument("--trace", default=None, help="directory for per-sub-layer dumps")
+    ap.add_argument("--text", default=None, help="record the prompt's text as prompt_text")
     a = ap.parse_args(argv)
     prompt = [int(x) for x in a.ids.split(",") if x.strip()]
     if not prompt:
         raise SystemExit("--ids must not be empty")
     trace = {} if a.trace else None
     out, logits = run(a.model_dir, prompt, a.gen, trace)
+    if a.text is not None:
+        out = {"prompt_text": a.text, **out}
     if a.trace:
         os.makedirs(a.trace, exist_ok=True)
         for k, v in trace.items():

@@ -11,44 +11,7 @@ import assert from "node:assert/strict";
 import { generate, teacherForce } from "../../engine/generate/generate.ts";
 import { argmax } from "../../engine/generate/sampling.ts";
 import { openModel } from "../../engine/open.ts";
-import { python, readReference, tempDir, TINY } from "../helpers.ts";
-
-/** Max |a - b| over two logit arrays. */
-function maxAbsDiff(a: Float32Array, b: Float32Array): number {
-  let m = 0;
-  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
-  return m;
-}
-
-/** Checks the engine against a reference run on `dir`; returns the max logit difference. */
-async function checkAgainstReference(dir: string, refPath: string, logitsPath: string, chunk = 16): Promise<number> {
-  const ref = await readReference(refPath);
-  const refLogits = new Float32Array((await Deno.readFile(logitsPath)).buffer);
-  const seq = [...ref.prompt_ids, ...ref.generated_ids.slice(0, -1)];
-  const opened = await openModel(dir, { capacity: seq.length + 1, chunk });
-  try {
-    const V = opened.cfg.vocabSize;
-    assert.equal(refLogits.length, seq.length * V, "reference logits cover every position");
-    // Teacher forcing, argmax at every position.
-    let maxDiff = 0;
-    const am = await teacherForce(opened.model, seq, (pos, row) => {
-      maxDiff = Math.max(maxDiff, maxAbsDiff(row, refLogits.subarray(pos * V, (pos + 1) * V)));
-    });
-    assert.deepEqual(am, ref.argmax, "teacher-forced argmax at every position");
-    // Greedy decode, both modes.
-    for (const incremental of [false, true]) {
-      const steps = await generate(opened.model, ref.prompt_ids, { gen: ref.generated_ids.length, incremental });
-      assert.deepEqual(
-        steps.map((s) => s.token),
-        ref.generated_ids,
-        `greedy (${incremental ? "incremental" : "full recompute"})`,
-      );
-    }
-    return maxDiff;
-  } finally {
-    opened.close();
-  }
-}
+import { checkAgainstReference, python, readReference, tempDir, TINY } from "../helpers.ts";
 
 Deno.test("tiny model: teacher forcing and greedy 20 tokens equal the reference", async () => {
   const maxDiff = await checkAgainstReference(TINY, `${TINY}/reference.json`, `${TINY}/reference_logits.f32`);
