@@ -347,11 +347,12 @@ static const union {
 #undef MXS4
 #undef MXS
 
-/* x of one token in the decode's lane order: xp[32g + 8b + l] = x[32g + MX_ELEM(MX_XJ(b), l)]
- * (b = 0..3, simd.h's MX_XJ: the contract's j order except on AVX-512). */
+/* x of one token in the decode's lane order: xp[32g + 8j + p] = x[32g + MX_ELEM(j, MX_XL(p))]
+ * (simd.h's MX_XL: physical lane p holds contract lane MX_XL(p), the identity except on
+ * AVX-512). */
 static const uint8_t MX_PERM[32] = {
-#define K3_MXP(b) MX_ELEM(MX_XJ(b), 0), MX_ELEM(MX_XJ(b), 1), MX_ELEM(MX_XJ(b), 2), MX_ELEM(MX_XJ(b), 3), \
-    MX_ELEM(MX_XJ(b), 4), MX_ELEM(MX_XJ(b), 5), MX_ELEM(MX_XJ(b), 6), MX_ELEM(MX_XJ(b), 7)
+#define K3_MXP(j) MX_ELEM(j, MX_XL(0)), MX_ELEM(j, MX_XL(1)), MX_ELEM(j, MX_XL(2)), MX_ELEM(j, MX_XL(3)), \
+    MX_ELEM(j, MX_XL(4)), MX_ELEM(j, MX_XL(5)), MX_ELEM(j, MX_XL(6)), MX_ELEM(j, MX_XL(7))
     K3_MXP(0), K3_MXP(1), K3_MXP(2), K3_MXP(3)
 #undef K3_MXP
 };
@@ -376,7 +377,7 @@ K3_INLINE void mx_rows1(mxc c, const uint8_t *const *p, const uint8_t *const *s,
     acc[k] = m8_zero();
     if (check) cc[k] = c4_zero();
   }
-  for (int g = 0; g < ng; g++) {
+  for (size_t g = 0; g < (size_t)ng; g++) { /* size_t: no sign extension per group */
     K3_UNROLL4
     for (int k = 0; k < nr; k++) {
       uint8_t sc = s[k][g];
@@ -387,7 +388,7 @@ K3_INLINE void mx_rows1(mxc c, const uint8_t *const *p, const uint8_t *const *s,
       }
       /* the packed row's check takes each 32-byte unit (two groups) as it goes by,
        * skipped groups included */
-      if (check && (g & 1)) cc[k] = c4_unit(cc[k], p[k] + 16 * (g - 1), check_key((size_t)g / 2));
+      if (check && (g & 1)) cc[k] = c4_unit(cc[k], p[k] + 16 * (g - 1), check_key(g / 2));
     }
   }
   K3_UNROLL4
