@@ -411,7 +411,7 @@ K3_INLINE void mx_tile(mxc c, const uint8_t *p, const uint8_t *s, int g0, int g1
   m8 a[MX_TT];
   K3_UNROLL8
   for (int t = 0; t < nt; t++) a[t] = acc[t];
-  for (int g = g0; g < g1; g++) {
+  for (size_t g = (size_t)g0; g < (size_t)g1; g++) {
     uint8_t sc = s[g];
     if (sc != 255) {
       mxw w;
