@@ -403,7 +403,7 @@ K3_INLINE void m8_store(float *p, m8 a) { _mm256_storeu_ps(p, a); }
 K3_INLINE m8 m8_add(m8 a, m8 b) { return _mm256_add_ps(a, b); }
 K3_INLINE m8 m8_mul(m8 a, m8 b) { return _mm256_mul_ps(a, b); }
 K3_INLINE m8 m8_bcast(const float *p) { return _mm256_broadcast_ss(p); }
-#if K3_ISA_AVX512
+#if K3_ISA_AVX512 && defined(__AVX512VL__) /* (without VL, the AVX2 decode below) */
 /* AVX-512 (F, VL; no VBMI needed): each m8 of a group straight to f32 by one 16-entry table
  * lookup (vpermt2ps over the 16 doubled E2M1 values in two ymm, indexed by the low 4 bits
  * of each dword, the bits above ignored). The indices need no byte shuffle: one 8-byte
