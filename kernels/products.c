@@ -347,17 +347,12 @@ static const union {
 #undef MXS4
 #undef MXS
 
-/* One group's contribution to one row's lanes (contract 2): w = the decoded group, xg = its
- * x in MX_ELEM order, sc = its scale. */
-K3_INLINE m8 mx_group(m8 acc, const m8 *w, const float *xg, m8 sc) {
-  m8 a = m8_add(m8_mul(w[0], m8_load(xg)), m8_mul(w[1], m8_load(xg + 8)));
-  m8 b = m8_add(m8_mul(w[2], m8_load(xg + 16)), m8_mul(w[3], m8_load(xg + 24)));
-  return m8_add(acc, m8_mul(m8_add(a, b), sc));
-}
-
-/* x of one token in contract 2's lane order: xp[32g + 8j + l] = x[32g + MX_ELEM(j, l)]. */
+/* x of one token in the decode's lane order: xp[32g + 8j + p] = x[32g + MX_ELEM(j, MX_XL(p))]
+ * (simd.h's MX_XL: physical lane p holds contract lane MX_XL(p), the identity except on
+ * AVX-512). */
 static const uint8_t MX_PERM[32] = {
-#define K3_MXP(j) MX_ELEM(j, 0), MX_ELEM(j, 1), MX_ELEM(j, 2), MX_ELEM(j, 3), MX_ELEM(j, 4), MX_ELEM(j, 5), MX_ELEM(j, 6), MX_ELEM(j, 7)
+#define K3_MXP(j) MX_ELEM(j, MX_XL(0)), MX_ELEM(j, MX_XL(1)), MX_ELEM(j, MX_XL(2)), MX_ELEM(j, MX_XL(3)), \
+    MX_ELEM(j, MX_XL(4)), MX_ELEM(j, MX_XL(5)), MX_ELEM(j, MX_XL(6)), MX_ELEM(j, MX_XL(7))
     K3_MXP(0), K3_MXP(1), K3_MXP(2), K3_MXP(3)
 #undef K3_MXP
 };
@@ -382,18 +377,18 @@ K3_INLINE void mx_rows1(mxc c, const uint8_t *const *p, const uint8_t *const *s,
     acc[k] = m8_zero();
     if (check) cc[k] = c4_zero();
   }
-  for (int g = 0; g < ng; g++) {
+  for (size_t g = 0; g < (size_t)ng; g++) { /* size_t: no sign extension per group */
     K3_UNROLL4
     for (int k = 0; k < nr; k++) {
       uint8_t sc = s[k][g];
       if (sc != 255) {
-        m8 w[4];
-        mx8_decode(c, p[k] + 16 * g, w);
-        acc[k] = mx_group(acc[k], w, xp + 32 * g, m8_bcast(&MX_SCALE[sc].f));
+        mxw w;
+        mx_decode(c, p[k] + 16 * g, &w);
+        acc[k] = mx_group(acc[k], &w, xp + 32 * g, m8_bcast(&MX_SCALE[sc].f));
       }
       /* the packed row's check takes each 32-byte unit (two groups) as it goes by,
        * skipped groups included */
-      if (check && (g & 1)) cc[k] = c4_unit(cc[k], p[k] + 16 * (g - 1), check_key((size_t)g / 2));
+      if (check && (g & 1)) cc[k] = c4_unit(cc[k], p[k] + 16 * (g - 1), check_key(g / 2));
     }
   }
   K3_UNROLL4
@@ -416,14 +411,15 @@ K3_INLINE void mx_tile(mxc c, const uint8_t *p, const uint8_t *s, int g0, int g1
   m8 a[MX_TT];
   K3_UNROLL8
   for (int t = 0; t < nt; t++) a[t] = acc[t];
-  for (int g = g0; g < g1; g++) {
+  for (size_t g = (size_t)g0; g < (size_t)g1; g++) {
     uint8_t sc = s[g];
     if (sc != 255) {
-      m8 w[4], sv = m8_bcast(&MX_SCALE[sc].f);
-      mx8_decode(c, p + 16 * g, w);
+      mxw w;
+      m8 sv = m8_bcast(&MX_SCALE[sc].f);
+      mx_decode(c, p + 16 * g, &w);
       const float *xg = xt + 32 * (g - g0);
       K3_UNROLL8
-      for (int t = 0; t < nt; t++) a[t] = mx_group(a[t], w, xg + t * kc, sv);
+      for (int t = 0; t < nt; t++) a[t] = mx_group(a[t], &w, xg + t * kc, sv);
     }
   }
   K3_UNROLL8
@@ -469,10 +465,10 @@ void k3_matmul_mxfp4_checked(const uint8_t *packed, const uint8_t *scales, const
         m8 acc = m8_zero();
         for (int g = 0; g < ng; g++) {
           if (sr[g] == 255) continue;
-          m8 w[4];
+          mxw w;
           mx_xperm(xg, x + (size_t)t * cols + 32 * g, 1);
-          mx8_decode(mc, pr + 16 * g, w);
-          acc = mx_group(acc, w, xg, m8_bcast(&MX_SCALE[sr[g]].f));
+          mx_decode(mc, pr + 16 * g, &w);
+          acc = mx_group(acc, &w, xg, m8_bcast(&MX_SCALE[sr[g]].f));
         }
         y[(size_t)t * rows + r] = m8_reduce(acc);
       }

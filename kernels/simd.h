@@ -30,7 +30,8 @@
  *        acc[l] = acc[l] + part * 2^(s-128)        (2^(s-128) built from its bits)
  *    then  h[l] = acc[l] + acc[l+4] (l < 4), q[l] = h[l] + h[l+2] (l < 2), dot = q[0] + q[1].
  *    Doubling is exact, so this is the E2M1 * 2^(s-127) product of the format. The lane order
- *    is the one an AVX2 decode produces without moving data across lanes (see mx8_decode);
+ *    is the one an AVX2 decode produces without moving data across lanes (see mx8_decode;
+ *    AVX-512 decodes by table lookups and holds the lanes permuted, MX_XL, see there);
  *    x is permuted into it once per call (it is shared by all rows), and each group's
  *    products are summed before its scale is applied (one multiply per group, not four).
  *
@@ -379,10 +380,12 @@ K3_INLINE void c4_store(uint64_t *o, c4 a) { memcpy(o, a.w, sizeof a.w); }
 
 /* ---------------------------------------------------------------- m8: MXFP4 lanes */
 
-/* m8: the 8 lanes of an MXFP4 row accumulator (contract 2): one ymm on AVX2 (and on AVX-512,
- * where a zmm would need a second decode per group), two q registers on NEON, a float[8] in
- * the scalar build. mx8_decode turns one group (16 packed bytes) into its 32 doubled E2M1
- * values as four m8, v[j] lane l holding element MX_ELEM(j, l) of the group. */
+/* m8: the 8 lanes of an MXFP4 row accumulator (contract 2): one ymm on AVX2 and AVX-512, two
+ * q registers on NEON, a float[8] in the scalar build. mx_decode turns one group (16 packed
+ * bytes) into an mxw, its 32 doubled E2M1 values as four m8 (mx8_decode), v[j] lane l
+ * holding element MX_ELEM(j, l) of the group; on AVX-512 lane p holds contract lane MX_XL(p)
+ * instead (the identity elsewhere). mx_group applies one decoded group to one row's lanes;
+ * only where a lane is held differs, not one rounding. */
 #define MX_ELEM(j, l) (16 * ((j) >> 1) + 4 * ((l) & 3) + 2 * ((j) & 1) + ((l) >> 2))
 
 /* The bf16 bit pattern of twice the E2M1 value, by nibble, as its high and low byte (doubled
@@ -400,6 +403,43 @@ K3_INLINE void m8_store(float *p, m8 a) { _mm256_storeu_ps(p, a); }
 K3_INLINE m8 m8_add(m8 a, m8 b) { return _mm256_add_ps(a, b); }
 K3_INLINE m8 m8_mul(m8 a, m8 b) { return _mm256_mul_ps(a, b); }
 K3_INLINE m8 m8_bcast(const float *p) { return _mm256_broadcast_ss(p); }
+#if K3_ISA_AVX512 && defined(__AVX512VL__) /* (without VL, the AVX2 decode below) */
+/* AVX-512 (F, VL; no VBMI needed): each m8 of a group straight to f32 by one 16-entry table
+ * lookup (vpermt2ps over the 16 doubled E2M1 values in two ymm, indexed by the low 4 bits
+ * of each dword, the bits above ignored). The indices need no byte shuffle: one 8-byte
+ * broadcast of the packed bytes holds 16 elements, and a 64-bit shift by 4e brings element
+ * e to the low dword's bits 0..3 and element e + 8 to the high dword's. v[j] of the contract
+ * holds pairs (e, e + 8), so the lanes are held in the physical order MX_XL: lane p holds
+ * contract lane MX_XL(p) (0, 2, 1, 3, 4, 6, 5, 7), which x follows and m8_reduce undoes.
+ * Per group: two broadcasts from memory, four shifts, four lookups (the AVX2 decode below
+ * takes eleven instructions, eight of them shuffles or shifts). */
+#define MX_XL(p) (((p) & 4) | (((p) & 1) << 1) | (((p) >> 1) & 1))
+static const float E2M1X2_F32[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+typedef struct {
+  __m256i s0, s1; /* shifts for j even and j odd (element offset 2 = 8 bits more) */
+  __m256 lo, hi;  /* the table, nibbles 0..7 and 8..15 */
+} mxc;
+K3_INLINE mxc mx_consts(void) {
+  mxc c;
+  /* qword q holds physical lanes 2q, 2q + 1 = contract lanes (0,2), (1,3), (4,6), (5,7):
+   * elements (0,8), (4,12), (1,9), (5,13) for j = 0 */
+  c.s0 = _mm256_setr_epi64x(0, 16, 4, 20);
+  c.s1 = _mm256_setr_epi64x(8, 24, 12, 28);
+  c.lo = _mm256_loadu_ps(E2M1X2_F32);
+  c.hi = _mm256_loadu_ps(E2M1X2_F32 + 8);
+  return c;
+}
+K3_INLINE void mx8_decode(mxc c, const uint8_t *p, m8 *v) {
+  uint64_t q0, q1;
+  memcpy(&q0, p, 8);
+  memcpy(&q1, p + 8, 8);
+  __m256i b0 = _mm256_set1_epi64x((long long)q0), b1 = _mm256_set1_epi64x((long long)q1);
+  v[0] = _mm256_permutex2var_ps(c.lo, _mm256_srlv_epi64(b0, c.s0), c.hi);
+  v[1] = _mm256_permutex2var_ps(c.lo, _mm256_srlv_epi64(b0, c.s1), c.hi);
+  v[2] = _mm256_permutex2var_ps(c.lo, _mm256_srlv_epi64(b1, c.s0), c.hi);
+  v[3] = _mm256_permutex2var_ps(c.lo, _mm256_srlv_epi64(b1, c.s1), c.hi);
+}
+#else
 /* The decode's constants, made once per call so that they stay in registers. */
 typedef struct {
   __m256i th, tl, nib, sh, top;
@@ -428,6 +468,7 @@ K3_INLINE void mx8_decode(mxc c, const uint8_t *p, m8 *v) {
   v[3] = _mm256_castsi256_ps(_mm256_and_si256(w1, c.top));
 }
 
+#endif
 #elif K3_ISA_NEON
 typedef struct {
   float32x4_t a, b; /* lanes 0..3, 4..7 */
@@ -507,10 +548,27 @@ K3_INLINE void mx8_decode(mxc c, const uint8_t *p, m8 *v) {
 }
 #endif
 
+#if !defined(MX_XL)
+#define MX_XL(p) (p) /* lanes held in contract order */
+#endif
+/* A decoded group: the four m8 of mx8_decode. */
+typedef struct {
+  m8 v[4];
+} mxw;
+K3_INLINE void mx_decode(mxc c, const uint8_t *p, mxw *w) { mx8_decode(c, p, w->v); }
+/* One group's contribution to one row's lanes (contract 2): xg = its x in the lanes' order
+ * (MX_XL), sc = its scale. */
+K3_INLINE m8 mx_group(m8 acc, const mxw *w, const float *xg, m8 sc) {
+  m8 a = m8_add(m8_mul(w->v[0], m8_load(xg)), m8_mul(w->v[1], m8_load(xg + 8)));
+  m8 b = m8_add(m8_mul(w->v[2], m8_load(xg + 16)), m8_mul(w->v[3], m8_load(xg + 24)));
+  return m8_add(acc, m8_mul(m8_add(a, b), sc));
+}
+
 /* The 8-lane tree of contract 2, in scalar code shared by all ISAs. */
 K3_INLINE float m8_reduce(m8 acc) {
-  float a[8];
-  m8_store(a, acc);
+  float a[8], h[8];
+  m8_store(h, acc);
+  for (int p = 0; p < 8; p++) a[MX_XL(p)] = h[p]; /* back to contract lanes */
   for (int l = 0; l < 4; l++) a[l] = a[l] + a[l + 4];
   a[0] = a[0] + a[2];
   a[1] = a[1] + a[3];
