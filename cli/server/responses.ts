@@ -5,8 +5,9 @@
  * like any chat request, and its answer is written in the Responses shape: a whole
  * `response` object ({@link responseObject}), or its event stream
  * ({@link ResponseEventWriter}: `response.created` ... `response.output_text.delta` ...
- * `response.completed`). Output items are built from parts (reasoning, message text) so
- * that function calls, once parsed from token ids, are one more kind of item.
+ * `response.completed`). Output items are built from parts: reasoning, message text, and
+ * the function calls the reply reader parsed from the token ids (`function_call` items; a
+ * `function_call_output` input item is the tool message that answers one).
  *
  * @module
  */
@@ -53,7 +54,7 @@ function contentText(v: unknown, param: string): string {
 }
 
 /** Fields of a Responses body that have no effect here and are accepted as sent. */
-const IGNORED = new Set(["store", "metadata", "user", "parallel_tool_calls", "truncation", "include", "service_tier"]);
+const IGNORED = new Set(["store", "metadata", "user", "truncation", "include", "service_tier"]);
 /** Fields passed on to the chat request under their chat names. */
 const RENAMED: Record<string, string> = {
   model: "model",
@@ -62,11 +63,15 @@ const RENAMED: Record<string, string> = {
   stream: "stream",
   max_output_tokens: "max_completion_tokens",
   seed: "seed",
+  parallel_tool_calls: "parallel_tool_calls",
 };
 
 /**
- * A `/v1/responses` body as the chat body it runs as; throws ApiError(400) for what the
- * Responses API asks that k3 does not do (tools until they are parsed, stored responses).
+ * A `/v1/responses` body as the chat body it runs as: function `tools` (the Responses API's
+ * flat form) and `tool_choice` in their chat form, `text.format` as `response_format`,
+ * `function_call` input items as the assistant's tool calls and `function_call_output` items
+ * as tool messages. Throws ApiError(400) for what k3 does not do (stored responses, tools
+ * other than functions).
  */
 export function chatBodyOfResponses(body: unknown): Json {
   if (kind(body) !== "object") throw new ApiError(400, `the request body must be a JSON object, got ${kind(body)}`);
@@ -87,13 +92,14 @@ export function chatBodyOfResponses(body: unknown): Json {
       if (effort !== undefined && effort !== null) chat.reasoning_effort = effort;
     } else if (k === "text") {
       const format = kind(v) === "object" ? (v as Json).format : undefined;
-      if (format !== undefined && !(kind(format) === "object" && (format as Json).type === "text")) {
-        throw bad("text.format", 'structured output is not enforced: only {"type": "text"}', "unsupported_parameter");
-      }
-    } else if (k === "tools" || k === "tool_choice") {
-      if (Array.isArray(v) ? v.length > 0 : v !== "none" && v !== "auto") {
-        throw bad(k, `'${k}' is not supported on /v1/responses yet`, "unsupported_parameter");
-      }
+      if (format !== undefined) chat.response_format = responseFormatOf(format);
+    } else if (k === "tools") {
+      if (!Array.isArray(v)) throw bad(k, `'tools' must be an array, got ${kind(v)}`);
+      chat.tools = v.map((t, i) => functionTool(t, `tools[${i}]`));
+    } else if (k === "tool_choice") {
+      chat.tool_choice = kind(v) === "object" && (v as Json).type === "function"
+        ? { type: "function", function: { name: (v as Json).name } }
+        : v;
     } else if (k === "previous_response_id" || k === "conversation" || k === "background" || k === "prompt") {
       throw bad(k, `'${k}' is not supported by k3 serve: responses are not stored`, "unsupported_parameter");
     } else {
@@ -107,10 +113,24 @@ export function chatBodyOfResponses(body: unknown): Json {
       const p = `input[${i}]`;
       if (kind(item) !== "object") throw bad(p, `'${p}' must be an object, got ${kind(item)}`);
       const it = item as Json;
+      if (it.type === "function_call") {
+        const call = { id: it.call_id, type: "function", function: { name: it.name, arguments: it.arguments } };
+        const last = messages.at(-1);
+        // Parallel calls arrive as consecutive items: one assistant message holds them all.
+        if (last?.role === "assistant" && Array.isArray(last.tool_calls) && last.content === null) {
+          (last.tool_calls as Json[]).push(call);
+        } else messages.push({ role: "assistant", content: null, tool_calls: [call] });
+        return;
+      }
+      if (it.type === "function_call_output") {
+        const output = typeof it.output === "string" ? it.output : contentText(it.output, `${p}.output`);
+        messages.push({ role: "tool", tool_call_id: it.call_id, content: output });
+        return;
+      }
       if (it.type !== undefined && it.type !== "message") {
         throw bad(
           `${p}.type`,
-          `'${p}.type' ${JSON.stringify(it.type)} is not supported: only messages`,
+          `'${p}.type' ${JSON.stringify(it.type)} is not supported: messages, function_call and function_call_output`,
           "unsupported_parameter",
         );
       }
@@ -128,6 +148,34 @@ export function chatBodyOfResponses(body: unknown): Json {
   return chat;
 }
 
+/** A Responses function tool (`{type: "function", name, description, parameters, strict}`)
+ * in its chat form. */
+function functionTool(t: unknown, p: string): Json {
+  if (kind(t) !== "object") throw bad(p, `'${p}' must be an object, got ${kind(t)}`);
+  const tool = t as Json;
+  if (tool.type !== "function") {
+    throw bad(
+      `${p}.type`,
+      `'${p}.type' must be "function", got ${JSON.stringify(tool.type ?? null)}`,
+      "unsupported_parameter",
+    );
+  }
+  const fn: Json = { name: tool.name };
+  for (const f of ["description", "parameters", "strict"]) {
+    if (tool[f] !== undefined && tool[f] !== null) fn[f] = tool[f];
+  }
+  return { type: "function", function: fn };
+}
+
+/** `text.format` as a chat `response_format` (`json_schema` is flat in the Responses API). */
+function responseFormatOf(format: unknown): unknown {
+  if (kind(format) !== "object") return format;
+  const f = format as Json;
+  if (f.type !== "json_schema") return f;
+  const { type: _type, ...json_schema } = f;
+  return { type: "json_schema", json_schema };
+}
+
 /** What identifies one response. */
 export interface ResponsesHead {
   /** resp_... */
@@ -140,9 +188,17 @@ export interface ResponsesHead {
   maxOutputTokens: number | null;
 }
 
-/** One output item of a response (reasoning and message now; function calls to come). */
+/** One output item of a response: reasoning, a function call, the message. */
 export type OutputItem =
   | { type: "reasoning"; id: string; summary: []; content: { type: "reasoning_text"; text: string }[] }
+  | {
+    type: "function_call";
+    id: string;
+    call_id: string;
+    name: string;
+    arguments: string;
+    status: "completed";
+  }
   | {
     type: "message";
     id: string;
@@ -198,7 +254,25 @@ export function responseObject(
 
 /** The output items of a finished chat outcome: its think channel, then its reply. */
 export function outputItems(r: ChatRequest, o: Outcome, ids: { reasoning: string; message: string }): OutputItem[] {
-  return itemsOf(r.thinking ? o.reply.reasoning : "", o.reply.text, o.result.finishReason === "length", ids);
+  const items = itemsOf(r.thinking ? o.reply.reasoning : "", o.reply.text, o.result.finishReason === "length", ids);
+  const calls = o.reply.calls.map(callItem);
+  if (calls.length === 0) return items;
+  // A reply that only calls tools has no message item.
+  const message = items.at(-1)!;
+  const keep = message.type === "message" && message.content[0].text === "" ? items.slice(0, -1) : items;
+  return [...keep, ...calls];
+}
+
+/** The `function_call` output item of a parsed call. */
+function callItem(c: { id: string; name: string; arguments: string }): OutputItem {
+  return {
+    type: "function_call",
+    id: `fc_${c.id.replace(/^call_/, "")}`,
+    call_id: c.id,
+    name: c.name,
+    arguments: c.arguments,
+    status: "completed",
+  };
 }
 
 function itemsOf(
@@ -238,9 +312,13 @@ export class ResponseEventWriter {
   #seq = 0;
   #reasoning = "";
   #reply = "";
-  /** Which item is open: none yet, the reasoning item, or the message. */
-  #open: "none" | "reasoning" | "message" = "none";
+  /** Which item is open: none yet, the reasoning item, the message, or a function call. */
+  #open: "none" | "reasoning" | "message" | "call" = "none";
   #items = 0;
+  /** The function call being streamed. */
+  #call?: { id: string; call_id: string; name: string; arguments: string };
+  /** Whether a message item was sent (a reply of calls alone has none). */
+  #messageSent = false;
 
   /** Events of a response under `head` to the chat request `r`, sent with `send`. */
   constructor(
@@ -260,8 +338,9 @@ export class ResponseEventWriter {
 
   #openMessage(): void {
     if (this.#open === "message") return;
-    if (this.#open === "reasoning") this.#closeReasoning();
+    this.#closeOpen();
     this.#open = "message";
+    this.#messageSent = true;
     const item = { type: "message", id: this.ids.message, status: "in_progress", role: "assistant", content: [] };
     this.#event("response.output_item.added", { output_index: this.#items, item });
     this.#event("response.content_part.added", {
@@ -284,10 +363,60 @@ export class ResponseEventWriter {
     this.#items++;
   }
 
-  /** Sends the channel text a step of the reply made safe (tool calls are not in this API's
-   * output here: a request with `tools` is refused). */
+  /** Closes the item that is open (its done events). */
+  #closeOpen(): void {
+    if (this.#open === "reasoning") this.#closeReasoning();
+    else if (this.#open === "message") this.#closeMessage(false);
+    else if (this.#open === "call") this.#closeCall();
+    this.#open = "none";
+  }
+
+  #closeMessage(cut: boolean): void {
+    const item = itemsOf("", this.#reply, cut, this.ids)[0];
+    const where = { item_id: this.ids.message, output_index: this.#items, content_index: 0 };
+    this.#event("response.output_text.done", { ...where, text: this.#reply, logprobs: [] });
+    this.#event("response.content_part.done", { ...where, part: item.type === "message" ? item.content[0] : null });
+    this.#event("response.output_item.done", { output_index: this.#items, item });
+    this.#items++;
+  }
+
+  #closeCall(): void {
+    const c = this.#call!;
+    this.#event("response.function_call_arguments.done", {
+      item_id: c.id,
+      output_index: this.#items,
+      arguments: c.arguments,
+    });
+    this.#event("response.output_item.done", {
+      output_index: this.#items,
+      item: { type: "function_call", ...c, status: "completed" },
+    });
+    this.#items++;
+    this.#call = undefined;
+  }
+
+  /** Sends what a step of the reply made safe: channel text, and function calls as they
+   * are parsed (an item per call, its arguments as deltas). */
   step(_reply: ReplyStream, events: ReplyEvent[]): void {
-    for (const e of events) if (e.type === "text") this.#piece(e);
+    for (const e of events) {
+      if (e.type === "text") this.#piece(e);
+      else if (e.type === "call") {
+        this.#closeOpen();
+        this.#open = "call";
+        this.#call = { id: `fc_${e.id.replace(/^call_/, "")}`, call_id: e.id, name: e.name, arguments: "" };
+        this.#event("response.output_item.added", {
+          output_index: this.#items,
+          item: { type: "function_call", ...this.#call, status: "in_progress" },
+        });
+      } else if (this.#call) {
+        this.#call.arguments += e.text;
+        this.#event("response.function_call_arguments.delta", {
+          item_id: this.#call.id,
+          output_index: this.#items,
+          delta: e.text,
+        });
+      }
+    }
   }
 
   #piece(p: { channel: "think" | "response"; text: string }): void {
@@ -321,15 +450,18 @@ export class ResponseEventWriter {
 
   /** Sends the end: the items' done events, the response. */
   finish(o: Outcome, promptTokens: number): void {
-    this.#openMessage();
     const cut = o.result.finishReason === "length";
-    const item = itemsOf("", this.#reply, cut, this.ids)[0];
-    const where = { item_id: this.ids.message, output_index: this.#items, content_index: 0 };
-    this.#event("response.output_text.done", { ...where, text: this.#reply, logprobs: [] });
-    this.#event("response.content_part.done", { ...where, part: item.type === "message" ? item.content[0] : null });
-    this.#event("response.output_item.done", { output_index: this.#items, item });
-    const output = itemsOf(this.#reasoning, this.#reply, cut, this.ids);
-    const response = responseObject(this.head, output, { o, promptTokens });
+    const calls = o.reply.calls.length > 0;
+    if (this.#open === "message") this.#closeMessage(cut);
+    else {
+      this.#closeOpen();
+      // Every reply has its message item, except one of calls alone.
+      if (!calls && !this.#messageSent) {
+        this.#openMessage();
+        this.#closeMessage(cut);
+      }
+    }
+    const response = responseObject(this.head, outputItems(this.r, o, this.ids), { o, promptTokens });
     this.#event(cut ? "response.incomplete" : "response.completed", { response });
   }
 

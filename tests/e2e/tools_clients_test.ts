@@ -307,3 +307,65 @@ Deno.test("serve: a malformed call is content with finish stop; tool_choice none
     assert.deepEqual(calls.map((c) => JSON.parse(c.arguments).city), ["A", 'B "q" é']);
   });
 });
+
+Deno.test("openai SDK responses.create: function tools, a function_call item, its output answered, streamed alike", async () => {
+  await withServer(async (baseURL, s) => {
+    const client = new OpenAI({ baseURL, apiKey: "none" });
+    const thinkThen = (reply: number[]) => [...t("Look it up."), ...close("think"), ...open("response"), ...reply];
+    s.scripts.push(thinkThen(callReply("Oslo")), thinkThen(answerReply("Cold, 2 C.")), thinkThen(callReply("Oslo")));
+    const tools: OpenAI.Responses.FunctionTool[] = [{
+      type: "function",
+      name: "get_weather",
+      description: "The weather in a city.",
+      parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+      strict: true,
+    }];
+    const first = await client.responses.create({
+      model: "tiny",
+      input: "Weather in Oslo?",
+      tools,
+      tool_choice: "required",
+    });
+    assert.equal(first.status, "completed");
+    assert.deepEqual(first.output.map((o) => o.type), ["reasoning", "function_call"]);
+    const call = first.output[1] as OpenAI.Responses.ResponseFunctionToolCall;
+    assert.equal(call.name, "get_weather");
+    assert.deepEqual(JSON.parse(call.arguments), { city: "Oslo" });
+    assert.match(call.call_id, /^call_/);
+    assert.ok(tok.decode(s.prompts[0]).includes('"name":"get_weather"'), "the declaration is in the prompt");
+
+    const second = await client.responses.create({
+      model: "tiny",
+      tools,
+      input: [
+        { role: "user", content: "Weather in Oslo?" },
+        { type: "function_call", call_id: call.call_id, name: call.name, arguments: call.arguments },
+        { type: "function_call_output", call_id: call.call_id, output: "cold, 2 C" },
+      ],
+    });
+    assert.equal(second.output_text, "Cold, 2 C.");
+    // The call went back as the assistant's tools channel, the output as the tool's message.
+    const prompt2 = tok.decode(s.prompts[1]);
+    assert.ok(prompt2.includes('<|open|>call tool="get_weather" index="1"<|sep|>'), prompt2);
+    assert.ok(prompt2.includes('<|open|>message role="tool" tool="get_weather" index="1"<|sep|>cold, 2 C'), prompt2);
+
+    // Streamed: a function_call item added, its arguments as deltas, the same final output.
+    const stream = await client.responses.create({
+      model: "tiny",
+      input: "Weather in Oslo?",
+      tools,
+      tool_choice: { type: "function", name: "get_weather" },
+      stream: true,
+    });
+    let args = "", added = 0, final: OpenAI.Responses.Response | undefined;
+    for await (const e of stream) {
+      if (e.type === "response.output_item.added" && e.item.type === "function_call") added++;
+      if (e.type === "response.function_call_arguments.delta") args += e.delta;
+      if (e.type === "response.completed") final = e.response;
+    }
+    assert.equal(added, 1);
+    assert.deepEqual(JSON.parse(args), { city: "Oslo" });
+    assert.deepEqual(final!.output.map((o) => o.type), ["reasoning", "function_call"]);
+    assert.equal((final!.output[1] as OpenAI.Responses.ResponseFunctionToolCall).arguments, args);
+  });
+});
