@@ -21,6 +21,7 @@ import { EXIT, K3Error } from "../errors.ts";
 import type { K3Model, Segment } from "../model/model.ts";
 import type { SequenceState } from "../model/state.ts";
 import { argmax } from "./sampling.ts";
+import { DraftCost, type DraftOptions, DraftPolicy, type DraftStats, SequenceDrafter, SuffixPool } from "./draft.ts";
 
 /** Why a sequence ended: a stop id or stop string, its token limit, or its abort signal. */
 export type FinishReason = "stop" | "length" | "interrupted";
@@ -53,6 +54,8 @@ export interface SequenceRequest {
   recompute?: boolean;
   /** Ends generation at the next pass boundary with finish reason "interrupted". */
   signal?: AbortSignal;
+  /** This sequence's speculation instead of the scheduler's (same tokens either way). */
+  draft?: DraftOptions;
 }
 
 /** What a finished sequence produced. */
@@ -69,6 +72,8 @@ export interface SequenceResult {
   decodeSeconds: number;
   /** Per generated token: the prefill for the first, then the time since the previous. */
   stepSeconds: number[];
+  /** Speculation counters (when the sequence could draft). */
+  draft?: DraftStats;
   /** The state after the last token (when `keepState`). Its position counts every token
    * that went through the model: the prompt and all generated tokens but the last. */
   state?: SequenceState;
@@ -97,7 +102,13 @@ export interface SchedulerOptions {
   chunk?: number;
   /** Called after every pass with its segments (for progress and reports). */
   onPass?: (info: { rows: number; sequences: number; seconds: number }) => void;
+  /** Speculative decoding (engine/generate/draft.ts). Default: suffix drafts where the
+   * measured cost model says they pay. Tokens are the same in every mode. */
+  draft?: DraftOptions;
 }
+
+/** The default speculation: suffix drafts, as many as the cost model says pay. */
+export const DEFAULT_DRAFT: DraftOptions = Object.freeze({ mode: "suffix" });
 
 /** A sequence in flight. */
 class Running {
@@ -111,6 +122,8 @@ class Running {
   firstAt = 0;
   lastAt = 0;
   done = false;
+  /** Its speculation, when it drafts. */
+  policy?: DraftPolicy;
 
   constructor(
     readonly req: SequenceRequest,
@@ -139,11 +152,18 @@ export class Scheduler {
   private readonly chunk: number;
   private loop?: Promise<void>;
   private failure?: unknown;
+  private readonly draft: DraftOptions;
+  /** The measured cost of drafted rows. */
+  private readonly draftCost = new DraftCost();
+  /** Recent finished sequences' texts, drafted from in suffix mode. */
+  private readonly pool: SuffixPool;
 
   /** A scheduler over `model`; nothing runs until a sequence is submitted. */
   constructor(readonly model: K3Model, private readonly opts: SchedulerOptions = {}) {
     this.maxSequences = Math.max(1, Math.min(opts.maxSequences ?? 1, model.maxT));
     this.chunk = Math.max(1, Math.min(opts.chunk ?? model.maxT, model.maxT));
+    this.draft = opts.draft ?? DEFAULT_DRAFT;
+    this.pool = new SuffixPool();
   }
 
   /** Sequences waiting for a state slot. */
@@ -192,6 +212,12 @@ export class Scheduler {
     while (this.waiting.length > 0 && this.running.length < this.maxSequences) {
       const { req, resolve, reject } = this.waiting.shift()!;
       const seq = new Running(req, req.state ?? this.model.newState(), resolve, reject);
+      const draft = req.draft ?? this.draft;
+      if (draft.mode !== "off" && !req.recompute) {
+        const drafter = new SequenceDrafter(draft, draft.mode === "suffix" ? this.pool : undefined);
+        drafter.append(req.prompt);
+        seq.policy = new DraftPolicy(drafter, draft);
+      }
       this.running.push(seq);
       req.onAdmit?.();
       if (req.prompt.length === 0) this.finish(seq, "length"); // a state handed back as is
@@ -212,6 +238,10 @@ export class Scheduler {
       decodeSeconds: seq.firstAt ? (seq.lastAt - seq.firstAt) / 1000 : 0,
       stepSeconds: seq.stepSeconds,
     };
+    if (seq.policy) {
+      result.draft = { ...seq.policy.stats };
+      if (seq.policy.drafter.mode === "suffix") this.pool.add(seq.policy.drafter.text);
+    }
     if (seq.req.keepState) result.state = seq.state;
     else seq.state.free();
     seq.resolve(result);
@@ -230,10 +260,23 @@ export class Scheduler {
   private nextPass(): { seq: Running; seg: Segment }[] {
     const pass: { seq: Running; seg: Segment }[] = [];
     let rows = 0;
-    for (const seq of this.running) {
-      if (!seq.decoding) continue;
-      pass.push({ seq, seg: { state: seq.state, ids: seq.pending.splice(0), logits: "last" } });
-      rows++;
+    const decoders = this.running.filter((seq) => seq.decoding);
+    // Drafts share the rows the decode tokens leave, before any prefill chunk.
+    let draftRows = this.model.maxT - decoders.length;
+    for (const seq of decoders) {
+      const ids = seq.pending.splice(0);
+      const room = Math.min(
+        draftRows,
+        seq.req.maxTokens - seq.tokens.length - 1,
+        seq.state.capacity - seq.state.pos - ids.length,
+      );
+      const draft = seq.policy?.next(room, this.draftCost.relative) ?? [];
+      draftRows -= draft.length;
+      const seg: Segment = draft.length > 0
+        ? { state: seq.state, ids: [...ids, ...draft], logits: "all", speculative: true }
+        : { state: seq.state, ids, logits: "last" };
+      pass.push({ seq, seg });
+      rows += seg.ids.length;
     }
     for (const seq of this.running) {
       if (seq.decoding) continue;
@@ -279,11 +322,9 @@ export class Scheduler {
         return;
       }
       const now = performance.now();
-      this.opts.onPass?.({
-        rows: pass.reduce((n, p) => n + p.seg.ids.length, 0),
-        sequences: pass.length,
-        seconds: (now - t0) / 1000,
-      });
+      const rows = pass.reduce((n, p) => n + p.seg.ids.length, 0);
+      this.opts.onPass?.({ rows, sequences: pass.length, seconds: (now - t0) / 1000 });
+      if (pass.every((p) => p.seq.decoding)) this.draftCost.observe((now - t0) / 1000, rows - pass.length);
       pass.forEach(({ seq, seg }, i) => {
         if (seq.done) return;
         if (!seq.decoding && seq.tokens.length === 0) {
@@ -295,7 +336,8 @@ export class Scheduler {
           return;
         }
         try {
-          this.step(seq, logits[i], now);
+          if (seg.speculative) this.stepDrafted(seq, seg, logits[i], now);
+          else this.step(seq, logits[i], now);
         } catch (e) {
           this.fail(seq, e);
         }
@@ -309,6 +351,43 @@ export class Scheduler {
   /** Picks and hands out one token of `seq`; ends it or queues the token for the next pass. */
   private step(seq: Running, logits: Float32Array, now: number): void {
     const { req } = seq;
+    const reason = this.emit(seq, logits, now);
+    if (reason) return this.finish(seq, reason);
+    const token = seq.tokens[seq.tokens.length - 1];
+    if (req.recompute) {
+      seq.state.reset();
+      seq.pending = [...req.prompt, ...seq.tokens];
+    } else {
+      seq.pending = [token];
+    }
+  }
+
+  /**
+   * After a pass that verified a draft: row i's logits give the token of position i, picked
+   * by the sequence's own `choose` exactly as plain decoding would (once per emitted token);
+   * row i + 1 is valid while the draft token there equals the token emitted at i. The state
+   * keeps the rows up to the first mismatch, and the last emitted token is the next pending.
+   */
+  private stepDrafted(seq: Running, seg: Segment, logits: Float32Array, now: number): void {
+    const V = this.model.cfg.vocabSize, drafted = seg.ids.length - 1;
+    let kept = 0, accepted = 0, reason: FinishReason | undefined;
+    for (let i = 0; i <= drafted; i++) {
+      kept++;
+      reason = this.emit(seq, logits.subarray(i * V, (i + 1) * V), now);
+      const match = i < drafted && seq.tokens[seq.tokens.length - 1] === seg.ids[i + 1];
+      if (match) accepted++;
+      if (reason || !match) break;
+    }
+    this.model.keepPrefix(seq.state, kept);
+    seq.policy!.record(drafted, accepted);
+    if (reason) return this.finish(seq, reason);
+    seq.pending = [seq.tokens[seq.tokens.length - 1]];
+  }
+
+  /** Picks one token of `seq` from `logits` and hands it out; says why the sequence ends
+   * with it, if it does. */
+  private emit(seq: Running, logits: Float32Array, now: number): FinishReason | undefined {
+    const { req } = seq;
     checkFinite(logits, seq.tokens.length);
     const t0 = performance.now();
     const token = (req.choose ?? argmax)(logits);
@@ -317,15 +396,11 @@ export class Scheduler {
     seq.firstAt ||= now;
     seq.lastAt = now;
     seq.tokens.push(token);
+    seq.policy?.drafter.append([token]);
     const stopByCaller = req.onToken?.(token, logits) === true;
-    if (stopByCaller || req.stopIds?.includes(token)) return this.finish(seq, "stop");
-    if (seq.tokens.length >= req.maxTokens) return this.finish(seq, "length");
-    if (req.signal?.aborted) return this.finish(seq, "interrupted");
-    if (req.recompute) {
-      seq.state.reset();
-      seq.pending = [...req.prompt, ...seq.tokens];
-    } else {
-      seq.pending = [token];
-    }
+    if (stopByCaller || req.stopIds?.includes(token)) return "stop";
+    if (seq.tokens.length >= req.maxTokens) return "length";
+    if (req.signal?.aborted) return "interrupted";
+    return undefined;
   }
 }
