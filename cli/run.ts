@@ -7,6 +7,7 @@
 
 import { usageError } from "../engine/errors.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
+import { DRAFT_MODES, type DraftMode } from "../engine/generate/draft.ts";
 import { makeSampler } from "../engine/generate/sampling.ts";
 import { StopMatcher } from "../engine/generate/stops.ts";
 import {
@@ -55,6 +56,10 @@ prompt (exactly one):
   --ids LIST        token ids, comma-separated (no tokenizer needed)
 ${GENERATION_HELP}
 ${samplingHelp("default: greedy")}
+speculation (never changes a token):
+  --draft MODE      lookup (n-gram prompt lookup), suffix (the longest earlier match of
+                    the text so far) or off; default: suffix, as many draft tokens per
+                    pass as the measured acceptance and pass cost say pay
 output:
   --json            stdout: one JSON object per token {"index","id","text","seconds"},
                     then {"finish_reason","generated_ids","generated_text","prompt_tokens"}
@@ -123,6 +128,7 @@ export async function main(args: string[]): Promise<number> {
     "dump-logits": { type: "string" },
     ledger: { type: "boolean" },
     out: { type: "string" },
+    draft: { type: "string" },
     help: { type: "boolean", short: "h" },
   });
   if (values.help) {
@@ -157,6 +163,7 @@ export async function main(args: string[]): Promise<number> {
   if (values["load-state"] !== undefined) stateFile = await readStateFile(values["load-state"]);
   const prefix = stateFile && Number.isSafeInteger(stateFile.header.pos) ? Math.max(0, stateFile.header.pos) : 0;
 
+  const draftMode = draftFlag(values.draft);
   const t0 = performance.now();
   const opened = await openModel(config, {
     capacity: prefix + prompt.length + genOpts.gen,
@@ -186,7 +193,7 @@ export async function main(args: string[]): Promise<number> {
     const mark0 = markLedger(opened.model);
     let tLast = t1, stepCount = 0;
     const output = new Output(tokenizer, genOpts.stops, values.json === true);
-    const scheduler = new Scheduler(opened.model, { chunk: genOpts.chunk });
+    const scheduler = new Scheduler(opened.model, { chunk: genOpts.chunk, draft: { mode: draftMode } });
     const state = loaded?.state;
     loaded = undefined; // the scheduler owns it now
     const result = await scheduler.submit({
@@ -276,6 +283,15 @@ export async function main(args: string[]): Promise<number> {
         seq.decode_seconds_per_token.toFixed(4)
       } s/token); finish_reason ${result.finishReason}; PEAK RSS ${fmtBytes(peak)} (quote this, not the plan)`,
     );
+    if (result.draft && result.draft.passes > 0) {
+      const d = result.draft;
+      console.error(
+        `k3: speculation (${draftMode}): ${d.accepted} of ${d.drafted} draft tokens accepted over ${d.passes} ${
+          plural(d.passes, "pass", "passes")
+        } (${(d.accepted / d.passes).toFixed(2)} per drafted pass)` +
+          (d.off ? "; turned off: its drafts did not match" : ""),
+      );
+    }
     if (weights.ioStats) {
       console.error(
         `k3: read ${fmtBytes(stats.trunkBytes)} trunk, ${fmtBytes(stats.expertBytes)} experts (${
@@ -323,6 +339,7 @@ export async function main(args: string[]): Promise<number> {
         read_bytes: reads.bytes,
         ledger,
         memory: snakeKeys(opened.plan ?? null),
+        draft: { mode: draftMode, ...(result.draft ?? { passes: 0, drafted: 0, accepted: 0, off: false }) },
       };
       await writeOutput(outTarget, JSON.stringify(report, null, 2) + "\n");
     }
@@ -332,4 +349,13 @@ export async function main(args: string[]): Promise<number> {
     loaded?.state.free();
     await opened.close();
   }
+}
+
+/** --draft: one of the draft modes (default suffix). */
+function draftFlag(value: string | undefined): DraftMode {
+  if (value === undefined) return "suffix";
+  if (!(DRAFT_MODES as readonly string[]).includes(value)) {
+    throw usageError(`--draft: expected one of ${DRAFT_MODES.join(", ")}, got ${JSON.stringify(value)}`);
+  }
+  return value as DraftMode;
 }
