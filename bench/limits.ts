@@ -35,6 +35,7 @@ import { NativeBuffer } from "../engine/native/memory.ts";
 import { parseConfig } from "../engine/model/config.ts";
 import { expertBytes } from "../engine/weights/experts.ts";
 import { ensureSlice, type SliceRecipe } from "./slice.ts";
+import { speculationSection } from "./speculation.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 
@@ -468,7 +469,7 @@ export const decodeSection: Section = async (ctx) => {
 };
 
 /** Sections in run order (append decode sections here; they may use the figures above). */
-export const SECTIONS: Section[] = [dramSection, diskSection, kernelSection, decodeSection];
+export const SECTIONS: Section[] = [dramSection, diskSection, kernelSection, decodeSection, speculationSection];
 
 /** The summary ratios, from the figures (absent when a section was skipped). */
 export function summary(figures: Figure[]): Record<string, number> {
@@ -487,6 +488,12 @@ export function summary(figures: Figure[]): Record<string, number> {
   put("fresh_memory_touch_of_disk", ratio("fresh_memory_touch_gbps"));
   put("floor_wall_over_max_io_compute", figures.find((f) => f.key === "floor_wall_over_max_io_compute")?.value);
   put("pinned_wall_over_max_io_compute", figures.find((f) => f.key === "pinned_wall_over_max_io_compute")?.value);
+  // Speculation (bench/speculation.ts): greedy, the repetitive prompt, suffix drafts.
+  const value = (key: string) => figures.find((f) => f.key === key)?.value;
+  put("spec_accepted_per_pass", value("spec_suffix_accepted_per_pass_repetitive"));
+  put("spec_speedup_repetitive", value("spec_suffix_speedup_repetitive"));
+  put("spec_speedup_plain", value("spec_suffix_speedup_plain"));
+  put("spec_floor_row_cost", value("spec_floor_row_cost"));
   return out;
 }
 
