@@ -150,6 +150,7 @@ export class SuffixAutomaton {
     return this.firstEnd[m.state];
   }
 
+  /** A new state of longest length `len` whose first occurrence ends at `firstEnd`. */
   private newState(len: number, firstEnd: number): number {
     this.next.push(new Map());
     this.link.push(-1);
