@@ -11,6 +11,7 @@
  * - `lookup`: n-gram prompt lookup. The last n tokens (n = 4 down to 1) are searched for in
  *   the sequence's prompt and output, most recent occurrence first; the tokens that followed
  *   it are the draft.
+ * Neither drafts from a match shorter than 2 tokens.
  * - `suffix`: a suffix automaton over the sequence's own text finds the longest suffix that
  *   occurred before (any length, in time linear in the text), and a second automaton over
  *   recent finished sequences of the same scheduler (in `k3 serve`, recent requests) is
@@ -52,14 +53,17 @@ export const DEFAULT_MAX_DRAFT = 8;
 
 /** The longest n-gram prompt lookup tries. */
 const LOOKUP_MAX_N = 4;
+/** The shortest match either drafter drafts from: after one matching token the next is a
+ * poor guess on text that does not repeat (measured: bench/speculation.ts). */
+export const MIN_MATCH = 2;
 
 /**
  * n-gram prompt lookup: the tokens after the most recent earlier occurrence of the text's
- * last n tokens, for the largest n (at most 4) that occurs; [] when none does.
+ * last n tokens, for the largest n (at most 4, at least `minN`) that occurs; [] when none does.
  */
-export function lookupDraft(text: readonly number[], k: number): number[] {
+export function lookupDraft(text: readonly number[], k: number, minN = MIN_MATCH): number[] {
   const len = text.length;
-  for (let n = Math.min(LOOKUP_MAX_N, len - 1); n >= 1; n--) {
+  for (let n = Math.min(LOOKUP_MAX_N, len - 1); n >= minN; n--) {
     // An occurrence starting at i ends before the text's own last n tokens begin to overlap
     // its end: i + n <= len - 1, so at least one token follows it.
     for (let i = len - n - 1; i >= 0; i--) {
@@ -254,13 +258,13 @@ export class SequenceDrafter {
       this.poolMatch = { state: 0, length: 0 };
       for (const t of this.text.slice(-64)) pool.automaton.walk(this.poolMatch, t);
     }
-    if (pool && this.poolMatch.length > own.length) {
+    if (pool && this.poolMatch.length > own.length && this.poolMatch.length >= MIN_MATCH) {
       const ptext = pool.automaton.text, from = pool.automaton.endOf(this.poolMatch) + 1;
       const out: number[] = [];
       for (let i = from; i < ptext.length && out.length < k && ptext[i] >= 0; i++) out.push(ptext[i]);
       return out;
     }
-    if (own.length === 0) return [];
+    if (own.length < MIN_MATCH) return [];
     return this.text.slice(own.end + 1, Math.min(own.end + 1 + k, this.text.length));
   }
 }

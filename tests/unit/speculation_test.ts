@@ -29,6 +29,8 @@ Deno.test("lookupDraft: the tokens after the most recent occurrence of the longe
   assert.deepEqual(lookupDraft([7, 8, 9], 4), []);
   assert.deepEqual(lookupDraft([7], 4), []);
   assert.deepEqual(lookupDraft([4, 4, 4], 2), [4]);
+  assert.deepEqual(lookupDraft([1, 5, 9, 1], 2), [], "a one-token match does not draft");
+  assert.deepEqual(lookupDraft([1, 5, 9, 1], 2, 1), [5, 9]);
 });
 
 Deno.test("SuffixAutomaton: the longest repeated suffix and its first occurrence equal a brute-force search", () => {
