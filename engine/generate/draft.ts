@@ -19,7 +19,8 @@
  *
  * The cost model (`DraftPolicy`) keeps, per sequence, a decayed count of drafted and
  * accepted tokens (the acceptance rate a), and takes from the scheduler the measured cost of
- * one drafted row relative to a pass without drafts (c). With k drafts a pass emits
+ * one drafted row relative to a pass without drafts (c, from the fastest passes seen with
+ * and without drafts). With k drafts a pass emits
  * E(k) = (1 - a^(k+1)) / (1 - a) tokens on average and costs 1 + c k; the policy drafts the k
  * that maximises E(k) / (1 + c k), and none when no k beats plain decoding.
  *
@@ -270,43 +271,30 @@ export class SequenceDrafter {
 }
 
 /**
- * The measured cost of drafted rows, shared by a scheduler's sequences: a decayed least
- * squares line through the seconds of decode passes against their drafted rows (rows
- * beyond one per sequence). Its intercept is a pass without drafts, its slope one drafted
- * row.
+ * The measured cost of drafted rows, shared by a scheduler's sequences: the fastest decode
+ * pass seen with each number of drafted rows (rows beyond one per sequence). The minimum,
+ * because a loaded machine only ever adds time to a pass (descheduling scatters one-row
+ * passes by milliseconds); the relative cost is read off the most drafted rows seen.
  */
 export class DraftCost {
-  private n = 0;
-  private sx = 0;
-  private sy = 0;
-  private sxx = 0;
-  private sxy = 0;
+  private readonly best = new Map<number, number>();
 
-  /** Cost of one drafted row relative to a pass without drafts, before the line is known:
+  /** Cost of one drafted row relative to a pass without drafts, before both are measured:
    * optimistic, so drafting is tried and measured. */
   static readonly PRIOR = 0.25;
 
   /** A decode pass: its seconds and its drafted rows. Prefill passes are not fed. */
   observe(seconds: number, drafted: number): void {
-    const decay = 0.95;
-    this.n = decay * this.n + 1;
-    this.sx = decay * this.sx + drafted;
-    this.sy = decay * this.sy + seconds;
-    this.sxx = decay * this.sxx + drafted * drafted;
-    this.sxy = decay * this.sxy + drafted * seconds;
+    const b = this.best.get(drafted);
+    if (b === undefined || seconds < b) this.best.set(drafted, seconds);
   }
 
   /** c: seconds of one drafted row over the seconds of a pass without drafts. */
   get relative(): number {
-    if (this.n < 4) return DraftCost.PRIOR;
-    const mx = this.sx / this.n, my = this.sy / this.n;
-    const vx = this.sxx / this.n - mx * mx;
-    // Too little spread in the drafted rows to see a slope.
-    if (!(vx > 0.25)) return DraftCost.PRIOR;
-    const slope = (this.sxy / this.n - mx * my) / vx;
-    const base = my - slope * mx;
-    if (!(base > 0)) return DraftCost.PRIOR;
-    return Math.max(0, slope) / base;
+    const base = this.best.get(0);
+    const most = Math.max(0, ...this.best.keys());
+    if (base === undefined || !(base > 0) || most === 0) return DraftCost.PRIOR;
+    return Math.max(0, this.best.get(most)! - base) / most / base;
   }
 }
 

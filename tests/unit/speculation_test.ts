@@ -11,6 +11,7 @@ import assert from "node:assert/strict";
 import { Scheduler, type SequenceRequest } from "../../engine/generate/scheduler.ts";
 import {
   bestDraftLength,
+  DraftCost,
   type DraftOptions,
   expectedTokens,
   lookupDraft,
@@ -88,6 +89,13 @@ Deno.test("cost model: E(k) and the best draft length", () => {
   assert.equal(bestDraftLength(0.9, 1, 8), 0, "rows as dear as a pass never pay");
   assert.equal(bestDraftLength(1, 0.01, 8), 8, "free rows and certain drafts: the most");
   assert.ok(bestDraftLength(0.7, 0.1, 8) > 0);
+  const cost = new DraftCost();
+  assert.equal(cost.relative, DraftCost.PRIOR, "nothing measured: the prior");
+  cost.observe(0.010, 0);
+  cost.observe(0.050, 0); // a descheduled pass does not raise the base
+  cost.observe(0.018, 4);
+  cost.observe(0.090, 4);
+  assert.ok(Math.abs(cost.relative - 0.2) < 1e-9, `c from the fastest passes: ${cost.relative}`);
 });
 
 /** A repetitive prompt (a cycle of 8 ids) and a non-repetitive one. */
