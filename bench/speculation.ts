@@ -20,6 +20,7 @@ import { ensureSlice, type SliceRecipe } from "./slice.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
 import type { DraftOptions } from "../engine/generate/draft.ts";
 import { openModel } from "../engine/open.ts";
+import { packTrunk } from "../pack/pack.ts";
 import type { K3Model } from "../engine/model/model.ts";
 import type { MemoryOptions } from "../engine/weights/plan.ts";
 
@@ -158,12 +159,7 @@ async function sliceFloor(o: SpeculationOptions): Promise<Figure[]> {
     await Deno.stat(`${trunk}/manifest.json`);
   } catch {
     o.log(`slice: packing ${trunk}`);
-    const pack = await new Deno.Command(Deno.execPath(), {
-      args: ["run", "-A", `${ROOT}/main.ts`, "pack", model, trunk, "--force"],
-      stdout: "null",
-      stderr: "piped",
-    }).output();
-    if (pack.code !== 0) throw new Error(`k3 pack: ${new TextDecoder().decode(pack.stderr).slice(-1500)}`);
+    await packTrunk(model, trunk, { log: null });
   }
   const memory: MemoryOptions = { trunkDir: trunk, trunkGB: 2.5, cacheGB: 0.31 };
   const opened = await openModel(model, { capacity: 64, chunk: 16, memory });
