@@ -37,6 +37,7 @@ import { expertBytes } from "../engine/weights/experts.ts";
 import { ensureSlice, type SliceRecipe } from "./slice.ts";
 import { DATA_FILE, readManifest, storedSize } from "../engine/weights/manifest.ts";
 import { codecVerdict, measureDecodeRate, measureReadRate } from "../engine/weights/codec.ts";
+import { speculationSection } from "./speculation.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 
@@ -559,7 +560,14 @@ export const codecSection: Section = async (ctx) => {
 };
 
 /** Sections in run order (append decode sections here; they may use the figures above). */
-export const SECTIONS: Section[] = [dramSection, diskSection, kernelSection, decodeSection, codecSection];
+export const SECTIONS: Section[] = [
+  dramSection,
+  diskSection,
+  kernelSection,
+  decodeSection,
+  codecSection,
+  speculationSection,
+];
 
 /** The summary ratios, from the figures (absent when a section was skipped). */
 export function summary(figures: Figure[]): Record<string, number> {
@@ -582,6 +590,12 @@ export function summary(figures: Figure[]): Record<string, number> {
   put("floor_coded_over_raw", ratio("floor_coded_s_per_token"));
   put("codec_slice_stored_ratio", figures.find((f) => f.key === "codec_slice_stored_ratio")?.value);
   put("codec_predicted_coded_over_raw", figures.find((f) => f.key === "codec_predicted_coded_over_raw")?.value);
+  // Speculation (bench/speculation.ts): greedy, the repetitive prompt, suffix drafts.
+  const value = (key: string) => figures.find((f) => f.key === key)?.value;
+  put("spec_accepted_per_pass", value("spec_suffix_accepted_per_pass_repetitive"));
+  put("spec_speedup_repetitive", value("spec_suffix_speedup_repetitive"));
+  put("spec_speedup_plain", value("spec_suffix_speedup_plain"));
+  put("spec_floor_row_cost", value("spec_floor_row_cost"));
   return out;
 }
 

@@ -7,6 +7,7 @@
 
 import { usageError } from "../engine/errors.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
+import { DRAFT_MODES, type DraftMode } from "../engine/generate/draft.ts";
 import { makeSampler } from "../engine/generate/sampling.ts";
 import { StopMatcher } from "../engine/generate/stops.ts";
 import { tokenLogprob } from "../engine/generate/logprobs.ts";
@@ -60,6 +61,10 @@ ${GENERATION_HELP}
   --context N       positions the run may hold (default: the prompt, a loaded state and
                     --gen; a smaller one is refused, a larger one sizes the cache)
 ${samplingHelp("default: greedy")}
+speculation (never changes a token):
+  --draft MODE      lookup (n-gram prompt lookup), suffix (the longest earlier match of
+                    the text so far) or off; default: suffix, as many draft tokens per
+                    pass as the measured acceptance and pass cost say pay
 output:
   --json            stdout: one JSON object per token {"index","id","text","seconds","logprob"}
                     (logprob: float64 log-softmax of the logits the token was picked from),
@@ -140,6 +145,7 @@ export async function main(args: string[]): Promise<number> {
     "dump-logits": { type: "string" },
     ledger: { type: "boolean" },
     out: { type: "string" },
+    draft: { type: "string" },
     help: { type: "boolean", short: "h" },
   });
   if (values.help) {
@@ -188,6 +194,7 @@ export async function main(args: string[]): Promise<number> {
       }${prompt.length} prompt + ${genOpts.gen} --gen); raise --context or lower --gen`,
     );
   }
+  const draftMode = draftFlag(values.draft);
   const t0 = performance.now();
   const opened = await openModel(config, {
     capacity: context,
@@ -217,7 +224,7 @@ export async function main(args: string[]): Promise<number> {
     const mark0 = markLedger(opened.model);
     let tLast = t1, stepCount = 0;
     const output = new Output(tokenizer, genOpts.stops, values.json === true);
-    const scheduler = new Scheduler(opened.model, { chunk: genOpts.chunk });
+    const scheduler = new Scheduler(opened.model, { chunk: genOpts.chunk, draft: { mode: draftMode } });
     const state = loaded?.state;
     loaded = undefined; // the scheduler owns it now
     const result = await scheduler.submit({
@@ -310,6 +317,15 @@ export async function main(args: string[]): Promise<number> {
         seq.decode_seconds_per_token.toFixed(4)
       } s/token); finish_reason ${result.finishReason}; PEAK RSS ${fmtBytes(peak)} (quote this, not the plan)`,
     );
+    if (result.draft && result.draft.passes > 0) {
+      const d = result.draft;
+      console.error(
+        `k3: speculation (${draftMode}): ${d.accepted} of ${d.drafted} draft tokens accepted over ${d.passes} ${
+          plural(d.passes, "pass", "passes")
+        } (${(d.accepted / d.passes).toFixed(2)} per drafted pass)` +
+          (d.off ? "; turned off: its drafts did not match" : ""),
+      );
+    }
     if (weights.ioStats) {
       info(
         `k3: read ${fmtBytes(stats.trunkBytes)} trunk, ${fmtBytes(stats.expertBytes)} experts (${
@@ -359,6 +375,7 @@ export async function main(args: string[]): Promise<number> {
         read_bytes: reads.bytes,
         ledger,
         memory: snakeKeys(opened.plan ?? null),
+        draft: { mode: draftMode, ...(result.draft ?? { passes: 0, drafted: 0, accepted: 0, off: false }) },
       };
       await writeOutput(outTarget, JSON.stringify(report, null, 2) + "\n");
     }
@@ -368,4 +385,13 @@ export async function main(args: string[]): Promise<number> {
     loaded?.state.free();
     await opened.close();
   }
+}
+
+/** --draft: one of the draft modes (default suffix). */
+function draftFlag(value: string | undefined): DraftMode {
+  if (value === undefined) return "suffix";
+  if (!(DRAFT_MODES as readonly string[]).includes(value)) {
+    throw usageError(`--draft: expected one of ${DRAFT_MODES.join(", ")}, got ${JSON.stringify(value)}`);
+  }
+  return value as DraftMode;
 }

@@ -22,6 +22,7 @@ import type { K3Model, Segment } from "../model/model.ts";
 import type { SequenceState } from "../model/state.ts";
 import { argmax } from "./sampling.ts";
 import type { StateCache } from "./state_cache.ts";
+import { DraftCost, type DraftOptions, DraftPolicy, type DraftStats, SequenceDrafter, SuffixPool } from "./draft.ts";
 
 /** Why a sequence ended: a stop id or stop string, its token limit, or its abort signal. */
 export type FinishReason = "stop" | "length" | "interrupted";
@@ -63,6 +64,8 @@ export interface SequenceRequest {
   /** The ids that close the reply after its generated tokens (chat markup), so the cache
    * also keeps the state at prompt + reply + these; undefined: the reply is not kept. */
   replyTail?: (tokens: readonly number[], reason: FinishReason) => number[] | undefined;
+  /** This sequence's speculation instead of the scheduler's (same tokens either way). */
+  draft?: DraftOptions;
 }
 
 /** A per-sequence constraint on the next token (engine/generate/grammar/mask.ts). */
@@ -88,6 +91,8 @@ export interface SequenceResult {
   decodeSeconds: number;
   /** Per generated token: the prefill for the first, then the time since the previous. */
   stepSeconds: number[];
+  /** Speculation counters (when the sequence could draft). */
+  draft?: DraftStats;
   /** The state after the last token (when `keepState`). Its position counts every token
    * that went through the model: the prompt and all generated tokens but the last. */
   state?: SequenceState;
@@ -122,7 +127,13 @@ export interface SchedulerOptions {
   /** Exact-prefix state reuse: a sequence continues from the longest kept prefix of its
    * prompt and keeps its state at its `cacheAt` positions and after its reply. */
   cache?: StateCache;
+  /** Speculative decoding (engine/generate/draft.ts). Default: suffix drafts where the
+   * measured cost model says they pay. Tokens are the same in every mode. */
+  draft?: DraftOptions;
 }
+
+/** The default speculation: suffix drafts, as many as the cost model says pay. */
+export const DEFAULT_DRAFT: DraftOptions = Object.freeze({ mode: "suffix" });
 
 /** A sequence in flight. */
 class Running {
@@ -142,6 +153,8 @@ class Running {
   firstAt = 0;
   lastAt = 0;
   done = false;
+  /** Its speculation, when it drafts. */
+  policy?: DraftPolicy;
 
   constructor(
     readonly req: SequenceRequest,
@@ -171,11 +184,18 @@ export class Scheduler {
   private loop?: Promise<void>;
   private failure?: unknown;
   private lastPassSeconds = 0;
+  private readonly draft: DraftOptions;
+  /** The measured cost of drafted rows. */
+  private readonly draftCost = new DraftCost();
+  /** Recent finished sequences' texts, drafted from in suffix mode. */
+  private readonly pool: SuffixPool;
 
   /** A scheduler over `model`; nothing runs until a sequence is submitted. */
   constructor(readonly model: K3Model, private readonly opts: SchedulerOptions = {}) {
     this.maxSequences = Math.max(1, Math.min(opts.maxSequences ?? 1, model.maxT));
     this.chunk = Math.max(1, Math.min(opts.chunk ?? model.maxT, model.maxT));
+    this.draft = opts.draft ?? DEFAULT_DRAFT;
+    this.pool = new SuffixPool();
   }
 
   /** Sequences waiting for a state slot. */
@@ -236,6 +256,12 @@ export class Scheduler {
       }
       this.waiting.splice(i, 1);
       const seq = new Running(req, req.state ?? this.model.newState(), resolve, reject);
+      const draft = req.draft ?? this.draft;
+      if (draft.mode !== "off" && !req.recompute) {
+        const drafter = new SequenceDrafter(draft, draft.mode === "suffix" ? this.pool : undefined);
+        drafter.append(req.prompt);
+        seq.policy = new DraftPolicy(drafter, draft);
+      }
       this.running.push(seq);
       if (cached) {
         const t0 = performance.now();
@@ -312,6 +338,10 @@ export class Scheduler {
       decodeSeconds: seq.firstAt ? (seq.lastAt - seq.firstAt) / 1000 : 0,
       stepSeconds: seq.stepSeconds,
     };
+    if (seq.policy) {
+      result.draft = { ...seq.policy.stats };
+      if (seq.policy.drafter.mode === "suffix") this.pool.add(seq.policy.drafter.text);
+    }
     if (seq.req.keepState) result.state = seq.state;
     else if (!this.closeReply(seq, reason)) seq.state.free();
     seq.resolve(result);
@@ -330,10 +360,23 @@ export class Scheduler {
   private nextPass(): { seq: Running; seg: Segment }[] {
     const pass: { seq: Running; seg: Segment }[] = [];
     let rows = 0;
-    for (const seq of this.running) {
-      if (!seq.decoding) continue;
-      pass.push({ seq, seg: { state: seq.state, ids: seq.pending.splice(0), logits: "last" } });
-      rows++;
+    const decoders = this.running.filter((seq) => seq.decoding);
+    // Drafts share the rows the decode tokens leave, before any prefill chunk.
+    let draftRows = this.model.maxT - decoders.length;
+    for (const seq of decoders) {
+      const ids = seq.pending.splice(0);
+      const room = Math.min(
+        draftRows,
+        seq.req.maxTokens - seq.tokens.length - 1,
+        seq.state.capacity - seq.state.pos - ids.length,
+      );
+      const draft = seq.policy?.next(room, this.draftCost.relative) ?? [];
+      draftRows -= draft.length;
+      const seg: Segment = draft.length > 0
+        ? { state: seq.state, ids: [...ids, ...draft], logits: "all", speculative: true }
+        : { state: seq.state, ids, logits: "last" };
+      pass.push({ seq, seg });
+      rows += seg.ids.length;
     }
     for (const seq of this.running) {
       if (seq.decoding) continue;
@@ -395,6 +438,7 @@ export class Scheduler {
       this.lastPassSeconds = (now - t0) / 1000;
       this.opts.onPass?.({ rows, sequences: pass.length, seconds: (now - t0) / 1000 });
       if (pass.some((p) => !p.seq.decoding)) this.opts.cache?.notePrefillPass((now - t0) / 1000, rows);
+      if (pass.every((p) => p.seq.decoding)) this.draftCost.observe((now - t0) / 1000, rows - pass.length);
       pass.forEach(({ seq, seg }, i) => {
         if (seq.done) return;
         if (!seq.decoding && seq.tokens.length === 0) {
@@ -407,7 +451,8 @@ export class Scheduler {
           return;
         }
         try {
-          this.step(seq, logits[i], now);
+          if (seg.speculative) this.stepDrafted(seq, seg, logits[i], now);
+          else this.step(seq, logits[i], now);
         } catch (e) {
           this.fail(seq, e);
         }
@@ -429,6 +474,43 @@ export class Scheduler {
   /** Picks and hands out one token of `seq`; ends it or queues the token for the next pass. */
   private step(seq: Running, logits: Float32Array, now: number): void {
     const { req } = seq;
+    const reason = this.emit(seq, logits, now);
+    if (reason) return this.finish(seq, reason);
+    const token = seq.tokens[seq.tokens.length - 1];
+    if (req.recompute) {
+      seq.state.reset();
+      seq.pending = [...req.prompt, ...seq.tokens];
+    } else {
+      seq.pending = [token];
+    }
+  }
+
+  /**
+   * After a pass that verified a draft: row i's logits give the token of position i, picked
+   * by the sequence's own `choose` exactly as plain decoding would (once per emitted token);
+   * row i + 1 is valid while the draft token there equals the token emitted at i. The state
+   * keeps the rows up to the first mismatch, and the last emitted token is the next pending.
+   */
+  private stepDrafted(seq: Running, seg: Segment, logits: Float32Array, now: number): void {
+    const V = this.model.cfg.vocabSize, drafted = seg.ids.length - 1;
+    let kept = 0, accepted = 0, reason: FinishReason | undefined;
+    for (let i = 0; i <= drafted; i++) {
+      kept++;
+      reason = this.emit(seq, logits.subarray(i * V, (i + 1) * V), now);
+      const match = i < drafted && seq.tokens[seq.tokens.length - 1] === seg.ids[i + 1];
+      if (match) accepted++;
+      if (reason || !match) break;
+    }
+    this.model.keepPrefix(seq.state, kept);
+    seq.policy!.record(drafted, accepted);
+    if (reason) return this.finish(seq, reason);
+    seq.pending = [seq.tokens[seq.tokens.length - 1]];
+  }
+
+  /** Picks one token of `seq` from `logits` and hands it out; says why the sequence ends
+   * with it, if it does. */
+  private emit(seq: Running, logits: Float32Array, now: number): FinishReason | undefined {
+    const { req } = seq;
     checkFinite(logits, seq.tokens.length);
     const t0 = performance.now();
     const choose = req.choose ?? argmax;
@@ -438,15 +520,11 @@ export class Scheduler {
     seq.firstAt ||= now;
     seq.lastAt = now;
     seq.tokens.push(token);
+    seq.policy?.drafter.append([token]);
     const stopByCaller = req.onToken?.(token, logits) === true;
-    if (stopByCaller || req.stopIds?.includes(token)) return this.finish(seq, "stop");
-    if (seq.tokens.length >= req.maxTokens) return this.finish(seq, "length");
-    if (req.signal?.aborted) return this.finish(seq, "interrupted");
-    if (req.recompute) {
-      seq.state.reset();
-      seq.pending = [...req.prompt, ...seq.tokens];
-    } else {
-      seq.pending = [token];
-    }
+    if (stopByCaller || req.stopIds?.includes(token)) return "stop";
+    if (seq.tokens.length >= req.maxTokens) return "length";
+    if (req.signal?.aborted) return "interrupted";
+    return undefined;
   }
 }

@@ -23,7 +23,7 @@ import { type Expert, type Matrix, settleExpert, verifyMatrix } from "../native/
 import type { GluWeights, KdaWeights, MlaWeights, MoeWeights } from "./layer_weights.ts";
 import { type Ledger, newLedger } from "./ledger.ts";
 import { Scratch } from "./scratch.ts";
-import { SequenceState } from "./state.ts";
+import { SequenceState, SpeculationRecord } from "./state.ts";
 import type { WeightSource } from "./weight_source.ts";
 
 /** One sequence's part of a forward pass: its state and its next tokens. */
@@ -34,6 +34,9 @@ export interface Segment {
   ids: number[];
   /** Which rows' logits the pass returns: the last token's, every token's, or none. */
   logits: "last" | "all" | "none";
+  /** A draft being verified: the pass records what it takes to cut the state back to any
+   * prefix of these tokens afterwards (K3Model.keepPrefix). */
+  speculative?: boolean;
 }
 
 /** Where a segment's tokens sit among the pass's rows. */
@@ -93,6 +96,16 @@ export class K3Model {
   }
 
   /**
+   * After a pass that ran `seg.speculative` for `state`: keeps only its first `keep` tokens
+   * (the pending one and the accepted drafts), as if the pass had run those alone. Replays
+   * the KDA recurrence from the recorded inputs (no weight is read); the MLA cache is cut by
+   * the position.
+   */
+  keepPrefix(state: SequenceState, keep: number): void {
+    state.spec!.keepPrefix(this.k, state, keep);
+  }
+
+  /**
    * Runs tokens `ids` (at most maxT) at positions state.pos.., advancing the state.
    * Returns logits of the last token, or of every token when `allLogits`, as a view
    * [T][vocab] into scratch (valid until the next call). The one-segment case of `pass`.
@@ -126,6 +139,16 @@ export class K3Model {
       if (state.pos + ids.length > state.capacity) {
         throw new Error(`forward: position ${state.pos + ids.length} beyond capacity ${state.capacity}`);
       }
+    }
+    for (const { state, ids, speculative } of segments) {
+      if (!speculative) continue;
+      if (!state.spec || state.spec.maxRows < ids.length) {
+        state.spec?.free();
+        // Room for the usual draft (8 tokens and the pending one), or for this one.
+        state.spec = new SpeculationRecord(k, cfg, Math.min(this.maxT, Math.max(ids.length, 9)));
+      }
+      state.spec.pos0 = state.pos;
+      state.spec.rows = ids.length;
     }
 
     // Per row, the AttnRes sources are stored back to back: [snapshots..., partial].
@@ -249,8 +272,24 @@ export class K3Model {
     const tAttn = performance.now();
     for (const sp of spans) {
       const st = sp.seg.state.kda.get(L)!;
+      // A draft being verified: the state before it, and below each row's inputs.
+      const rec = sp.seg.speculative ? sp.seg.state.spec!.kda.get(L)! : undefined;
+      if (rec) {
+        rec.S.f.set(st.S.f);
+        rec.convQ.f.set(st.convQ.f);
+        rec.convK.f.set(st.convK.f);
+        rec.convV.f.set(st.convV.f);
+      }
+      const keep = (from: Vec, t: number, to: Vec, j: number, n = C) =>
+        to.f.set(from.f.subarray(t * n, (t + 1) * n), j * n);
       for (let t = sp.r0; t < sp.r0 + sp.n; t++) {
         const at = (b: Vec) => b.at(t * C);
+        const j = t - sp.r0;
+        if (rec) {
+          keep(q, t, rec.rawQ, j);
+          keep(kk, t, rec.rawK, j);
+          keep(v, t, rec.rawV, j);
+        }
         // Causal short conv + SiLU (in place), then L2 norm of q and k per head.
         k.k3_short_conv(st.convQ.ptr, w.qConv.ptr, at(q), at(q), C);
         k.k3_short_conv(st.convK.ptr, w.kConv.ptr, at(kk), at(kk), C);
@@ -259,6 +298,13 @@ export class K3Model {
         k.k3_l2norm(at(kk), d, H, 1e-6);
         // The decay alpha overwrites f; the delta rule reads o from the updated state.
         k.k3_kda_decay(at(f), w.aLog.ptr, w.dtBias.ptr, at(f), H, d, gateLowerBound);
+        if (rec) {
+          keep(q, t, rec.q, j);
+          keep(kk, t, rec.k, j);
+          keep(v, t, rec.v, j);
+          keep(f, t, rec.alpha, j);
+          keep(beta, t, rec.beta, j, H);
+        }
         k.k3_kda_step(st.S.ptr, at(q), at(kk), at(v), beta.at(t * H), at(f), at(o), d, 0, H);
       }
     }

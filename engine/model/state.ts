@@ -34,6 +34,9 @@ export class SequenceState {
   readonly kda = new Map<number, { convQ: Vec; convK: Vec; convV: Vec; S: Vec }>();
   /** MLA layers: the latent cache, normed latents [pos][kvLoraRank] and raw k_rope [pos][ropeDim]. */
   readonly mla = new Map<number, { latent: Vec; krope: Vec }>();
+  /** What the last speculative pass kept to cut the state back to a prefix of its rows
+   * (allocated by the first such pass; see SpeculationRecord). */
+  spec?: SpeculationRecord;
 
   readonly #latentDim: number;
   readonly #ropeDim: number;
@@ -124,5 +127,123 @@ export class SequenceState {
   free(): void {
     for (const s of this.kda.values()) [s.convQ, s.convK, s.convV, s.S].forEach((v) => v.buf.free());
     for (const s of this.mla.values()) [s.latent, s.krope].forEach((v) => v.buf.free());
+    this.spec?.free();
+    this.spec = undefined;
+  }
+}
+
+/** One KDA layer's record of a speculative pass: the state before it and each row's inputs. */
+interface KdaRecord {
+  /** S before the pass. */
+  S: Vec;
+  /** Conv histories before the pass, [C][3] each. */
+  convQ: Vec;
+  convK: Vec;
+  convV: Vec;
+  /** Per row [rows][C]: the conv inputs (the projections before the conv). */
+  rawQ: Vec;
+  rawK: Vec;
+  rawV: Vec;
+  /** Per row: the delta rule's inputs q, k, v [rows][C], alpha [rows][C], beta [rows][H]. */
+  q: Vec;
+  k: Vec;
+  v: Vec;
+  alpha: Vec;
+  beta: Vec;
+}
+
+/**
+ * What a speculative pass keeps so that a sequence's state can be cut back to any prefix of
+ * the pass's rows (the positions whose draft tokens were accepted): per KDA layer the
+ * recurrent state and conv histories from before the pass and each row's inputs to the
+ * conv and to the delta rule. Cutting back replays the delta rule over the kept rows from
+ * the saved state (the same kernel on the same inputs, so the same bits as a pass over
+ * those rows alone) and rebuilds the conv histories from the saved inputs; no weight is
+ * read. The MLA cache needs nothing: rows past the position are overwritten later.
+ */
+export class SpeculationRecord {
+  /** The sequence's position when the pass began. */
+  pos0 = 0;
+  /** Rows the pass ran for this sequence (0: nothing recorded). */
+  rows = 0;
+  /** Per KDA layer. */
+  readonly kda = new Map<number, KdaRecord>();
+  private readonly o: Vec;
+
+  /** Room for passes of up to `maxRows` rows of this sequence. */
+  constructor(k: Kernels, private readonly cfg: K3Config, readonly maxRows: number) {
+    const { numHeads: H, headDim: d } = cfg.kda;
+    const C = H * d;
+    this.o = new Vec(k, C);
+    cfg.layerKinds.forEach((kind, L) => {
+      if (kind !== "kda") return;
+      const rows = (n: number) => new Vec(k, maxRows * n);
+      this.kda.set(L, {
+        S: new Vec(k, H * d * d),
+        convQ: new Vec(k, C * 3),
+        convK: new Vec(k, C * 3),
+        convV: new Vec(k, C * 3),
+        rawQ: rows(C),
+        rawK: rows(C),
+        rawV: rows(C),
+        q: rows(C),
+        k: rows(C),
+        v: rows(C),
+        alpha: rows(C),
+        beta: rows(H),
+      });
+    });
+  }
+
+  /**
+   * Cuts `state` back to the first `keep` rows of the recorded pass (1 <= keep <= rows):
+   * position pos0 + keep, the KDA states and conv histories as after those rows alone.
+   */
+  keepPrefix(k: Kernels, state: SequenceState, keep: number): void {
+    if (!(keep >= 1 && keep <= this.rows)) throw new Error(`speculation: keep ${keep} of ${this.rows} rows`);
+    const { numHeads: H, headDim: d } = this.cfg.kda;
+    const C = H * d;
+    if (keep < this.rows) {
+      for (const [L, r] of this.kda) {
+        const st = state.kda.get(L)!;
+        st.S.f.set(r.S.f);
+        for (let j = 0; j < keep; j++) {
+          const at = (b: Vec, n: number) => b.at(j * n);
+          k.k3_kda_step(
+            st.S.ptr,
+            at(r.q, C),
+            at(r.k, C),
+            at(r.v, C),
+            at(r.beta, H),
+            at(r.alpha, C),
+            this.o.ptr,
+            d,
+            0,
+            H,
+          );
+        }
+        // A conv history holds, per channel, the last three inputs oldest first: after
+        // `keep` rows, entries keep.. of (the history before, then the rows' inputs).
+        const conv = (hist: Vec, before: Vec, raw: Vec) => {
+          for (let c = 0; c < C; c++) {
+            for (let i = 0; i < 3; i++) {
+              const m = keep + i;
+              hist.f[c * 3 + i] = m < 3 ? before.f[c * 3 + m] : raw.f[(m - 3) * C + c];
+            }
+          }
+        };
+        conv(st.convQ, r.convQ, r.rawQ);
+        conv(st.convK, r.convK, r.rawK);
+        conv(st.convV, r.convV, r.rawV);
+      }
+    }
+    state.pos = this.pos0 + keep;
+    this.rows = 0;
+  }
+
+  /** Frees the record's native buffers. */
+  free(): void {
+    this.o.buf.free();
+    for (const r of this.kda.values()) for (const v of Object.values(r)) v.buf.free();
   }
 }
