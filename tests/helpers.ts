@@ -114,6 +114,11 @@ export async function readReference(path: string): Promise<Reference> {
   return JSON.parse(await Deno.readTextFile(path));
 }
 
+/** The `k3 run` flags of a floor budget from {@link packedFloor}: the trunk and its budget. */
+export function floorFlags(floor: { trunkDir: string; trunkGB: number; cacheGB: number }): string[] {
+  return ["--trunk", floor.trunkDir, "--trunk-gb", String(floor.trunkGB), "--cache-gb", String(floor.cacheGB)];
+}
+
 /** Packs `model`'s trunk into `trunk` (hashed pieces of `pieceBytes`, default the format's) and
  * returns the floor budget (the ring holds the largest layer, the cache top-k + 1 experts) with
  * the packed layer sizes. */

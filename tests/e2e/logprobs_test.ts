@@ -7,7 +7,7 @@
 
 import assert from "node:assert/strict";
 import { tokenLogprob } from "../../engine/generate/logprobs.ts";
-import { jsonIds, k3, packedFloor, tempDir, TINY } from "../helpers.ts";
+import { floorFlags, jsonIds, k3, packedFloor, tempDir, TINY } from "../helpers.ts";
 
 /** log-softmax in float64, written out here (not the engine's code). */
 function logSoftmax(row: Float32Array, id: number): number {
@@ -37,12 +37,7 @@ Deno.test("k3 run --json: logprob per token = float64 log-softmax of the dumped 
   const { floor } = await packedFloor(TINY, `${d.path}/trunk`, 4096);
   const floored = await k3([
     ...args,
-    "--trunk",
-    floor.trunkDir,
-    "--trunk-gb",
-    String(floor.trunkGB),
-    "--cache-gb",
-    String(floor.cacheGB),
+    ...floorFlags(floor),
   ]);
   assert.equal(floored.code, 0, floored.stderr);
   assert.deepEqual(jsonIds(floored.stdout), jsonIds(resident.stdout));

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { attentionSpan } from "../../engine/weights/trunk_ring.ts";
 import type { TensorEntry } from "../../engine/weights/manifest.ts";
-import { jsonIds, k3, packedFloor, tempDir, TINY } from "../helpers.ts";
+import { floorFlags, jsonIds, k3, packedFloor, tempDir, TINY } from "../helpers.ts";
 
 const entry = (name: string, offset: number, bytes: number): TensorEntry =>
   ({ name, offset, bytes, dtype: "BF16", shape: [bytes / 2], keep: "matrix" }) as TensorEntry;
@@ -33,12 +33,7 @@ Deno.test("at the floor budget the ring reads ahead into released attention spac
   const report = `${d.path}/floor.json`;
   const floored = await k3([
     ...args,
-    "--trunk",
-    floor.trunkDir,
-    "--trunk-gb",
-    String(floor.trunkGB),
-    "--cache-gb",
-    String(floor.cacheGB),
+    ...floorFlags(floor),
     "--out",
     report,
   ]);
