@@ -19,6 +19,9 @@ import { reportHead, reportSettings, snakeKeys } from "./report.ts";
 import { prepareOutput, readInput, writeOutput } from "../engine/native/files.ts";
 import { progress } from "./progress.ts";
 import {
+  DRAFT_FLAGS,
+  DRAFT_HELP,
+  draftOption,
   GENERATION_FLAGS,
   GENERATION_HELP,
   generationOptions,
@@ -77,12 +80,13 @@ run stops there, results already written are kept.
   --input FILE      prompts, JSONL
   --output FILE     results, JSONL (created, or appended to and resumed)
   --parallel N|auto prompts generated at once, sharing every pass's trunk and expert
-                    reads (default auto: as many as the memory plan holds, up to 16);
-                    results are written in finishing order
+                    reads (default auto: up to 16, the number whose memory plan predicts
+                    the most tokens/s); results are written in finishing order
   --report FILE     write a JSON summary of the whole run (atomically)
   --force-resume    add to an --output made with other settings (see above)
 ${GENERATION_HELP}
 ${samplingHelp("default: greedy; a line's own fields override")}
+${DRAFT_HELP}
 ${MEMORY_HELP}
 ${STATE_CACHE_HELP}
   -h, --help        this help
@@ -115,6 +119,7 @@ export async function main(args: string[]): Promise<number> {
     ...SAMPLING_FLAGS,
     ...MEMORY_FLAGS,
     ...STATE_CACHE_FLAGS,
+    ...DRAFT_FLAGS,
     help: { type: "boolean", short: "h" },
   });
   if (values.help) {
@@ -136,6 +141,7 @@ export async function main(args: string[]): Promise<number> {
   const genOpts = generationOptions(values);
   const sampling = samplingOptions(values);
   const parallel = parallelOption(values.parallel);
+  const draft = draftOption(values.draft);
   const memory = memoryOptions(tokens);
   const stateCacheAsked = stateCacheFlags(values);
   const config = await readModelConfig(dir, genOpts.layers);
@@ -220,6 +226,8 @@ export async function main(args: string[]): Promise<number> {
       autoSequences: parallel === undefined,
       threads: genOpts.threads,
       memory,
+      drafts: draft !== "off" && genOpts.incremental,
+      predict: true,
       stateCache: { gb: stateCacheAsked.gb },
       log: (line) => console.error(`k3: ${line}`),
       onProgress: (what, d, n) => progress(what, d, n),
@@ -240,6 +248,7 @@ export async function main(args: string[]): Promise<number> {
         inFlight,
         chunk: opened.plan.chunk,
         incremental: genOpts.incremental,
+        draft,
         tokenizer,
         settings,
         out,

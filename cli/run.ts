@@ -7,7 +7,6 @@
 
 import { usageError } from "../engine/errors.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
-import { DRAFT_MODES, type DraftMode } from "../engine/generate/draft.ts";
 import { makeSampler } from "../engine/generate/sampling.ts";
 import { StopMatcher } from "../engine/generate/stops.ts";
 import { tokenLogprob } from "../engine/generate/logprobs.ts";
@@ -29,6 +28,9 @@ import { fmtBytes, intFlag, modelDirArg, parseIds, peakRssBytes, plural } from "
 import { EXIT_INTERRUPTED, Interrupts, writeStdout } from "./interrupt.ts";
 import { prepareOutput, writeOutput } from "../engine/native/files.ts";
 import {
+  DRAFT_FLAGS,
+  DRAFT_HELP,
+  draftOption,
   GENERATION_FLAGS,
   GENERATION_HELP,
   generationOptions,
@@ -61,10 +63,7 @@ ${GENERATION_HELP}
   --context N       positions the run may hold (default: the prompt, a loaded state and
                     --gen; a smaller one is refused, a larger one sizes the cache)
 ${samplingHelp("default: greedy")}
-speculation (never changes a token):
-  --draft MODE      lookup (n-gram prompt lookup), suffix (the longest earlier match of
-                    the text so far) or off; default: suffix, as many draft tokens per
-                    pass as the measured acceptance and pass cost say pay
+${DRAFT_HELP}
 output:
   --json            stdout: one JSON object per token {"index","id","text","seconds","logprob"}
                     (logprob: float64 log-softmax of the logits the token was picked from),
@@ -145,7 +144,7 @@ export async function main(args: string[]): Promise<number> {
     "dump-logits": { type: "string" },
     ledger: { type: "boolean" },
     out: { type: "string" },
-    draft: { type: "string" },
+    ...DRAFT_FLAGS,
     help: { type: "boolean", short: "h" },
   });
   if (values.help) {
@@ -194,13 +193,14 @@ export async function main(args: string[]): Promise<number> {
       }${prompt.length} prompt + ${genOpts.gen} --gen); raise --context or lower --gen`,
     );
   }
-  const draftMode = draftFlag(values.draft);
+  const draftMode = draftOption(values.draft);
   const t0 = performance.now();
   const opened = await openModel(config, {
     capacity: context,
     chunk: genOpts.chunk,
     threads: genOpts.threads,
     memory,
+    drafts: draftMode !== "off" && genOpts.incremental,
     log: (line) => info(`k3: ${line}`),
     onProgress: (what, d, n) => progress(what, d, n),
   });
@@ -385,13 +385,4 @@ export async function main(args: string[]): Promise<number> {
     loaded?.state.free();
     await opened.close();
   }
-}
-
-/** --draft: one of the draft modes (default suffix). */
-function draftFlag(value: string | undefined): DraftMode {
-  if (value === undefined) return "suffix";
-  if (!(DRAFT_MODES as readonly string[]).includes(value)) {
-    throw usageError(`--draft: expected one of ${DRAFT_MODES.join(", ")}, got ${JSON.stringify(value)}`);
-  }
-  return value as DraftMode;
 }

@@ -10,6 +10,7 @@ import { EXIT, usageError } from "../engine/errors.ts";
 import { type MemoryOptions, PRESETS } from "../engine/weights/plan.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
+import { DRAFT_MODES, type DraftMode } from "../engine/generate/draft.ts";
 import { intFlag, lastFlagWins, numFlag, parseFlags, parseIds } from "./common.ts";
 import { DEFAULTS, MAX_TOKENS, stopStrings } from "./request.ts";
 import { notRegular, readInput } from "../engine/native/files.ts";
@@ -48,6 +49,27 @@ export const GENERATION_FLAGS = {
   tok: { type: "string" },
   threads: { type: "string", short: "t" },
 } as const satisfies ParseArgsConfig["options"];
+
+/** The speculation flag (`k3 run`, `k3 batch`, `k3 serve`). */
+export const DRAFT_FLAGS = {
+  draft: { type: "string" },
+} as const satisfies ParseArgsConfig["options"];
+
+/** Help for the speculation flag. */
+export const DRAFT_HELP = `speculation (never changes a token):
+  --draft MODE      lookup (n-gram prompt lookup), suffix (the longest earlier match of
+                    the text so far, and of recent finished sequences) or off; default:
+                    suffix, as many draft tokens per pass as the measured acceptance and
+                    pass cost say pay (none where drafting does not pay)`;
+
+/** --draft: one of the draft modes (default suffix); anything else is a usage error. */
+export function draftOption(value: string | undefined): DraftMode {
+  if (value === undefined) return "suffix";
+  if (!(DRAFT_MODES as readonly string[]).includes(value)) {
+    throw usageError(`--draft: expected one of ${DRAFT_MODES.join(", ")}, got ${JSON.stringify(value)}`);
+  }
+  return value as DraftMode;
+}
 
 /** Help for the memory flags. */
 export const MEMORY_HELP = `memory (a later flag overrides an earlier one):

@@ -13,7 +13,15 @@ import { Scheduler } from "../engine/generate/scheduler.ts";
 import { readActivity } from "../engine/native/io.ts";
 import { openModel, readModelConfig } from "../engine/open.ts";
 import { intFlag, numFlag, parseFlags } from "./common.ts";
-import { MEMORY_FLAGS, MEMORY_HELP, memoryOptions, needTokenizer } from "./run_options.ts";
+import {
+  DRAFT_FLAGS,
+  DRAFT_HELP,
+  draftOption,
+  MEMORY_FLAGS,
+  MEMORY_HELP,
+  memoryOptions,
+  needTokenizer,
+} from "./run_options.ts";
 import { DEFAULT_LIMITS, startServer } from "./server/http.ts";
 import { VERSION } from "./version.ts";
 import { createHash } from "node:crypto";
@@ -38,7 +46,8 @@ server:
   --api-key KEY     the same with the key on the command line (visible in ps)
   --served-model-name NAME
                     the model name clients send and see (default: the directory's name)
-  --parallel N      sequences generating at once (default 4, 1..256)
+  --parallel N|auto sequences generating at once (default 4, 1..256; auto: up to 16, the
+                    number whose memory plan predicts the most tokens/s)
   --max-queue N     requests waiting beyond those; more get 429 (default 16, 0..100000)
   --context N       positions per sequence, prompt plus completion (default 4096)
   --max-body-kb N   largest request body accepted, 413 beyond (default 1024)
@@ -57,6 +66,7 @@ model:
   --threads N       compute threads (default: all cores; never changes a token)
   --chunk N         prefill tokens per forward call (default 16, 1..256)
   --layers N        bind and run only the first N layers (diagnostics)
+${DRAFT_HELP}
 ${MEMORY_HELP}
 ${STATE_CACHE_HELP}
   -h, --help        this help
@@ -66,6 +76,9 @@ examples:
   k3 serve /data/kimi-k3 --trunk /data/k3-trunk --preset auto --served-model-name kimi-k3 --api-key-file ~/.k3-key
   curl -s http://127.0.0.1:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'
 `;
+
+/** `--parallel auto` takes up to this many sequences (the plan picks by predicted tokens/s). */
+const MAX_AUTO_PARALLEL = 16;
 
 const LOOPBACK = new Set(["127.0.0.1", "localhost", "::1", "[::1]"]);
 
@@ -130,6 +143,7 @@ export async function main(args: string[]): Promise<number> {
     layers: { type: "string" },
     ...MEMORY_FLAGS,
     ...STATE_CACHE_FLAGS,
+    ...DRAFT_FLAGS,
     help: { type: "boolean", short: "h" },
   });
   if (values.help) {
@@ -140,7 +154,9 @@ export async function main(args: string[]): Promise<number> {
   const dir = positionals[0];
   const host = values.host ?? "127.0.0.1";
   const port = intFlag("port", values.port, 8000, 0, 65535);
-  const parallel = intFlag("parallel", values.parallel, 4, 1, 256);
+  const autoParallel = values.parallel === "auto";
+  const parallelAsked = autoParallel ? MAX_AUTO_PARALLEL : intFlag("parallel", values.parallel, 4, 1, 256);
+  const draft = draftOption(values.draft);
   const maxQueue = intFlag("max-queue", values["max-queue"], 16, 0, 100000);
   const context = intFlag("context", values.context, 4096, 2, 262144);
   const maxBodyBytes = 1024 * intFlag("max-body-kb", values["max-body-kb"], 1024, 1, 1 << 20);
@@ -180,21 +196,24 @@ export async function main(args: string[]): Promise<number> {
   const modelName = values["served-model-name"] ?? basename(dir.replace(/\/+$/, ""));
 
   let server;
+  // With --parallel auto the plan decides how many generate at once; until then the
+  // server admits the most it could be.
+  const serverOptions = {
+    hostname: host,
+    port,
+    modelName,
+    apiKey,
+    parallel: parallelAsked,
+    maxQueue,
+    maxBodyBytes,
+    cors: values.cors,
+    hostExplicit: values.host !== undefined,
+    allowedHosts,
+    limits,
+    fingerprint: fingerprint(modelName, context),
+  };
   try {
-    server = startServer({
-      hostname: host,
-      port,
-      modelName,
-      apiKey,
-      parallel,
-      maxQueue,
-      maxBodyBytes,
-      cors: values.cors,
-      hostExplicit: values.host !== undefined,
-      allowedHosts,
-      limits,
-      fingerprint: fingerprint(modelName, context),
-    });
+    server = startServer(serverOptions);
   } catch (e) {
     const busy = e instanceof Deno.errors.AddrInUse;
     throw usageError(
@@ -216,9 +235,12 @@ export async function main(args: string[]): Promise<number> {
   const opened = await openModel(config, {
     capacity: context,
     chunk,
-    sequences: parallel,
+    sequences: parallelAsked,
+    autoSequences: autoParallel,
     threads,
     memory,
+    drafts: draft !== "off",
+    predict: true,
     stateCache: { gb: stateCacheAsked.gb },
     log: (line) => console.error(`k3: ${line}`),
   }).catch(async (e) => {
@@ -233,7 +255,9 @@ export async function main(args: string[]): Promise<number> {
     await opened.close();
     throw e;
   }
-  const scheduler = new Scheduler(opened.model, { maxSequences: parallel, cache: stateCache });
+  const parallel = opened.plan.state.sequences;
+  serverOptions.parallel = parallel;
+  const scheduler = new Scheduler(opened.model, { maxSequences: parallel, cache: stateCache, draft: { mode: draft } });
   try {
     server.ready({
       stateCache,

@@ -22,6 +22,7 @@ import { ReplyStream } from "../reply.ts";
 import { sequenceConstraint } from "../structured.ts";
 import { sharedPrefixes } from "./shared_prefix.ts";
 import type { StateCache } from "../../engine/generate/state_cache.ts";
+import type { DraftMode } from "../../engine/generate/draft.ts";
 
 /** Bytes read and expert-cache hits of one prompt (streamed weights only). */
 function ioDelta(a: IoStats | undefined, b: IoStats | undefined, ledger: LedgerReport): Record<string, number> {
@@ -43,6 +44,8 @@ export interface RunOptions {
   chunk: number;
   /** Carry state between steps. */
   incremental: boolean;
+  /** The speculation mode (--draft; default suffix). Never changes a token. */
+  draft?: DraftMode;
   /** Decodes the generated text (undefined: ids only). */
   tokenizer: Tokenizer | undefined;
   /** The run's settings, recorded in every result line. */
@@ -82,7 +85,12 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
   const t1 = performance.now();
   const start = markLedger(model);
   const cache = opts.incremental ? opts.stateCache : undefined;
-  const scheduler = new Scheduler(model, { maxSequences: opts.inFlight, chunk: opts.chunk, cache });
+  const scheduler = new Scheduler(model, {
+    maxSequences: opts.inFlight,
+    chunk: opts.chunk,
+    cache,
+    draft: { mode: opts.draft ?? "suffix" },
+  });
   const shared = cache ? sharedPrefixes(todo.map((j) => j.promptIds)) : [];
   // A prompt whose output is unsound stops the run: the others are interrupted and not
   // written (they would resume on a rerun), results already written stay.

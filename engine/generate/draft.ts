@@ -27,6 +27,8 @@
  * @module
  */
 
+import { SPEC_RECORD_ROWS } from "../model/state.ts";
+
 /** Which drafter a sequence uses; "off" drafts nothing. */
 export type DraftMode = "lookup" | "suffix" | "off";
 
@@ -49,8 +51,9 @@ export interface DraftOptions {
   propose?: (text: readonly number[], k: number) => number[];
 }
 
-/** Draft tokens per pass at most, by default. */
-export const DEFAULT_MAX_DRAFT = 8;
+/** Draft tokens per pass at most, by default: what a speculation record holds beside the
+ * pending token (the memory plan counts a record of that size per sequence). */
+export const DEFAULT_MAX_DRAFT = SPEC_RECORD_ROWS - 1;
 
 /** The longest n-gram prompt lookup tries. */
 const LOOKUP_MAX_N = 4;

@@ -23,7 +23,7 @@ import { type Expert, type Matrix, settleExpert, verifyMatrix } from "../native/
 import type { GluWeights, KdaWeights, MlaWeights, MoeWeights } from "./layer_weights.ts";
 import { type Ledger, newLedger } from "./ledger.ts";
 import { Scratch } from "./scratch.ts";
-import { SequenceState, SpeculationRecord } from "./state.ts";
+import { SequenceState, SPEC_RECORD_ROWS, SpeculationRecord } from "./state.ts";
 import type { WeightSource } from "./weight_source.ts";
 
 /** One sequence's part of a forward pass: its state and its next tokens. */
@@ -145,7 +145,7 @@ export class K3Model {
       if (!state.spec || state.spec.maxRows < ids.length) {
         state.spec?.free();
         // Room for the usual draft (8 tokens and the pending one), or for this one.
-        state.spec = new SpeculationRecord(k, cfg, Math.min(this.maxT, Math.max(ids.length, 9)));
+        state.spec = new SpeculationRecord(k, cfg, Math.min(this.maxT, Math.max(ids.length, SPEC_RECORD_ROWS)));
       }
       state.spec.pos0 = state.pos;
       state.spec.rows = ids.length;

@@ -26,6 +26,22 @@ export function stateBytes(cfg: K3Config): { fixed: number; perPosition: number 
   };
 }
 
+/** Rows a speculation record holds unless a longer draft asks for more: the usual draft
+ * (8 tokens) and the pending token. */
+export const SPEC_RECORD_ROWS = 9;
+
+/**
+ * Bytes of one sequence's {@link SpeculationRecord} for passes of up to `rows` of its rows:
+ * per KDA layer the state and conv histories from before the pass, and each row's conv and
+ * delta-rule inputs (~0.68 GB for the released model at 9 rows).
+ */
+export function speculationBytes(cfg: K3Config, rows: number): number {
+  const { numHeads: H, headDim: d } = cfg.kda;
+  const C = H * d;
+  const nK = cfg.layerKinds.filter((x) => x === "kda").length;
+  return 4 * (C + nK * (H * d * d + 3 * 3 * C + rows * (7 * C + H)));
+}
+
 /** Per-sequence state carried between forward calls (incremental decoding). */
 export class SequenceState {
   /** Number of tokens already processed. */

@@ -16,12 +16,20 @@
  *             at most every expert; no --cache-gb: every expert resident
  *   embed/head = both matrices resident, or (ultra) one row buffer + two lm_head chunks
  *   state   = KDA state (fixed) + KV per position x positions (MLA latent cache, fp32)
+ *   drafts  = sequences x a speculation record (model/state.ts speculationBytes: the KDA
+ *             states before a drafted pass and each row's inputs), when sequences may draft
  *   scratch = the forward pass's buffers for a prefill chunk (model/scratch.ts, sized by the caller)
  *   state cache (serve, batch) = kept conversation states (generate/state_cache.ts): --state-cache-gb,
  *             or by default half of what MemAvailable leaves after the rest, at most
  *             STATE_CACHE_DEFAULT_CAP (the cap itself when availability is unknown)
  *
  * The run is refused (exit 1) when total + FIXED_OVERHEAD exceeds MemAvailable.
+ *
+ * With measured rates (`PlanInput.rates`) the plan predicts decode tokens/s
+ * (weights/throughput.ts) and prints it; `--preset auto` then spends what is left after the
+ * fixed parts on the trunk pins and expert cache (and streams the embedding and head or
+ * not) by the best prediction instead of trunk first, and `fitSequences` with `auto` takes
+ * the number of sequences with the best prediction instead of the most that fit.
  *
  * @module
  */
@@ -31,7 +39,8 @@ import { EXIT, K3Error, usageError } from "../errors.ts";
 import { bytesText } from "../native/available.ts";
 import { layerTensors } from "../model/tensors.ts";
 import { passRows, scratchBytes } from "../model/scratch.ts";
-import { stateBytes } from "../model/state.ts";
+import { SPEC_RECORD_ROWS, speculationBytes, stateBytes } from "../model/state.ts";
+import { type PassRates, type PassShape, type Prediction, predictPass } from "./throughput.ts";
 
 /** A named memory budget, in GB (1e9 bytes). */
 export interface Preset {
@@ -151,6 +160,12 @@ export interface PlanInput {
   /** A conversation state cache to plan: its GB, or undefined gb for the default. Absent:
    * no state cache (the plan has no such line). */
   stateCache?: { gb?: number };
+  /** Sequences may draft (speculative decoding): the plan holds a speculation record for
+   * each. */
+  drafts?: boolean;
+  /** Measured rates: the plan predicts tokens/s with them, and `--preset auto` spends memory
+   * by the prediction (absent: no prediction, trunk first). */
+  rates?: PassRates;
 }
 
 /** The largest default state cache: enough for a few long conversations on the full model
@@ -194,6 +209,10 @@ export interface MemoryPlan {
   state: { fixedBytes: number; kvPerPosition: number; positions: number; sequences: number; bytes: number };
   /** Bytes of scratch buffers. */
   scratchBytes: number;
+  /** Speculation records: one per sequence when sequences may draft (null: they do not). */
+  speculation: { rows: number; perSequence: number; sequences: number; bytes: number } | null;
+  /** Predicted decode tokens/s with every sequence decoding (null: no rates given). */
+  prediction: (Prediction & { sequences: number; diskBytesPerSecond: number }) | null;
   /** The conversation state cache's RAM budget (null: no cache planned). */
   stateCache: { bytes: number; perPosition: number; fixedBytes: number; source: "flag" | "default" } | null;
   /** The prefill chunk. A pass whose experts exceed the cache runs them in waves. */
@@ -348,6 +367,36 @@ export function pinLayers(sizes: number[], budget: number): { pinned: number[]; 
   return { pinned: [...pinned].sort((a, b) => a - b), ring };
 }
 
+/**
+ * The trunk budgets worth weighing, one per count n of layers pinned (largest first): the n
+ * largest layers plus a ring for the rest (two consecutive streamed layers), ascending; the
+ * last pins every layer.
+ */
+export function pinBudgets(sizes: number[]): number[] {
+  return memo(sizes, "budgets", () => pinBudgetsOf(sizes));
+}
+
+/** Results computed from a layer-size list, kept while the list lives: the plan weighs the
+ * same pin budgets for every sequence count and both embedding choices. */
+const memos = new WeakMap<number[], Map<string, unknown>>();
+function memo<T>(sizes: number[], key: string, make: () => T): T {
+  let m = memos.get(sizes);
+  if (!m) memos.set(sizes, m = new Map());
+  if (!m.has(key)) m.set(key, make());
+  return m.get(key) as T;
+}
+
+function pinBudgetsOf(sizes: number[]): number[] {
+  const order = sizes.map((s, i) => ({ s, i })).sort((a, b) => b.s - a.s || a.i - b.i);
+  const out: number[] = [];
+  for (let n = 0; n <= sizes.length; n++) {
+    const top = new Set(order.slice(0, n).map((o) => o.i));
+    const pinned = order.slice(0, n).reduce((a, o) => a + o.s, 0);
+    out.push(pinned + ringNeed(sizes.filter((_, j) => !top.has(j))));
+  }
+  return out;
+}
+
 /** Makes the plan; throws K3Error (exit 1) when it cannot be met. Pure: everything it weighs is in `input`. */
 export function makePlan(input: PlanInput): MemoryPlan {
   const { cfg, mem } = input;
@@ -373,9 +422,28 @@ export function makePlan(input: PlanInput): MemoryPlan {
       : input.embedBytes + input.headBytes;
   let streamEmbed = !!mem.streamEmbed;
   const sequences = Math.max(1, input.sequences ?? 1);
-  const stateTotal = sequences * (st.fixed + st.perPosition * input.capacity);
   const rows = passRows(input.chunk, sequences);
+  const specRows = Math.min(rows, SPEC_RECORD_ROWS);
+  const specEach = input.drafts ? speculationBytes(cfg, specRows) : 0;
+  const stateTotal = sequences * (st.fixed + st.perPosition * input.capacity);
+  const specTotal = sequences * specEach;
+  const shape: PassShape = {
+    trunkBytes: trunkTotal,
+    headBytes: input.headBytes,
+    moeLayers,
+    experts: cfg.moe.numExperts,
+    topK,
+    expertBytes: input.expertBytes,
+  };
+  /** The prediction for `sequences` with these layers pinned and cache slots. */
+  const predictWith = (pinnedBytes: number, slots: number, headStreamed: boolean) =>
+    predictPass(shape, {
+      sequences,
+      streamedBytes: trunkTotal - pinnedBytes + (headStreamed ? input.headBytes : 0),
+      slots,
+    }, input.rates!);
 
+  let byRate = false;
   let trunkBudget = mem.trunkGB === undefined ? undefined : mem.trunkGB * GB;
   let cacheBudget = mem.cacheGB === undefined ? undefined : mem.cacheGB * GB;
   if (
@@ -393,7 +461,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
     const usableWith = (se: boolean) =>
       0.9 *
       (avail -
-        (embedHeadOf(se) + input.finalsBytes + stateTotal +
+        (embedHeadOf(se) + input.finalsBytes + stateTotal + specTotal +
           input.scratchBytes + FIXED_OVERHEAD_BYTES));
     const trunkMin = input.packed ? Math.min(trunkTotal, 2 * largest) : trunkTotal;
     if (!streamEmbed && usableWith(false) < trunkMin + minCache) streamEmbed = true;
@@ -408,7 +476,28 @@ export function makePlan(input: PlanInput): MemoryPlan {
           (input.packed ? "" : " without a packed trunk; --trunk needs far less"),
       );
     }
-    // Pinned trunk beats expert cache: the trunk first, the rest to experts.
+    if (input.rates && input.packed && trunkBudget === undefined && cacheBudget === undefined) {
+      // Weigh every pin count (and streaming the embedding and head or not) by predicted
+      // tokens/s; the cache gets what the pins leave. Ties go to more pins.
+      let best = -1;
+      for (const se of mem.streamEmbed ? [true] : [false, true]) {
+        const room = usableWith(se);
+        for (const t of pinBudgets(input.layerBytes).reverse()) {
+          if (t + minCache > room) continue;
+          const cache = Math.max(minCache, Math.min(totalExperts * slotBytes, room - t));
+          const { pinned } = memo(input.layerBytes, `pin ${t}`, () => pinLayers(input.layerBytes, t));
+          const pinnedBytes = pinned.reduce((a, L) => a + input.layerBytes[L], 0);
+          const tps = predictWith(pinnedBytes, Math.min(totalExperts, Math.floor(cache / slotBytes)), se)
+            .tokensPerSecond;
+          if (tps > best * (1 + 1e-9)) {
+            best = tps;
+            [trunkBudget, cacheBudget, streamEmbed] = [t, cache, se];
+          }
+        }
+      }
+      byRate = best > 0;
+    }
+    // Without rates: pinned trunk beats expert cache: the trunk first, the rest to experts.
     trunkBudget ??= input.packed
       ? Math.max(Math.min(trunkTotal, usable - minCache), Math.min(trunkMin, usable - minCache))
       : trunkTotal;
@@ -416,7 +505,9 @@ export function makePlan(input: PlanInput): MemoryPlan {
     notes.push(
       `auto: ${(avail / GB).toFixed(2)} GB available -> trunk ${(trunkBudget / GB).toFixed(3)} GB, expert cache ${
         (cacheBudget / GB).toFixed(3)
-      } GB${streamEmbed && !mem.streamEmbed ? ", embedding and head streamed" : ""}`,
+      } GB${streamEmbed && !mem.streamEmbed ? ", embedding and head streamed" : ""}${
+        byRate ? " (the split with the best predicted tokens/s)" : ""
+      }`,
     );
   }
   const embedHeadBytes = embedHeadOf(streamEmbed);
@@ -463,7 +554,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
   const chunk = input.chunk;
   const scratch = input.scratchBytes;
   const trunkBytes = pinnedBytes + ring;
-  const rest = trunkBytes + expertBytes + embedHeadBytes + input.finalsBytes + stateTotal + scratch;
+  const rest = trunkBytes + expertBytes + embedHeadBytes + input.finalsBytes + stateTotal + specTotal + scratch;
   let stateCache: MemoryPlan["stateCache"] = null;
   if (input.stateCache) {
     const gb = input.stateCache.gb;
@@ -511,6 +602,16 @@ export function makePlan(input: PlanInput): MemoryPlan {
       bytes: stateTotal,
     },
     scratchBytes: scratch,
+    speculation: input.drafts ? { rows: specRows, perSequence: specEach, sequences, bytes: specTotal } : null,
+    prediction: input.rates
+      ? {
+        ...(streaming
+          ? predictWith(pinnedBytes, expertsResident ? totalExperts : slots, streamEmbed)
+          : predictPass(shape, { sequences, streamedBytes: 0, slots: totalExperts, resident: true }, input.rates)),
+        sequences,
+        diskBytesPerSecond: input.rates.disk,
+      }
+      : null,
     stateCache,
     chunk,
     passRows: rows,
@@ -524,16 +625,24 @@ export function makePlan(input: PlanInput): MemoryPlan {
 }
 
 /**
- * The plan for `want` sequences; with `auto`, for the most sequences up to `want` that fit.
- * When `want` (explicit) does not fit but fewer would, that is a usage error naming the
- * largest that fits; when not even one fits, the plan's own refusal stands.
+ * The plan for `want` sequences; with `auto`, for the number up to `want` whose plan
+ * predicts the most tokens/s (plans without a prediction: the most that fit; ties: more
+ * sequences). When `want` (explicit) does not fit but fewer would, that is a usage error
+ * naming the largest that fits; when not even one fits, the plan's own refusal stands.
  */
 export function fitSequences(planFor: (n: number) => MemoryPlan, want: number, auto: boolean): MemoryPlan {
   let firstError: unknown;
+  let best: MemoryPlan | undefined;
+  const rate = (p: MemoryPlan) => p.prediction?.tokensPerSecond ?? 0;
   for (let n = want; n >= 1; n--) {
     try {
       const plan = planFor(n);
-      if (n === want || auto) return plan;
+      if (n === want && !auto) return plan;
+      if (auto) {
+        if (!best || rate(plan) > rate(best) * (1 + 1e-9)) best = plan;
+        if (!plan.prediction) return best;
+        continue;
+      }
       throw usageError(
         `--parallel ${want} does not fit the memory plan (${
           (firstError as Error).message
@@ -544,6 +653,7 @@ export function fitSequences(planFor: (n: number) => MemoryPlan, want: number, a
       firstError ??= e;
     }
   }
+  if (best) return best;
   throw firstError;
 }
 
@@ -610,6 +720,16 @@ export function formatPlan(p: MemoryPlan): string[] {
       p.passRows > p.chunk ? ` + ${p.passRows - p.chunk} decode tokens` : ""
     })`,
   );
+  if (p.speculation) {
+    const d = p.speculation;
+    row(
+      "drafts",
+      d.bytes,
+      `${d.sequences > 1 ? `${d.sequences} sequences x ` : ""}${
+        bytesText(d.perSequence)
+      } speculation record (KDA states before a drafted pass + ${d.rows} rows' inputs; --draft off: none)`,
+    );
+  }
   if (p.stateCache) {
     const c = p.stateCache;
     row(
@@ -629,6 +749,18 @@ export function formatPlan(p: MemoryPlan): string[] {
       p.availableBytes !== null ? `; ${bytesText(p.availableBytes)} available` : ""
     }`,
   );
+  if (p.prediction) lines.push(`  ${predictionText(p.prediction)}`);
   for (const n of p.notes) lines.push(`  note: ${n}`);
   return lines;
+}
+
+/** The plan's prediction as one line. */
+export function predictionText(p: NonNullable<MemoryPlan["prediction"]>): string {
+  const gb = (n: number) => (n / GB).toFixed(2);
+  const tps = p.tokensPerSecond >= 100 ? p.tokensPerSecond.toFixed(0) : p.tokensPerSecond.toPrecision(3);
+  return `predicted: ${tps} tokens/s with ${p.sequences} ${
+    p.sequences === 1 ? "sequence" : "sequences"
+  } decoding (a pass: ${p.passSeconds.toFixed(3)} s = max(read ${gb(p.readBytes)} GB${
+    Number.isFinite(p.diskBytesPerSecond) ? ` at ${gb(p.diskBytesPerSecond)} GB/s` : ""
+  } = ${p.ioSeconds.toFixed(3)} s, compute ${p.computeSeconds.toFixed(3)} s))`;
 }
