@@ -263,6 +263,7 @@ export async function main(args: string[]): Promise<number> {
         wall.toFixed(3)
       } s (${(wall / Math.max(tokensDone, 1)).toFixed(4)} s/token); PEAK RSS ${fmtBytes(peakRssBytes())}` +
         (run.cachedTokens ? `; ${run.cachedTokens} prompt tokens from kept states, not prefilled` : "") +
+        `; speculation (${draft}): ${run.accepted} of ${run.drafted} draft tokens accepted` +
         (failed ? `; ${failed} malformed input ${plural(failed, "line")} skipped (exit 1)` : ""),
     );
     if (values.report) {
@@ -277,6 +278,7 @@ export async function main(args: string[]): Promise<number> {
             parallel: inFlight,
             generated_tokens: tokensDone,
             cached_tokens: run.cachedTokens,
+            draft: { mode: draft, drafted: run.drafted, accepted: run.accepted },
             wall_seconds: wall,
             tokens_per_second: tokensDone / wall,
             trunk_bytes_read: end && io0 ? end.trunkBytes - io0.trunkBytes : 0,

@@ -70,6 +70,9 @@ export interface BatchRun {
   start: LedgerMark;
   /** Prompt tokens served from kept states instead of prefilled. */
   cachedTokens: number;
+  /** Draft tokens run and accepted, over every prompt (speculation: never a token's change). */
+  drafted: number;
+  accepted: number;
 }
 
 /**
@@ -81,7 +84,7 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
   const weights = model.weights;
   const io = () => weights.ioStats?.();
   const io0 = io();
-  let tokensDone = 0, finished = 0, cachedTokens = 0;
+  let tokensDone = 0, finished = 0, cachedTokens = 0, drafted = 0, accepted = 0;
   const t1 = performance.now();
   const start = markLedger(model);
   const cache = opts.incremental ? opts.stateCache : undefined;
@@ -135,6 +138,8 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
     finished++;
     tokensDone += ids.length;
     cachedTokens += r.cachedTokens;
+    drafted += r.draft?.drafted ?? 0;
+    accepted += r.draft?.accepted ?? 0;
     const elapsed = (performance.now() - t1) / 1000;
     const now = io();
     const bytes = now && io0 ? now.trunkBytes + now.expertBytes - io0.trunkBytes - io0.expertBytes : 0;
@@ -202,5 +207,5 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
     await scheduler.close();
     await cache?.settled();
   }
-  return { tokensDone, startedAt: t1, io, io0, start, cachedTokens };
+  return { tokensDone, startedAt: t1, io, io0, start, cachedTokens, drafted, accepted };
 }
