@@ -559,6 +559,103 @@ export const codecSection: Section = async (ctx) => {
   ];
 };
 
+/** Budgets (GB available, K3_MEM_AVAILABLE_GB) the plan section runs a batch at. */
+const PLAN_BUDGETS_GB = [5.5, 7.5];
+
+/**
+ * The plan's prediction against a run: `k3 batch --preset auto --parallel auto --draft off`
+ * on the decode slice at two memory budgets, 8 prompts of one id each (so every pass holds
+ * one row per sequence, as the prediction assumes) and 8 tokens each. The plan predicts
+ * tokens/s from the disk rate it measures at start-up (weights/throughput.ts); the run's
+ * tokens/s is tokens over the run's wall clock (a cold expert cache included). Reports
+ * each budget's choice, prediction and measurement, and `plan_predicted_over_measured`,
+ * the geometric mean of predicted over measured.
+ */
+export const planSection: Section = async (ctx) => {
+  if (ctx.opts.skipDecode) return [];
+  const model = await ensureSlice(LIMITS_SLICE, undefined, ctx.log);
+  const trunk = `${model}-trunk`;
+  const pack = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", `${ROOT}/main.ts`, "pack", model, trunk, "--codec", "raw"],
+    stdout: "null",
+    stderr: "piped",
+  }).output();
+  if (pack.code !== 0) throw new Error(`k3 pack: ${new TextDecoder().decode(pack.stderr).slice(-1500)}`);
+  const dir = await Deno.makeTempDir({ prefix: "k3-limits-plan-" });
+  const figures: Figure[] = [];
+  const ratios: number[] = [];
+  try {
+    const input = `${dir}/prompts.jsonl`;
+    await Deno.writeTextFile(
+      input,
+      Array.from({ length: 8 }, (_, i) => JSON.stringify({ id: i, ids: [100 + 37 * i], gen: 8 })).join("\n") + "\n",
+    );
+    for (const gb of PLAN_BUDGETS_GB) {
+      ctx.log(`plan: k3 batch at ${gb} GB available (--preset auto --parallel auto, 8 prompts x 8 tokens)`);
+      const report = `${dir}/report-${gb}.json`;
+      const o = await new Deno.Command(Deno.execPath(), {
+        args: [
+          "run",
+          "-A",
+          `${ROOT}/main.ts`,
+          "batch",
+          model,
+          "--trunk",
+          trunk,
+          "--preset",
+          "auto",
+          "--draft",
+          "off",
+          "--input",
+          input,
+          "--output",
+          `${dir}/out-${gb}.jsonl`,
+          "--report",
+          report,
+        ],
+        env: { K3_LIB: defaultLibraryPath(), K3_MEM_AVAILABLE_GB: String(gb) },
+        stdout: "null",
+        stderr: "piped",
+      }).output();
+      if (o.code !== 0) {
+        throw new Error(`k3 batch at ${gb} GB: exit ${o.code}: ${new TextDecoder().decode(o.stderr).slice(-1500)}`);
+      }
+      const r = JSON.parse(await Deno.readTextFile(report));
+      const plan = r.memory, predicted = plan.prediction.tokens_per_second, measured = r.tokens_per_second;
+      ratios.push(predicted / measured);
+      const choice =
+        `${plan.state.sequences} seq, ${plan.trunk.pinned.length}/${plan.trunk.layers} pinned, ${plan.experts.slots} slots`;
+      ctx.log(`plan: ${gb} GB: ${choice}; predicted ${predicted.toFixed(3)} tokens/s, measured ${measured.toFixed(3)}`);
+      figures.push(
+        {
+          key: `plan_measured_tps_${gb}gb`,
+          label: `batch at ${gb} GB (${choice}), measured`,
+          value: measured,
+          unit: "tok/s",
+        },
+        {
+          key: `plan_predicted_tps_${gb}gb`,
+          label: `batch at ${gb} GB, predicted (disk ${(plan.prediction.disk_bytes_per_second / 1e9).toFixed(2)} GB/s)`,
+          value: predicted,
+          unit: "tok/s",
+          of: `plan_measured_tps_${gb}gb`,
+          ratio: predicted / measured,
+        },
+      );
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true }).catch(() => {});
+  }
+  const geo = Math.exp(ratios.reduce((a, x) => a + Math.log(x), 0) / ratios.length);
+  figures.push({
+    key: "plan_predicted_over_measured",
+    label: `plan: predicted over measured tokens/s (geometric mean of ${ratios.length})`,
+    value: geo,
+    unit: "x",
+  });
+  return figures;
+};
+
 /** Sections in run order (append decode sections here; they may use the figures above). */
 export const SECTIONS: Section[] = [
   dramSection,
@@ -567,6 +664,7 @@ export const SECTIONS: Section[] = [
   decodeSection,
   codecSection,
   speculationSection,
+  planSection,
 ];
 
 /** The issue's summary ratios, from the figures (absent when a section was skipped). */
@@ -663,6 +761,7 @@ if (import.meta.main) {
     kernels: kernelSection,
     decode: decodeSection,
     codec: codecSection,
+    plan: planSection,
   };
   const only = values.only?.split(",").map((n) => {
     if (!named[n]) {

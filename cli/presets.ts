@@ -40,6 +40,7 @@ export function releasedPlan(preset: string, positions: number): MemoryPlan | st
   try {
     return makePlan({
       ...estimatedInput(releasedK3(), mem, positions),
+      drafts: true, // `k3 run` drafts by default: the plan holds a speculation record
       available: p.name === "auto" ? memoryAvailability()?.bytes : undefined,
     });
   } catch (e) {

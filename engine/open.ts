@@ -9,8 +9,9 @@
  *      state; the forward pass's scratch for each number of sequences the plan may take;
  *   4. the plan (weights/plan.ts, pure), for as many sequences as asked or as fit, against
  *      the memory this process can still use (native/available.ts), printed before
- *      anything big is allocated; with `predict`, the disk's read rate is measured first
- *      and the plan predicts tokens/s (weights/throughput.ts) and chooses by it;
+ *      anything big is allocated; with `predict`, the disk's read rate and the bf16
+ *      product's rate are measured first (weights/rate_probe.ts) and the plan predicts
+ *      tokens/s (weights/throughput.ts) and chooses by it;
  *   5. the weights: every weight resident, or the trunk and experts streamed and cached
  *      within the plan;
  *   6. the compute (threads for the products);
@@ -32,8 +33,8 @@ import { Checkpoint } from "./weights/safetensors.ts";
 import { boundSizes, checkAccounted, checkCheckpoint } from "./weights/bind.ts";
 import { TrunkFile } from "./weights/trunk_file.ts";
 import { DATA_FILE, weightSample } from "./weights/manifest.ts";
-import { measureReadRate } from "./weights/codec.ts";
-import { DEFAULT_COMPUTE, type PassRates } from "./weights/throughput.ts";
+import { measureRates } from "./weights/rate_probe.ts";
+import type { PassRates } from "./weights/throughput.ts";
 import { EXPERTS_FILE, type ExpertTable, readExpertTable, TABLE_ADVICE } from "./weights/expert_table.ts";
 import { expertBytes } from "./weights/experts.ts";
 import {
@@ -95,7 +96,7 @@ export interface OpenOptions {
    * each). Default true; false for `--draft off`. */
   drafts?: boolean;
   /** Predict decode tokens/s in the plan when weights stream (`k3 batch`, `k3 serve`):
-   * measures the disk's read rate, and `--preset auto` and `autoSequences` choose by the
+   * measures the disk's and the bf16 product's rates, and `--preset auto` and `autoSequences` choose by the
    * prediction. `rates` gives the rates instead (tests, benches). */
   predict?: boolean;
   /** The rates to predict with, instead of measuring the disk (implies `predict`). */
@@ -175,7 +176,14 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
     const state = stateBytes(cfg);
     const scratch = Array.from({ length: want }, (_, i) => scratchBytes(cfg, passRows(chunk, i + 1), opts.capacity));
     const available = memoryAvailability();
-    const rates = opts.rates ?? (opts.predict && wantsStreaming(mem) ? await measuredRates(k, mem, ckpt) : undefined);
+    // The rates of the prediction, measured now: the disk on the trunk's data (or a shard).
+    const rates = opts.rates ?? (opts.predict && wantsStreaming(mem)
+      ? await measureRates(
+        k,
+        mem.trunkDir !== undefined ? `${mem.trunkDir}/${DATA_FILE}` : ckpt.shards[0],
+        opts.threads ?? navigator.hardwareConcurrency,
+      )
+      : undefined);
     const plan = fitSequences(
       (sequences) => {
         const p = makePlan({
@@ -231,16 +239,4 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
     await close();
     throw e;
   }
-}
-
-/** Bytes of the disk read-rate probe: a fraction of a second at the disk's rate. */
-const RATE_PROBE_BYTES = 256 << 20;
-
-/**
- * The rates the plan predicts with: the disk's O_DIRECT read rate on the packed trunk's
- * data (or the first shard), measured now, and the compute rates of weights/throughput.ts.
- */
-async function measuredRates(k: Kernels, mem: MemoryOptions, ckpt: Checkpoint): Promise<PassRates> {
-  const path = mem.trunkDir !== undefined ? `${mem.trunkDir}/${DATA_FILE}` : ckpt.shards[0];
-  return { disk: await measureReadRate(k, path, RATE_PROBE_BYTES), ...DEFAULT_COMPUTE };
 }

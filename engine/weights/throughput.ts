@@ -19,10 +19,11 @@
  * where g is what one more row adds to a product over the same weights, as a share of the
  * first row's (`rowGrowth`). Uniform routing is the pessimistic case for the cache (a real
  * router's favourite experts hit more often), and drafted rows are not counted (the
- * per-sequence cost model turns them on only where they pay). The disk rate is measured
- * when the plan has a choice to make (open.ts); the compute rates are this machine class's
- * measured kernel rates (bench/limits.ts), and bench/limits.ts checks the prediction
- * against a run (`plan_predicted_over_measured`).
+ * per-sequence cost model turns them on only where they pay). The disk rate and the bf16
+ * product's rate on all threads are measured at start-up (weights/rate_probe.ts); the MXFP4
+ * rate is taken as the share of the bf16 rate, and g as the value, that bench/limits.ts
+ * measures on this machine class; bench/limits.ts checks the prediction against a run
+ * (`plan_predicted_over_measured`).
  *
  * @module
  */

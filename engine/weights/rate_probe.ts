@@ -1,0 +1,120 @@
+/**
+ * Start-up probes of the rates the plan's tokens/s prediction uses (weights/throughput.ts):
+ * the disk's O_DIRECT read rate the way the ring reads (16 MB pieces, 8 in flight) and the
+ * bf16 product's rate on every compute thread at once, both measured as the machine is now
+ * (a loaded machine computes and reads slower, and the prediction should say so).
+ *
+ * @module
+ */
+
+import { type Kernels, libraryPath } from "../native/ffi.ts";
+import { ALIGN, IoFile } from "../native/io.ts";
+import { NativeBuffer } from "../native/memory.ts";
+import { DEFAULT_COMPUTE, type PassRates } from "./throughput.ts";
+
+/** The bf16 product as a nonblocking call, so that one runs on each thread at once. */
+const probeSymbols = {
+  k3_matmul: {
+    parameters: ["pointer", "i32", "pointer", "pointer", "i32", "i32", "i32", "i32", "i32"],
+    result: "void",
+    nonblocking: true,
+  },
+} as const;
+
+let probeLib: Deno.DynamicLibrary<typeof probeSymbols> | undefined;
+
+/** Rows of the probe matrix per thread, at the model's width: 58.7 MB each, beyond the caches. */
+const PROBE_ROWS = 4096;
+const PROBE_COLS = 7168;
+
+/**
+ * Bytes per second of bf16 weights that one-token products consume with `threads` products
+ * running at once (each its own rows of one matrix, as the compute pool splits them), best
+ * of `rounds`.
+ */
+export async function measureDenseRate(k: Kernels, threads: number, rounds = 3): Promise<number> {
+  probeLib ??= Deno.dlopen(libraryPath(), probeSymbols);
+  const rows = PROBE_ROWS * threads, bytes = rows * PROBE_COLS * 2;
+  const w = NativeBuffer.alloc(k, bytes, "rate probe matrix");
+  const x = NativeBuffer.alloc(k, PROBE_COLS * 4, "rate probe x"), y = NativeBuffer.alloc(k, rows * 4, "rate probe y");
+  try {
+    new Uint16Array(w.u8.buffer, w.u8.byteOffset, bytes / 2).fill(0x3c00); // 2^-7: finite, and faults every page in
+    x.f32().fill(0.5);
+    let best = Infinity;
+    for (let r = 0; r < rounds; r++) {
+      const t0 = performance.now();
+      await Promise.all(
+        Array.from(
+          { length: threads },
+          (_, t) =>
+            probeLib!.symbols.k3_matmul(
+              w.ptr,
+              1,
+              x.ptr,
+              y.ptr,
+              1,
+              rows,
+              PROBE_COLS,
+              t * PROBE_ROWS,
+              (t + 1) * PROBE_ROWS,
+            ),
+        ),
+      );
+      best = Math.min(best, (performance.now() - t0) / 1000);
+    }
+    return bytes / Math.max(best, 1e-9);
+  } finally {
+    [w, x, y].forEach((b) => b.free());
+  }
+}
+
+/** Bytes of the disk probe: a second or less at this class of disk's rate, enough that the
+ * 8 reads in flight are a small part of it. */
+const DISK_PROBE_BYTES = 512 << 20;
+
+/**
+ * The sequential O_DIRECT read rate of the first `bytes` of `path` (bytes per second): 16 MB
+ * pieces, 8 in flight, into buffers faulted in first. (codec.ts has a probe of the same
+ * shape whose byte count loses the increments of reads that finish at once, `done +=
+ * await ...`; this one counts what it asked for, every read checked to be whole.)
+ */
+export async function measureDiskRate(k: Kernels, path: string, bytes = DISK_PROBE_BYTES): Promise<number> {
+  const f = IoFile.open(path, { direct: true });
+  const piece = 16 << 20, depth = 8;
+  const bufs = Array.from({ length: depth }, () => NativeBuffer.alloc(k, piece, "read rate"));
+  bufs.forEach((b) => b.prefault());
+  try {
+    const size = Math.floor(Math.min(f.size(), bytes) / ALIGN) * ALIGN;
+    if (size === 0) return Infinity;
+    let next = 0;
+    const t0 = performance.now();
+    await Promise.all(bufs.map(async (b) => {
+      while (next < size) {
+        const at = next, len = Math.min(piece, size - at);
+        next += piece;
+        const n = await f.pread(b.ptr, len, at);
+        if (n !== len) throw new Error(`${path}: short read of ${n} of ${len} bytes at ${at}`);
+      }
+    }));
+    return size / Math.max((performance.now() - t0) / 1000, 1e-9);
+  } finally {
+    bufs.forEach((b) => b.free());
+    f.close();
+  }
+}
+
+/**
+ * The rates the plan predicts with, measured now: the disk on `path` (the packed trunk's
+ * data, or a shard), the bf16 product on `threads` threads, the MXFP4 product at the share
+ * of it DEFAULT_COMPUTE assumes, and DEFAULT_COMPUTE's row growth.
+ */
+export async function measureRates(k: Kernels, path: string, threads: number): Promise<PassRates> {
+  const disk = await measureDiskRate(k, path);
+  const dense = await measureDenseRate(k, threads);
+  return {
+    disk,
+    dense,
+    expert: dense * DEFAULT_COMPUTE.expert / DEFAULT_COMPUTE.dense,
+    rowGrowth: DEFAULT_COMPUTE.rowGrowth,
+  };
+}
