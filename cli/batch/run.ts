@@ -70,8 +70,9 @@ export interface BatchRun {
   start: LedgerMark;
   /** Prompt tokens served from kept states instead of prefilled. */
   cachedTokens: number;
-  /** Draft tokens run and accepted, over every prompt (speculation: never a token's change). */
+  /** Draft tokens run, over every prompt (speculation never changes a token). */
   drafted: number;
+  /** Draft tokens accepted (equal to the token emitted at their position). */
   accepted: number;
 }
 
