@@ -482,7 +482,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
       let best = -1;
       for (const se of mem.streamEmbed ? [true] : [false, true]) {
         const room = usableWith(se);
-        for (const t of pinBudgets(input.layerBytes).reverse()) {
+        for (const t of [...pinBudgets(input.layerBytes)].reverse()) {
           if (t + minCache > room) continue;
           const cache = Math.max(minCache, Math.min(totalExperts * slotBytes, room - t));
           const { pinned } = memo(input.layerBytes, `pin ${t}`, () => pinLayers(input.layerBytes, t));

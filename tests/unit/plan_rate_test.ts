@@ -111,6 +111,7 @@ Deno.test("plan: more memory never predicts fewer tokens/s (preset auto, --paral
     }
     const t = p.prediction!.tokensPerSecond;
     assert.ok(t >= last * (1 - 1e-9), `${gb} GB predicts ${t} < ${last}`);
+    assert.deepEqual(autoPlan(gb * 1e9), p, `${gb} GB: the same plan made twice`);
     assert.ok(p.totalBytes + p.overheadBytes <= gb * 1e9, `${gb} GB: the plan does not fit`);
     last = t;
   }
