@@ -455,14 +455,14 @@ export const decodeSection: Section = async (ctx) => {
   const floor = overlap(floorRun);
   const floorGbps = floorRun.read_bytes / Math.max(floorRun.read_busy_seconds, 1e-9) / 1e9;
   const disk = ctx.figures.find((f) => f.key === "disk_read_gbps")?.value;
+  const dram = ctx.figures.find((f) => f.key === "dram_read_gbps_2t")?.value;
   const figures: Figure[] = [
     {
       key: "resident_decode_gbps",
       label: `resident decode, ${(tokenBytes / 1e9).toFixed(2)} GB/token`,
       value: residentGbps,
       unit: "GB/s",
-      of: "dram_read_gbps_2t",
-      ratio: residentGbps / ctx.get("dram_read_gbps_2t"),
+      ...(dram === undefined ? {} : { of: "dram_read_gbps_2t", ratio: residentGbps / dram }),
     },
     { key: "resident_decode_s_per_token", label: "resident decode", value: res.decode_seconds_per_token, unit: "s" },
     {
