@@ -499,7 +499,12 @@ export const decodeSection: Section = async (ctx) => {
       value: median(overlapRatios),
       unit: "x",
     },
-    { key: "decode_load_average", label: "1-minute load average during the pinned runs", value: median(loads), unit: "" },
+    {
+      key: "decode_load_average",
+      label: "1-minute load average during the pinned runs",
+      value: median(loads),
+      unit: "",
+    },
     {
       key: "floor_wall_over_max_io_compute",
       label: `floor: wall ${floor.wall.toFixed(1)} s, I/O ${floor.io.toFixed(1)}, compute ${floor.compute.toFixed(1)}`,
