@@ -33,6 +33,7 @@ export class ExpertStream {
     return this.pending.length === 0;
   }
 
+  /** Claims what fits of the pending experts and starts their reads. */
   private claim(): void {
     if (this.pending.length === 0) return;
     const got = this.src.experts(this.L, this.pending);
