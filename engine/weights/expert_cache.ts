@@ -2,16 +2,20 @@
  * The routed-expert cache: a fixed set of aligned slots allocated once at start-up, LRU
  * replacement, whole-expert reads.
  *
- * `get(L, ids)` returns the experts of one layer for one forward chunk. Hits are marked
- * held first; then every missing expert gets a slot (the least recently used one that is
- * neither held nor loading) and all the reads are issued together in file-offset order,
+ * `take(L, ids)` claims experts of one layer for one forward pass: hits are marked held
+ * first; then missing experts get a slot while one is free (empty, or the least recently used
+ * one that is neither held nor loading) and all those reads are issued together in file-offset order,
  * O_DIRECT where the filesystem allows (one read per expert when its six tensors are
  * contiguous, rounded out to 4096: the slot has room). A second request for an expert
  * still being read waits for that read. A slot is published (usable, findable by a later
  * call as a hit) only after its read completed in full; a failed or short read frees the
  * slot and stops the run with a K3Error naming the layer and the expert (exit 1: we never
  * compute a token without every expert it routed to). Slots held by layer L are not
- * evicted until `release(L)` (the forward pass's doneWithExperts).
+ * evicted until `release(L)` or `release(L, ids)` (the forward pass's doneWithExperts, per
+ * expert as soon as it has run); `whenRoom` says when a read settles, so the pass can claim
+ * the rest. `prefetch(L, ids)` reads a guess into the slots free now, held by no layer: a later
+ * `take` finds it as a hit (waiting for its read if it is still in flight), and a wrong guess
+ * is simply the least recently used slot. `get` and `fetch` take all of `ids` or refuse.
  *
  * With an expert table (expert_table.ts) every expert read carries its table digest
  * (Expert.check), settled by its first run: its MXFP4 products add up its tensor checks from
@@ -125,11 +129,6 @@ export class ExpertCache {
       }
     }
     return -1;
-  }
-
-  /** Slots a new read could go into now: empty, or holding a published expert no layer holds. */
-  room(): number {
-    return this.slots.filter((s) => s.state === "empty" || (s.state === "ready" && s.holder < 0)).length;
   }
 
   /** Settles when a read in flight settles (room may have freed up); undefined when none is. */
