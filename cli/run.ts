@@ -369,6 +369,7 @@ export async function main(args: string[]): Promise<number> {
         expert_cache_hit_rate: lookups ? stats.expertHits / lookups : 0,
         // Reads issued on a guess of the next layer's routing (their right guesses are hits).
         expert_reads_ahead: stats.expertPrefetched,
+        expert_reads_ahead_taken: stats.expertPrefetchHits,
         // Resident weights are all in RAM: every layer is pinned, as the plan says.
         trunk_layers_pinned: weights.ioStats ? stats.pinnedLayers : cfg.numLayers,
         io_wait_seconds: ioWait,

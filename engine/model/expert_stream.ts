@@ -76,3 +76,12 @@ export class ExpertStream {
     }
   }
 }
+
+/**
+ * Whether reading experts ahead on a guess still pays, after `guessed` reads of which `taken`
+ * were right: guesses that mostly miss cost more reads than they hide, so after 8 layers'
+ * worth of them (8 x `topK`) read ahead only while at least half were taken.
+ */
+export function readAheadPays(guessed: number, taken: number, topK: number): boolean {
+  return guessed < 8 * topK || 2 * taken >= guessed;
+}

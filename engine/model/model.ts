@@ -25,7 +25,7 @@ import { type Ledger, newLedger } from "./ledger.ts";
 import { Scratch } from "./scratch.ts";
 import { SequenceState, SpeculationRecord } from "./state.ts";
 import type { WeightSource } from "./weight_source.ts";
-import { ExpertStream } from "./expert_stream.ts";
+import { ExpertStream, readAheadPays } from "./expert_stream.ts";
 import { testHook } from "../native/test_hooks.ts";
 
 /** One sequence's part of a forward pass: its state and its next tokens. */
@@ -460,13 +460,15 @@ export class K3Model {
    * A guess of layer L+1's routing, read ahead into the experts' free room: layer L+1's
    * router on this layer's normed MLP input (s.xn), whose residual stream changes little
    * from one layer to the next. Only when layer L+1 is an MoE layer already in memory for
-   * good (a streamed layer is not waited for) and the source reads experts; a wrong guess
-   * costs a read, never a bit (the pass runs what the real routing chose). Returns the guess,
-   * to read more of it as room frees up.
+   * good (a streamed layer is not waited for) and the source reads experts, and while at
+   * least half the guesses so far were right; a wrong guess costs a read, never a bit (the pass
+   * runs what the real routing chose). Returns the guess, to read more of it as room frees up.
    */
   private readAhead(L: number, T: number): { L: number; ids: number[] } | undefined {
     const next = L + 1;
     if (this.noReadAhead || next >= this.cfg.numLayers || !this.weights.prefetchExperts) return undefined;
+    const io = this.weights.ioStats?.();
+    if (io && !readAheadPays(io.expertPrefetched, io.expertPrefetchHits, this.cfg.moe.topK)) return undefined;
     const w = this.weights.heldLayer?.(next);
     if (!w || w.mlp.kind !== "moe") return undefined;
     const ids = [...new Set(this.route(w.mlp, T).flatMap((c) => c.ids))];

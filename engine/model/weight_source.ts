@@ -70,6 +70,8 @@ export interface IoStats {
   expertMisses: number;
   /** Expert reads issued ahead of need, on a guess of the next layer's routing. */
   expertPrefetched: number;
+  /** Of those, the ones a later lookup took (right guesses). */
+  expertPrefetchHits: number;
   /** Seconds the forward pass spent waiting for reads. */
   ioWaitSeconds: number;
   /** Trunk layers pinned in RAM. */
@@ -90,6 +92,7 @@ export function noIoStats(): IoStats {
     expertHits: 0,
     expertMisses: 0,
     expertPrefetched: 0,
+    expertPrefetchHits: 0,
     ioWaitSeconds: 0,
     pinnedLayers: 0,
     trunkStoredBytes: 0,

@@ -50,6 +50,8 @@ interface Slot {
   holder: number;
   view?: Expert;
   loading?: Promise<void>;
+  /** Read ahead on a guess and not taken yet. */
+  guessed?: boolean;
 }
 
 /** Routed experts in aligned slots allocated once: LRU, one read per expert, reads shared while in flight. */
@@ -183,6 +185,8 @@ export class ExpertCache {
       this.lru.delete(key);
       this.lru.set(key, i);
       this.stats.expertHits++;
+      if (s.guessed) this.stats.expertPrefetchHits++;
+      s.guessed = false;
     }
     const jobs = this.claimReads(L, ids.filter((E) => !claimed.has(E)), L);
     this.stats.expertMisses += jobs.length;
@@ -203,7 +207,10 @@ export class ExpertCache {
   prefetch(L: number, ids: number[]): number {
     const NE = this.cfg.moe.numExperts;
     const jobs = this.claimReads(L, ids.filter((E) => !this.lru.has(L * NE + E)), -1);
-    for (const j of jobs) j.s.loading!.catch(() => {});
+    for (const j of jobs) {
+      j.s.guessed = true;
+      j.s.loading!.catch(() => {});
+    }
     this.stats.expertPrefetched += jobs.length;
     return jobs.length;
   }
@@ -222,6 +229,7 @@ export class ExpertCache {
       s.key = L * NE + E;
       s.state = "loading";
       s.holder = holder;
+      s.guessed = false;
       s.view = undefined;
       this.lru.set(s.key, i);
       jobs.push({ E, s, loc: this.loc(L, E) });

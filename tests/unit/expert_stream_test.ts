@@ -22,6 +22,7 @@ import { expertBytesOf, expertSlotBytes, type MemoryOptions } from "../../engine
 import { readManifest } from "../../engine/weights/manifest.ts";
 import { copyDir, tempDir, TINY } from "../helpers.ts";
 import { assertRejectsLast, runIds } from "../damage.ts";
+import { readAheadPays } from "../../engine/model/expert_stream.ts";
 
 const SEQ = [5, 17, 300, 12, 99, 1000, 7, 640, 33, 250, 511, 2, 870, 64, 123, 456, 9, 81];
 const PROMPT = [5, 17, 300, 12], GEN = 10;
@@ -115,4 +116,12 @@ Deno.test("a damaged expert is refused, named, when the experts are read ahead a
   } finally {
     Deno.env.delete("K3_TEST_EXPERT_SHUFFLE");
   }
+});
+
+Deno.test("read-ahead turns itself off when fewer than half its guesses were taken, after 8 layers of them", () => {
+  assert.equal(readAheadPays(0, 0, 16), true, "no guess yet");
+  assert.equal(readAheadPays(127, 0, 16), true, "too few guesses to judge");
+  assert.equal(readAheadPays(128, 63, 16), false, "under half taken");
+  assert.equal(readAheadPays(128, 64, 16), true, "half taken");
+  assert.equal(readAheadPays(1000, 900, 16), true);
 });
