@@ -367,6 +367,9 @@ export async function main(args: string[]): Promise<number> {
         expert_cache_hits: stats.expertHits,
         expert_cache_misses: stats.expertMisses,
         expert_cache_hit_rate: lookups ? stats.expertHits / lookups : 0,
+        // Reads issued on a guess of the next layer's routing (their right guesses are hits).
+        expert_reads_ahead: stats.expertPrefetched,
+        expert_reads_ahead_taken: stats.expertPrefetchHits,
         // Resident weights are all in RAM: every layer is pinned, as the plan says.
         trunk_layers_pinned: weights.ioStats ? stats.pinnedLayers : cfg.numLayers,
         io_wait_seconds: ioWait,

@@ -25,6 +25,8 @@ import { type Ledger, newLedger } from "./ledger.ts";
 import { Scratch } from "./scratch.ts";
 import { SequenceState, SPEC_RECORD_ROWS, SpeculationRecord } from "./state.ts";
 import type { WeightSource } from "./weight_source.ts";
+import { ExpertStream, readAheadPays } from "./expert_stream.ts";
+import { testHook } from "../native/test_hooks.ts";
 
 /** One sequence's part of a forward pass: its state and its next tokens. */
 export interface Segment {
@@ -70,6 +72,8 @@ export class K3Model {
   /** Sources per token in the AttnRes buffer: snapshots plus the running partial. */
   private readonly nsrc: number;
   private readonly compute: Compute;
+  /** K3_TEST_NO_PREFETCH: no expert read ahead of its routing (the bench's "before"). */
+  private readonly noReadAhead = testHook("K3_TEST_NO_PREFETCH") !== undefined;
   /** Counters the run report reads. */
   readonly stats: ForwardStats;
   /** Seconds by kind of work, over every pass so far. */
@@ -212,8 +216,10 @@ export class K3Model {
       }
       // 6. MLP of the normed y.
       k.k3_rmsnorm(s.x.ptr, w.postAttentionNorm.ptr, s.xn.ptr, D, R, cfg.rmsNormEps);
-      if (w.mlp.kind === "dense") this.glu(w.mlp, s.xn.ptr, s.a.ptr, R);
-      else await this.moe(L, w.mlp, R);
+      if (w.mlp.kind === "dense") {
+        this.readAhead(L, R);
+        this.glu(w.mlp, s.xn.ptr, s.a.ptr, R);
+      } else await this.moe(L, w.mlp, R);
       this.weights.doneWithLayer?.(L);
       // 7. partial += m.
       for (let t = 0; t < R; t++) k.k3_add(srcRow(t, nblocks), s.a.at(t * D), D);
@@ -428,21 +434,13 @@ export class K3Model {
     this.mm(w.down, gate.ptr, out, T);
   }
 
-  /**
-   * Stable LatentMoE for T tokens. The experts chosen by any token of the chunk are fetched
-   * once (chunk union); each runs on the tokens that chose it; each token then sums its
-   * own experts in its router's order.
-   */
-  private async moe(L: number, w: MoeWeights, T: number): Promise<void> {
+  /** Each row's top-k experts and weights by layer `w`'s router on the normed rows in s.xn. */
+  private route(w: MoeWeights, T: number): { ids: number[]; weights: number[] }[] {
     const { k, cfg, s } = this;
-    const { latent, topK, numExperts } = cfg.moe;
-    const D = cfg.hiddenSize;
-    const { routerLogits: logits, z, acc } = s.wide.moe;
-    // Route each token; z = routed_expert_down_proj x, once per token.
+    const { numExperts, topK } = cfg.moe;
+    const logits = s.wide.moe.routerLogits;
     this.mm(w.router, s.xn.ptr, logits.ptr, T);
-    this.mm(w.latentDown, s.xn.ptr, z.ptr, T);
     const chosen: { ids: number[]; weights: number[] }[] = [];
-    const users = new Map<number, { t: number; slot: number }[]>();
     for (let t = 0; t < T; t++) {
       k.k3_router_topk(
         logits.at(t * numExperts),
@@ -453,55 +451,77 @@ export class K3Model {
         s.idsPtr,
         s.wtsPtr,
       );
-      const ids = Array.from(s.ids);
-      chosen.push({ ids, weights: Array.from(s.wts) });
+      chosen.push({ ids: Array.from(s.ids), weights: Array.from(s.wts) });
+    }
+    return chosen;
+  }
+
+  /**
+   * A guess of layer L+1's routing, read ahead into the experts' free room: layer L+1's
+   * router on this layer's normed MLP input (s.xn), whose residual stream changes little
+   * from one layer to the next. Only when layer L+1 is an MoE layer already in memory for
+   * good (a streamed layer is not waited for) and the source reads experts, and while at
+   * least half the guesses so far were right; a wrong guess costs a read, never a bit (the pass
+   * runs what the real routing chose). Returns the guess, to read more of it as room frees up.
+   */
+  private readAhead(L: number, T: number): { L: number; ids: number[] } | undefined {
+    const next = L + 1;
+    if (this.noReadAhead || next >= this.cfg.numLayers || !this.weights.prefetchExperts) return undefined;
+    const io = this.weights.ioStats?.();
+    if (io && !readAheadPays(io.expertPrefetched, io.expertPrefetchHits, this.cfg.moe.topK)) return undefined;
+    const w = this.weights.heldLayer?.(next);
+    if (!w || w.mlp.kind !== "moe") return undefined;
+    const ids = [...new Set(this.route(w.mlp, T).flatMap((c) => c.ids))];
+    this.weights.prefetchExperts(next, ids);
+    return { L: next, ids };
+  }
+
+  /**
+   * Stable LatentMoE for T tokens. The experts chosen by any token of the chunk are fetched
+   * once (chunk union), their reads issued the moment the routing is known, before the
+   * latent projection and the shared experts run; each expert runs on the tokens that chose
+   * it as soon as it lands (expert_stream.ts); each token then sums its own experts in its
+   * router's order, so the order they land in never changes a bit.
+   */
+  private async moe(L: number, w: MoeWeights, T: number): Promise<void> {
+    const { k, cfg, s } = this;
+    const { latent, topK } = cfg.moe;
+    const D = cfg.hiddenSize;
+    const { acc, z } = s.wide.moe;
+    // Route each token, then claim the experts any row chose and start their reads.
+    const chosen = this.route(w, T);
+    const users = new Map<number, { t: number; slot: number }[]>();
+    chosen.forEach(({ ids }, t) =>
       ids.forEach((e, slot) => {
         const list = users.get(e) ?? [];
         list.push({ t, slot });
         users.set(e, list);
-      });
-    }
-    // The experts any row chose, fetched once each, in waves that fit the cache's slots.
-    // Each expert's output lands at [row][router slot][latent] and the sum below runs in
-    // each row's router order, so the number and order of waves never change a bit.
+      })
+    );
     const union = [...users.keys()].sort((a, b) => a - b);
-    // When the union is larger than the cache, waves of half the slots: the next wave's
-    // reads run while the current one computes (double buffering).
-    const slots = this.weights.expertSlots ?? union.length;
-    const wave = union.length <= slots ? union.length : Math.max(1, Math.floor(slots / 2));
-    const waves: number[][] = [];
-    for (let w0 = 0; w0 < union.length; w0 += wave) waves.push(union.slice(w0, w0 + wave));
     this.stats.expertsUsed += union.length;
-    const fetching = [this.weights.experts(L, waves[0])];
-    if (waves.length > 1 && 2 * wave <= slots) fetching.push(this.weights.experts(L, waves[1]));
-    // Shared experts at full width (into s.x) while the first reads are in flight.
+    const stream = new ExpertStream(this.weights, L, union);
+    // The next MoE layer's likely experts go into the room this layer leaves: now, and as
+    // each of this layer's experts is done with its slot.
+    const ahead = stream.claimed ? this.readAhead(L, T) : undefined;
+    // z = routed_expert_down_proj x, once per token; the shared experts at full width (into
+    // s.x); both while the reads are in flight.
+    this.mm(w.latentDown, s.xn.ptr, z.ptr, T);
     if (w.shared) this.glu(w.shared, s.xn.ptr, s.x.ptr, T);
-    for (let wi = 0; wi < waves.length; wi++) {
-      const ids = waves[wi];
-      // Each expert runs as soon as its bytes land, while the rest of the wave arrives.
-      const left = new Map(fetching[wi].map((p, i) => [i, Promise.resolve(p).then((ex) => ({ i, ex }))]));
-      try {
-        while (left.size > 0) {
-          const tWait = performance.now();
-          const { i, ex } = await Promise.race(left.values());
-          this.spent("expertReadWait", tWait);
-          left.delete(i);
-          const tExpert = performance.now();
-          this.runExpert(ex, users.get(ids[i])!, z);
-          this.spent("expertCompute", tExpert);
-        }
-      } catch (e) {
-        // No read may land in a slot we no longer hold.
-        await Promise.allSettled([...left.values(), ...fetching.slice(wi + 1).flat()]);
-        throw e;
-      }
-      if (wi + 1 === waves.length) this.weights.doneWithExperts?.(L);
-      else {
-        this.weights.doneWithExperts?.(L, ids);
-        const ahead = fetching.length;
-        if (ahead < waves.length) fetching.push(this.weights.experts(L, waves[ahead]));
-      }
-    }
+    let guess: { L: number; ids: number[] } | null | undefined = ahead;
+    await stream.run(
+      (E, ex) => {
+        const tExpert = performance.now();
+        this.runExpert(ex, users.get(E)!, z);
+        this.spent("expertCompute", tExpert);
+      },
+      (t0) => this.spent("expertReadWait", t0),
+      () => {
+        if (guess) this.weights.prefetchExperts!(guess.L, guess.ids);
+        else if (guess === undefined) guess = this.readAhead(L, T) ?? null;
+      },
+    );
+    this.weights.doneWithExperts?.(L);
     // acc = sum_j w_j e_j in router order; RMSNorm; up-projection.
     // The router's logits are consumed: acc takes their place.
     for (let t = 0; t < T; t++) {

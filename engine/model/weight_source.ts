@@ -19,15 +19,23 @@ export interface WeightSource {
   doneWithAttention?(L: number): void;
   /** Called when the pass is done with layer L, so a streamer can reuse its slot. */
   doneWithLayer?(L: number): void;
-  /** Routed experts `ids` of layer L, one per id in order, each a promise that settles
-   * when that expert is in memory (a streaming source issues every read at once). Held
-   * until doneWithExperts(L). */
-  experts(L: number, ids: number[]): (Expert | Promise<Expert>)[];
-  /** Called when the pass is done with the experts of layer L (the last `experts` call). */
+  /** Claims routed experts of layer L among `ids`: every one in memory or being read, and as
+   * many others as there is room for, each read issued at once. Returns the claimed ones
+   * (a source without a size limit claims all), each an expert or a promise that settles when
+   * it is in memory; each held until doneWithExperts(L, [id]) or doneWithExperts(L). */
+  experts(L: number, ids: number[]): Map<number, Expert | Promise<Expert>>;
+  /** Called when the pass is done with the experts of layer L (or just `ids` of them). */
   doneWithExperts?(L: number, ids?: number[]): void;
-  /** How many experts one `experts` call may ask for at most (the cache's slots); a pass
-   * that needs more runs them in waves. Undefined: no limit. */
-  readonly expertSlots?: number;
+  /** Settles when a read in flight settles, so room for more experts may have freed up;
+   * undefined when no read is in flight. Absent: `experts` always claims all. */
+  whenExpertRoom?(): Promise<void> | undefined;
+  /** Reads experts `ids` of layer L ahead of need (a guess of its routing) into the room that
+   * is free now, holding none of them: a later `experts` call finds them as hits. */
+  prefetchExperts?(L: number, ids: number[]): void;
+  /** Layer L's dense weights when they are in memory for good (pinned or resident) and were
+   * handed out before, else undefined: lets the pass look ahead without waiting or moving a
+   * streamer's ring. */
+  heldLayer?(L: number): LayerWeights | undefined;
   /** Writes the embedding row of `id` as f32 to `dst`. */
   embed(id: number, dst: NonNullable<Deno.PointerValue>): Promise<void> | void;
   /** Writes the lm_head logits of T tokens, y[t*vocab + r], using `compute` for the
@@ -60,6 +68,10 @@ export interface IoStats {
   expertHits: number;
   /** Expert lookups that had to be read. */
   expertMisses: number;
+  /** Expert reads issued ahead of need, on a guess of the next layer's routing. */
+  expertPrefetched: number;
+  /** Of those, the ones a later lookup took (right guesses). */
+  expertPrefetchHits: number;
   /** Seconds the forward pass spent waiting for reads. */
   ioWaitSeconds: number;
   /** Trunk layers pinned in RAM. */
@@ -79,6 +91,8 @@ export function noIoStats(): IoStats {
     expertBytes: 0,
     expertHits: 0,
     expertMisses: 0,
+    expertPrefetched: 0,
+    expertPrefetchHits: 0,
     ioWaitSeconds: 0,
     pinnedLayers: 0,
     trunkStoredBytes: 0,

@@ -130,9 +130,9 @@ export class ResidentWeights implements WeightSource {
     return this.layers[L].layerWeights(this.cfg, L);
   }
 
-  experts(L: number, ids: number[]): Expert[] {
+  experts(L: number, ids: number[]): Map<number, Expert> {
     const list = this.expertsByLayer.get(L)!;
-    return ids.map((e) => list[e]);
+    return new Map(ids.map((e) => [e, list[e]]));
   }
 
   embed(id: number, dst: NonNullable<Deno.PointerValue>): void {

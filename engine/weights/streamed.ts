@@ -51,6 +51,8 @@ export class StreamedWeights implements WeightSource {
   private trunk?: StreamedTrunk;
   private residentLayers: BoundTensors[] = [];
   private cache?: ExpertCache;
+  /** Layers handed out without waiting (pinned or resident), bound once. */
+  private readonly held = new Map<number, LayerWeights>();
   private embedM?: Matrix;
   private headM?: Matrix;
   private streamedEH?: StreamedEmbedHead;
@@ -135,8 +137,18 @@ export class StreamedWeights implements WeightSource {
   }
 
   layer(L: number): LayerWeights | Promise<LayerWeights> {
+    const held = this.held.get(L);
+    if (held) return held;
     const bound = this.trunk ? this.trunk.layer(L) : this.residentLayers[L];
-    return bound instanceof Promise ? bound.then((b) => b.layerWeights(this.cfg, L)) : bound.layerWeights(this.cfg, L);
+    if (bound instanceof Promise) return bound.then((b) => b.layerWeights(this.cfg, L));
+    // Handed out at once: pinned or resident, in memory for good.
+    const w = bound.layerWeights(this.cfg, L);
+    this.held.set(L, w);
+    return w;
+  }
+
+  heldLayer(L: number): LayerWeights | undefined {
+    return this.held.get(L);
   }
 
   doneWithAttention(L: number): void {
@@ -147,12 +159,16 @@ export class StreamedWeights implements WeightSource {
     this.trunk?.done(L);
   }
 
-  experts(L: number, ids: number[]): Promise<Expert>[] {
-    return this.cache!.fetch(L, ids);
+  experts(L: number, ids: number[]): Map<number, Promise<Expert>> {
+    return this.cache!.take(L, ids);
   }
 
-  get expertSlots(): number | undefined {
-    return this.cache?.size;
+  whenExpertRoom(): Promise<void> | undefined {
+    return this.cache!.whenRoom();
+  }
+
+  prefetchExperts(L: number, ids: number[]): void {
+    this.cache!.prefetch(L, ids);
   }
 
   doneWithExperts(L: number, ids?: number[]): void {
