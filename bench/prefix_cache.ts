@@ -57,7 +57,9 @@ const { values } = benchArgs(USAGE, {
 });
 const turns = Number(values.turns), gen = Number(values.gen), nLines = Number(values.lines);
 const sharedLen = Number(values.shared), reps = Number(values.reps), chunk = Number(values.chunk);
-for (const [name, v] of [["turns", turns], ["gen", gen], ["lines", nLines], ["reps", reps], ["chunk", chunk]] as const) {
+for (
+  const [name, v] of [["turns", turns], ["gen", gen], ["lines", nLines], ["reps", reps], ["chunk", chunk]] as const
+) {
   if (!Number.isInteger(v) || v < 1) {
     console.error(`--${name} must be a positive integer\n${USAGE}`);
     Deno.exit(2);

@@ -21,7 +21,7 @@ import { EXIT, K3Error } from "../errors.ts";
 import type { K3Model, Segment } from "../model/model.ts";
 import type { SequenceState } from "../model/state.ts";
 import { argmax } from "./sampling.ts";
-import type { StateCache } from "./state_cache.ts";
+import type { CacheHit, StateCache } from "./state_cache.ts";
 import { DraftCost, type DraftOptions, DraftPolicy, type DraftStats, SequenceDrafter, SuffixPool } from "./draft.ts";
 
 /** Why a sequence ended: a stop id or stop string, its token limit, or its abort signal. */
@@ -149,6 +149,10 @@ class Running {
   keepAt: number[] = [];
   /** Only closes a finished reply for the state cache (no caller waits on it). */
   closing = false;
+  /** Its kept state is being read from the state cache's spill directory: settles once it
+   * has landed (in `landed`); the sequence joins passes only then. */
+  landing?: Promise<void>;
+  landed?: { hit?: CacheHit; error?: unknown };
   readonly admitted = performance.now();
   firstAt = 0;
   lastAt = 0;
@@ -244,7 +248,7 @@ export class Scheduler {
    * a sequence starts from the longest kept prefix of its prompt, and one whose prefix a
    * running sequence is about to keep waits for it (a shared prefix is prefilled once).
    */
-  private async admit(): Promise<void> {
+  private admit(): void {
     const cache = this.opts.cache;
     for (let i = 0; i < this.waiting.length && this.running.length < this.maxSequences;) {
       const { req, resolve, reject } = this.waiting[i];
@@ -265,26 +269,56 @@ export class Scheduler {
       this.running.push(seq);
       if (cached) {
         const t0 = performance.now();
+        let found: ReturnType<StateCache["find"]>;
         try {
-          const hit = await cache.lookup(req.prompt, maxHit);
-          if (hit) {
-            seq.state.restore(hit.payload, hit.length);
-            seq.cachedTokens = hit.length;
-            this.model.ledger.cachedTokens += hit.length;
-            seq.pending = req.prompt.slice(hit.length);
-          }
+          found = cache.find(req.prompt, maxHit);
         } catch (e) {
           this.fail(seq, e);
           continue;
         } finally {
           this.model.ledger.stateCache += (performance.now() - t0) / 1000;
         }
-        seq.keepAt = [...new Set(req.cacheAt ?? [])]
-          .filter((p) => Number.isInteger(p) && p > seq.cachedTokens && p <= req.prompt.length)
-          .sort((a, b) => a - b);
+        req.onAdmit?.();
+        if (found instanceof Promise) {
+          // A spill file being read: the pass loop goes on with the other sequences, and
+          // this one starts once its state has landed (run() applies it between passes).
+          seq.landing = found.then((hit) => void (seq.landed = { hit }), (error) => void (seq.landed = { error }));
+          continue;
+        }
+        this.start(seq, found);
+        continue;
       }
       req.onAdmit?.();
       if (seq.pending.length === 0) this.finish(seq, "length"); // a state handed back as is
+    }
+  }
+
+  /** Starts an admitted cached sequence from `hit` (its kept prefix, if any). */
+  private start(seq: Running, hit: CacheHit | undefined): void {
+    const req = seq.req;
+    if (hit) {
+      const t0 = performance.now();
+      seq.state.restore(hit.payload, hit.length);
+      seq.cachedTokens = hit.length;
+      this.model.ledger.cachedTokens += hit.length;
+      seq.pending = req.prompt.slice(hit.length);
+      this.model.ledger.stateCache += (performance.now() - t0) / 1000;
+    }
+    seq.keepAt = [...new Set(req.cacheAt ?? [])]
+      .filter((p) => Number.isInteger(p) && p > seq.cachedTokens && p <= req.prompt.length)
+      .sort((a, b) => a - b);
+    if (seq.pending.length === 0) this.finish(seq, "length"); // a state handed back as is
+  }
+
+  /** Starts the sequences whose kept state has landed from disk since the last pass. */
+  private startLanded(): void {
+    for (const seq of [...this.running]) {
+      if (!seq.landing || !seq.landed) continue;
+      const { hit, error } = seq.landed;
+      seq.landing = seq.landed = undefined;
+      if (seq.done) continue;
+      if (error !== undefined) this.fail(seq, error);
+      else this.start(seq, hit);
     }
   }
 
@@ -379,7 +413,7 @@ export class Scheduler {
       rows += seg.ids.length;
     }
     for (const seq of this.running) {
-      if (seq.decoding) continue;
+      if (seq.decoding || seq.landing) continue;
       // A chunk ends where the state is to be kept (chunking never changes a bit).
       const keep = seq.keepAt.length > 0 ? seq.keepAt[0] - seq.state.pos : Infinity;
       const n = Math.min(seq.pending.length, this.chunk, this.model.maxT - rows, keep);
@@ -399,12 +433,16 @@ export class Scheduler {
     while (this.waiting.length > 0 || this.running.length > 0) {
       // A pass on resident weights may never leave the microtask queue; when a sequence
       // can be aborted, let the signal handlers and I/O (macrotasks: a k3 serve client's
-      // disconnect, its streamed chunks) run between passes. setImmediate costs ~20 us
-      // here, setTimeout(0) ~1-3 ms (a pass of the tiny model is ~1 ms).
-      if (this.running.some((s) => s.req.signal) || this.waiting.some((w) => w.req.signal)) {
+      // disconnect, its streamed chunks) run between passes, and so must the reads of a
+      // kept state landing from disk. setImmediate costs ~20 us here, setTimeout(0) ~1-3 ms
+      // (a pass of the tiny model is ~1 ms).
+      if (
+        this.running.some((s) => s.req.signal || s.landing) || this.waiting.some((w) => w.req.signal)
+      ) {
         await new Promise((r) => setImmediate(r));
       }
-      await this.admit();
+      this.admit();
+      this.startLanded();
       for (const seq of [...this.running]) if (seq.req.signal?.aborted) this.finish(seq, "interrupted");
       // A reply's closing ids ride along with other work for free; alone they cost a whole
       // pass (at the floor budget, a read of the streamed trunk), paid only while passes
@@ -418,7 +456,9 @@ export class Scheduler {
       }
       const pass = this.nextPass();
       if (pass.length === 0) {
-        if (this.running.length > 0) throw new Error("internal: scheduler built an empty pass");
+        const landing = this.running.filter((seq) => seq.landing).map((seq) => seq.landing!);
+        if (landing.length > 0) await Promise.race(landing); // nothing else to compute
+        else if (this.running.length > 0) throw new Error("internal: scheduler built an empty pass");
         continue;
       }
       const t0 = performance.now();

@@ -29,7 +29,13 @@ import { join } from "node:path";
 import { K3Error } from "../errors.ts";
 import type { K3Model } from "../model/model.ts";
 import { bytesText } from "../native/available.ts";
-import { checkStateFile, type ModelFingerprint, readStateFile, writeStatePayload } from "./state_file.ts";
+import {
+  checkStateFile,
+  type ModelFingerprint,
+  readStateFile,
+  type StateFile,
+  writeStatePayload,
+} from "./state_file.ts";
 import { messageBoundaries, replyCloser } from "../text/chat.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 
@@ -45,6 +51,9 @@ export interface StateCacheOptions {
   fingerprint?: ModelFingerprint;
   /** Where decisions (disk read or prefill, refused files) are logged (default: nowhere). */
   log?: (line: string) => void;
+  /** Reads a spill file (default: {@link readStateFile}, on the I/O threads); a test wraps
+   * it to hold a read in flight. */
+  read?: (path: string) => Promise<StateFile>;
 }
 
 /** Counters of a state cache, for /metrics and reports. */
@@ -218,15 +227,30 @@ export class StateCache {
    * cheaper than prefilling its positions. Undefined: prefill from the start.
    */
   async lookup(ids: readonly number[], maxLength: number): Promise<CacheHit | undefined> {
-    for (const e of this.#path(ids, maxLength)) {
+    return await this.find(ids, maxLength);
+  }
+
+  /**
+   * {@link lookup} without waiting on the disk: a RAM hit (or a miss) comes back at once; when
+   * the best entry is a spill file worth reading, a promise that settles once it has been
+   * read and verified (or, refused, with the next shorter entry), so the caller can go on
+   * computing other sequences meanwhile.
+   */
+  find(ids: readonly number[], maxLength: number): CacheHit | undefined | Promise<CacheHit | undefined> {
+    return this.#from(this.#path(ids, maxLength));
+  }
+
+  #from(entries: Entry[]): CacheHit | undefined | Promise<CacheHit | undefined> {
+    for (let i = 0; i < entries.length; i++) {
+      const e = entries[i];
       if (e.payload) {
         this.#touch(e);
         return this.#hit(e.tokens.length, e.payload, "ram");
       }
-      if (!e.file) continue;
-      if (!this.#worthReading(e)) continue;
-      const payload = await this.#readSpill(e);
-      if (payload) return this.#hit(e.tokens.length, payload, "disk");
+      if (!e.file || !this.#worthReading(e)) continue;
+      return this.#readSpill(e).then((payload) =>
+        payload ? this.#hit(e.tokens.length, payload, "disk") : this.#from(entries.slice(i + 1))
+      );
     }
     this.#stats.misses++;
     return undefined;
@@ -266,13 +290,19 @@ export class StateCache {
   async #readSpill(e: Entry): Promise<Uint8Array | undefined> {
     const t0 = performance.now();
     try {
-      const file = await readStateFile(e.file!);
+      const file = await (this.opts.read ?? readStateFile)(e.file!);
       const { header, payload } = checkStateFile(file, this.model, this.opts.fingerprint!);
       if (header.tokens.length !== e.tokens.length || header.tokens.some((t, i) => t !== e.tokens[i])) {
         throw new K3Error(`state ${e.file}: holds a different token prefix than its name says; refusing it`);
       }
+      const seconds = (performance.now() - t0) / 1000;
       this.#ioBytes += file.bytes.length;
-      this.#ioSeconds += (performance.now() - t0) / 1000;
+      this.#ioSeconds += seconds;
+      this.opts.log?.(
+        `state cache: read ${e.tokens.length} positions (${bytesText(file.bytes.length)}) from disk in ${
+          seconds.toFixed(3)
+        } s`,
+      );
       this.#touch(e);
       return payload;
     } catch (err) {

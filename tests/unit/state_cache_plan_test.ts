@@ -39,7 +39,10 @@ Deno.test("plan: the default is what the plan leaves after trunk, experts and st
   assert.equal(stateCacheDefault(available, base.totalBytes), p.stateCache!.bytes);
   // The plan with its default cache still fits what is available.
   assert.ok(p.totalBytes + p.overheadBytes <= available);
-  assert.match(formatPlan(p).join("\n"), /state cache +5\.40 GB .*default: what the plan leaves less 10%, at most 8\.00 GB/);
+  assert.match(
+    formatPlan(p).join("\n"),
+    /state cache +5\.40 GB .*default: what the plan leaves less 10%, at most 8\.00 GB/,
+  );
   assert.equal(
     makePlan({ ...floor, available: available + 1e12, stateCache: {} }).stateCache!.bytes,
     STATE_CACHE_DEFAULT_CAP,
