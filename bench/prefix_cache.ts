@@ -31,6 +31,7 @@ import { chatCachePoints, StateCache } from "../engine/generate/state_cache.ts";
 import { type ChatMessage, chatPrompt, stopIds } from "../engine/text/chat.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { sharedPrefixes } from "../cli/batch/shared_prefix.ts";
+import { shownMessage } from "../cli/reply.ts";
 import { estimatedInput, makePlan, releasedK3 } from "../engine/weights/plan.ts";
 import { stateBytes } from "../engine/model/state.ts";
 import { readActivity } from "../engine/native/io.ts";
@@ -84,7 +85,11 @@ const progress = (line: string) => console.error(`prefix_cache ${elapsed()}: ${l
 const capacity = Math.max(4096, sharedLen + 64 + gen);
 const opened = await openModel(values.model!, { capacity, chunk, sequences: nLines, memory });
 const { model } = opened;
+// A slice's vocabulary is wider than the tiny tokenizer's: its ids beyond decode as placeholders.
+tok.forModel(model.cfg.vocabSize);
 const ends = stopIds(tok);
+/** How the server reads a reply of this chat (no stop strings, no tools). */
+const SHAPE = { chat: { thinking: true, tools: false }, stops: [] };
 
 /** A system prompt (an agent's instructions and tool list) and short user turns. */
 const system = Array.from(
@@ -105,7 +110,7 @@ async function ttft(s: Scheduler, ids: number[], cached: boolean, what: string) 
     maxTokens: gen,
     stopIds: ends,
     onToken: () => void (first ||= (firstRead = readActivity.bytes, performance.now())),
-    ...(cached ? chatCachePoints(tok, ids, { thinking: true }) : {}),
+    ...(cached ? chatCachePoints(tok, ids, { thinking: true }, (t) => shownMessage(tok, SHAPE, t)) : {}),
   });
   // The reply's closing pass may still run: one scheduler at a time on the model.
   await s.close();
@@ -169,8 +174,8 @@ for (let rep = 0; rep < reps; rep++) {
         read_gb_off: b.readBytes / 1e9,
       });
     }
-    // The client sends back the reply's content only (no reasoning), as most clients do.
-    messages.push({ role: "assistant", content: tok.decode(c.tokens.filter((x) => !ends.includes(x))) });
+    // The client sends back the reply as shown (no reasoning), as most clients do.
+    messages.push(shownMessage(tok, SHAPE, c.tokens));
   }
 }
 for (const r of turnRows) {

@@ -66,6 +66,11 @@ export interface SequenceRequest {
   replyTail?: (tokens: readonly number[], reason: FinishReason) => number[] | undefined;
   /** This sequence's speculation instead of the scheduler's (same tokens either way). */
   draft?: DraftOptions;
+  /** The ids that follow `prompt` in the history a client sends back with the reply as it
+   * was shown (content and tool calls, no reasoning), so the cache also keeps the state
+   * there (prefilled after the reply from the longest kept prefix, in a free slot);
+   * undefined: not kept. */
+  historyReply?: (tokens: readonly number[], reason: FinishReason) => number[] | undefined;
 }
 
 /** A per-sequence constraint on the next token (engine/generate/grammar/mask.ts). */
@@ -181,6 +186,8 @@ export class Scheduler {
     req: SequenceRequest;
     resolve: (r: SequenceResult) => void;
     reject: (e: unknown) => void;
+    /** Only keeps a state for the cache (historyReply): admitted after every request. */
+    closing?: boolean;
   }[] = [];
   private readonly running: Running[] = [];
   private readonly maxSequences: number;
@@ -251,7 +258,13 @@ export class Scheduler {
   private admit(): void {
     const cache = this.opts.cache;
     for (let i = 0; i < this.waiting.length && this.running.length < this.maxSequences;) {
-      const { req, resolve, reject } = this.waiting[i];
+      const { req, resolve, reject, closing } = this.waiting[i];
+      if (closing && (this.waiting.some((w) => !w.closing) || cache?.has(req.prompt))) {
+        // Requests go first; a state kept meanwhile needs no closing.
+        if (cache?.has(req.prompt)) this.waiting.splice(i, 1);
+        else i++;
+        continue;
+      }
       const cached = cache && !req.state && !req.recompute;
       const maxHit = req.maxTokens > 0 ? req.prompt.length - 1 : req.prompt.length;
       if (cached && this.prefixInFlight(req.prompt, cache.peek(req.prompt, maxHit), maxHit)) {
@@ -260,6 +273,7 @@ export class Scheduler {
       }
       this.waiting.splice(i, 1);
       const seq = new Running(req, req.state ?? this.model.newState(), resolve, reject);
+      seq.closing = closing === true;
       const draft = req.draft ?? this.draft;
       if (draft.mode !== "off" && !req.recompute) {
         const drafter = new SequenceDrafter(draft, draft.mode === "suffix" ? this.pool : undefined);
@@ -271,7 +285,7 @@ export class Scheduler {
         const t0 = performance.now();
         let found: ReturnType<StateCache["find"]>;
         try {
-          found = cache.find(req.prompt, maxHit);
+          found = cache.find(req.prompt, maxHit, !closing);
         } catch (e) {
           this.fail(seq, e);
           continue;
@@ -300,7 +314,7 @@ export class Scheduler {
       const t0 = performance.now();
       seq.state.restore(hit.payload, hit.length);
       seq.cachedTokens = hit.length;
-      this.model.ledger.cachedTokens += hit.length;
+      if (!seq.closing) this.model.ledger.cachedTokens += hit.length;
       seq.pending = req.prompt.slice(hit.length);
       this.model.ledger.stateCache += (performance.now() - t0) / 1000;
     }
@@ -357,6 +371,30 @@ export class Scheduler {
     return true;
   }
 
+  /**
+   * After a reply, queues a sequence that keeps the state of the prompt followed by
+   * `historyReply`'s ids (the reply as a client sends it back without its reasoning): it
+   * continues from the longest kept prefix (the prompt's, at least its last message) and
+   * runs in a slot no request wants.
+   */
+  private closeHistory(seq: Running, reason: FinishReason): void {
+    const cache = this.opts.cache, req = seq.req;
+    if (!cache || seq.closing || !req.historyReply || req.recompute || req.state || reason === "interrupted") return;
+    const tail = req.historyReply(seq.tokens, reason);
+    if (!tail || tail.length === 0) return;
+    const key = [...req.prompt, ...tail];
+    if (key.length > this.model.capacity || cache.has(key)) return;
+    const same = (ids: readonly number[]) => ids.length === key.length && ids.every((t, i) => t === key[i]);
+    if (this.running.some((r) => r.closing && same(r.req.prompt))) return; // the reply's own closing keeps it
+    const done = () => {};
+    this.waiting.push({
+      req: { prompt: key, maxTokens: 0, cacheAt: [key.length] },
+      resolve: done,
+      reject: done,
+      closing: true,
+    });
+  }
+
   /** Ends a sequence with `reason` and resolves its promise. */
   private finish(seq: Running, reason: FinishReason): void {
     if (seq.done) return;
@@ -377,9 +415,27 @@ export class Scheduler {
       if (seq.policy.drafter.mode === "suffix") this.pool.add(seq.policy.drafter.text);
     }
     if (seq.req.keepState) result.state = seq.state;
-    else if (!this.closeReply(seq, reason)) seq.state.free();
+    else if (!this.keepReply(seq, reason)) seq.state.free();
     seq.resolve(result);
   }
+
+  /**
+   * Hands `seq`'s finished reply to the state cache (closeReply, closeHistory): true when
+   * its state went to a closing sequence. Best effort: a reply the callbacks cannot read
+   * (ids the tokenizer does not know) loses only its kept state, never its result.
+   */
+  private keepReply(seq: Running, reason: FinishReason): boolean {
+    let kept = false;
+    try {
+      kept = this.closeReply(seq, reason);
+      this.closeHistory(seq, reason);
+    } catch {
+      // The finished sequence is already out of the running set: throwing here would
+      // leave its caller waiting forever.
+    }
+    return kept;
+  }
+
 
   /** Ends a sequence with an error and rejects its promise. */
   private fail(seq: Running, e: unknown): void {
@@ -448,10 +504,11 @@ export class Scheduler {
       // pass (at the floor budget, a read of the streamed trunk), paid only while passes
       // are cheap. Dropping them loses only the reply's kept state, never a token.
       if (
-        this.waiting.length === 0 && this.running.length > 0 && this.running.every((s) => s.closing) &&
-        this.lastPassSeconds > CLOSE_ALONE_SECONDS
+        this.waiting.every((w) => w.closing) && this.running.every((s) => s.closing) &&
+        this.running.length + this.waiting.length > 0 && this.lastPassSeconds > CLOSE_ALONE_SECONDS
       ) {
         for (const seq of [...this.running]) this.finish(seq, "length");
+        this.waiting.length = 0;
         continue;
       }
       const pass = this.nextPass();

@@ -129,6 +129,24 @@ Deno.test("the reply is kept with its closing ids: the next turn continues after
   });
 });
 
+Deno.test("a reply the cache cannot read back still resolves (it only loses its kept state)", async () => {
+  await withModel(async ({ model }) => {
+    const prompt = ids(30, 31);
+    const want = await generate(new Scheduler(model, { chunk: 16 }), prompt, 3);
+    const cache = new StateCache(model, { ramBytes: 1e9 });
+    const unreadable = () => {
+      throw new Error("token id 8045 is outside the vocabulary (0..1023)");
+    };
+    const got = await generate(new Scheduler(model, { chunk: 16, cache }), prompt, 3, {
+      cacheAt: [20],
+      replyTail: unreadable,
+      historyReply: unreadable,
+    });
+    assert.deepEqual(got.bits, want.bits);
+    assert.equal(cache.stats.entries, 1, "only the prompt's state is kept");
+  });
+});
+
 Deno.test("eviction under a tiny budget, a spill round trip and a damaged spill keep the tokens", async () => {
   await using dir = await tempDir();
   await withModel(async (opened) => {
