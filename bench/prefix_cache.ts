@@ -273,7 +273,7 @@ console.log(
   } (RAM or spill file); at the floor a pass reads ${(streamedPerPass / 1e9).toFixed(1)} GB of trunk, so a cached ` +
     `4,000-token history skips ${projection.passes_skipped_at_4000_tokens} passes (${
       (projection.trunk_bytes_not_read_at_4000_tokens / 1e12).toFixed(1)
-    } TB not read); 8 GB holds ${projection.conversations_in_8_gb} such conversations; the ${turns} turns above ` +
+    } TB not read); 8 GB holds ${projection.conversations_in_8_gb} such states; the ${turns} turns above ` +
     `skip ${cachedTurns} passes of ${passRowsFull} rows there (${
       (projection.trunk_bytes_not_read_by_these_turns / 1e12).toFixed(2)
     } TB not read)`,

@@ -436,7 +436,6 @@ export class Scheduler {
     return kept;
   }
 
-
   /** Ends a sequence with an error and rejects its promise. */
   private fail(seq: Running, e: unknown): void {
     if (seq.done) return;
