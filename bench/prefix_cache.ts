@@ -58,11 +58,16 @@ const { values } = benchArgs(USAGE, {
 });
 const turns = Number(values.turns), gen = Number(values.gen), nLines = Number(values.lines);
 const sharedLen = Number(values.shared), reps = Number(values.reps), chunk = Number(values.chunk);
+// `--turns 0` or `--lines 0` leaves that part out (a long run split in two).
 for (
-  const [name, v] of [["turns", turns], ["gen", gen], ["lines", nLines], ["reps", reps], ["chunk", chunk]] as const
+  const [name, v, min] of [["turns", turns, 0], ["gen", gen, 1], ["lines", nLines, 0], ["reps", reps, 1], [
+    "chunk",
+    chunk,
+    1,
+  ]] as const
 ) {
-  if (!Number.isInteger(v) || v < 1) {
-    console.error(`--${name} must be a positive integer\n${USAGE}`);
+  if (!Number.isInteger(v) || v < min) {
+    console.error(`--${name} must be an integer of at least ${min}\n${USAGE}`);
     Deno.exit(2);
   }
 }
@@ -83,7 +88,7 @@ const started = performance.now();
 const elapsed = () => `${((performance.now() - started) / 1000).toFixed(0)} s`;
 const progress = (line: string) => console.error(`prefix_cache ${elapsed()}: ${line}`);
 const capacity = Math.max(4096, sharedLen + 64 + gen);
-const opened = await openModel(values.model!, { capacity, chunk, sequences: nLines, memory });
+const opened = await openModel(values.model!, { capacity, chunk, sequences: Math.max(1, nLines), memory });
 const { model } = opened;
 // A slice's vocabulary is wider than the tiny tokenizer's: its ids beyond decode as placeholders.
 tok.forModel(model.cfg.vocabSize);
@@ -210,7 +215,7 @@ async function batch(cached: boolean, what: string) {
 }
 const batchOn: number[] = [], batchOff: number[] = [];
 let rowsOn = 0, rowsOff = 0, readOn = 0, readOff = 0;
-for (let r = 0; r < reps; r++) {
+for (let r = 0; r < (nLines > 0 ? reps : 0); r++) {
   const first = r % 2 === 0;
   const what = (on: boolean) => `rep ${r + 1}/${reps} batch cache ${on ? "on" : "off"}`;
   const x = await batch(first, what(first)), y = await batch(!first, what(!first));
@@ -257,13 +262,15 @@ for (const r of turnRows) {
   );
 }
 const mOn = median(batchOn), mOff = median(batchOff);
-console.log(
-  `batch of ${nLines} lines sharing ${prefix.length} tokens: on ${mOn.toFixed(3)} s (${rowsOn} rows, ${
-    (readOn / 1e9).toFixed(2)
-  } GB read), off ${mOff.toFixed(3)} s (${rowsOff} rows, ${(readOff / 1e9).toFixed(2)} GB read), off/on ${
-    (mOff / mOn).toFixed(2)
-  } (median of ${reps})`,
-);
+if (nLines > 0) {
+  console.log(
+    `batch of ${nLines} lines sharing ${prefix.length} tokens: on ${mOn.toFixed(3)} s (${rowsOn} rows, ${
+      (readOn / 1e9).toFixed(2)
+    } GB read), off ${mOff.toFixed(3)} s (${rowsOff} rows, ${(readOff / 1e9).toFixed(2)} GB read), off/on ${
+      (mOff / mOn).toFixed(2)
+    } (median of ${reps})`,
+  );
+}
 const mb = (n: number) => `${(n / 1e6).toFixed(1)} MB`;
 console.log(
   `full model: KDA state ${mb(sb.fixed)} + ${
