@@ -18,8 +18,10 @@
  * SHA-256 of its tokens, and the directory is itself bounded (oldest used files removed
  * first). A hit on disk is read back only when the read is estimated cheaper than
  * prefilling the same tokens (the measured read rate against the measured cost of a
- * prefill pass), and each such decision is logged; a file that fails any check is
- * refused, deleted, and its tokens prefilled.
+ * prefill pass), and each such decision is logged; the read runs on the I/O threads and
+ * {@link StateCache.find} hands back a promise, so the scheduler keeps computing other
+ * sequences until the state lands. A file that fails any check is refused, deleted, and
+ * its tokens prefilled.
  *
  * @module
  */
