@@ -11,6 +11,7 @@
 import { type TokenLogprob, tokenLogprob } from "../engine/generate/logprobs.ts";
 import { StopMatcher } from "../engine/generate/stops.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
+import type { ChatMessage } from "../engine/text/chat.ts";
 import { type ReplyEvent, ReplyReader, type ToolCall } from "../engine/text/xtml.ts";
 import type { ChatLogprobs, CompletionLogprobs, LogprobEntry } from "./openai.ts";
 
@@ -182,4 +183,17 @@ export class ReplyStream {
     }
     return out;
   }
+}
+
+/**
+ * A chat reply's generated `tokens` as the client is shown them: the assistant message it
+ * sends back in its next request's history (content and tool calls; the reasoning most
+ * clients drop is left out).
+ */
+export function shownMessage(tok: Tokenizer, shape: ReplyShape, tokens: readonly number[]): ChatMessage {
+  const reply = new ReplyStream(tok, shape);
+  for (const id of tokens) reply.token(id, undefined);
+  reply.end();
+  const toolCalls = reply.calls.map((c) => ({ id: c.id, name: c.name, arguments: c.arguments }));
+  return { role: "assistant", content: reply.text, ...(toolCalls.length > 0 ? { toolCalls } : {}) };
 }

@@ -23,7 +23,7 @@ import {
   parseCompletionRequest,
 } from "../openai.ts";
 import { openaiTask, type Task } from "../request.ts";
-import { ReplyStream } from "../reply.ts";
+import { type ReplyShape, ReplyStream, shownMessage } from "../reply.ts";
 import { sequenceConstraint } from "../structured.ts";
 
 /** What the server generates with, available once the model is loaded. */
@@ -67,13 +67,12 @@ export type Emit = (events: ReplyEvent[], logprob: TokenLogprob | undefined, rep
 
 /** The reply reader of a task (its chat shape, stops and log probabilities). */
 export function taskReply(tokenizer: Tokenizer, task: Task, callId?: (index: number) => string): ReplyStream {
-  return new ReplyStream(tokenizer, {
-    chat: task.chat,
-    stops: task.stops,
-    logprobs: task.logprobs,
-    ignoreEos: task.ignoreEos,
-    callId,
-  });
+  return new ReplyStream(tokenizer, { ...replyShape(task), callId });
+}
+
+/** How a task's reply is read. */
+function replyShape(task: Task): ReplyShape {
+  return { chat: task.chat, stops: task.stops, logprobs: task.logprobs, ignoreEos: task.ignoreEos };
 }
 
 /** Checks the prompt and max_tokens against what one sequence can hold. */
@@ -150,7 +149,14 @@ export async function runTask(
     grammar: task.grammar &&
       sequenceConstraint(task.grammar, e.tokenizer, e.vocabSize, ends, task.logprobs !== undefined),
     signal,
-    ...(e.stateCache ? chatCachePoints(e.tokenizer, task.promptIds, task.chat) : {}),
+    ...(e.stateCache
+      ? chatCachePoints(
+        e.tokenizer,
+        task.promptIds,
+        task.chat,
+        (tokens) => shownMessage(e.tokenizer, replyShape(task), tokens),
+      )
+      : {}),
     onToken: (token, logits) => {
       if (first) (first = false, onFirstToken());
       // A completion's end ids are not text; a chat's reader reads them as the turn's end.

@@ -21,7 +21,7 @@ import { EXIT, K3Error } from "../errors.ts";
 import type { K3Model, Segment } from "../model/model.ts";
 import type { SequenceState } from "../model/state.ts";
 import { argmax } from "./sampling.ts";
-import type { StateCache } from "./state_cache.ts";
+import type { CacheHit, StateCache } from "./state_cache.ts";
 import { DraftCost, type DraftOptions, DraftPolicy, type DraftStats, SequenceDrafter, SuffixPool } from "./draft.ts";
 
 /** Why a sequence ended: a stop id or stop string, its token limit, or its abort signal. */
@@ -66,6 +66,11 @@ export interface SequenceRequest {
   replyTail?: (tokens: readonly number[], reason: FinishReason) => number[] | undefined;
   /** This sequence's speculation instead of the scheduler's (same tokens either way). */
   draft?: DraftOptions;
+  /** The ids that follow `prompt` in the history a client sends back with the reply as it
+   * was shown (content and tool calls, no reasoning), so the cache also keeps the state
+   * there (prefilled after the reply from the longest kept prefix, in a free slot);
+   * undefined: not kept. */
+  historyReply?: (tokens: readonly number[], reason: FinishReason) => number[] | undefined;
 }
 
 /** A per-sequence constraint on the next token (engine/generate/grammar/mask.ts). */
@@ -149,6 +154,10 @@ class Running {
   keepAt: number[] = [];
   /** Only closes a finished reply for the state cache (no caller waits on it). */
   closing = false;
+  /** Its kept state is being read from the state cache's spill directory: settles once it
+   * has landed (in `landed`); the sequence joins passes only then. */
+  landing?: Promise<void>;
+  landed?: { hit?: CacheHit; error?: unknown };
   readonly admitted = performance.now();
   firstAt = 0;
   lastAt = 0;
@@ -177,6 +186,8 @@ export class Scheduler {
     req: SequenceRequest;
     resolve: (r: SequenceResult) => void;
     reject: (e: unknown) => void;
+    /** Only keeps a state for the cache (historyReply): admitted after every request. */
+    closing?: boolean;
   }[] = [];
   private readonly running: Running[] = [];
   private readonly maxSequences: number;
@@ -244,10 +255,16 @@ export class Scheduler {
    * a sequence starts from the longest kept prefix of its prompt, and one whose prefix a
    * running sequence is about to keep waits for it (a shared prefix is prefilled once).
    */
-  private async admit(): Promise<void> {
+  private admit(): void {
     const cache = this.opts.cache;
     for (let i = 0; i < this.waiting.length && this.running.length < this.maxSequences;) {
-      const { req, resolve, reject } = this.waiting[i];
+      const { req, resolve, reject, closing } = this.waiting[i];
+      if (closing && (this.waiting.some((w) => !w.closing) || cache?.has(req.prompt))) {
+        // Requests go first; a state kept meanwhile needs no closing.
+        if (cache?.has(req.prompt)) this.waiting.splice(i, 1);
+        else i++;
+        continue;
+      }
       const cached = cache && !req.state && !req.recompute;
       const maxHit = req.maxTokens > 0 ? req.prompt.length - 1 : req.prompt.length;
       if (cached && this.prefixInFlight(req.prompt, cache.peek(req.prompt, maxHit), maxHit)) {
@@ -256,6 +273,7 @@ export class Scheduler {
       }
       this.waiting.splice(i, 1);
       const seq = new Running(req, req.state ?? this.model.newState(), resolve, reject);
+      seq.closing = closing === true;
       const draft = req.draft ?? this.draft;
       if (draft.mode !== "off" && !req.recompute) {
         const drafter = new SequenceDrafter(draft, draft.mode === "suffix" ? this.pool : undefined);
@@ -265,26 +283,56 @@ export class Scheduler {
       this.running.push(seq);
       if (cached) {
         const t0 = performance.now();
+        let found: ReturnType<StateCache["find"]>;
         try {
-          const hit = await cache.lookup(req.prompt, maxHit);
-          if (hit) {
-            seq.state.restore(hit.payload, hit.length);
-            seq.cachedTokens = hit.length;
-            this.model.ledger.cachedTokens += hit.length;
-            seq.pending = req.prompt.slice(hit.length);
-          }
+          found = cache.find(req.prompt, maxHit, !closing);
         } catch (e) {
           this.fail(seq, e);
           continue;
         } finally {
           this.model.ledger.stateCache += (performance.now() - t0) / 1000;
         }
-        seq.keepAt = [...new Set(req.cacheAt ?? [])]
-          .filter((p) => Number.isInteger(p) && p > seq.cachedTokens && p <= req.prompt.length)
-          .sort((a, b) => a - b);
+        req.onAdmit?.();
+        if (found instanceof Promise) {
+          // A spill file being read: the pass loop goes on with the other sequences, and
+          // this one starts once its state has landed (run() applies it between passes).
+          seq.landing = found.then((hit) => void (seq.landed = { hit }), (error) => void (seq.landed = { error }));
+          continue;
+        }
+        this.start(seq, found);
+        continue;
       }
       req.onAdmit?.();
       if (seq.pending.length === 0) this.finish(seq, "length"); // a state handed back as is
+    }
+  }
+
+  /** Starts an admitted cached sequence from `hit` (its kept prefix, if any). */
+  private start(seq: Running, hit: CacheHit | undefined): void {
+    const req = seq.req;
+    if (hit) {
+      const t0 = performance.now();
+      seq.state.restore(hit.payload, hit.length);
+      seq.cachedTokens = hit.length;
+      if (!seq.closing) this.model.ledger.cachedTokens += hit.length;
+      seq.pending = req.prompt.slice(hit.length);
+      this.model.ledger.stateCache += (performance.now() - t0) / 1000;
+    }
+    seq.keepAt = [...new Set(req.cacheAt ?? [])]
+      .filter((p) => Number.isInteger(p) && p > seq.cachedTokens && p <= req.prompt.length)
+      .sort((a, b) => a - b);
+    if (seq.pending.length === 0) this.finish(seq, "length"); // a state handed back as is
+  }
+
+  /** Starts the sequences whose kept state has landed from disk since the last pass. */
+  private startLanded(): void {
+    for (const seq of [...this.running]) {
+      if (!seq.landing || !seq.landed) continue;
+      const { hit, error } = seq.landed;
+      seq.landing = seq.landed = undefined;
+      if (seq.done) continue;
+      if (error !== undefined) this.fail(seq, error);
+      else this.start(seq, hit);
     }
   }
 
@@ -323,6 +371,30 @@ export class Scheduler {
     return true;
   }
 
+  /**
+   * After a reply, queues a sequence that keeps the state of the prompt followed by
+   * `historyReply`'s ids (the reply as a client sends it back without its reasoning): it
+   * continues from the longest kept prefix (the prompt's, at least its last message) and
+   * runs in a slot no request wants.
+   */
+  private closeHistory(seq: Running, reason: FinishReason): void {
+    const cache = this.opts.cache, req = seq.req;
+    if (!cache || seq.closing || !req.historyReply || req.recompute || req.state || reason === "interrupted") return;
+    const tail = req.historyReply(seq.tokens, reason);
+    if (!tail || tail.length === 0) return;
+    const key = [...req.prompt, ...tail];
+    if (key.length > this.model.capacity || cache.has(key)) return;
+    const same = (ids: readonly number[]) => ids.length === key.length && ids.every((t, i) => t === key[i]);
+    if (this.running.some((r) => r.closing && same(r.req.prompt))) return; // the reply's own closing keeps it
+    const done = () => {};
+    this.waiting.push({
+      req: { prompt: key, maxTokens: 0, cacheAt: [key.length] },
+      resolve: done,
+      reject: done,
+      closing: true,
+    });
+  }
+
   /** Ends a sequence with `reason` and resolves its promise. */
   private finish(seq: Running, reason: FinishReason): void {
     if (seq.done) return;
@@ -343,8 +415,25 @@ export class Scheduler {
       if (seq.policy.drafter.mode === "suffix") this.pool.add(seq.policy.drafter.text);
     }
     if (seq.req.keepState) result.state = seq.state;
-    else if (!this.closeReply(seq, reason)) seq.state.free();
+    else if (!this.keepReply(seq, reason)) seq.state.free();
     seq.resolve(result);
+  }
+
+  /**
+   * Hands `seq`'s finished reply to the state cache (closeReply, closeHistory): true when
+   * its state went to a closing sequence. Best effort: a reply the callbacks cannot read
+   * (ids the tokenizer does not know) loses only its kept state, never its result.
+   */
+  private keepReply(seq: Running, reason: FinishReason): boolean {
+    let kept = false;
+    try {
+      kept = this.closeReply(seq, reason);
+      this.closeHistory(seq, reason);
+    } catch {
+      // The finished sequence is already out of the running set: throwing here would
+      // leave its caller waiting forever.
+    }
+    return kept;
   }
 
   /** Ends a sequence with an error and rejects its promise. */
@@ -379,7 +468,7 @@ export class Scheduler {
       rows += seg.ids.length;
     }
     for (const seq of this.running) {
-      if (seq.decoding) continue;
+      if (seq.decoding || seq.landing) continue;
       // A chunk ends where the state is to be kept (chunking never changes a bit).
       const keep = seq.keepAt.length > 0 ? seq.keepAt[0] - seq.state.pos : Infinity;
       const n = Math.min(seq.pending.length, this.chunk, this.model.maxT - rows, keep);
@@ -399,26 +488,33 @@ export class Scheduler {
     while (this.waiting.length > 0 || this.running.length > 0) {
       // A pass on resident weights may never leave the microtask queue; when a sequence
       // can be aborted, let the signal handlers and I/O (macrotasks: a k3 serve client's
-      // disconnect, its streamed chunks) run between passes. setImmediate costs ~20 us
-      // here, setTimeout(0) ~1-3 ms (a pass of the tiny model is ~1 ms).
-      if (this.running.some((s) => s.req.signal) || this.waiting.some((w) => w.req.signal)) {
+      // disconnect, its streamed chunks) run between passes, and so must the reads of a
+      // kept state landing from disk. setImmediate costs ~20 us here, setTimeout(0) ~1-3 ms
+      // (a pass of the tiny model is ~1 ms).
+      if (
+        this.running.some((s) => s.req.signal || s.landing) || this.waiting.some((w) => w.req.signal)
+      ) {
         await new Promise((r) => setImmediate(r));
       }
-      await this.admit();
+      this.admit();
+      this.startLanded();
       for (const seq of [...this.running]) if (seq.req.signal?.aborted) this.finish(seq, "interrupted");
       // A reply's closing ids ride along with other work for free; alone they cost a whole
       // pass (at the floor budget, a read of the streamed trunk), paid only while passes
       // are cheap. Dropping them loses only the reply's kept state, never a token.
       if (
-        this.waiting.length === 0 && this.running.length > 0 && this.running.every((s) => s.closing) &&
-        this.lastPassSeconds > CLOSE_ALONE_SECONDS
+        this.waiting.every((w) => w.closing) && this.running.every((s) => s.closing) &&
+        this.running.length + this.waiting.length > 0 && this.lastPassSeconds > CLOSE_ALONE_SECONDS
       ) {
         for (const seq of [...this.running]) this.finish(seq, "length");
+        this.waiting.length = 0;
         continue;
       }
       const pass = this.nextPass();
       if (pass.length === 0) {
-        if (this.running.length > 0) throw new Error("internal: scheduler built an empty pass");
+        const landing = this.running.filter((seq) => seq.landing).map((seq) => seq.landing!);
+        if (landing.length > 0) await Promise.race(landing); // nothing else to compute
+        else if (this.running.length > 0) throw new Error("internal: scheduler built an empty pass");
         continue;
       }
       const t0 = performance.now();

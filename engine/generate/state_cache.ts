@@ -18,8 +18,10 @@
  * SHA-256 of its tokens, and the directory is itself bounded (oldest used files removed
  * first). A hit on disk is read back only when the read is estimated cheaper than
  * prefilling the same tokens (the measured read rate against the measured cost of a
- * prefill pass), and each such decision is logged; a file that fails any check is
- * refused, deleted, and its tokens prefilled.
+ * prefill pass), and each such decision is logged; the read runs on the I/O threads and
+ * {@link StateCache.find} hands back a promise, so the scheduler keeps computing other
+ * sequences until the state lands. A file that fails any check is refused, deleted, and
+ * its tokens prefilled.
  *
  * @module
  */
@@ -29,8 +31,14 @@ import { join } from "node:path";
 import { K3Error } from "../errors.ts";
 import type { K3Model } from "../model/model.ts";
 import { bytesText } from "../native/available.ts";
-import { checkStateFile, type ModelFingerprint, readStateFile, writeStatePayload } from "./state_file.ts";
-import { messageBoundaries, replyCloser } from "../text/chat.ts";
+import {
+  checkStateFile,
+  type ModelFingerprint,
+  readStateFile,
+  type StateFile,
+  writeStatePayload,
+} from "./state_file.ts";
+import { type ChatMessage, chatPrompt, messageBoundaries, replyCloser } from "../text/chat.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 
 /** How a state cache is set up. */
@@ -45,6 +53,9 @@ export interface StateCacheOptions {
   fingerprint?: ModelFingerprint;
   /** Where decisions (disk read or prefill, refused files) are logged (default: nowhere). */
   log?: (line: string) => void;
+  /** Reads a spill file (default: {@link readStateFile}, on the I/O threads); a test wraps
+   * it to hold a read in flight. */
+  read?: (path: string) => Promise<StateFile>;
 }
 
 /** Counters of a state cache, for /metrics and reports. */
@@ -105,21 +116,45 @@ export function prefixKey(tokens: readonly number[]): string {
 }
 
 /**
+ * The ids that follow a chat's generation prompt when its history holds `message` (the
+ * reply as the client was shown it): the template renders an earlier assistant turn as
+ * the generation prompt's own markup (message, think channel) followed by the reasoning
+ * the client sent back (none: an empty think channel), the response, the tool calls and
+ * the closing markup. Undefined when the rendering does not start with the generation
+ * prompt (then no state of the prompt continues into it).
+ */
+export function historyReplyIds(tok: Tokenizer, message: ChatMessage, thinking: boolean): number[] | undefined {
+  const generationPrompt = chatPrompt(tok, [], { thinking });
+  const rendered = chatPrompt(tok, [message], { thinking }).slice(0, -generationPrompt.length);
+  if (!generationPrompt.every((t, i) => rendered[i] === t)) return undefined;
+  return rendered.slice(generationPrompt.length);
+}
+
+/**
  * Where a request's states are kept (`k3 serve`): after its first message (a system prompt
  * other conversations share) and its last complete message (where the next turn of a
- * chat continues), and, for a chat, after the reply closed as the template renders it in
- * the history (found only when the client sends the reply back as generated, reasoning
- * included).
+ * chat continues), and, for a chat, after the reply closed as it was generated (found
+ * when the client sends the reply back as generated, reasoning included) and after the
+ * reply as the client was shown it, `shown(tokens)`, rendered without its reasoning
+ * (found when the client sends back only the content and tool calls, as most do). A
+ * KDA state cannot drop the reasoning it has read, so that last state is prefilled anew
+ * from the prompt's, after the reply, in a slot no request wants.
  */
 export function chatCachePoints(
   tok: Tokenizer,
   promptIds: readonly number[],
   chat?: { thinking: boolean },
-): { cacheAt: number[]; replyTail?: (tokens: readonly number[]) => number[] | undefined } {
+  shown?: (tokens: readonly number[]) => ChatMessage,
+): {
+  cacheAt: number[];
+  replyTail?: (tokens: readonly number[]) => number[] | undefined;
+  historyReply?: (tokens: readonly number[]) => number[] | undefined;
+} {
   const bounds = messageBoundaries(tok, promptIds);
   return {
     cacheAt: bounds.length > 0 ? [...new Set([bounds[0], bounds[bounds.length - 1]])] : [],
     replyTail: chat ? (tokens) => replyCloser(tok, tokens, chat.thinking) : undefined,
+    historyReply: chat && shown ? (tokens) => historyReplyIds(tok, shown(tokens), chat.thinking) : undefined,
   };
 }
 
@@ -218,24 +253,46 @@ export class StateCache {
    * cheaper than prefilling its positions. Undefined: prefill from the start.
    */
   async lookup(ids: readonly number[], maxLength: number): Promise<CacheHit | undefined> {
-    for (const e of this.#path(ids, maxLength)) {
+    return await this.find(ids, maxLength);
+  }
+
+  /**
+   * {@link lookup} without waiting on the disk: a RAM hit (or a miss) comes back at once; when
+   * the best entry is a spill file worth reading, a promise that settles once it has been
+   * read and verified (or, refused, with the next shorter entry), so the caller can go on
+   * computing other sequences meanwhile. `counted` false: an internal lookup (a reply's
+   * state kept in an idle slot), left out of the hit, miss and cached-token counters.
+   */
+  find(
+    ids: readonly number[],
+    maxLength: number,
+    counted = true,
+  ): CacheHit | undefined | Promise<CacheHit | undefined> {
+    return this.#from(this.#path(ids, maxLength), counted);
+  }
+
+  #from(entries: Entry[], counted: boolean): CacheHit | undefined | Promise<CacheHit | undefined> {
+    for (let i = 0; i < entries.length; i++) {
+      const e = entries[i];
       if (e.payload) {
         this.#touch(e);
-        return this.#hit(e.tokens.length, e.payload, "ram");
+        return this.#hit(e.tokens.length, e.payload, "ram", counted);
       }
-      if (!e.file) continue;
-      if (!this.#worthReading(e)) continue;
-      const payload = await this.#readSpill(e);
-      if (payload) return this.#hit(e.tokens.length, payload, "disk");
+      if (!e.file || !this.#worthReading(e)) continue;
+      return this.#readSpill(e).then((payload) =>
+        payload ? this.#hit(e.tokens.length, payload, "disk", counted) : this.#from(entries.slice(i + 1), counted)
+      );
     }
-    this.#stats.misses++;
+    if (counted) this.#stats.misses++;
     return undefined;
   }
 
-  #hit(length: number, payload: Uint8Array, from: "ram" | "disk"): CacheHit {
-    this.#stats.hits++;
-    if (from === "disk") this.#stats.diskHits++;
-    this.#stats.cachedTokens += length;
+  #hit(length: number, payload: Uint8Array, from: "ram" | "disk", counted: boolean): CacheHit {
+    if (counted) {
+      this.#stats.hits++;
+      if (from === "disk") this.#stats.diskHits++;
+      this.#stats.cachedTokens += length;
+    }
     return { length, payload, from };
   }
 
@@ -266,13 +323,19 @@ export class StateCache {
   async #readSpill(e: Entry): Promise<Uint8Array | undefined> {
     const t0 = performance.now();
     try {
-      const file = await readStateFile(e.file!);
+      const file = await (this.opts.read ?? readStateFile)(e.file!);
       const { header, payload } = checkStateFile(file, this.model, this.opts.fingerprint!);
       if (header.tokens.length !== e.tokens.length || header.tokens.some((t, i) => t !== e.tokens[i])) {
         throw new K3Error(`state ${e.file}: holds a different token prefix than its name says; refusing it`);
       }
+      const seconds = (performance.now() - t0) / 1000;
       this.#ioBytes += file.bytes.length;
-      this.#ioSeconds += (performance.now() - t0) / 1000;
+      this.#ioSeconds += seconds;
+      this.opts.log?.(
+        `state cache: read ${e.tokens.length} positions (${bytesText(file.bytes.length)}) from disk in ${
+          seconds.toFixed(3)
+        } s`,
+      );
       this.#touch(e);
       return payload;
     } catch (err) {

@@ -33,6 +33,7 @@ import type { SequenceState } from "../model/state.ts";
 import type { Kernels } from "../native/ffi.ts";
 import type { Checkpoint } from "../weights/safetensors.ts";
 import { weightSample } from "../weights/manifest.ts";
+import { IoFile } from "../native/io.ts";
 
 const MAGIC = new TextEncoder().encode("K3STATE\n");
 /** The state file version this build writes and reads. */
@@ -207,14 +208,42 @@ export interface StateFile {
   at: number;
 }
 
-/** Reads a state file and checks everything that needs no model: layout, version, checksum. */
-export async function readStateFile(path: string): Promise<StateFile> {
-  let bytes: Uint8Array;
+/** Bytes per read of a state file: the JS thread hashes one chunk while the next is read. */
+const READ_CHUNK = 8 << 20;
+
+/**
+ * Reads a whole file on the I/O threads (engine/native/io.ts: nonblocking FFI reads), a
+ * chunk at a time, hashing all but its last {@link DIGEST} bytes as they land, so other
+ * work (a server's pass loop) runs between the chunks. The digest is of the file's body.
+ */
+async function readHashed(path: string): Promise<{ bytes: Uint8Array; digest: Uint8Array }> {
+  let f: IoFile;
   try {
-    bytes = await Deno.readFile(path);
+    f = IoFile.open(path);
   } catch (e) {
     throw new K3Error(`cannot read state ${path}: ${(e as Error).message}`);
   }
+  try {
+    const size = f.size();
+    const bytes = new Uint8Array(size);
+    const body = Math.max(0, size - DIGEST);
+    const hash = createHash("sha256");
+    for (let off = 0; off < size;) {
+      const len = Math.min(READ_CHUNK, size - off);
+      const n = await f.pread(Deno.UnsafePointer.of(bytes.subarray(off, off + len))!, len, off);
+      if (n === 0) throw new K3Error(`cannot read state ${path}: it shrank while being read`);
+      if (off < body) hash.update(bytes.subarray(off, Math.min(off + n, body)));
+      off += n;
+    }
+    return { bytes, digest: new Uint8Array(hash.digest()) };
+  } finally {
+    f.close();
+  }
+}
+
+/** Reads a state file and checks everything that needs no model: layout, version, checksum. */
+export async function readStateFile(path: string): Promise<StateFile> {
+  const { bytes, digest } = await readHashed(path);
   const bad = (why: string) => new K3Error(`state ${path}: ${why}; refusing it`);
   if (bytes.length < PREFIX) {
     if (bytes.length === 0 || !MAGIC.subarray(0, bytes.length).every((b, i) => b === bytes[i])) {
@@ -242,8 +271,8 @@ export async function readStateFile(path: string): Promise<StateFile> {
   const want = PREFIX + H + pb + DIGEST;
   if (bytes.length < want) throw bad(`truncated (${bytes.length} bytes, its header says ${want})`);
   if (bytes.length > want) throw bad(`too long (${bytes.length} bytes, its header says ${want})`);
-  const digest = createHash("sha256").update(bytes.subarray(0, want - DIGEST)).digest();
-  if (!new Uint8Array(digest).every((b, i) => b === bytes[want - DIGEST + i])) {
+  // The file is exactly `want` bytes long here, so readHashed's digest is of its body.
+  if (!digest.every((b, i) => b === bytes[want - DIGEST + i])) {
     throw bad("corrupt (checksum mismatch)");
   }
   return { path, header, bytes, at: PREFIX + H };

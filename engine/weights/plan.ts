@@ -20,8 +20,10 @@
  *             states before a drafted pass and each row's inputs), when sequences may draft
  *   scratch = the forward pass's buffers for a prefill chunk (model/scratch.ts, sized by the caller)
  *   state cache (serve, batch) = kept conversation states (generate/state_cache.ts): --state-cache-gb,
- *             or by default half of what MemAvailable leaves after the rest, at most
- *             STATE_CACHE_DEFAULT_CAP (the cap itself when availability is unknown)
+ *             or by default what the plan leaves of MemAvailable after everything above
+ *             (trunk, expert cache, state, scratch) and the fixed overhead, less the same
+ *             10% headroom --preset auto keeps, at most STATE_CACHE_DEFAULT_CAP (the cap
+ *             itself when availability is unknown); see stateCacheDefault
  *
  * The run is refused (exit 1) when total + FIXED_OVERHEAD exceeds MemAvailable.
  *
@@ -171,6 +173,19 @@ export interface PlanInput {
 /** The largest default state cache: enough for a few long conversations on the full model
  * (~55 KB per position: 8 GB holds ~145,000 positions). */
 export const STATE_CACHE_DEFAULT_CAP = 8e9;
+
+/**
+ * The default state cache budget: what the plan leaves of `available` after `planned`
+ * bytes (trunk, expert cache, state, scratch) and the fixed overhead, less 10% headroom
+ * (as --preset auto keeps), capped at {@link STATE_CACHE_DEFAULT_CAP}; the cap when the
+ * available memory is unknown. Entries take RAM only as conversations are kept, so the
+ * budget is a ceiling, not an allocation.
+ */
+export function stateCacheDefault(available: number | undefined, planned: number): number {
+  if (available === undefined) return STATE_CACHE_DEFAULT_CAP;
+  const left = Math.max(0, 0.9 * (available - planned - FIXED_OVERHEAD_BYTES));
+  return Math.floor(Math.min(STATE_CACHE_DEFAULT_CAP, left));
+}
 
 /** The memory plan. Every size in bytes. */
 export interface MemoryPlan {
@@ -558,11 +573,8 @@ export function makePlan(input: PlanInput): MemoryPlan {
   let stateCache: MemoryPlan["stateCache"] = null;
   if (input.stateCache) {
     const gb = input.stateCache.gb;
-    const left = input.available === undefined
-      ? STATE_CACHE_DEFAULT_CAP
-      : Math.max(0, (input.available - rest - FIXED_OVERHEAD_BYTES) / 2);
     stateCache = {
-      bytes: gb !== undefined ? Math.round(gb * GB) : Math.floor(Math.min(STATE_CACHE_DEFAULT_CAP, left)),
+      bytes: gb !== undefined ? Math.round(gb * GB) : stateCacheDefault(input.available, rest),
       perPosition: st.perPosition,
       fixedBytes: st.fixed,
       source: gb !== undefined ? "flag" : "default",
@@ -738,7 +750,9 @@ export function formatPlan(p: MemoryPlan): string[] {
       c.bytes === 0
         ? "off (--state-cache-gb 0)"
         : `kept conversation states: KDA ${bytesText(c.fixedBytes)} + KV ${bytesText(c.perPosition)}/position each (${
-          c.source === "flag" ? "--state-cache-gb" : "default: half of what is left, capped"
+          c.source === "flag"
+            ? "--state-cache-gb"
+            : `default: what the plan leaves less 10%, at most ${bytesText(STATE_CACHE_DEFAULT_CAP)}`
         })`,
     );
   }

@@ -1,8 +1,9 @@
 /**
  * The state cache through `k3 serve` and the official `openai` client: a six-turn
  * conversation gets, turn by turn, the replies a server without the cache gives, while
- * each turn prefills only what follows the previous turn's last complete message (counted
- * from `usage.prompt_tokens_details.cached_tokens` and /metrics); conversations running at
+ * each turn prefills only its new message (counted from
+ * `usage.prompt_tokens_details.cached_tokens` and /metrics), though the client sends back
+ * only each reply's content, not the reasoning the model read; conversations running at
  * once never see each other's states; a spill directory with a damaged file is refused and
  * recomputed without changing a reply.
  */
@@ -81,7 +82,13 @@ async function turn(s: Server, messages: ChatMessage[]) {
 }
 
 /** Runs `turns` user messages as one conversation on both servers; checks every turn. */
-async function conversation(on: Server, off: Server, system: string, users: string[]): Promise<number> {
+async function conversation(
+  on: Server,
+  off: Server,
+  system: string,
+  users: string[],
+  only = false,
+): Promise<number> {
   const messages: ChatMessage[] = [{ role: "system", content: system }];
   let prefilled = 0, previous: ChatMessage[] | undefined;
   for (const [i, user] of users.entries()) {
@@ -97,6 +104,12 @@ async function conversation(on: Server, off: Server, system: string, users: stri
       const kept = chatPrompt(tok, previous).length - GENERATION_PROMPT;
       assert.ok(a.cached! >= kept, `turn ${i + 1}: ${a.cached} cached, the previous turn kept ${kept}`);
       assert.ok(a.cached! < a.promptTokens);
+      if (only) {
+        // Alone on its server, the reply as shown (its content, no reasoning) was kept too:
+        // only the new user message and the generation prompt are prefilled.
+        const shown = chatPrompt(tok, [...previous, messages.at(-2)!]).length - GENERATION_PROMPT;
+        assert.equal(a.cached, shown, `turn ${i + 1}: the previous reply, as the client sends it back, was kept`);
+      }
     }
     prefilled += a.promptTokens - a.cached!;
     previous = [...messages];
@@ -117,7 +130,7 @@ const USERS = [
 Deno.test("six turns through the server: the cache-off replies, prefilling only new tokens", async () => {
   const on = await serve([]), off = await serve(["--state-cache-gb", "0"]);
   try {
-    const prefilled = await conversation(on, off, "You are a careful travel planner.", USERS);
+    const prefilled = await conversation(on, off, "You are a careful travel planner.", USERS, true);
     const all = USERS.map((_, i) => {
       const m: ChatMessage[] = [{ role: "system", content: "You are a careful travel planner." }];
       for (let j = 0; j <= i; j++) m.push({ role: "user", content: USERS[j] }, { role: "assistant", content: "" });

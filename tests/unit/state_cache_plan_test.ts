@@ -1,4 +1,4 @@
-/** The memory plan's state cache line: the flag, the default (half of what is left, capped), off. */
+/** The memory plan's state cache line: the flag, the default (what the plan leaves less 10%, capped), off. */
 
 import assert from "node:assert/strict";
 import {
@@ -7,6 +7,7 @@ import {
   makePlan,
   releasedK3,
   STATE_CACHE_DEFAULT_CAP,
+  stateCacheDefault,
 } from "../../engine/weights/plan.ts";
 
 const cfg = releasedK3();
@@ -28,11 +29,20 @@ Deno.test("plan: --state-cache-gb is planned and counted in the total", () => {
   assert.match(formatPlan(makePlan({ ...floor, stateCache: { gb: 0 } })).join("\n"), /state cache .*off/);
 });
 
-Deno.test("plan: the default is half of what MemAvailable leaves, at most the cap", () => {
+Deno.test("plan: the default is what the plan leaves after trunk, experts and state, less 10%, at most the cap", () => {
   const base = makePlan(floor);
   const left = 6e9;
   const available = base.totalBytes + base.overheadBytes + left;
-  assert.equal(makePlan({ ...floor, available, stateCache: {} }).stateCache!.bytes, left / 2);
+  const p = makePlan({ ...floor, available, stateCache: {} });
+  assert.equal(p.stateCache!.bytes, Math.floor(0.9 * left));
+  assert.equal(p.stateCache!.source, "default");
+  assert.equal(stateCacheDefault(available, base.totalBytes), p.stateCache!.bytes);
+  // The plan with its default cache still fits what is available.
+  assert.ok(p.totalBytes + p.overheadBytes <= available);
+  assert.match(
+    formatPlan(p).join("\n"),
+    /state cache +5\.40 GB .*default: what the plan leaves less 10%, at most 8\.00 GB/,
+  );
   assert.equal(
     makePlan({ ...floor, available: available + 1e12, stateCache: {} }).stateCache!.bytes,
     STATE_CACHE_DEFAULT_CAP,

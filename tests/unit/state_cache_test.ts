@@ -10,7 +10,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { Scheduler, type SequenceRequest } from "../../engine/generate/scheduler.ts";
 import { StateCache } from "../../engine/generate/state_cache.ts";
-import { modelFingerprint } from "../../engine/generate/state_file.ts";
+import { modelFingerprint, readStateFile } from "../../engine/generate/state_file.ts";
 import { type OpenedModel, openModel } from "../../engine/open.ts";
 import { packedFloor, tempDir, TINY } from "../helpers.ts";
 
@@ -129,6 +129,24 @@ Deno.test("the reply is kept with its closing ids: the next turn continues after
   });
 });
 
+Deno.test("a reply the cache cannot read back still resolves (it only loses its kept state)", async () => {
+  await withModel(async ({ model }) => {
+    const prompt = ids(30, 31);
+    const want = await generate(new Scheduler(model, { chunk: 16 }), prompt, 3);
+    const cache = new StateCache(model, { ramBytes: 1e9 });
+    const unreadable = () => {
+      throw new Error("token id 8045 is outside the vocabulary (0..1023)");
+    };
+    const got = await generate(new Scheduler(model, { chunk: 16, cache }), prompt, 3, {
+      cacheAt: [20],
+      replyTail: unreadable,
+      historyReply: unreadable,
+    });
+    assert.deepEqual(got.bits, want.bits);
+    assert.equal(cache.stats.entries, 1, "only the prompt's state is kept");
+  });
+});
+
 Deno.test("eviction under a tiny budget, a spill round trip and a damaged spill keep the tokens", async () => {
   await using dir = await tempDir();
   await withModel(async (opened) => {
@@ -214,6 +232,66 @@ Deno.test("eviction under a tiny budget, a spill round trip and a damaged spill 
     await bounded.index();
     assert.equal(bounded.stats.diskEntries, 0);
     assert.equal([...Deno.readDirSync(dir.path)].length, 0);
+  });
+});
+
+Deno.test("a disk hit is read while another sequence keeps decoding; both keep their tokens", async () => {
+  await using dir = await tempDir();
+  await withModel(async (opened) => {
+    const { model } = opened;
+    const head = ids(64, 21);
+    const pA = ids(20, 23), pB = [...head, ...ids(8, 22)];
+    const off = new Scheduler(model, { chunk: 16 });
+    const wantA = await generate(off, pA, 12), wantB = await generate(off, pB, 4);
+
+    // The spill read is held open until A has decoded 3 tokens after it started (events,
+    // not time): a pass loop that waited for the read would never get there.
+    let held = false, open!: () => void;
+    const gate = new Promise<void>((r) => open = r);
+    const openGate = () => {
+      held = false;
+      open();
+    };
+    const logs: string[] = [];
+    const cache = new StateCache(model, {
+      ramBytes: 0,
+      dir: dir.path,
+      fingerprint: await modelFingerprint(opened),
+      log: (l) => void logs.push(l),
+      read: async (path) => {
+        held = true;
+        await gate;
+        return await readStateFile(path);
+      },
+    });
+    const s = new Scheduler(model, { chunk: 16, maxSequences: 2, cache });
+    await generate(s, [...head, ...ids(8, 24)], 1, { cacheAt: [64] });
+    await cache.settled();
+    assert.equal(cache.stats.diskEntries, 1);
+
+    const aTokens: number[] = [];
+    let duringRead = 0, b: Promise<Run> | undefined;
+    // Only so that a regression fails instead of hanging: a loop blocked by the read
+    // never finishes A, and then duringRead stays 0.
+    const guard = setTimeout(openGate, 60_000);
+    const a = await s.submit({
+      prompt: pA,
+      maxTokens: 12,
+      onToken: (t) => {
+        aTokens.push(t);
+        if (aTokens.length === 1) b = generate(s, pB, 4); // B arrives while A decodes
+        if (held && ++duringRead === 3) openGate();
+      },
+    });
+    openGate();
+    const got = await b!;
+    clearTimeout(guard);
+    assert.ok(duringRead >= 3, `A decoded ${duringRead} tokens while B's state was read`);
+    assert.deepEqual(a.tokens, wantA.tokens);
+    assert.equal(got.cached, 64);
+    assert.equal(cache.stats.diskHits, 1);
+    assert.deepEqual(got.bits, wantB.bits);
+    assert.match(logs.join("\n"), /64 positions on disk.*reading it[^]*read 64 positions .* from disk in/);
   });
 });
 
