@@ -81,6 +81,8 @@ export interface LimitsOptions {
   skipDecode?: boolean;
   /** runs per timing (the median is reported) */
   reps: number;
+  /** the split-coded trunk of the decode slice (default: beside the slice's raw trunk) */
+  codedTrunk?: string;
 }
 
 /** Median and best (seconds) of `reps` timed runs of `fn` after one warm-up run. */
@@ -484,7 +486,7 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 export const codecSection: Section = async (ctx) => {
   if (ctx.opts.skipDecode) return [];
   const model = await ensureSlice(LIMITS_SLICE, undefined, ctx.log);
-  const raw = `${model}-trunk`, split = `${model}-trunk-split`;
+  const raw = `${model}-trunk`, split = ctx.opts.codedTrunk ?? `${model}-trunk-split`;
   for (const [dir, codec] of [[raw, "raw"], [split, "split"]]) {
     ctx.log(`codec: packing ${dir} (--codec ${codec}; left alone when it is there)`);
     const pack = await new Deno.Command(Deno.execPath(), {
@@ -629,8 +631,9 @@ function table(figures: Figure[]): string {
 
 if (import.meta.main) {
   const usage =
-    "usage: deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk] [--skip-decode] [--reps N] [--only dram,disk,kernels,decode,codec]\n" +
-    "  DIR: where the disk's scratch file goes (default /var/tmp/k3-bench; removed after)";
+    "usage: deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk] [--skip-decode] [--reps N] [--only dram,disk,kernels,decode,codec] [--coded-trunk T]\n" +
+    "  DIR: where the disk's scratch file goes (default /var/tmp/k3-bench; removed after)\n" +
+    "  T: the decode slice's split-coded trunk, packed there when missing (default: beside its raw trunk)";
   const { values } = benchArgs(usage, {
     json: { type: "boolean" },
     dir: { type: "string" },
@@ -640,6 +643,7 @@ if (import.meta.main) {
     "skip-decode": { type: "boolean" },
     reps: { type: "string" },
     only: { type: "string" },
+    "coded-trunk": { type: "string" },
   });
   const num = (name: string, v: string | undefined, dflt: number) => {
     const n = v === undefined ? dflt : Number(v);
@@ -656,6 +660,7 @@ if (import.meta.main) {
     skipDisk: values["skip-disk"] ?? false,
     skipDecode: values["skip-decode"] ?? false,
     reps: Math.round(num("reps", values.reps, 5)),
+    codedTrunk: values["coded-trunk"],
   };
   const named: Record<string, Section> = {
     dram: dramSection,
