@@ -516,7 +516,6 @@ export const decodeSection: Section = async (ctx) => {
   return figures;
 };
 
-
 /**
  * The trunk codec on the decode slice: the split decode rate on every thread against the
  * disk's O_DIRECT read of the raw trunk (alternated, `reps` each, median of the ratios), the
