@@ -31,7 +31,8 @@
  *    then  h[l] = acc[l] + acc[l+4] (l < 4), q[l] = h[l] + h[l+2] (l < 2), dot = q[0] + q[1].
  *    Doubling is exact, so this is the E2M1 * 2^(s-127) product of the format. The lane order
  *    is the one an AVX2 decode produces without moving data across lanes (see mx8_decode;
- *    AVX-512 decodes by table lookups and holds the lanes permuted, MX_XL, see there);
+ *    AVX-512 decodes by table lookups and holds the lanes permuted, MX_XL, see there, and
+ *    its one-token path takes two groups per zmm, MXP_ELEM, still one group after the other);
  *    x is permuted into it once per call (it is shared by all rows), and each group's
  *    products are summed before its scale is applied (one multiply per group, not four).
  *
