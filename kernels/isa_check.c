@@ -120,7 +120,7 @@ int main(void) {
     free(wf), free(x), free(wb), free(y1), free(y2);
   }
   /* MXFP4 */
-  static const int mx_cols[] = {32, 96, 1024, 3584};
+  static const int mx_cols[] = {32, 64, 96, 160, 1024, 3584};
   for (unsigned ci = 0; ci < sizeof mx_cols / sizeof *mx_cols; ci++) {
     int cols = mx_cols[ci], rows = 7, ntok = NTOK_MAX;
     uint8_t *p = malloc((size_t)rows * cols / 2), *s = malloc((size_t)rows * cols / 32);

@@ -401,7 +401,40 @@ int64_t k3io_split_encode(const void *src, uint64_t len, void *dst, uint64_t cap
   return (int64_t)stored;
 }
 
-#if !defined(K3_SCALAR) && defined(__BMI2__) && defined(__SSSE3__)
+#if !defined(K3_SCALAR) && defined(__AVX512VBMI__) && defined(__AVX512VBMI2__) && defined(__AVX512BW__)
+#define K3S_VBMI 1
+#include <immintrin.h>
+/* The decode's per-width permutes, made once per piece: byte b of qword k of `spread` picks
+ * code byte w * k + b (the 8 codes of group k start there); byte j of each qword of `shifts`
+ * is the bit offset j * w of code j. */
+typedef struct {
+  __m512i spread, shifts;
+} k3s_consts;
+static k3s_consts k3s_make(int w) {
+  unsigned char sp[64], sh[64];
+  for (int b = 0; b < 64; b++) {
+    sp[b] = (unsigned char)(w * (b / 8) + b % 8);
+    sh[b] = (unsigned char)(w * (b % 8));
+  }
+  k3s_consts c = {_mm512_loadu_si512((const void *)sp), _mm512_loadu_si512((const void *)sh)};
+  return c;
+}
+/* Low byte i then high byte i (index 64 + i of the two-source permute), words 0..31 then
+ * 32..63. */
+static const unsigned char K3S_INTERLEAVE[128] = {
+#define K3S_IL2(i) (i), 64 + (i), (i) + 1, 65 + (i)
+#define K3S_IL8(i) K3S_IL2(i), K3S_IL2((i) + 2), K3S_IL2((i) + 4), K3S_IL2((i) + 6)
+#define K3S_IL32(i) K3S_IL8(i), K3S_IL8((i) + 8), K3S_IL8((i) + 16), K3S_IL8((i) + 24)
+    K3S_IL32(0), K3S_IL32(32)
+#undef K3S_IL32
+#undef K3S_IL8
+#undef K3S_IL2
+};
+#else
+typedef int k3s_consts; /* no per-width constants */
+static k3s_consts k3s_make(int w) { return w; }
+#endif
+#if !defined(K3S_VBMI) && !defined(K3_SCALAR) && defined(__BMI2__) && defined(__SSSE3__)
 #define K3S_PDEP 1
 #include <immintrin.h>
 #endif
@@ -412,10 +445,42 @@ int64_t k3io_split_encode(const void *src, uint64_t len, void *dst, uint64_t cap
  * looked up 16 at a time with a byte shuffle where the dictionary fits 16 entries); a group
  * with one goes word by word. Every path gives the same bytes (integer work only). */
 static int k3s_block(const unsigned char *p, const unsigned char *end, int w, const unsigned char *dict,
-                     uint16_t *out, const unsigned char **next) {
+                     k3s_consts kc, uint16_t *out, const unsigned char **next) {
   const unsigned char *lo = p + K3IO_SPLIT_BLOCK * w / 8, *esc = lo + K3IO_SPLIT_BLOCK;
   const unsigned mask = (1u << w) - 1;
-#if defined(K3S_PDEP)
+#if defined(K3S_VBMI)
+  /* 64 words a step: one byte permute gives each qword its 8 codes' w bytes, one multishift
+   * puts code j of a qword in byte j (bits above w masked off), one 128-entry byte permute
+   * looks the high bytes up, the escapes are expanded in from the list under the mask of
+   * all-ones codes, and two two-source byte permutes interleave high and low bytes. */
+  const __m512i vmask = _mm512_set1_epi8((char)mask);
+  const __m512i tlo = _mm512_loadu_si512((const void *)dict), thi = _mm512_loadu_si512((const void *)(dict + 64));
+  const __m512i spread = kc.spread, shifts = kc.shifts;
+  const int stream = ((uintptr_t)out & 63) == 0;
+  const __m512i il0 = _mm512_loadu_si512((const void *)K3S_INTERLEAVE), il1 = _mm512_loadu_si512((const void *)(K3S_INTERLEAVE + 64));
+  for (int g = 0; g < K3IO_SPLIT_BLOCK / 8; g += 8) {
+    __m512i raw = _mm512_loadu_si512((const void *)(p + g * w)); /* 8w <= 56 bytes used */
+    __m512i c = _mm512_and_si512(_mm512_multishift_epi64_epi8(shifts, _mm512_permutexvar_epi8(spread, raw)), vmask);
+    __mmask64 escs = _mm512_cmpeq_epi8_mask(c, vmask);
+    __m512i h = _mm512_permutex2var_epi8(tlo, c, thi);
+    if (escs) {
+      uint64_t nesc = (uint64_t)__builtin_popcountll(escs);
+      if ((uint64_t)(end - esc) < nesc) return -1;
+      h = _mm512_mask_expandloadu_epi8(h, escs, esc);
+      esc += nesc;
+    }
+    __m512i l = _mm512_loadu_si512((const void *)(lo + g * 8));
+    __m512i o0 = _mm512_permutex2var_epi8(l, il0, h), o1 = _mm512_permutex2var_epi8(l, il1, h);
+    if (stream) { /* the slot is 64-byte aligned: bypass the cache, no read for ownership */
+      _mm512_stream_si512((void *)(out + g * 8), o0);
+      _mm512_stream_si512((void *)(out + g * 8 + 32), o1);
+    } else {
+      _mm512_storeu_si512((void *)(out + g * 8), o0);
+      _mm512_storeu_si512((void *)(out + g * 8 + 32), o1);
+    }
+  }
+#elif defined(K3S_PDEP)
+  (void)kc;
   const uint64_t spread = 0x0101010101010101ULL * mask;
   const __m128i vdict = _mm_loadu_si128((const __m128i *)dict), vmask = _mm_set1_epi8((char)mask);
   for (int g = 0; g < K3IO_SPLIT_BLOCK / 8; g += 2) {
@@ -456,6 +521,7 @@ static int k3s_block(const unsigned char *p, const unsigned char *end, int w, co
     _mm_storeu_si128((__m128i *)(out + g * 8 + 8), _mm_unpackhi_epi8(l, h));
   }
 #else
+  (void)kc;
   for (int g = 0; g < K3IO_SPLIT_BLOCK / 8; g++) {
     uint64_t bits;
     memcpy(&bits, p + g * w, 8);
@@ -500,17 +566,24 @@ int64_t k3io_split_decode(const void *stored, uint64_t slen, void *dst, uint64_t
   int in_place = s >= d && s < d + len;
   const unsigned char *p = s + first, *end = s + slen;
   uint16_t out[K3IO_SPLIT_BLOCK];
+  k3s_consts kc = k3s_make((int)w);
   for (uint64_t b = 0; b < nblocks; b++) {
     const unsigned char *next = p;
     if ((uint64_t)(end - p) < K3S_BLOCK_FIXED(w)) return -EBADMSG;
-    int bad = k3s_block(p, end, (int)w, dict, out, &next);
-    if (bad) return -EBADMSG;
     unsigned char *o = d + 2 * b * K3IO_SPLIT_BLOCK;
+    /* Straight into place when that cannot overwrite the block's own stored bytes; else
+     * through `out`, copied once the block is decoded. */
+    int direct = !in_place || o + 2 * K3IO_SPLIT_BLOCK <= p;
+    int bad = k3s_block(p, end, (int)w, dict, kc, direct ? (uint16_t *)(void *)o : out, &next);
+    if (bad) return -EBADMSG;
     /* Copying out must not overwrite the next block's stored bytes (the encoder's rule). */
     if (in_place && b + 1 < nblocks && o + 2 * K3IO_SPLIT_BLOCK > next) return -EBADMSG;
-    memcpy(o, out, sizeof out);
+    if (!direct) memcpy(o, out, sizeof out);
     p = next;
   }
+#if defined(K3S_VBMI)
+  _mm_sfence(); /* the streamed stores are visible before the piece is handed out */
+#endif
   if (p != end) return -EBADMSG;
   return (int64_t)len;
 }

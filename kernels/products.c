@@ -399,6 +399,56 @@ K3_INLINE void mx_rows1(mxc c, const uint8_t *const *p, const uint8_t *const *s,
   }
 }
 
+#if defined(K3_MX_PAIR)
+/* x of one token for mx_pairs: xp[64G + 16i + P] = element MXP_ELEM(i, P) of pair G (simd.h),
+ * zero past the last group. */
+static const uint8_t MXP_PERM[64] = {
+#define K3_MXP4(i, P) MXP_ELEM(i, P), MXP_ELEM(i, (P) + 1), MXP_ELEM(i, (P) + 2), MXP_ELEM(i, (P) + 3)
+#define K3_MXP16(i) K3_MXP4(i, 0), K3_MXP4(i, 4), K3_MXP4(i, 8), K3_MXP4(i, 12)
+    K3_MXP16(0), K3_MXP16(1), K3_MXP16(2), K3_MXP16(3)
+#undef K3_MXP16
+#undef K3_MXP4
+};
+K3_INLINE void mxp_xperm(float *xp, const float *x, int ng) {
+  int G = 0;
+  for (; 2 * G + 2 <= ng; G++)
+    for (int i = 0; i < 64; i++) xp[64 * G + i] = x[64 * G + MXP_PERM[i]];
+  if (ng & 1) /* the last group alone: its pair's second half is never added */
+    for (int i = 0; i < 64; i++) xp[64 * G + i] = MXP_PERM[i] < 32 ? x[64 * G + MXP_PERM[i]] : 0.0f;
+}
+/* mx_rows1 for one row, two groups per step (simd.h, "pair step"); the same bits. */
+K3_INLINE void mx_pairs(mxpc c, const uint8_t *p, const uint8_t *s, const float *xp, int ng, float *out, int check,
+                        c4 *ck) {
+  __m512 acc = _mm512_setzero_ps();
+  c4 cc = c4_zero();
+  size_t np = (size_t)ng / 2;
+  for (size_t G = 0; G < np; G++) {
+    uint8_t sa = s[2 * G], sb = s[2 * G + 1];
+    __m512 w[4];
+    mxp_decode(c, mxp_load2(p + 32 * G), w);
+    __m512 part = mxp_part(w, xp + 64 * G, mxp_scales(&MX_SCALE[sa].f, &MX_SCALE[sb].f));
+    if (sa != 255 && sb != 255) {
+      acc = mxp_add_hi(mxp_add_lo(acc, part), part);
+    } else { /* a skipped group contributes nothing */
+      if (sa != 255) acc = mxp_add_lo(acc, part);
+      if (sb != 255) acc = mxp_add_hi(acc, part);
+    }
+    if (check) cc = c4_unit(cc, p + 32 * G, check_key(G));
+  }
+  if (ng & 1) {
+    size_t g = (size_t)ng - 1;
+    if (s[g] != 255) {
+      __m512 w[4];
+      mxp_decode(c, mxp_load1(p + 16 * g), w);
+      acc = mxp_add_lo(acc, mxp_part(w, xp + 32 * g, _mm512_set1_ps(MX_SCALE[s[g]].f)));
+    }
+    if (check) cc = c4_pad(cc, p + 16 * g, 16, g / 2);
+  }
+  *out = m8_reduce(mxp_lanes(acc));
+  if (check) *ck = cc;
+}
+#endif
+
 /* Several tokens: one row's groups [g0, g1), each decoded once in registers for the nt
  * tokens of a tile; xt + t * kc + 32 * (g - g0) is token t's permuted x of group g. */
 enum { MX_TT = 8 };      /* tokens per tile (their accumulators stay in registers) */
@@ -476,6 +526,22 @@ void k3_matmul_mxfp4_checked(const uint8_t *packed, const uint8_t *scales, const
     return;
   }
   if (ntok == 1) { /* passes of MX_R1 whole rows (weights streaming, x in L1) */
+#if defined(K3_MX_PAIR)
+    mxpc pc = mxp_consts();
+    mxp_xperm(xp, x, ng);
+    for (int r = r0; r < r1; r++) {
+      const uint8_t *pr = packed + (size_t)r * pstride, *sr = scales + (size_t)r * sstride;
+      c4 ck;
+      if (sums) {
+        mx_pairs(pc, pr, sr, xp, ng, y + r, 1, &ck);
+        sums[0] += check_row_word(ck, r);
+        sums[1] += check_rows(sr, sstride, r, r + 1); /* ng bytes, just read */
+      } else {
+        mx_pairs(pc, pr, sr, xp, ng, y + r, 0, NULL);
+      }
+    }
+    return;
+#endif
     mx_xperm(xp, x, ng);
     for (int r = r0; r < r1;) {
       int nr = r1 - r >= MX_R1 ? MX_R1 : 1;

@@ -31,7 +31,8 @@
  *    then  h[l] = acc[l] + acc[l+4] (l < 4), q[l] = h[l] + h[l+2] (l < 2), dot = q[0] + q[1].
  *    Doubling is exact, so this is the E2M1 * 2^(s-127) product of the format. The lane order
  *    is the one an AVX2 decode produces without moving data across lanes (see mx8_decode;
- *    AVX-512 decodes by table lookups and holds the lanes permuted, MX_XL, see there);
+ *    AVX-512 decodes by table lookups and holds the lanes permuted, MX_XL, see there, and
+ *    its one-token path takes two groups per zmm, MXP_ELEM, still one group after the other);
  *    x is permuted into it once per call (it is shared by all rows), and each group's
  *    products are summed before its scale is applied (one multiply per group, not four).
  *
@@ -438,6 +439,62 @@ K3_INLINE void mx8_decode(mxc c, const uint8_t *p, m8 *v) {
   v[1] = _mm256_permutex2var_ps(c.lo, _mm256_srlv_epi64(b0, c.s1), c.hi);
   v[2] = _mm256_permutex2var_ps(c.lo, _mm256_srlv_epi64(b1, c.s0), c.hi);
   v[3] = _mm256_permutex2var_ps(c.lo, _mm256_srlv_epi64(b1, c.s1), c.hi);
+}
+
+/* The one-token product's pair step (products.c mx_pairs): two groups at once, in zmm, where
+ * a 512-bit operation costs what a 256-bit one does (AMD since Zen 5; on Zen 4 it measured
+ * no faster than the ymm decode above, and gives the same bits). A decoded pair is four zmm
+ * w[i]; position P holds element MXP_ELEM(i, P) of the pair's 64. Group g is in the 128-bit
+ * lanes 0 and 2 (positions 0..3, 8..11), group g + 1 in lanes 1 and 3, each half in the
+ * physical lane order MX_XL of the ymm decode: the lookups are the same 64-bit shift of the
+ * packed bytes and 16-entry table (one vpermps now), from one 32-byte broadcast d and its
+ * copy e with the two qwords of each 128-bit lane swapped. A 128-bit lane whose qword of d
+ * holds elements 16..31 takes the j = 2, 3 products of contract 2 in w[0], w[1] and the
+ * j = 0, 1 ones in w[2], w[3], so it sums (p[2] + p[3]) + (p[0] + p[1]): float addition
+ * commutes exactly, the same bits. The accumulator is a zmm whose group-g half holds the
+ * 8 lanes; a pair's part is added to it as is (group g), then with lanes 1, 3 moved onto
+ * 0, 2 (group g + 1): the contract's order, one group after the other. */
+#define K3_MX_PAIR 1
+#define MXP_ELEM(i, P)                                                                              \
+  (32 * (((P) >> 2) & 1) + 16 * ((((P) >> 1) & 1) ^ ((i) >> 1)) + 4 * (((P) >> 1) & 1) + ((P) >> 3) + \
+   2 * ((i) & 1) + 8 * ((P) & 1))
+typedef struct {
+  __m512i s0, s1; /* shifts for w[0], w[2] and for w[1], w[3] (two elements further) */
+  __m512 t;       /* the 16 doubled E2M1 values */
+} mxpc;
+K3_INLINE mxpc mxp_consts(void) {
+  mxpc c;
+  c.s0 = _mm512_setr_epi64(0, 16, 0, 16, 4, 20, 4, 20);
+  c.s1 = _mm512_setr_epi64(8, 24, 8, 24, 12, 28, 12, 28);
+  c.t = _mm512_loadu_ps(E2M1X2_F32);
+  return c;
+}
+/* d: the packed bytes of the pair (32), or of one group (16, both halves decode it). */
+K3_INLINE void mxp_decode(mxpc c, __m512i d, __m512 *w) {
+  __m512i e = _mm512_shuffle_epi32(d, _MM_PERM_BADC);
+  w[0] = _mm512_permutexvar_ps(_mm512_srlv_epi64(d, c.s0), c.t);
+  w[1] = _mm512_permutexvar_ps(_mm512_srlv_epi64(d, c.s1), c.t);
+  w[2] = _mm512_permutexvar_ps(_mm512_srlv_epi64(e, c.s0), c.t);
+  w[3] = _mm512_permutexvar_ps(_mm512_srlv_epi64(e, c.s1), c.t);
+}
+K3_INLINE __m512i mxp_load2(const uint8_t *p) { return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p)); }
+K3_INLINE __m512i mxp_load1(const uint8_t *p) { return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)); }
+/* Both groups' products, summed per lane and scaled (sc: scale g in lanes 0, 2, g + 1 in 1, 3). */
+K3_INLINE __m512 mxp_part(const __m512 *w, const float *xg, __m512 sc) {
+  __m512 a = _mm512_add_ps(_mm512_mul_ps(w[0], _mm512_loadu_ps(xg)), _mm512_mul_ps(w[1], _mm512_loadu_ps(xg + 16)));
+  __m512 b = _mm512_add_ps(_mm512_mul_ps(w[2], _mm512_loadu_ps(xg + 32)), _mm512_mul_ps(w[3], _mm512_loadu_ps(xg + 48)));
+  return _mm512_mul_ps(_mm512_add_ps(a, b), sc);
+}
+K3_INLINE __m512 mxp_scales(const float *a, const float *b) {
+  return _mm512_mask_broadcastss_ps(_mm512_set1_ps(*a), 0xF0F0, _mm_load_ss(b));
+}
+K3_INLINE __m512 mxp_add_lo(__m512 acc, __m512 part) { return _mm512_add_ps(acc, part); }
+K3_INLINE __m512 mxp_add_hi(__m512 acc, __m512 part) {
+  return _mm512_add_ps(acc, _mm512_shuffle_f32x4(part, part, _MM_SHUFFLE(3, 3, 1, 1)));
+}
+/* The 8 lanes of a pair accumulator as an m8 (m8_reduce's input). */
+K3_INLINE m8 mxp_lanes(__m512 acc) {
+  return _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0), acc));
 }
 #else
 /* The decode's constants, made once per call so that they stay in registers. */
