@@ -36,7 +36,8 @@ import { parseConfig } from "../engine/model/config.ts";
 import { expertBytes } from "../engine/weights/experts.ts";
 import { ensureSlice, type SliceRecipe } from "./slice.ts";
 import { DATA_FILE, readManifest, storedSize } from "../engine/weights/manifest.ts";
-import { codecVerdict, measureDecodeRate, measureReadRate } from "../engine/weights/codec.ts";
+import { codecVerdict, measureDecodeRate } from "../engine/weights/codec.ts";
+import { measureDiskRate } from "../engine/weights/rate_probe.ts";
 import { speculationSection } from "./speculation.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
@@ -617,7 +618,7 @@ export const codecSection: Section = async (ctx) => {
   const ratios: number[] = [], decs: number[] = [], disks: number[] = [];
   for (let i = 0; i < ctx.opts.reps; i++) {
     const dec = (await measureDecodeRate(ctx.k, libraryPath(), threads, 1)).bytesPerSecond;
-    const disk = await measureReadRate(ctx.k, `${raw}/${DATA_FILE}`, 1 << 30);
+    const disk = await measureDiskRate(ctx.k, `${raw}/${DATA_FILE}`, 1 << 30);
     decs.push(dec / 1e9);
     disks.push(disk / 1e9);
     ratios.push(dec / disk);

@@ -38,7 +38,8 @@ import {
   VERSION,
   weightSample,
 } from "../engine/weights/manifest.ts";
-import { codecVerdict, measureDecodeRate, measureReadRate } from "../engine/weights/codec.ts";
+import { codecVerdict, measureDecodeRate } from "../engine/weights/codec.ts";
+import { measureDiskRate } from "../engine/weights/rate_probe.ts";
 import { libraryPath } from "../engine/native/ffi.ts";
 import { SPLIT_BLOCK, splitEncode } from "../engine/native/io.ts";
 
@@ -418,7 +419,7 @@ async function packRegion(
  */
 async function chooseCodec(k: Kernels, sample: string, log: (s: string) => void): Promise<TrunkCodec> {
   const dec = await measureDecodeRate(k, libraryPath());
-  const disk = await measureReadRate(k, sample);
+  const disk = await measureDiskRate(k, sample);
   const v = codecVerdict({ decode: dec.bytesPerSecond, disk, ratio: dec.ratio });
   const codec = v.pays ? "split" : "raw";
   const gbps = (x: number) => `${(x / 1e9).toFixed(2)} GB/s`;

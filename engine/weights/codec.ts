@@ -14,7 +14,7 @@
  */
 
 import type { Kernels } from "../native/ffi.ts";
-import { ALIGN, IoFile, splitEncode } from "../native/io.ts";
+import { splitEncode } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
 
 /** Decode rate over disk rate below which `--codec auto` never codes (the decode must keep
@@ -111,42 +111,11 @@ export async function measureDecodeRate(
   }
 }
 
-/**
- * The sequential read rate of `path` (bytes per second): up to `bytes` of it read with
- * O_DIRECT where the filesystem allows, 16 MB at a time, 8 in flight (how the ring reads);
- * Infinity for a file under 4096 bytes.
- */
-export async function measureReadRate(k: Kernels, path: string, bytes = 512 << 20): Promise<number> {
-  const f = IoFile.open(path, { direct: true });
-  const piece = 16 << 20, depth = 8;
-  const bufs = Array.from({ length: depth }, () => NativeBuffer.alloc(k, piece, "read rate"));
-  // Faulted in first: the first touch of fresh memory is slow on some virtual machines, and
-  // the ring's slots are not fresh after the first pass.
-  bufs.forEach((b) => b.prefault());
-  try {
-    const size = Math.floor(Math.min(f.size(), bytes) / ALIGN) * ALIGN;
-    if (size === 0) return Infinity; // nothing to time: a disk no codec can beat
-    let next = 0, done = 0;
-    const t0 = performance.now();
-    await Promise.all(bufs.map(async (b) => {
-      while (next < size) {
-        const at = next;
-        next += piece;
-        done += await f.pread(b.ptr, Math.min(piece, size - at), at);
-      }
-    }));
-    return done / Math.max((performance.now() - t0) / 1000, 1e-9);
-  } finally {
-    bufs.forEach((b) => b.free());
-    f.close();
-  }
-}
-
 /** The rates a codec verdict weighs, bytes per second. */
 export interface CodecRates {
   /** Split decode on all threads (measureDecodeRate). */
   decode: number;
-  /** The disk's sequential read (measureReadRate). */
+  /** The disk's sequential read (rate_probe.ts measureDiskRate). */
   disk: number;
   /** Stored over decoded bytes of the trunk's layers (or the sample piece's). */
   ratio: number;

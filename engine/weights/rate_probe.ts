@@ -76,9 +76,10 @@ const DISK_PROBE_BYTES = 512 << 20;
 
 /**
  * The sequential O_DIRECT read rate of the first `bytes` of `path` (bytes per second): 16 MB
- * pieces, 8 in flight, into buffers faulted in first. (codec.ts has a probe of the same
- * shape whose byte count loses the increments of reads that finish at once, `done +=
- * await ...`; this one counts what it asked for, every read checked to be whole.)
+ * pieces, 8 in flight (how the ring reads), into buffers faulted in first; Infinity for a
+ * file under 4096 bytes. It counts what it asked for, every read checked to be whole: a
+ * running `done += await read()` would lose the counts of reads that finish together.
+ * The plan's prediction, the codec's verdict (`pack --codec auto`) and the benches use it.
  */
 export async function measureDiskRate(k: Kernels, path: string, bytes = DISK_PROBE_BYTES): Promise<number> {
   const f = IoFile.open(path, { direct: true });
