@@ -360,7 +360,7 @@ Deno.test("lazy pick: the same token as the whole mask's greedy pick, and the un
   );
 });
 
-Deno.test("whole mask inside a long string: the mask kept from the previous character equals a fresh one", () => {
+Deno.test("whole mask inside a long string: the mask kept by state number equals a fresh walk", () => {
   const schema = {
     type: "object",
     properties: { text: { type: "string", minLength: 3 }, more: { type: "array", items: { type: "string" } } },

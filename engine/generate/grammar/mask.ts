@@ -5,8 +5,13 @@
  * Every token's symbols are computed once per vocabulary ({@link TokenSymbols}): a BPE
  * rank is its bytes, an added token is one special symbol, an id no token names is never
  * allowed. For the whole mask the byte tokens are kept in byte order with each one's
- * common prefix with the previous, so the walk steps each shared prefix once and skips
- * every token under a refused prefix without stepping it.
+ * common prefix with the previous (a byte trie, flattened), so the walk steps each shared
+ * prefix once and skips every token under a refused prefix without stepping it. Each step
+ * goes through the constraint's state table (table.ts): states that step alike share a
+ * number and remember where each byte took them, so after the first few hundred steps a
+ * step is a lookup, and a whole mask costs about one pass over the flattened trie. Masks
+ * are also kept by state number (least recently used out, {@link MASK_CACHE_BYTES}), so a
+ * state met again (each character of a long string, each item of an array) costs a copy.
  *
  * Picking ({@link TokenConstraint.pick}) is lazy: the sampler picks from the logits as
  * they are, and only a token the automaton refuses costs more. Greedy (the argmax): the

@@ -7,10 +7,10 @@
  * whole mask walks the vocabulary in byte order (mask.ts), one step per byte not shared with
  * the previous token; with the table most of those steps are a lookup in a row of 256, so
  * the cost of a mask is that of its distinct states, not of its 163,840 tokens. A string's
- * body, free text, whitespace and numbers have a handful of distinct states each; only a
- * free object key (its bytes are part of the state, for the duplicate-key rule) makes one
- * per prefix, and the table stops growing at {@link StateTable.maxStates} (the walk then
- * steps the states themselves, as without a table).
+ * body, free text, whitespace and numbers have a handful of distinct states each; a free
+ * object key makes one per prefix only while some declared or earlier key starts with it
+ * (Obj.signature). The table stops growing at {@link StateTable.maxStates} (the walk then
+ * steps the states themselves, as without a table) and is cleared before the next mask.
  *
  * The numbers name states for the table's lifetime, so they also key the mask cache of a
  * constraint (mask.ts).
@@ -33,8 +33,8 @@ export class StateTable {
   /** Per number: byte -> next number + 1 (0: not stepped yet); read directly by the mask's walk. */
   rows: (Int32Array | undefined)[] = [undefined];
 
-  /** Holds at most `maxStates` numbers (a row of 256 transitions each). */
-  constructor(readonly maxStates = 1 << 14) {}
+  /** Holds at most `maxStates` numbers (a row of 256 transitions, 1 kB, each: 4 MB at the default). */
+  constructor(readonly maxStates = 1 << 12) {}
 
   /** Numbers given so far. */
   get size(): number {
