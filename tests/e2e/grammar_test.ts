@@ -223,6 +223,8 @@ const CLOCK = {
  * or one markup symbol. Well over that, so a forced call always finishes.
  */
 const FORCED_MAX_TOKENS = 1200;
+/** vLLM's chat_template_kwargs, which the SDK passes through (a spread: its types do not declare it). */
+const THINKING_OFF: Record<string, unknown> = { chat_template_kwargs: { thinking: false } };
 
 Deno.test({
   name:
@@ -247,8 +249,7 @@ Deno.test({
           tools: [WEATHER, CLOCK],
           parallel_tool_calls: false,
           max_tokens: FORCED_MAX_TOKENS,
-          // @ts-ignore: vLLM's field, passed through
-          chat_template_kwargs: { thinking: false },
+          ...THINKING_OFF,
           ...c,
         });
         const choice = r.choices[0];
@@ -275,8 +276,7 @@ Deno.test({
         max_tokens: FORCED_MAX_TOKENS,
         temperature: 0,
         stream: true,
-        // @ts-ignore: vLLM's field, passed through
-        chat_template_kwargs: { thinking: false },
+        ...THINKING_OFF,
       });
       let args = "", name = "", finish = "";
       for await (const chunk of stream) {

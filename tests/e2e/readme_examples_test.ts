@@ -2,8 +2,8 @@
  * The README's examples of tools, structured output and log probabilities, run against a
  * real `k3 serve` on the bundled models and checked, not only run: every curl and every
  * TypeScript block of "Tools and log probabilities" and "Structured output" (the SDK
- * snippets run as written, through the openai package and the AI SDK, with only the port
- * changed), and the constrained tiny-en output shown in "The bundled model". Tool examples
+ * snippets type-checked and run as written, through the openai package and the AI SDK,
+ * with only the port changed), and the constrained tiny-en output shown in "The bundled model". Tool examples
  * go to the random tiny model, structured output to the trained tiny-en, as the README says.
  * (tests/e2e/readme_commands_test.ts runs the shell lines too, but only for their exit code.)
  */
@@ -99,12 +99,15 @@ function checkReply(body: Record<string, unknown>, reply: { choices: Choice[]; u
   return reply;
 }
 
-/** Runs a TypeScript block as a script of this checkout (so `openai` and `ai` resolve); its stdout. */
+/** Type-checks and runs a TypeScript block as a script of this checkout (so `openai` and `ai` resolve); its stdout. */
 async function runSnippet(code: string, port: string): Promise<string> {
   await Deno.mkdir(`${ROOT}/tmp`, { recursive: true });
   const dir = await Deno.makeTempDir({ dir: `${ROOT}/tmp`, prefix: "readme-" });
   try {
     await Deno.writeTextFile(`${dir}/snippet.ts`, onPort(code, port));
+    // As written, it type-checks against the packages' own types (the README is copied from).
+    const checked = await runCmd(Deno.execPath(), ["check", "--quiet", `${dir}/snippet.ts`]);
+    assert.equal(checked.code, 0, `${code}\n${checked.stderr}`);
     const r = await runCmd(Deno.execPath(), [
       "run",
       "--quiet",

@@ -60,7 +60,7 @@ Deno.test("tiny-en: the committed shards are the ones tools/train_tiny/README.md
   // The bit-for-bit retraining is documented (CI has no PyTorch); this ties that record to
   // the files in the repo, so a changed fixture cannot keep an old claim.
   const doc = await Deno.readTextFile(`${TINY_EN}/../../../tools/train_tiny/README.md`);
-  const listed = [...doc.matchAll(/^([0-9a-f]{64})  (model-\d{5}-of-\d{5}\.safetensors)$/gm)];
+  const listed = [...doc.matchAll(/^([0-9a-f]{64}) {2}(model-\d{5}-of-\d{5}\.safetensors)$/gm)];
   assert.equal(listed.length, 3, "three shards listed");
   for (const [, sha, name] of listed) {
     const bytes = await Deno.readFile(`${TINY_EN}/${name}`);
