@@ -353,7 +353,7 @@ try {
   await Deno.stat(`${TINY_EN}/config.json`);
   log("tiny-en: constrained replies");
   const enTok = Tokenizer.load(TINY_EN);
-  const opened = await openModel(TINY_EN, { capacity: 256 });
+  const opened = await openModel(TINY_EN, { capacity: 1024 });
   try {
     const vocab = opened.model.cfg.vocabSize;
     const enEos = enTok.specialId("[EOS]");
