@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { Ajv } from "ajv";
 import OpenAI from "openai";
-import { jsonIds, k3, ROOT, tempDir, TINY } from "../helpers.ts";
+import { jsonIds, k3, ROOT, serveTiny, tempDir, TINY } from "../helpers.ts";
 import { K3_PERMISSIONS } from "../../cli/permissions.ts";
 
 const ajv = new Ajv({ strict: false });
@@ -182,6 +182,116 @@ Deno.test({
       child.kill("SIGTERM");
       while (!(await reader.read()).done);
       await child.status;
+    }
+  },
+});
+
+/** A tool whose arguments the grammar bounds: every forced call fits in FORCED_MAX_TOKENS. */
+const WEATHER = {
+  type: "function" as const,
+  function: {
+    name: "get_weather",
+    description: "The weather in a city",
+    parameters: {
+      type: "object",
+      properties: {
+        city: { type: "string", maxLength: 8 },
+        unit: { enum: ["celsius", "fahrenheit"] },
+        days: { type: "integer" },
+      },
+      required: ["city", "unit"],
+      additionalProperties: false,
+    },
+  },
+};
+const CLOCK = {
+  type: "function" as const,
+  function: {
+    name: "get_time",
+    parameters: {
+      type: "object",
+      properties: { zone: { enum: ["UTC", "CET"] } },
+      required: ["zone"],
+      additionalProperties: false,
+    },
+  },
+};
+/**
+ * Tokens a forced call can take at most with thinking off: the markup around the call, and
+ * arguments whose every part the grammar bounds (whitespace runs of 32, a string of 8
+ * characters of at most 6 bytes each, 16 integer digits); each token is at least one byte
+ * or one markup symbol. Well over that, so a forced call always finishes.
+ */
+const FORCED_MAX_TOKENS = 1200;
+/** vLLM's chat_template_kwargs, which the SDK passes through (a spread: its types do not declare it). */
+const THINKING_OFF: Record<string, unknown> = { chat_template_kwargs: { thinking: false } };
+
+Deno.test({
+  name:
+    "k3 serve: tool_choice named and required force a call on the tiny model (thinking off); arguments validate (ajv)",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  fn: async () => {
+    const server = await serveTiny(["--parallel", "2"]);
+    try {
+      const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "none", maxRetries: 0 });
+      const schemas = new Map([WEATHER, CLOCK].map((t) => [t.function.name, t.function.parameters]));
+      const cases = [
+        { tool_choice: { type: "function" as const, function: { name: "get_weather" } }, temperature: 0 },
+        { tool_choice: { type: "function" as const, function: { name: "get_time" } }, temperature: 1, seed: 3 },
+        { tool_choice: "required" as const, temperature: 0 },
+        { tool_choice: "required" as const, temperature: 1, seed: 11 },
+      ];
+      for (const c of cases) {
+        const r = await client.chat.completions.create({
+          model: "tiny",
+          messages: [{ role: "user", content: "What is the weather in Oslo?" }],
+          tools: [WEATHER, CLOCK],
+          parallel_tool_calls: false,
+          max_tokens: FORCED_MAX_TOKENS,
+          ...THINKING_OFF,
+          ...c,
+        });
+        const choice = r.choices[0];
+        const what = JSON.stringify(c);
+        assert.equal(choice.finish_reason, "tool_calls", what);
+        assert.equal(choice.message.content, null, what);
+        const calls = choice.message.tool_calls!;
+        assert.equal(calls.length, 1, what);
+        const call = calls[0] as { id: string; function: { name: string; arguments: string } };
+        if (typeof c.tool_choice === "object") assert.equal(call.function.name, c.tool_choice.function.name);
+        const schema = schemas.get(call.function.name);
+        assert.ok(schema, `${what}: a call of ${call.function.name}`);
+        const args = JSON.parse(call.function.arguments);
+        assert.ok(ajv.validate(schema, args), `${what}: ${call.function.arguments}: ${ajv.errorsText()}`);
+        assert.match(call.id, /\S/);
+      }
+      // Streamed: the SDK assembles the same call from the deltas.
+      const stream = await client.chat.completions.create({
+        model: "tiny",
+        messages: [{ role: "user", content: "What is the weather in Oslo?" }],
+        tools: [WEATHER, CLOCK],
+        tool_choice: { type: "function", function: { name: "get_weather" } },
+        parallel_tool_calls: false,
+        max_tokens: FORCED_MAX_TOKENS,
+        temperature: 0,
+        stream: true,
+        ...THINKING_OFF,
+      });
+      let args = "", name = "", finish = "";
+      for await (const chunk of stream) {
+        const d = chunk.choices[0];
+        for (const t of d?.delta.tool_calls ?? []) {
+          assert.equal(t.index, 0, "one call (parallel_tool_calls false)");
+          name += t.function?.name ?? "", args += t.function?.arguments ?? "";
+        }
+        if (d?.finish_reason) finish = d.finish_reason;
+      }
+      assert.equal(finish, "tool_calls");
+      assert.equal(name, "get_weather");
+      assert.ok(ajv.validate(WEATHER.function.parameters, JSON.parse(args)), args);
+    } finally {
+      await server.stop();
     }
   },
 });

@@ -12,7 +12,7 @@ import { TINY } from "../helpers.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { compileSchema, compileToolParameters, SchemaError } from "../../engine/generate/grammar/schema.ts";
 import { type GrammarSpec, startState, TOOL_MARKUP } from "../../engine/generate/grammar/forms.ts";
-import { TokenConstraint, tokenSymbols } from "../../engine/generate/grammar/mask.ts";
+import { TokenConstraint, TokenSymbols, tokenSymbols } from "../../engine/generate/grammar/mask.ts";
 import { DONE, type State } from "../../engine/generate/grammar/automaton.ts";
 import { argmax, makeSampler } from "../../engine/generate/sampling.ts";
 import { parseChatRequest } from "../../cli/openai.ts";
@@ -360,7 +360,7 @@ Deno.test("lazy pick: the same token as the whole mask's greedy pick, and the un
   );
 });
 
-Deno.test("whole mask inside a long string: the mask kept from the previous character equals a fresh one", () => {
+Deno.test("whole mask inside a long string: the mask kept by state number equals a fresh walk", () => {
   const schema = {
     type: "object",
     properties: { text: { type: "string", minLength: 3 }, more: { type: "array", items: { type: "string" } } },
@@ -382,5 +382,83 @@ Deno.test("whole mask inside a long string: the mask kept from the previous char
       }
     }),
     { numRuns: RUNS / 2 },
+  );
+});
+
+/** The allowed set of `state` token by token: each token's bytes stepped on their own, no walk, no table, no cache. */
+function perTokenMask(syms: TokenSymbols, state: State): Uint8Array {
+  const out = new Uint8Array(syms.size);
+  for (let id = 0; id < syms.size; id++) out[id] = syms.step(state, id).length > 0 ? 1 : 0;
+  return out;
+}
+
+/**
+ * Random walks under a maskAll constraint (its state table and mask cache kept across the
+ * walk); at every step the mask it applies must equal the per-token one.
+ */
+function masksMatchPerToken(syms: TokenSymbols, spec: GrammarSpec, ends: number[], seed: number, steps: number): void {
+  const r = rng(seed);
+  const c = new TokenConstraint(syms, startState(spec, tok, ends), true);
+  for (let step = 0; step < steps && !c.finished; step++) {
+    const want = perTokenMask(syms, c.state);
+    const logits = Float32Array.from({ length: syms.size }, () => (r() - 0.5) * 8);
+    const masked = logits.slice();
+    const t = c.pick(masked, makeSampler({ temperature: 1, topP: 1, topK: 0, minP: 0, seed: seed + step }));
+    for (let id = 0; id < syms.size; id++) {
+      assert.equal(masked[id] !== -Infinity, want[id] === 1, `step ${step} id ${id}`);
+    }
+    if (ends.includes(t)) break;
+  }
+}
+
+Deno.test("whole mask: the table walk and the mask cache equal a per-token check on every state of random walks", () => {
+  fc.assert(
+    fc.property(
+      fc.oneof(schemaArb(2), fc.constant({}), fc.constant({ type: "object", additionalProperties: true })),
+      fc.integer({ min: 1, max: 2 ** 31 }),
+      (schema, seed) => masksMatchPerToken(symbols, { kind: "value", value: compileSchema(schema) }, [EOS], seed, 50),
+    ),
+    { numRuns: RUNS },
+  );
+});
+
+Deno.test("whole mask: tokens that close a free key and name another (three quotes or more) are checked exactly", () => {
+  // A vocabulary of single bytes plus fragments a free-key object could take in one token:
+  // closing a key, a value, and a second key that may repeat the first.
+  const enc = new TextEncoder();
+  const frags = [
+    '":1,"a"',
+    '":1,"ab"',
+    'a":0,"a":',
+    'b":"x","b"',
+    '","a":',
+    '"a":"a","a"',
+    '{"a":1,"a"',
+    '{"ab',
+    '":{"a":',
+    '""',
+    '","',
+    '":"',
+    "ab",
+    "ba",
+  ];
+  const tokens: (Uint8Array | null)[] = [];
+  for (let b = 0x20; b < 0x7f; b++) tokens.push(Uint8Array.of(b));
+  for (const f of frags) tokens.push(enc.encode(f));
+  tokens.push(null); // the end id
+  const end = tokens.length - 1;
+  const syms = new TokenSymbols(tokens);
+  assert.ok(syms.quoted.length >= 6, "the fragments with three quotes are marked");
+  fc.assert(
+    fc.property(
+      fc.constantFrom<Schema>(
+        {},
+        { type: "object", additionalProperties: true },
+        { type: "object", properties: { a: { type: "integer" }, ab: { type: "string" } }, additionalProperties: true },
+      ),
+      fc.integer({ min: 1, max: 2 ** 31 }),
+      (schema, seed) => masksMatchPerToken(syms, { kind: "value", value: compileSchema(schema) }, [end], seed, 40),
+    ),
+    { numRuns: RUNS * 2 },
   );
 });

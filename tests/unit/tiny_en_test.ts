@@ -55,3 +55,25 @@ Deno.test("tiny-en GATE 1+2 at the floor budget: the same tokens and logits, str
   const ref = await readReference(`${TINY_EN}/reference.json`);
   assert.ok(ref.generated_ids.length >= 32);
 });
+
+Deno.test("tiny-en: the committed shards are the ones tools/train_tiny/README.md gives as a retraining's output; its perplexities are training.json's", async () => {
+  // The bit-for-bit retraining is documented (CI has no PyTorch); this ties that record to
+  // the files in the repo, so a changed fixture cannot keep an old claim.
+  const doc = await Deno.readTextFile(`${TINY_EN}/../../../tools/train_tiny/README.md`);
+  const listed = [...doc.matchAll(/^([0-9a-f]{64}) {2}(model-\d{5}-of-\d{5}\.safetensors)$/gm)];
+  assert.equal(listed.length, 3, "three shards listed");
+  for (const [, sha, name] of listed) {
+    const bytes = await Deno.readFile(`${TINY_EN}/${name}`);
+    const got = [...new Uint8Array(await crypto.subtle.digest("SHA-256", bytes))]
+      .map((b) => b.toString(16).padStart(2, "0")).join("");
+    assert.equal(got, sha, name);
+  }
+  const training = JSON.parse(await Deno.readTextFile(`${TINY_EN}/training.json`));
+  assert.match(doc, new RegExp(`unigram baseline: held-out perplexity ${training.unigram_perplexity.toFixed(2)}`));
+  assert.match(
+    doc,
+    new RegExp(`exported \\(BF16 \\+ MXFP4 experts\\) ${training.heldout_perplexity_exported.toFixed(2)}`),
+  );
+  assert.ok(training.heldout_perplexity_exported < training.unigram_perplexity / 4, "well below the unigram baseline");
+  assert.match(doc, /^Time: \d+ s of training/m, "the retraining time is documented");
+});

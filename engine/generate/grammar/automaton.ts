@@ -68,6 +68,24 @@ export type State = readonly Stack[];
 export interface Frame {
   /** Pushes to `out` every stack that follows reading `sym` with this frame on `below`. */
   step(sym: number, below: Stack | null, out: Stack[]): void;
+  /**
+   * A text equal for two frames only when they step alike on every symbol (with the same
+   * stack below): their class and every field `step` reads, objects by identity. Two
+   * frames that differ only where `step` cannot tell (a string's length between its
+   * bounds) share a signature; that is what lets the state table (table.ts) merge them.
+   * One exception, a free object key's bytes, is described at {@link Obj.signature}.
+   */
+  signature(): string;
+}
+
+const identities = new WeakMap<object, number>();
+let nextIdentity = 1;
+
+/** A number naming `o` for as long as it lives (frame keys name grammar nodes by it). */
+export function identity(o: object): number {
+  let id = identities.get(o);
+  if (id === undefined) identities.set(o, id = nextIdentity++);
+  return id;
 }
 
 /** A stack with `top` pushed on `below` (dropped when too deep: a bound, never a wrong accept). */
@@ -118,10 +136,14 @@ export class Lit implements Frame {
       else out.push(DONE);
     } else out.push(push(new Lit(this.syms, this.i + 1), below));
   }
+  /** See {@link Frame.signature}. */
+  signature(): string {
+    return `L${identity(this.syms)},${this.i}`;
+  }
 }
 
 /** The stack a thread has after its last symbol: it allows nothing more. */
-export const DONE: Stack = { top: { step() {} }, below: null, depth: 1 };
+export const DONE: Stack = { top: { step() {}, signature: () => "D" }, below: null, depth: 1 };
 
 /** Optional whitespace (at most {@link MAX_WS} bytes); may end anywhere. */
 export class Ws implements Frame {
@@ -131,6 +153,10 @@ export class Ws implements Frame {
   step(sym: number, below: Stack | null, out: Stack[]): void {
     if (isWs(sym) && this.n < MAX_WS) out.push(push(new Ws(this.n + 1), below));
     stepStack(below, sym, out);
+  }
+  /** See {@link Frame.signature}. */
+  signature(): string {
+    return `W${this.n}`;
   }
 }
 
@@ -143,6 +169,10 @@ export class FreeText implements Frame {
     if (sym < SPECIAL_BASE) out.push(push(this, below));
     else if (sym === this.until) out.push(below ?? DONE);
   }
+  /** See {@link Frame.signature}. */
+  signature(): string {
+    return `F${this.until}`;
+  }
 }
 
 /** One of several continuations, each a function building its stack on what lies below. */
@@ -152,6 +182,10 @@ export class Choice implements Frame {
   /** See {@link Frame.step}. */
   step(sym: number, below: Stack | null, out: Stack[]): void {
     for (const s of this.alternatives(below)) stepStack(s, sym, out);
+  }
+  /** See {@link Frame.signature}. */
+  signature(): string {
+    return `C${identity(this.alternatives)}`;
   }
 }
 
@@ -166,6 +200,10 @@ export class Value implements Frame {
       return;
     }
     startValue(this.node, sym, below, out, 0);
+  }
+  /** See {@link Frame.signature}. */
+  signature(): string {
+    return `V${identity(this.node)},${this.ws}`;
   }
 }
 
@@ -242,6 +280,10 @@ export class Num implements Frame {
         else stepStack(below, sym, out);
         return;
     }
+  }
+  /** See {@link Frame.signature}. */
+  signature(): string {
+    return `N${this.integer ? 1 : 0},${this.phase},${this.n}`;
   }
 }
 
@@ -322,6 +364,13 @@ export class Str implements Frame {
     const n = this.n + (r.char ? 1 : 0);
     if (n > this.max) return;
     out.push(push(new Str(this.min, this.max, n, r.esc, r.cont, r.lo, r.hi, r.surrogate), below));
+  }
+  /** See {@link Frame.signature}: the length only as `step` reads it (reached min? room left to max?). */
+  signature(): string {
+    const { min, max, n } = this;
+    return `S${Math.min(n, min)},${min},${max - n},${this.esc},${this.cont},${this.lo},${this.hi},${
+      this.surrogate ? 1 : 0
+    }`;
   }
 }
 
@@ -431,6 +480,23 @@ export class Obj implements Frame {
     if (r !== null) out.push(push(this.#with(O_IN_KEY, 0, key, -1, r.cont | (r.lo << 2) | (r.hi << 10)), below));
     else if (declared) out.push(push(this.#with(O_IN_KEY, 0, key, -1, -1), below));
   }
+  /**
+   * See {@link Frame.signature}. The one exception to "step alike": a free key's bytes,
+   * once no declared key (seen or not) and no earlier key starts with them, are written as `*`. Such keys accept
+   * the same bytes up to and including their closing quote (they can no longer be a
+   * duplicate); only what follows differs, the key joining the keys seen. A token that
+   * could close such a key and then compare another key against it has at least three
+   * quote bytes, and the whole mask checks those tokens without the table (mask.ts).
+   */
+  signature(): string {
+    const free = this.phase === O_IN_KEY && this.cont >= 0 && this.node.additional !== null &&
+      !this.node.props.some((p) => p.key.startsWith(this.key)) &&
+      !this.free.some((f) => f.startsWith(this.key));
+    const key = free ? "*" : JSON.stringify(this.key);
+    return `O${identity(this.node)},${this.phase},${this.seen},${
+      JSON.stringify(this.free)
+    },${this.current},${this.ws},${key},${this.cont}`;
+  }
 }
 
 const A_FIRST = 0, A_AFTER = 1, A_NEXT = 2;
@@ -464,6 +530,11 @@ export class Arr implements Frame {
     if (phase === A_FIRST && node.max === 0) return;
     startValue(node.items, sym, push(new Arr(node, A_AFTER, count + 1, 0), below), out, 0);
   }
+  /** See {@link Frame.signature}: the count only as `step` reads it (reached min? room left to max?). */
+  signature(): string {
+    const { node, count } = this;
+    return `A${identity(node)},${this.phase},${Math.min(count, node.min)},${node.max - count},${this.ws}`;
+  }
 }
 
 /** The end: optional whitespace, then one of the end symbols (stop ids); nothing after. */
@@ -476,6 +547,10 @@ export class End implements Frame {
     else if (this.allowWs && isWs(sym) && this.ws < MAX_WS) {
       out.push(push(new End(this.ends, this.ws + 1, true), null));
     }
+  }
+  /** See {@link Frame.signature}. */
+  signature(): string {
+    return `E${identity(this.ends)},${this.ws},${this.allowWs ? 1 : 0}`;
   }
 }
 

@@ -5,8 +5,13 @@
  * Every token's symbols are computed once per vocabulary ({@link TokenSymbols}): a BPE
  * rank is its bytes, an added token is one special symbol, an id no token names is never
  * allowed. For the whole mask the byte tokens are kept in byte order with each one's
- * common prefix with the previous, so the walk steps each shared prefix once and skips
- * every token under a refused prefix without stepping it.
+ * common prefix with the previous (a byte trie, flattened), so the walk steps each shared
+ * prefix once and skips every token under a refused prefix without stepping it. Each step
+ * goes through the constraint's state table (table.ts): states that step alike share a
+ * number and remember where each byte took them, so after the first few hundred steps a
+ * step is a lookup, and a whole mask costs about one pass over the flattened trie. Masks
+ * are also kept by state number (least recently used out, {@link MASK_CACHE_BYTES}), so a
+ * state met again (each character of a long string, each item of an array) costs a copy.
  *
  * Picking ({@link TokenConstraint.pick}) is lazy: the sampler picks from the logits as
  * they are, and only a token the automaton refuses costs more. Greedy (the argmax): the
@@ -29,10 +34,14 @@ import type { Tokenizer } from "../../text/tokenizer.ts";
 import { unnamedIdText } from "../../text/tokenizer.ts";
 import type { TokenFilter } from "../scheduler.ts";
 import { argmax } from "../sampling.ts";
-import { SPECIAL_BASE, type Stack, type State, stepState, Str } from "./automaton.ts";
+import { SPECIAL_BASE, type State, stepState } from "./automaton.ts";
+import { DEAD, StateTable } from "./table.ts";
 
 /** Refused greedy picks before the whole mask is computed. */
 export const LAZY_TRIES = 8;
+
+/** Bytes of whole masks one constraint keeps for states it may meet again (25 on a 163,840-id vocabulary). */
+export const MASK_CACHE_BYTES = 4 << 20;
 
 /** Every token's symbols, and the byte tokens in byte order for the whole-mask walk. */
 export class TokenSymbols {
@@ -50,6 +59,8 @@ export class TokenSymbols {
   readonly lcp: Int32Array;
   /** Ids that are special tokens. */
   readonly specials: Int32Array;
+  /** Byte tokens with three quote bytes or more: the whole mask checks these one by one when it uses a table (see Obj.signature). */
+  readonly quoted: Int32Array;
 
   /** From each id's bytes (null: a special token; undefined: no token). */
   constructor(tokens: readonly (Uint8Array | null | undefined)[]) {
@@ -94,6 +105,11 @@ export class TokenSymbols {
       this.lcp[i] = k;
     }
     this.specials = Int32Array.from(specials);
+    this.quoted = Int32Array.from(byteIds.filter((id) => {
+      let quotes = 0;
+      for (let k = s[id]; k < s[id] + l[id]; k++) if (a[k] === 0x22) quotes++;
+      return quotes >= 3;
+    }));
   }
 
   /** Ids in the vocabulary. */
@@ -113,28 +129,49 @@ export class TokenSymbols {
     return s;
   }
 
-  /** Sets `allowed[id]` to 1 for every token the automaton allows from `state`, 0 for the rest; returns how many. */
-  mask(state: State, allowed: Uint8Array): number {
+  /**
+   * Sets `allowed[id]` to 1 for every token the automaton allows from `state`, 0 for the
+   * rest; returns how many. With a `table` (table.ts) each byte step is a lookup once its
+   * state has taken that byte; without one every step runs the automaton. Either way each
+   * token is allowed exactly when {@link step} gives a live state.
+   */
+  mask(state: State, allowed: Uint8Array, table?: StateTable): number {
     allowed.fill(0);
     let count = 0;
     for (const id of this.specials) {
       if (stepState(state, this.special[id]).length > 0) (allowed[id] = 1, count++);
     }
     const { order, lcp, arena, start, length } = this;
-    // states[d]: the state after the first d bytes of the current token.
+    // At depth d (the first d bytes of the current token read): the state's number in the
+    // table (ids[d] >= 0), or the state itself (ids[d] = -1: no table, or the table full).
     const states: State[] = [state];
-    let valid = 0; // states[0..valid] belong to the current token's prefix
+    const ids: number[] = [table ? table.id(state) : -1];
+    const rows = table?.rows;
+    let valid = 0; // depths 0..valid belong to the current token's prefix
     for (let i = 0; i < order.length; i++) {
       const id = order[i], len = length[id], at = start[id];
       let d = Math.min(lcp[i], valid);
       let dead = false;
       while (d < len) {
-        const next = stepState(states[d], arena[at + d]);
-        if (next.length === 0) {
+        const b = arena[at + d], from = ids[d];
+        let to = -1;
+        if (from >= 0) {
+          const row = rows![from], known = row === undefined ? 0 : row[b];
+          to = known !== 0 ? known - 1 : table!.step(from, b);
+        }
+        if (to === DEAD) {
           dead = true;
           break;
         }
-        states[++d] = next;
+        if (to < 0) {
+          const next = stepState(from >= 0 ? table!.state(from) : states[d], b);
+          if (next.length === 0) {
+            dead = true;
+            break;
+          }
+          states[d + 1] = next;
+        }
+        ids[++d] = to;
       }
       if (dead) {
         // Every following token sharing the refused prefix (d + 1 bytes) is refused too.
@@ -142,7 +179,22 @@ export class TokenSymbols {
       } else (allowed[id] = 1, count++);
       valid = d;
     }
-    return count;
+    return table ? count + this.recheckQuoted(state, allowed) : count;
+  }
+
+  /**
+   * Sets the bits of the {@link quoted} tokens from `state` itself; returns the change in the
+   * allowed count. A mask from the table, or cached under a state's number, is exact for
+   * every other token (see Obj.signature).
+   */
+  recheckQuoted(state: State, allowed: Uint8Array): number {
+    let change = 0;
+    for (const id of this.quoted) {
+      const ok = this.step(state, id).length > 0 ? 1 : 0;
+      change += ok - allowed[id];
+      allowed[id] = ok;
+    }
+    return change;
   }
 }
 
@@ -176,9 +228,11 @@ export class TokenConstraint implements TokenFilter {
   #state: State;
   #allowed: Uint8Array;
   #ids: Int32Array;
-  /** The last whole mask computed inside a string (see #mask). */
-  #stringMask?: { below: Stack | null; key: string; allowed: Uint8Array; count: number };
   #compact: Float32Array;
+  /** Numbered states (made on the first whole mask: a greedy run rarely needs one). */
+  #table?: StateTable;
+  /** Whole masks by state number, least recently used first, within {@link MASK_CACHE_BYTES}. */
+  #masks = new Map<number, { allowed: Uint8Array; count: number }>();
 
   /** From `start`, over `symbols`; `maskAll`: apply the whole mask before every pick. */
   constructor(readonly symbols: TokenSymbols, start: State, readonly maskAll = false) {
@@ -200,20 +254,25 @@ export class TokenConstraint implements TokenFilter {
 
   /** The whole mask of the current state into the scratch mask; returns the allowed count. */
   #mask(): number {
-    // Inside a string of unbounded length the mask repeats from one character to the next:
-    // it depends only on the string frame's sub-state and the (immutable, shared) stack
-    // below it, and on the character count only through reaching minLength.
-    const st = this.#state;
-    const top = st.length === 1 ? st[0].top : undefined;
-    if (!(top instanceof Str) || top.max !== Infinity) return this.symbols.mask(st, this.#allowed);
-    const key = `${Math.min(top.n, top.min)} ${top.min} ${top.esc} ${top.cont} ${top.lo} ${top.hi} ${top.surrogate}`;
-    const c = this.#stringMask;
-    if (c && c.below === st[0].below && c.key === key) {
-      this.#allowed.set(c.allowed);
-      return c.count;
+    // The allowed set is a function of the state's number (states that step alike share
+    // one), so a state met again (every character of a long string, the same key of every
+    // item of an array) reuses its mask.
+    let table = this.#table;
+    if (table === undefined) this.#table = table = new StateTable();
+    else if (table.size >= table.maxStates) (table.clear(), this.#masks.clear());
+    const sid = table.id(this.#state);
+    const hit = sid >= 0 ? this.#masks.get(sid) : undefined;
+    if (hit) {
+      this.#masks.delete(sid), this.#masks.set(sid, hit);
+      this.#allowed.set(hit.allowed);
+      return hit.count + this.symbols.recheckQuoted(this.#state, this.#allowed);
     }
-    const count = this.symbols.mask(st, this.#allowed);
-    this.#stringMask = { below: st[0].below, key, allowed: this.#allowed.slice(), count };
+    const count = this.symbols.mask(this.#state, this.#allowed, table);
+    if (sid >= 0) {
+      const keep = Math.max(1, Math.floor(MASK_CACHE_BYTES / this.#allowed.length));
+      while (this.#masks.size >= keep) this.#masks.delete(this.#masks.keys().next().value!);
+      this.#masks.set(sid, { allowed: this.#allowed.slice(), count });
+    }
     return count;
   }
 
