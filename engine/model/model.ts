@@ -26,7 +26,6 @@ import { Scratch } from "./scratch.ts";
 import { SequenceState, SPEC_RECORD_ROWS, SpeculationRecord } from "./state.ts";
 import type { WeightSource } from "./weight_source.ts";
 import { ExpertStream, readAheadPays } from "./expert_stream.ts";
-import { testHook } from "../native/test_hooks.ts";
 
 /** One sequence's part of a forward pass: its state and its next tokens. */
 export interface Segment {
@@ -58,6 +57,18 @@ function rowSpans(segments: Segment[]): RowSpan[] {
   });
 }
 
+/**
+ * `K3_EXPERT_READ_AHEAD=1` turns on reading the next layer's experts ahead on a guess. Off by
+ * default: on a quiet machine whose disk outruns the kernels, with the trunk pinned, it made
+ * a decode token 6-8% slower (its wrong guesses cost reads the pass then competes with),
+ * and it won only under heavy load (bench/README.md, "Expert reads"). Read without
+ * prompting where the permission set does not grant it.
+ */
+export function readAheadAsked(): boolean {
+  const name = "K3_EXPERT_READ_AHEAD";
+  return Deno.permissions.querySync({ name: "env", variable: name }).state === "granted" && Deno.env.get(name) === "1";
+}
+
 /** Counters the run report reads. */
 export interface ForwardStats {
   /** Routed experts run so far. */
@@ -72,8 +83,8 @@ export class K3Model {
   /** Sources per token in the AttnRes buffer: snapshots plus the running partial. */
   private readonly nsrc: number;
   private readonly compute: Compute;
-  /** K3_TEST_NO_PREFETCH: no expert read ahead of its routing (the bench's "before"). */
-  private readonly noReadAhead = testHook("K3_TEST_NO_PREFETCH") !== undefined;
+  /** Whether the next layer's experts are read ahead on a guess (readAheadAsked). */
+  private readonly readAheadOn = readAheadAsked();
   /** Counters the run report reads. */
   readonly stats: ForwardStats;
   /** Seconds by kind of work, over every pass so far. */
@@ -466,7 +477,7 @@ export class K3Model {
    */
   private readAhead(L: number, T: number): { L: number; ids: number[] } | undefined {
     const next = L + 1;
-    if (this.noReadAhead || next >= this.cfg.numLayers || !this.weights.prefetchExperts) return undefined;
+    if (!this.readAheadOn || next >= this.cfg.numLayers || !this.weights.prefetchExperts) return undefined;
     const io = this.weights.ioStats?.();
     if (io && !readAheadPays(io.expertPrefetched, io.expertPrefetchHits, this.cfg.moe.topK)) return undefined;
     const w = this.weights.heldLayer?.(next);

@@ -13,16 +13,13 @@
  * `K3_FAULT_WRITE_ENOSPC=N` (writes fail with ENOSPC after N bytes), `K3_TEST_CHOOSE=ID,ID,...`
  * (`k3 chat` picks these ids in order, across turns, before its sampler: a random-weight
  * model's replies scripted, e.g. a tool call, while the model still runs every token),
- * `K3_TEST_EXPERT_SHUFFLE=SEED` (a layer's experts land in a shuffled order, expert_cache.ts),
- * `K3_TEST_NO_PREFETCH=1` (no expert is read ahead of its routing: the order before the
- * prefetch, for bench/limits.ts to measure against). */
+ * `K3_TEST_EXPERT_SHUFFLE=SEED` (a layer's experts land in a shuffled order, expert_cache.ts). */
 export type TestHook =
   | "K3_FAULT_EXPERT_READ"
   | "K3_TEST_HEAD_CHUNK"
   | "K3_FAULT_WRITE_ENOSPC"
   | "K3_TEST_CHOOSE"
-  | "K3_TEST_EXPERT_SHUFFLE"
-  | "K3_TEST_NO_PREFETCH";
+  | "K3_TEST_EXPERT_SHUFFLE";
 
 /** The value of test hook `name`: undefined when it is unset or when the running permission
  * set does not grant reading it (then it neither throws nor prompts). */

@@ -65,16 +65,31 @@ Deno.test("experts read ahead and landing shuffled: the resident tokens and logi
   const largest = Math.max(...(await readManifest(trunk)).layer.map((r) => r.size)) / 1e9;
   const want = await run(undefined);
   const cases: [string, MemoryOptions, Record<string, string>, boolean][] = [
-    ["pinned, top-k + 1 slots", { trunkDir: trunk, cacheGB }, {}, true],
-    ["pinned, shuffled (seed 1)", { trunkDir: trunk, cacheGB }, { K3_TEST_EXPERT_SHUFFLE: "1" }, true],
-    ["pinned, shuffled (seed 2)", { trunkDir: trunk, cacheGB }, { K3_TEST_EXPERT_SHUFFLE: "2" }, true],
+    ["pinned, top-k + 1 slots, read-ahead", { trunkDir: trunk, cacheGB }, { K3_EXPERT_READ_AHEAD: "1" }, true],
     [
-      "pinned, shuffled, no read-ahead",
+      "pinned, read-ahead, shuffled (seed 1)",
       { trunkDir: trunk, cacheGB },
-      { K3_TEST_EXPERT_SHUFFLE: "3", K3_TEST_NO_PREFETCH: "1" },
+      { K3_EXPERT_READ_AHEAD: "1", K3_TEST_EXPERT_SHUFFLE: "1" },
+      true,
+    ],
+    [
+      "pinned, read-ahead, shuffled (seed 2)",
+      { trunkDir: trunk, cacheGB },
+      { K3_EXPERT_READ_AHEAD: "1", K3_TEST_EXPERT_SHUFFLE: "2" },
+      true,
+    ],
+    [
+      "pinned, shuffled, read-ahead by default off",
+      { trunkDir: trunk, cacheGB },
+      { K3_TEST_EXPERT_SHUFFLE: "3" },
       false,
     ],
-    ["floor, shuffled", { trunkDir: trunk, trunkGB: largest, cacheGB }, { K3_TEST_EXPERT_SHUFFLE: "4" }, false],
+    [
+      "floor, shuffled, read-ahead asked",
+      { trunkDir: trunk, trunkGB: largest, cacheGB },
+      { K3_EXPERT_READ_AHEAD: "1", K3_TEST_EXPERT_SHUFFLE: "4" },
+      false,
+    ],
   ];
   for (const [name, memory, env, readsAhead] of cases) {
     const got = await run(memory, env);
