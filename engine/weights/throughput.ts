@@ -20,11 +20,12 @@
  * the first row's (`rowGrowth`), and h the same for an MXFP4 expert product
  * (`expertRowGrowth`: ~1, the kernel is bound by decoding the weights, for every row). Uniform routing is the pessimistic case for the cache (a real
  * router's favourite experts hit more often), and drafted rows are not counted (the
- * per-sequence cost model turns them on only where they pay). The disk rate and the bf16
- * product's rate on all threads are measured at start-up (weights/rate_probe.ts); the MXFP4
- * rate is taken as the share of the bf16 rate, and g as the value, that bench/limits.ts
- * measures on this machine class; bench/limits.ts checks the prediction against a run
- * (`plan_predicted_over_measured`).
+ * per-sequence cost model turns them on only where they pay). The disk rate, the bf16
+ * product's rate on all threads and its row growth g are measured at start-up
+ * (weights/rate_probe.ts); the MXFP4 rate is taken as the share of the bf16 rate that
+ * bench/limits.ts measures on this machine class, and h as g; bench/limits.ts checks the
+ * prediction against a run (`plan_predicted_over_measured`). Where nothing was measured
+ * (the README's full-model projections) DEFAULT_COMPUTE stands in.
  *
  * @module
  */
