@@ -1,6 +1,7 @@
 /**
- * Command-line flags of the bench/ scripts: `--help` prints the script's usage (exit 0); a
- * mistake is one line naming it with the usage (exit 2), never a stack trace.
+ * What the bench/ scripts share: their command-line flags (`--help` prints the script's
+ * usage, exit 0; a mistake is one line naming it with the usage, exit 2, never a stack
+ * trace) and the median they report.
  *
  * @module
  */
@@ -25,4 +26,10 @@ export function benchArgs<T extends NonNullable<ParseArgsConfig["options"]>>(
     console.error(`${(e as Error).message.split("\n")[0].replace(/\. To specify a positional.*$/, "")}\n${usage}`);
     Deno.exit(2);
   }
+}
+
+/** The median of `xs` (the mean of the two middle values of an even count). */
+export function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 }

@@ -13,7 +13,7 @@
  * @module
  */
 
-import { benchArgs } from "./args.ts";
+import { benchArgs, median } from "./args.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname;
 const { values, positionals } = benchArgs(
@@ -67,11 +67,6 @@ async function session(extra: string[]): Promise<Turn[]> {
   await Deno.remove(out);
   return turns;
 }
-
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
 
 const kept = await session([]);
 const again = await session(["--reprefill"]);

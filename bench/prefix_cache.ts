@@ -24,7 +24,7 @@
  * @module
  */
 
-import { benchArgs } from "./args.ts";
+import { benchArgs, median } from "./args.ts";
 import { openModel } from "../engine/open.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
 import { chatCachePoints, StateCache } from "../engine/generate/state_cache.ts";
@@ -80,10 +80,6 @@ const memory = values.trunk
   }
   : undefined;
 
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
 const started = performance.now();
 const elapsed = () => `${((performance.now() - started) / 1000).toFixed(0)} s`;
 const progress = (line: string) => console.error(`prefix_cache ${elapsed()}: ${line}`);

@@ -20,7 +20,7 @@
  * @module
  */
 
-import { benchArgs } from "./args.ts";
+import { benchArgs, median } from "./args.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 const { values, positionals } = benchArgs(
@@ -43,11 +43,6 @@ const TOKENS = Number(values.tokens ?? 64);
 const PROMPT = Number(values.prompt ?? 16);
 const ROUNDS = Number(values.rounds ?? 3);
 const log = (s: string) => console.error(`bench/serve: ${s}`);
-
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
 
 const parallel = Math.max(...CLIENTS);
 const child = new Deno.Command(Deno.execPath(), {

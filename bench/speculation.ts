@@ -14,7 +14,7 @@
  * @module
  */
 
-import { benchArgs } from "./args.ts";
+import { benchArgs, median } from "./args.ts";
 import type { Figure, Section } from "./limits.ts";
 import { ensureSlice, type SliceRecipe } from "./slice.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
@@ -38,11 +38,6 @@ async function tinyModel(): Promise<string> {
   } catch {
     return `${ROOT}/tests/fixtures/tiny`;
   }
-}
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 }
 
 /** One greedy run: decode seconds per token after the first, tokens, and accepted drafts. */
