@@ -363,6 +363,7 @@ export async function main(args: string[]): Promise<number> {
         trunk_bytes_read_early: stats.trunkEarlyBytes,
         trunk_bytes_stored: stats.trunkStoredBytes,
         trunk_decode_cpu_seconds: stats.trunkDecodeSeconds,
+        trunk_bytes_left_coded: stats.trunkCodedBytes,
         expert_bytes_per_token: stats.expertBytes / n,
         expert_cache_hits: stats.expertHits,
         expert_cache_misses: stats.expertMisses,

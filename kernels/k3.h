@@ -18,6 +18,23 @@
 /* Weight element types for k3_matmul. */
 #define K3_F32 0
 #define K3_BF16 1
+/* bf16 weights some of which are still split-coded (k3io.h) where the trunk ring read them:
+ * w then points to a k3_split_matrix, and the product decodes each window of rows into a
+ * per-thread buffer as it reaches it, so the weights cross memory once, coded. The words,
+ * and so every result and check, are those of the decoded matrix. */
+#define K3_BF16_SPLIT 2
+
+/* Where a K3_BF16_SPLIT matrix's words are: npieces trunk pieces back to back, the matrix
+ * starting at word `word0` of the first. Piece i holds len bytes; stored == 0: its slot
+ * (base) holds them decoded; else they are coded in the slot's last `stored` bytes
+ * (base + len - stored), as k3io_pread_piece left them with K3IO_KEEP_CODED. A piece that
+ * does not decode gives zero words (the matrix check then fails). All fields are 64-bit. */
+typedef struct {
+  uint64_t npieces, word0;
+  struct {
+    uint64_t base, len, stored;
+  } piece[];
+} k3_split_matrix;
 
 /* Name of the compiled SIMD path: "scalar", "avx2", "avx512" or "neon". */
 const char *k3_isa(void);

@@ -85,34 +85,45 @@ int64_t k3io_read_small(const char *path, void *buf, uint64_t cap);
  * A split-coded piece holds len bytes of 16-bit little-endian words (bf16 weights; F32
  * vectors as two words each) as: a K3IO_SPLIT_HEADER-byte header (u32 magic, u32 code
  * width w in 1..7, u32 words, u32 offset of the first block, then the 2^w - 1 dictionary
- * bytes), zeros up to the first block, then per block of K3IO_SPLIT_BLOCK words: the high
- * bytes as w-bit codes (8 codes per w bytes, code j of a group at bits j*w of the group's
- * little-endian bits; code c < 2^w - 1 is dict[c], 2^w - 1 is an escape), the block's low
- * bytes as they are, and one byte per escape (its high byte) in order. The last block ends
- * at the end of the stored bytes, a multiple of 4096.
+ * bytes, zeros to the end of the header), the block index (one u32 per block: where the
+ * block starts in the stored bytes), zeros up to the first block, then per block of
+ * K3IO_SPLIT_BLOCK words: the high bytes as w-bit codes (8 codes per w bytes, code j of a
+ * group at bits j*w of the group's little-endian bits; code c < 2^w - 1 is dict[c], 2^w - 1
+ * is an escape), the block's low bytes as they are, and one byte per escape (its high byte)
+ * in order. The last block ends at the end of the stored bytes, a multiple of 4096.
  * It is made to be decoded IN PLACE: read to the end of the piece's own slot (bytes
  * [len - stored, len) of it), block b's decoded bytes end at or before block b + 1's stored
- * bytes begin, so one buffer holds both and nothing else is needed. */
-#define K3IO_SPLIT_MAGIC 0x3153334BU /* "K3S1" */
+ * bytes begin, so one buffer holds both and nothing else is needed. The index lets a
+ * product decode any run of words straight from the stored bytes (k3io_split_range). */
+#define K3IO_SPLIT_MAGIC 0x3253334BU /* "K3S2" */
 #define K3IO_SPLIT_HEADER 256
 #define K3IO_SPLIT_BLOCK 2048
-/* Codes len bytes of src (a multiple of 2 * K3IO_SPLIT_BLOCK) into dst (cap bytes).
- * width 0: the width that stores fewest bytes, and 0 returned when that is no smaller than
- * raw or would not decode in place (store the piece raw); width 1..7: that width, whatever
- * its size. Returns the stored bytes (a multiple of 4096), 0, or -errno. */
 int64_t k3io_split_encode(const void *src, uint64_t len, void *dst, uint64_t cap, int32_t width);
 /* Decodes slen stored bytes into the len-byte piece at dst (separate buffers, or in place
  * as above). Returns len, or -EBADMSG for a piece that is not a well-formed coded piece of
- * len bytes (a header field out of range, a byte between the dictionary and the first block
- * not zero, escapes that do not end exactly at slen, or in place a block that would
+ * len bytes (a header field out of range, a byte between the dictionary and the index or
+ * between the index and the first block not zero, an index entry that is not where its
+ * block starts, escapes that do not end exactly at slen, or in place a block that would
  * overwrite the next one's stored bytes; nothing beyond dst + len is written, nothing
  * beyond stored + slen read). */
 int64_t k3io_split_decode(const void *stored, uint64_t slen, void *dst, uint64_t len);
+/* Checks what k3io_split_range trusts of a coded piece kept coded (not decoded): the header
+ * fields, the zero bytes, and an index whose blocks follow each other with 0..2048 escape
+ * bytes each, the last ending at slen. Returns len, or -EBADMSG. What it does not check
+ * (which codes are escapes) k3io_split_range finds when it decodes a block. */
+int64_t k3io_split_check(const void *stored, uint64_t slen, uint64_t len);
+/* Decodes words [w0, w0 + n) of a coded piece (slen stored bytes of a len-byte piece) into
+ * out, reading only the blocks that hold them (found by the index). Returns 0, or -EBADMSG
+ * for a piece that does not decode there (out is then zero where it failed). */
+int64_t k3io_split_range(const void *stored, uint64_t slen, uint64_t len, uint64_t w0, uint64_t n, uint16_t *out);
 /* Reads one trunk piece: `stored` bytes at offset to the end of the len-byte buf, decoded
- * in place when stored < len (split-coded), then with hash set out[0] = k3io_hash of the len
+ * in place when stored < len (split-coded) unless flags has K3IO_KEEP_CODED (then only
+ * k3io_split_check), then with K3IO_HASH in flags out[0] = k3io_hash of the len
  * decoded bytes; out[1] = the thread CPU nanoseconds spent decoding. Returns len, the bytes read when a
  * raw piece ends at end of file (0 for a coded one), or -errno (-EBADMSG: not decodable). */
-int64_t k3io_pread_piece(int32_t fd, void *buf, uint64_t len, uint64_t offset, uint64_t stored, int32_t hash,
+#define K3IO_HASH 1
+#define K3IO_KEEP_CODED 2
+int64_t k3io_pread_piece(int32_t fd, void *buf, uint64_t len, uint64_t offset, uint64_t stored, int32_t flags,
                          uint64_t *out);
 
 #endif

@@ -4,6 +4,7 @@
  * against the lane types of simd.h.
  */
 #include "k3.h"
+#include "k3io.h"
 #include "simd.h"
 
 #include <stddef.h>
@@ -233,6 +234,69 @@ static void xpack_fill(float *xp, const float *x, int tn, int cols, int lanes) {
     }
 }
 
+/* Split-coded weights (K3_BF16_SPLIT): the product asks for rows a window at a time, and
+ * the window is decoded from the coded pieces into a per-thread buffer (k3io_split_range),
+ * where the tiles then read it from cache. Each row is the same words as decoded in place,
+ * and a row's result does not depend on which window brought it, so the bits are those of
+ * the plain product. */
+enum { SPLIT_WINDOW = 32768 }; /* words a window aims at (64 KB, well inside L2) */
+static K3_TLS uint16_t *split_buf;
+static K3_TLS size_t split_cap;
+static uint16_t *split_buf_get(size_t n) {
+  if (n > split_cap) {
+    k3_free(split_buf);
+    split_buf = (uint16_t *)k3_alloc((uint64_t)n * sizeof(uint16_t));
+    split_cap = split_buf ? n : 0;
+  }
+  return split_buf;
+}
+
+/* Words [t0, t0 + n) of the matrix m into out (zeros where a piece does not decode). */
+static void split_words(const k3_split_matrix *m, uint64_t t0, uint64_t n, uint16_t *out) {
+  uint64_t at = m->word0 + t0, start = 0;
+  for (uint64_t i = 0; i < m->npieces && n > 0; i++) {
+    uint64_t words = m->piece[i].len / 2;
+    if (at < start + words) {
+      uint64_t a = at - start, take = words - a < n ? words - a : n;
+      const unsigned char *base = (const unsigned char *)(uintptr_t)m->piece[i].base;
+      uint64_t stored = m->piece[i].stored;
+      if (stored == 0)
+        memcpy(out, base + 2 * a, (size_t)take * 2);
+      else
+        k3io_split_range(base + m->piece[i].len - stored, stored, m->piece[i].len, a, take, out);
+      out += take;
+      at += take;
+      n -= take;
+    }
+    start += words;
+  }
+  if (n > 0) memset(out, 0, (size_t)n * 2); /* past the last piece: a malformed descriptor */
+}
+
+/* The window of rows [r, r + n) is decoded: rows [wr, wr + wn) of [.., r1) are in buf. */
+typedef struct {
+  const k3_split_matrix *m;
+  int cols, r1, per, wr, wn;
+  uint16_t *buf;
+  uint64_t *sum; /* several tokens: each row is checked once, in the first window that holds it */
+  int checked;   /* rows below this one are in *sum */
+} split_window;
+
+/* Row r of a window holding rows [r, r + n) (decoding the next window when it does not). */
+static const uint16_t *split_rows(split_window *s, int r, int n) {
+  if (r < s->wr || r + n > s->wr + s->wn) {
+    s->wr = r;
+    s->wn = s->r1 - r < s->per ? s->r1 - r : s->per;
+    split_words(s->m, (uint64_t)r * (uint64_t)s->cols, (uint64_t)s->wn * (uint64_t)s->cols, s->buf);
+    if (s->sum && r + s->wn > s->checked) {
+      int from = r > s->checked ? r : s->checked;
+      *s->sum += check_rows(s->buf + (size_t)(from - r) * (size_t)s->cols, (size_t)s->cols * 2, from, r + s->wn);
+      s->checked = r + s->wn;
+    }
+  }
+  return s->buf + (size_t)(r - s->wr) * (size_t)s->cols;
+}
+
 /* One instance per weight type so wtype is a constant inside the loops.
  * One token: passes of MM_R1 rows over whole rows (weight streaming at memory speed).
  * Several: blocks of MM_RB rows; for each chunk of columns, every row of the block runs its
@@ -240,11 +304,23 @@ static void xpack_fill(float *xp, const float *x, int tn, int cols, int lanes) {
  * would stream all of x from L2 for every row). */
 enum { MM_RB = 8 };
 K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int ntok, int rows,
-                        int cols, int r0, int r1, uint64_t *sum) {
+                        int cols, int r0, int r1, uint64_t *sum, int split) {
   v16 acc[MM_RB][MM_TSUPER];
   c4 ck[MM_R1];
   int nchunk = (cols + MM_KC - 1) / MM_KC;
   size_t esize = wtype == K3_BF16 ? 2 : 4;
+  split_window sw = {(const k3_split_matrix *)w, cols, r1, 0, 0, 0, NULL, NULL, r0};
+  if (split) {
+    /* whole blocks of MM_RB rows (and so of MM_R1), so the windows follow the row blocks */
+    sw.per = SPLIT_WINDOW / cols / MM_RB * MM_RB > MM_RB ? SPLIT_WINDOW / cols / MM_RB * MM_RB : MM_RB;
+    sw.buf = split_buf_get((size_t)sw.per * (size_t)cols);
+    sw.sum = sum && ntok > 1 ? sum : NULL;
+    if (!sw.buf) { /* no memory for the window: no result (a checked product then fails) */
+      for (int t = 0; t < ntok; t++)
+        for (int r = r0; r < r1; r++) y[(size_t)t * rows + r] = 0.0f;
+      return;
+    }
+  }
   for (int ts = 0; ts < ntok;) {
     int tn = ntok - ts < MM_TSUPER ? ntok - ts : MM_TSUPER;
     float *xp = tn > 1 ? xpack_get((size_t)nchunk * tn * MM_KC) : NULL;
@@ -253,8 +329,9 @@ K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int 
       for (int r = r0; r < r1;) {
         int nr = r1 - r >= MM_R1 ? MM_R1 : 1;
         const void *wr[MM_R1];
+        const uint16_t *sb = split ? split_rows(&sw, r, nr) : NULL;
         for (int k = 0; k < nr; k++) {
-          wr[k] = row_ptr(w, wtype, r + k, cols);
+          wr[k] = split ? (const void *)(sb + (size_t)k * (size_t)cols) : row_ptr(w, wtype, r + k, cols);
           acc[k][0] = v16_zero();
           ck[k] = c4_zero();
         }
@@ -273,6 +350,7 @@ K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int 
     xpack_fill(xp, x + (size_t)ts * cols, tn, cols, lanes);
     for (int rb = r0; rb < r1; rb += MM_RB) {
       int rbn = r1 - rb < MM_RB ? r1 - rb : MM_RB;
+      const uint16_t *sb = split ? split_rows(&sw, rb, rbn) : NULL;
       for (int k = 0; k < rbn; k++)
         for (int t = 0; t < tn; t++) acc[k][t] = v16_zero();
       for (int c = 0; c < nchunk; c++) {
@@ -281,7 +359,7 @@ K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int 
           int nr = rb + rbn - r >= MM_R ? MM_R : 1;
           const void *wr[MM_R1];
           for (int k = 0; k < nr; k++) {
-            wr[k] = row_ptr(w, wtype, r + k, cols);
+            wr[k] = split ? (const void *)(sb + (size_t)(r + k - rb) * (size_t)cols) : row_ptr(w, wtype, r + k, cols);
             /* the row's next chunk, a whole block-pass ahead of its use */
             for (size_t b = 0; c + 1 < nchunk && b < (size_t)MM_KC * esize; b += 64)
               K3_PREFETCH((const char *)wr[k] + (size_t)i1 * esize + b);
@@ -304,16 +382,20 @@ K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int 
     ts += tn;
   }
   /* several tokens: the tiles hold each weight block for a moment only; one pass after */
-  if (sum && ntok > 1) *sum += check_rows(row_ptr(w, wtype, r0, cols), (size_t)cols * esize, r0, r1);
+  if (sum && ntok > 1 && !split) *sum += check_rows(row_ptr(w, wtype, r0, cols), (size_t)cols * esize, r0, r1);
 }
 
 static void matmul_f32(const void *w, const float *x, float *y, int ntok, int rows, int cols, int r0, int r1,
                        uint64_t *sum) {
-  matmul_t(w, K3_F32, x, y, ntok, rows, cols, r0, r1, sum);
+  matmul_t(w, K3_F32, x, y, ntok, rows, cols, r0, r1, sum, 0);
 }
 static void matmul_bf16(const void *w, const float *x, float *y, int ntok, int rows, int cols, int r0, int r1,
                         uint64_t *sum) {
-  matmul_t(w, K3_BF16, x, y, ntok, rows, cols, r0, r1, sum);
+  matmul_t(w, K3_BF16, x, y, ntok, rows, cols, r0, r1, sum, 0);
+}
+static void matmul_bf16_split(const void *w, const float *x, float *y, int ntok, int rows, int cols, int r0,
+                              int r1, uint64_t *sum) {
+  matmul_t(w, K3_BF16, x, y, ntok, rows, cols, r0, r1, sum, 1);
 }
 
 void k3_matmul_checked(const void *w, int32_t wtype, const float *x, float *y, int32_t ntok, int32_t rows,
@@ -322,6 +404,8 @@ void k3_matmul_checked(const void *w, int32_t wtype, const float *x, float *y, i
     matmul_bf16(w, x, y, ntok, rows, cols, r0, r1, sum);
   else if (wtype == K3_F32)
     matmul_f32(w, x, y, ntok, rows, cols, r0, r1, sum);
+  else if (wtype == K3_BF16_SPLIT)
+    matmul_bf16_split(w, x, y, ntok, rows, cols, r0, r1, sum);
 }
 
 void k3_matmul(const void *w, int32_t wtype, const float *x, float *y, int32_t ntok, int32_t rows,

@@ -28,6 +28,15 @@ export interface TensorSpec {
   atLeast?: boolean;
 }
 
+/**
+ * Whether kernels other than the dense product read the layer matrix `name` (MLA's
+ * kv_b_proj, read by absorb and expand): the trunk ring then decodes its pieces where they
+ * land, instead of leaving them coded for the product to decode (WTYPE.bf16Split).
+ */
+export function readOutsideProducts(name: string): boolean {
+  return name.endsWith("self_attn.kv_b_proj.weight");
+}
+
 /** Dense (trunk) tensors of layer L, in a fixed order. */
 export function layerTensors(cfg: K3Config, L: number): TensorSpec[] {
   const D = cfg.hiddenSize;

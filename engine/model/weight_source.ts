@@ -81,6 +81,8 @@ export interface IoStats {
   /** CPU seconds the I/O threads spent decoding coded trunk pieces (apart from the wall clock:
    * the decode runs beside the forward pass). */
   trunkDecodeSeconds: number;
+  /** Of `trunkStoredBytes`, those left coded in the ring for the products to decode. */
+  trunkCodedBytes: number;
 }
 
 /** IoStats with every counter at zero (a fresh source's, or a resident one's for good). */
@@ -97,5 +99,6 @@ export function noIoStats(): IoStats {
     pinnedLayers: 0,
     trunkStoredBytes: 0,
     trunkDecodeSeconds: 0,
+    trunkCodedBytes: 0,
   };
 }

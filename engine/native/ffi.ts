@@ -52,7 +52,7 @@ export const symbols = {
 export type Kernels = Deno.DynamicLibrary<typeof symbols>["symbols"];
 
 /** Weight element type codes of k3_matmul. */
-export const WTYPE = { f32: 0, bf16: 1 } as const;
+export const WTYPE = { f32: 0, bf16: 1, bf16Split: 2 } as const;
 
 /**
  * The library to load when no path is given (engine/libpath.ts): K3_LIB, else the

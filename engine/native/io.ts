@@ -177,10 +177,12 @@ export class IoFile {
   /**
    * Reads one trunk piece of `len` bytes stored as `stored` bytes at `offset` (kernels/k3io.h
    * k3io_pread_piece): raw when they are equal, else split-coded, read to the end of `ptr`'s
-   * `len` bytes and decoded there in place, on the I/O thread. With `hash` the decoded bytes'
-   * k3w64 comes back too. Resolves to the bytes now at `ptr` (short only for a raw piece at
-   * end of file, 0 for a coded one) and the CPU seconds the I/O thread spent decoding; a coded piece that does
-   * not decode rejects with CodedPieceCorrupt.
+   * `len` bytes and decoded there in place, on the I/O thread. With `keepCoded` a coded piece
+   * stays coded there (its header and block index checked), for the product to decode
+   * (WTYPE.bf16Split). With `hash` the decoded bytes' k3w64 comes back too. Resolves to the
+   * bytes now at `ptr` (short only for a raw piece at end of file, 0 for a coded one) and the
+   * CPU seconds the I/O thread spent decoding; a coded piece that does not decode rejects with
+   * CodedPieceCorrupt.
    */
   async preadPiece(
     ptr: NonNullable<Deno.PointerValue>,
@@ -188,6 +190,7 @@ export class IoFile {
     offset: number,
     stored: number,
     hash: boolean,
+    keepCoded = false,
   ): Promise<{ n: number; hash?: string; decodeSeconds: number }> {
     const out = new BigUint64Array(2);
     readStarted();
@@ -200,7 +203,7 @@ export class IoFile {
           BigInt(len),
           BigInt(offset),
           BigInt(stored),
-          hash ? 1 : 0,
+          (hash ? 1 : 0) | (keepCoded ? 2 : 0),
           Deno.UnsafePointer.of(out),
         ),
       );

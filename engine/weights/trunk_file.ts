@@ -19,6 +19,7 @@ import { CodedPieceCorrupt, type IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import { checkMismatch, type F32, type Matrix, tensorCheck } from "../native/tensors.ts";
 import { BoundTensors } from "./bind.ts";
+import { readOutsideProducts } from "../model/tensors.ts";
 import {
   checkLayout,
   DATA_FILE,
@@ -145,10 +146,11 @@ async function readOnePiece(
   s: { at: number; len: number; file: number; stored: number },
   i: number,
   hash: boolean,
+  keepCoded = false,
 ): Promise<{ n: number; hash?: string; decodeSeconds: number }> {
   const dst = s.at === 0 ? base : Deno.UnsafePointer.offset(base, s.at)!;
   try {
-    return await f.preadPiece(dst, s.len, s.file, s.stored, hash);
+    return await f.preadPiece(dst, s.len, s.file, s.stored, hash, keepCoded);
   } catch (e) {
     if (e instanceof CodedPieceCorrupt) throw new PieceMismatch(i, s.at);
     throw e;
@@ -177,30 +179,104 @@ function regionShortRead(dir: string, what: string, n: number, want: number): K3
 }
 
 /**
+ * The pieces of a streamed region that the ring left coded (the products decode them):
+ * `keptCoded` says which, and `descriptors` holds where each matrix's words are.
+ */
+export interface CodedPieces {
+  /** Per piece of the region: 1 when it was left coded at the end of its place. */
+  kept: Uint8Array;
+  /** The manifest's piece size. */
+  piece: number;
+  /** The region's decoded bytes. */
+  size: number;
+  /** Stored bytes of each piece. */
+  stored: readonly number[];
+  /** Room for the matrices' descriptors (`descriptorBytes`). */
+  descriptors: NativeBuffer;
+}
+
+/**
+ * Which pieces of region `r` the ring can leave coded: the coded pieces that hold nothing
+ * but bf16 matrices only the dense product reads (so no vector, and no matrix another kernel
+ * reads, ever sees coded bytes).
+ */
+export function keptCoded(r: Region, piece: number): Uint8Array {
+  const spans = pieceSpans(r, piece);
+  const kept = new Uint8Array(spans.length);
+  spans.forEach((s, j) => {
+    kept[j] = s.stored < s.len &&
+        r.tensors.every((t) =>
+          t.offset + t.bytes <= s.at || t.offset >= s.at + s.len ||
+          (t.keep === "matrix" && t.dtype === "BF16" && !readOutsideProducts(t.name))
+        )
+      ? 1
+      : 0;
+  });
+  return kept;
+}
+
+/** The first and last piece a tensor's bytes fall in. */
+function pieceRange(t: TensorEntry, piece: number): [number, number] {
+  return [Math.floor(t.offset / piece), Math.floor((t.offset + t.bytes - 1) / piece)];
+}
+
+/** Bytes of the descriptors (kernels/k3.h k3_split_matrix) of a region's matrices. */
+export function descriptorBytes(tensors: readonly TensorEntry[], piece: number): number {
+  return tensors.filter((t) => t.keep === "matrix").reduce((a, t) => {
+    const [p0, p1] = pieceRange(t, piece);
+    return a + 16 + 24 * (p1 - p0 + 1);
+  }, 0);
+}
+
+/**
+ * Writes at `desc` + `off` where matrix `t`'s words are, when any of its pieces was left
+ * coded (kernels/k3.h k3_split_matrix); returns the bytes written, 0 when none was.
+ */
+function describeCoded(t: TensorEntry, base: NativeBuffer, at: number, c: CodedPieces, off: number): number {
+  const [p0, p1] = pieceRange(t, c.piece);
+  if (!c.kept.subarray(p0, p1 + 1).some((x) => x === 1)) return 0;
+  const d = new DataView(c.descriptors.u8.buffer, c.descriptors.u8.byteOffset + off, 16 + 24 * (p1 - p0 + 1));
+  d.setBigUint64(0, BigInt(p1 - p0 + 1), true);
+  d.setBigUint64(8, BigInt((t.offset - p0 * c.piece) / 2), true);
+  for (let p = p0; p <= p1; p++) {
+    const o = 16 + 24 * (p - p0);
+    d.setBigUint64(o, BigInt(Deno.UnsafePointer.value(base.at(at + p * c.piece))), true);
+    d.setBigUint64(o + 8, BigInt(Math.min(c.piece, c.size - p * c.piece)), true);
+    d.setBigUint64(o + 16, BigInt(c.kept[p] ? c.stored[p] : 0), true);
+  }
+  return d.byteLength;
+}
+
+/**
  * Bound tensors over a region's bytes at `base` (nothing owned: the region buffer is).
  * `checked` (a streamed layer read unverified): each vector is checked against its tensor
  * check now (throws K3Error, exit 1, on a mismatch) and each matrix carries its check, for
- * the product that uses it to settle.
+ * the product that uses it to settle. `coded`: a matrix in pieces left coded is bound as a
+ * WTYPE.bf16Split descriptor.
  */
 export function bindRegion(
   tensors: TensorEntry[],
   base: NativeBuffer,
   at = 0,
   checked?: { k: Kernels; what: string },
+  coded?: CodedPieces,
 ): BoundTensors {
   const matrices = new Map<string, Matrix>();
   const vectors = new Map<string, F32>();
+  let descAt = 0;
   for (const t of tensors) {
     const ptr = base.at(at + t.offset);
     const what = checked && `${checked.what}: tensor ${t.name}`;
     if (t.keep === "matrix") {
+      const described = coded ? describeCoded(t, base, at, coded, descAt) : 0;
       matrices.set(t.name, {
-        ptr,
-        wtype: t.dtype === "BF16" ? WTYPE.bf16 : WTYPE.f32,
+        ptr: described ? coded!.descriptors.at(descAt) : ptr,
+        wtype: described ? WTYPE.bf16Split : t.dtype === "BF16" ? WTYPE.bf16 : WTYPE.f32,
         rows: t.shape[0],
         cols: t.shape.slice(1).reduce((a, b) => a * b, 1),
         check: what ? { expect: t.check, verified: false, what } : undefined,
       });
+      descAt += described;
     } else if (t.keep === "vector") {
       if (checked) {
         const got = tensorCheck(checked.k, t, ptr);
@@ -276,16 +352,22 @@ export class TrunkFile {
 
   /**
    * Reads piece `i` of region `r` to `base` + its place in the region, decoded when it is
-   * coded, not hashed (a streamed layer: its bytes are checked by their tensor checks once
-   * bound, trunk_ring.ts). Resolves to the seconds spent decoding. Rejects with a K3Error
-   * (exit 1) naming `what` when the read fails or comes back short, or the piece does not
-   * decode.
+   * coded (or with `keepCoded` left coded at the end of its place, for the product), not
+   * hashed (a streamed layer: its bytes are checked by their tensor checks once bound,
+   * trunk_ring.ts). Resolves to the seconds spent decoding. Rejects with a K3Error (exit 1)
+   * naming `what` when the read fails or comes back short, or the piece does not decode.
    */
-  async readPiece(what: string, r: Region, i: number, base: NonNullable<Deno.PointerValue>): Promise<number> {
+  async readPiece(
+    what: string,
+    r: Region,
+    i: number,
+    base: NonNullable<Deno.PointerValue>,
+    keepCoded = false,
+  ): Promise<number> {
     const s = pieceSpans(r, this.manifest.piece)[i];
     let got: { n: number; decodeSeconds: number };
     try {
-      got = await readOnePiece(this.file, base, s, i, false);
+      got = await readOnePiece(this.file, base, s, i, false, keepCoded);
     } catch (e) {
       throw regionReadError(this.dir, what, r, e);
     }

@@ -21,6 +21,15 @@
  * is handed out only after every piece came in and its vectors matched; a failed check
  * stops the run (exit 1) naming the layer and the tensor.
  *
+ * A split-coded trunk (manifest version 5): a coded piece that holds only matrices the dense
+ * product reads is left coded at the end of its place in the ring (its header and block
+ * index checked on the I/O thread), and its matrices are bound as WTYPE.bf16Split: the
+ * product decodes them a window of rows at a time into cache as it multiplies, so their
+ * bytes cross memory once, coded, and the decode runs on the compute threads beside the
+ * product instead of on the I/O threads against it. Other coded pieces (vectors, MLA's
+ * kv_b_proj) are decoded in place as they land. `K3_TRUNK_DECODE=io` decodes every piece in
+ * place (to measure the two side by side: bench/limits.ts).
+ *
  * @module
  */
 
@@ -29,7 +38,7 @@ import { NativeBuffer } from "../native/memory.ts";
 import type { IoStats } from "../model/weight_source.ts";
 import type { BoundTensors } from "./bind.ts";
 import { type Region, storedSize, type TensorEntry } from "./manifest.ts";
-import { bindRegion, type TrunkFile } from "./trunk_file.ts";
+import { bindRegion, descriptorBytes, keptCoded, type TrunkFile } from "./trunk_file.ts";
 
 /**
  * Ring pieces in flight at most (16 MB each). Reads are issued from the JS thread, which
@@ -37,6 +46,13 @@ import { bindRegion, type TrunkFile } from "./trunk_file.ts";
  * layer starts computing is all the disk gets until the pass next yields: issue deep.
  */
 const RING_PIECES_IN_FLIGHT = 64;
+
+/** `K3_TRUNK_DECODE=io`: decode every coded piece on the I/O threads, as it lands. Read
+ * without prompting where the permission set does not grant it. */
+function decodeOnIo(): boolean {
+  const name = "K3_TRUNK_DECODE";
+  return Deno.permissions.querySync({ name: "env", variable: name }).state === "granted" && Deno.env.get(name) === "io";
+}
 
 interface RingEntry {
   L: number;
@@ -49,6 +65,8 @@ interface RingEntry {
   attnDone: boolean;
   /** Per piece: its read was started. */
   started: Uint8Array;
+  /** Per piece: left coded for the product (trunk_file.ts keptCoded). */
+  kept: Uint8Array;
   /** Pieces read and verified. */
   done: number;
   /** Pieces in flight. */
@@ -81,6 +99,18 @@ export function attentionSpan(tensors: readonly TensorEntry[]): [number, number]
   return [sorted[first].offset, end];
 }
 
+/**
+ * The part of a layer's attention span that can be freed once the pass is past attention:
+ * a piece left coded keeps its stored bytes at the END of its place, so a kept piece that
+ * the span's start or end cuts holds bytes the later tensors need until the layer is done.
+ */
+export function freedEarly(span: [number, number], kept: Uint8Array, piece: number): [number, number] {
+  let [a, b] = span;
+  if (a % piece !== 0 && kept[Math.floor(a / piece)]) a = Math.ceil(a / piece) * piece;
+  if (b % piece !== 0 && kept[Math.floor(b / piece)]) b = Math.floor(b / piece) * piece;
+  return a < b ? [a, b] : [0, 0];
+}
+
 /** Pinned layers plus a read-ahead ring over the rest. */
 export class StreamedTrunk {
   private readonly pinnedLayers = new Map<number, { buf: NativeBuffer; bound: BoundTensors }>();
@@ -90,6 +120,9 @@ export class StreamedTrunk {
   private readonly ring?: NativeBuffer;
   /** Ring pieces in flight. */
   private inflight = 0;
+  /** Per streamed layer: the pieces left coded, and its matrices' descriptors. */
+  private readonly coded = new Map<number, { kept: Uint8Array; descriptors?: NativeBuffer }>();
+  private readonly productDecodes = !decodeOnIo();
 
   private constructor(
     private readonly k: Kernels,
@@ -161,9 +194,10 @@ export class StreamedTrunk {
         off,
         size: region.size,
         region,
-        attn: attentionSpan(region.tensors),
+        attn: freedEarly(attentionSpan(region.tensors), this.codedOf(L).kept, this.trunk.manifest.piece),
         attnDone: false,
         started: new Uint8Array(Math.ceil(region.size / this.trunk.manifest.piece)),
+        kept: this.codedOf(L).kept,
         done: 0,
         inflight: 0,
         decodeSeconds: 0,
@@ -174,6 +208,21 @@ export class StreamedTrunk {
       this.next = (this.next + 1) % this.streamed.length;
     }
     this.pump();
+  }
+
+  /** Layer L's pieces left coded (none when every piece is decoded as it lands). */
+  private codedOf(L: number): { kept: Uint8Array; descriptors?: NativeBuffer } {
+    let c = this.coded.get(L);
+    if (!c) {
+      const region = this.trunk.manifest.layer[L], piece = this.trunk.manifest.piece;
+      const kept = this.productDecodes ? keptCoded(region, piece) : new Uint8Array(Math.ceil(region.size / piece));
+      // One descriptor buffer per layer, rewritten at each bind: a layer is in the ring once.
+      const descriptors = kept.some((x) => x === 1)
+        ? NativeBuffer.alloc(this.k, descriptorBytes(region.tensors, piece), `layer ${L} coded matrices`)
+        : undefined;
+      this.coded.set(L, c = { kept, descriptors });
+    }
+    return c;
   }
 
   /** True when entry `e` still needs any ring byte of [from, to). */
@@ -214,7 +263,7 @@ export class StreamedTrunk {
   private readPiece(e: RingEntry, j: number): void {
     this.inflight++;
     e.inflight++;
-    this.trunk.readPiece(`layer ${e.L} (streamed)`, e.region, j, this.ring!.at(e.off))
+    this.trunk.readPiece(`layer ${e.L} (streamed)`, e.region, j, this.ring!.at(e.off), e.kept[j] === 1)
       .then((decodeSeconds) => {
         e.done++;
         e.decodeSeconds += decodeSeconds;
@@ -236,7 +285,15 @@ export class StreamedTrunk {
     if (!e.error && !e.cancelled) {
       const checked = this.trunk.verify ? { k: this.k, what: `${this.trunk.dir}: layer ${e.L} (streamed)` } : undefined;
       try {
-        e.bound = bindRegion(e.region.tensors, this.ring!, e.off, checked);
+        const { kept, descriptors } = this.codedOf(e.L);
+        const coded = descriptors && {
+          kept,
+          descriptors,
+          piece: this.trunk.manifest.piece,
+          size: e.region.size,
+          stored: e.region.stored,
+        };
+        e.bound = bindRegion(e.region.tensors, this.ring!, e.off, checked, coded);
       } catch (err) {
         e.error = err as Error;
       }
@@ -280,6 +337,7 @@ export class StreamedTrunk {
     this.stats.trunkBytes += e.size;
     this.stats.trunkStoredBytes += storedSize(e.region);
     this.stats.trunkDecodeSeconds += e.decodeSeconds;
+    e.kept.forEach((x, j) => this.stats.trunkCodedBytes += x * e.region.stored[j]);
     return e.bound!;
   }
 
@@ -309,6 +367,8 @@ export class StreamedTrunk {
     await this.drain();
     for (const p of this.pinnedLayers.values()) p.buf.free();
     this.pinnedLayers.clear();
+    for (const c of this.coded.values()) c.descriptors?.free();
+    this.coded.clear();
     this.ring?.free();
   }
 }

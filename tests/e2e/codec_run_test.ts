@@ -4,14 +4,16 @@
 import assert from "node:assert/strict";
 import { packTrunk } from "../../pack/pack.ts";
 import { DATA_FILE, MANIFEST_FILE, pieceSpans, readManifest } from "../../engine/weights/manifest.ts";
+import { keptCoded } from "../../engine/weights/trunk_file.ts";
 import { jsonIds, k3, packedFloor, tempDir, TINY } from "../helpers.ts";
 
 const PIECE = 64 << 10; // several pieces a layer, so one layer holds coded and raw pieces
 const quiet = { log: null };
 
 /** Ids and logits of a 6-token run on `trunk` with the budget flags `budget`. */
-async function tokens(dir: string, trunk: string, budget: string[], tag: string) {
+async function tokens(dir: string, trunk: string, budget: string[], tag: string, env?: Record<string, string>) {
   const logits = `${dir}/${tag}.f32`;
+  const report = `${dir}/${tag}.json`;
   const out = await k3([
     "run",
     TINY,
@@ -24,10 +26,13 @@ async function tokens(dir: string, trunk: string, budget: string[], tag: string)
     trunk,
     "--dump-logits",
     logits,
+    "--out",
+    report,
     ...budget,
-  ]);
+  ], { env });
   assert.equal(out.code, 0, out.stderr);
-  return { ids: jsonIds(out.stdout), logits: await Deno.readFile(logits), stderr: out.stderr };
+  const leftCoded: number = JSON.parse(await Deno.readTextFile(report)).trunk_bytes_left_coded;
+  return { ids: jsonIds(out.stdout), logits: await Deno.readFile(logits), stderr: out.stderr, leftCoded };
 }
 
 Deno.test("codec: the split-coded trunk gives the raw trunk's tokens and logits, resident, pinned, at the floor and with ultra", async () => {
@@ -53,6 +58,63 @@ Deno.test("codec: the split-coded trunk gives the raw trunk's tokens and logits,
     assert.deepEqual(b.ids, a.ids, `${name}: tokens`);
     assert.ok(a.logits.length > 0 && a.logits.every((x, i) => x === b.logits[i]), `${name}: logits bit for bit`);
   }
+});
+
+Deno.test("codec: pieces left coded for the product (16 KB pieces, inside the tiny model's matrices) give the raw trunk's tokens and logits streamed, and so does decoding them on the I/O threads", async () => {
+  await using d = await tempDir();
+  const SMALL = 16 << 10; // 4 blocks: coded smaller, and small enough to lie inside one matrix
+  const raw = `${d.path}/raw`, split = `${d.path}/split`;
+  const { floor } = await packedFloor(TINY, raw, SMALL);
+  await packTrunk(TINY, split, { ...quiet, pieceBytes: SMALL, codec: "split" });
+  const m = await readManifest(split);
+  const kept = m.layer.reduce((a, r) => a + keptCoded(r, m.piece).reduce((x, y) => x + y, 0), 0);
+  const pieces = m.layer.reduce((a, r) => a + pieceSpans(r, m.piece).length, 0);
+  assert.ok(kept > 0 && kept < pieces, `some pieces left coded, some not (${kept} of ${pieces})`);
+  const budgets: [string, string[]][] = [
+    ["half pinned", ["--trunk-gb", String(floor.trunkGB * 6), "--cache-gb", String(floor.cacheGB * 4)]],
+    ["floor", ["--trunk-gb", String(floor.trunkGB), "--cache-gb", String(floor.cacheGB)]],
+  ];
+  for (const [name, budget] of budgets) {
+    const a = await tokens(d.path, raw, budget, `raw-${name}`);
+    const b = await tokens(d.path, split, budget, `split-${name}`);
+    const c = await tokens(d.path, split, budget, `split-io-${name}`, { K3_TRUNK_DECODE: "io" });
+    assert.ok(b.leftCoded > 0, `${name}: the product decoded pieces left coded (${b.leftCoded} bytes)`);
+    assert.equal(c.leftCoded, 0, `${name}: K3_TRUNK_DECODE=io decodes every piece as it lands`);
+    for (const [how, x] of [["product", b], ["I/O threads", c]] as const) {
+      assert.deepEqual(x.ids, a.ids, `${name}, decoded by the ${how}: tokens`);
+      assert.ok(
+        a.logits.length > 0 && a.logits.every((v, i) => v === x.logits[i]),
+        `${name}, ${how}: logits bit for bit`,
+      );
+    }
+  }
+  // A flipped low byte in a piece left coded is refused by the product's check.
+  const layer = m.layer.findIndex((r) => keptCoded(r, m.piece).some((x) => x === 1));
+  const j = keptCoded(m.layer[layer], m.piece).indexOf(1);
+  const s = pieceSpans(m.layer[layer], m.piece)[j];
+  const data = await Deno.readFile(`${split}/${DATA_FILE}`);
+  data[s.file + s.stored - 600] ^= 0x10;
+  const flip = `${d.path}/flip`;
+  await Deno.mkdir(flip);
+  await Deno.copyFile(`${split}/${MANIFEST_FILE}`, `${flip}/${MANIFEST_FILE}`);
+  await Deno.writeFile(`${flip}/${DATA_FILE}`, data);
+  const out = await k3([
+    "run",
+    TINY,
+    "--ids",
+    "5,17,300",
+    "--gen",
+    "2",
+    "--trunk",
+    flip,
+    "--trunk-gb",
+    String(floor.trunkGB),
+    "--cache-gb",
+    String(floor.cacheGB),
+  ]);
+  assert.equal(out.code, 1, out.stderr);
+  assert.match(out.stderr, new RegExp(`layer ${layer} \\(streamed\\): tensor .*checksum mismatch`));
+  assert.doesNotMatch(out.stderr, /^\s+at /m, "no stack trace");
 });
 
 Deno.test("codec: a flipped byte in a coded piece is refused pinned, streamed and by pack --verify (both forms)", async () => {

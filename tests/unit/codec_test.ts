@@ -9,6 +9,12 @@ const symbols = {
   k3_free: { parameters: ["pointer"], result: "void" },
   k3io_split_encode: { parameters: ["pointer", "u64", "pointer", "u64", "i32"], result: "i64" },
   k3io_split_decode: { parameters: ["pointer", "u64", "pointer", "u64"], result: "i64" },
+  k3io_split_check: { parameters: ["pointer", "u64", "u64"], result: "i64" },
+  k3io_split_range: { parameters: ["pointer", "u64", "u64", "u64", "u64", "pointer"], result: "i64" },
+  k3_matmul_checked: {
+    parameters: ["pointer", "i32", "pointer", "pointer", "i32", "i32", "i32", "i32", "i32", "pointer"],
+    result: "void",
+  },
 } as const;
 const builds = libraryBuilds(symbols);
 const [, scalar] = builds[0];
@@ -150,9 +156,10 @@ Deno.test("codec: a flipped byte anywhere the decode uses is refused or changes 
   const piece = weights(bytes, 11);
   const stored = encode(piece);
   const first = new DataView(stored.buffer).getUint32(12, true), w = stored[4];
-  assert(first > 256, "the padding before the first block is there to flip");
-  // Header fields, padding, codes, low bytes and escapes (the dictionary's used entries are
-  // covered by the decoded bytes changing).
+  const indexEnd = 256 + 4 * (bytes / BLOCK_BYTES);
+  assert(first > indexEnd, "the padding before the first block is there to flip");
+  // Header fields, padding, the block index, codes, low bytes and escapes (the dictionary's
+  // used entries are covered by the decoded bytes changing).
   const at = [
     0,
     4,
@@ -160,6 +167,10 @@ Deno.test("codec: a flipped byte anywhere the decode uses is refused or changes 
     12,
     16 + (1 << w) - 1,
     200,
+    256,
+    256 + 4 * 3 + 1,
+    indexEnd - 4,
+    indexEnd,
     first - 1,
     first,
     first + 300,
@@ -192,4 +203,221 @@ Deno.test("codec verdict: codes only when a disk-bound token is faster even with
   assert(!v.pays && v.predicted > 1);
   // Below the margin it never codes, whatever the ratio.
   assert(!codecVerdict({ decode: 4e9, disk: 3e9, ratio: 0.1 }).pays);
+});
+
+/** Stored bytes in a native buffer for the range and check calls (freed by the caller). */
+function storedIn(lib: typeof scalar, stored: Uint8Array) {
+  return native(lib, stored.length, stored);
+}
+
+Deno.test("codec: any run of words decodes from the stored form on every build; a piece kept coded is checked", () => {
+  const bytes = 6 * BLOCK_BYTES;
+  const pieces: [string, Uint8Array, number][] = [
+    ["weights", weights(bytes, 5), 0],
+    ["all escapes", withHigh(bytes, (i) => (i % 2 ? 0x3c : 0x80 + (i % 100))), 2],
+    ["every high byte", withHigh(bytes, (i) => i), 7],
+  ];
+  const words = bytes / 2;
+  const runs = [[0, words], [0, 1], [2047, 2], [2048, 2048], [100, 5000], [words - 3, 3], [4095, 4099]];
+  for (const [what, piece, width] of pieces) {
+    const stored = encode(piece, width);
+    assert(stored.length > 0, `${what}: coded`);
+    const u16 = new Uint16Array(piece.buffer, piece.byteOffset, words);
+    for (const [name, lib] of builds) {
+      const s = storedIn(lib, stored), out = native(lib, bytes);
+      try {
+        assert.equal(Number(lib.symbols.k3io_split_check(s.ptr, BigInt(stored.length), BigInt(bytes))), bytes);
+        for (const [w0, n] of runs) {
+          const r = Number(
+            lib.symbols.k3io_split_range(s.ptr, BigInt(stored.length), BigInt(bytes), BigInt(w0), BigInt(n), out.ptr),
+          );
+          assert.equal(r, 0, `${what} ${name}: [${w0}, +${n})`);
+          const got = new Uint16Array(out.u8.buffer, out.u8.byteOffset, n);
+          assert(got.every((x, i) => x === u16[w0 + i]), `${what} ${name}: words [${w0}, +${n})`);
+        }
+        assert(
+          Number(
+            lib.symbols.k3io_split_range(s.ptr, BigInt(stored.length), BigInt(bytes), BigInt(words - 1), 2n, out.ptr),
+          ) < 0,
+          "past the end",
+        );
+      } finally {
+        s.free();
+        out.free();
+      }
+    }
+  }
+  // What a kept piece trusts (header, zeros, index) is checked at the read; what it does not
+  // (which codes escape) fails the range that decodes it.
+  const piece = weights(8 * BLOCK_BYTES, 11), stored = encode(piece);
+  const first = new DataView(stored.buffer).getUint32(12, true);
+  const s = storedIn(scalar, stored), out = native(scalar, piece.length);
+  try {
+    const all = (lib: typeof scalar) =>
+      Number(
+        lib.symbols.k3io_split_range(
+          s.ptr,
+          BigInt(stored.length),
+          BigInt(piece.length),
+          0n,
+          BigInt(piece.length / 2),
+          out.ptr,
+        ),
+      );
+    for (const i of [0, 4, 8, 12, 200, 256, 257, 256 + 4 * 7, 256 + 4 * 7 + 3, first - 1]) {
+      for (const bit of [0x01, 0x80]) {
+        s.u8.set(stored);
+        s.u8[i] ^= bit;
+        // The check refuses it, or (an index entry moved within what blocks may span) the
+        // block before it no longer ends where the index says the next one starts.
+        const checked = Number(scalar.symbols.k3io_split_check(s.ptr, BigInt(stored.length), BigInt(piece.length)));
+        assert(checked < 0 || all(scalar) < 0, `byte ${i} ^ ${bit} went unnoticed`);
+        if (i < 256 || i >= 256 + 4 * 8) assert(checked < 0, `check: byte ${i} ^ ${bit}`);
+      }
+    }
+    s.u8.set(stored);
+    assert(
+      Number(scalar.symbols.k3io_split_check(s.ptr, BigInt(stored.length - 4096), BigInt(piece.length))) < 0,
+      "short",
+    );
+    // A code turned into an escape (or back) moves the block's end off the next block's start.
+    const w = stored[4], codesAt = first + 64 * w;
+    let refused = 0;
+    for (let j = 0; j < w; j++) {
+      s.u8.set(stored);
+      s.u8[codesAt + j] ^= 0xff;
+      const r = Number(
+        scalar.symbols.k3io_split_range(s.ptr, BigInt(stored.length), BigInt(piece.length), 0n, 2048n, out.ptr),
+      );
+      const got = new Uint16Array(out.u8.buffer, out.u8.byteOffset, 2048);
+      const same = got.every((x, i) => x === new Uint16Array(piece.buffer, 0, 2048)[i]);
+      assert(!same, `code byte ${j} flipped went unnoticed`);
+      if (r < 0) refused++;
+    }
+    assert(refused > 0, "a changed escape count is refused");
+  } finally {
+    s.free();
+    out.free();
+  }
+});
+
+Deno.test("codec: the bf16 product from split-coded pieces gives the plain product's bits and check on every build", () => {
+  const PIECE = 4 * BLOCK_BYTES; // small pieces, so a matrix spans several, coded and not
+  // Shapes where a window is one row block, several, or not a whole number of them.
+  for (
+    const [rows, cols, word0] of [[37, 96, 0], [9, 3000, 1000], [70, 512, 2048 * 3 + 7], [40, 3584, 5], [300, 100, 9]]
+  ) {
+    const words = word0 + rows * cols;
+    const npieces = Math.ceil(words / (PIECE / 2));
+    const all = weights(npieces * PIECE, rows + cols);
+    const mat = all.subarray(2 * word0, 2 * (word0 + rows * cols));
+    for (const [name, lib] of builds) {
+      const plain = native(lib, mat.length, mat);
+      const ring = native(lib, npieces * PIECE);
+      const desc = native(lib, 16 + 24 * npieces);
+      const dv = new DataView(desc.u8.buffer, desc.u8.byteOffset, desc.u8.length);
+      dv.setBigUint64(0, BigInt(npieces), true);
+      dv.setBigUint64(8, BigInt(word0), true);
+      const kept: number[] = [];
+      for (let i = 0; i < npieces; i++) {
+        const slot = all.subarray(i * PIECE, (i + 1) * PIECE);
+        const stored = i % 3 === 1 ? new Uint8Array(0) : encode(slot, 3); // every third piece decoded in place
+        if (stored.length > 0) ring.u8.set(stored, i * PIECE + PIECE - stored.length);
+        else ring.u8.set(slot, i * PIECE);
+        if (stored.length > 0) kept.push(i);
+        const base = Deno.UnsafePointer.value(Deno.UnsafePointer.offset(ring.ptr, i * PIECE)!);
+        dv.setBigUint64(16 + 24 * i, BigInt(base), true);
+        dv.setBigUint64(24 + 24 * i, BigInt(PIECE), true);
+        dv.setBigUint64(32 + 24 * i, BigInt(stored.length), true);
+      }
+      assert(kept.length > 0, "some pieces stay coded");
+      try {
+        for (const ntok of [1, 5]) {
+          const x = native(lib, 4 * ntok * cols);
+          new Float32Array(x.u8.buffer, x.u8.byteOffset, ntok * cols).forEach((_, i, a) => a[i] = Math.sin(i * 0.37));
+          const ya = native(lib, 4 * ntok * rows), yb = native(lib, 4 * ntok * rows);
+          const sa = new BigUint64Array(1), sb = new BigUint64Array(1);
+          try {
+            for (const [r0, r1] of [[0, rows], [1, rows - 2], [rows - 1, rows]]) {
+              sa[0] = 0n;
+              sb[0] = 0n;
+              lib.symbols.k3_matmul_checked(
+                plain.ptr,
+                1,
+                x.ptr,
+                ya.ptr,
+                ntok,
+                rows,
+                cols,
+                r0,
+                r1,
+                Deno.UnsafePointer.of(sa),
+              );
+              lib.symbols.k3_matmul_checked(
+                desc.ptr,
+                2,
+                x.ptr,
+                yb.ptr,
+                ntok,
+                rows,
+                cols,
+                r0,
+                r1,
+                Deno.UnsafePointer.of(sb),
+              );
+              const a = new Uint32Array(ya.u8.buffer, ya.u8.byteOffset, ntok * rows);
+              const b = new Uint32Array(yb.u8.buffer, yb.u8.byteOffset, ntok * rows);
+              for (let t = 0; t < ntok; t++) {
+                for (let r = r0; r < r1; r++) {
+                  assert.equal(b[t * rows + r], a[t * rows + r], `${name} ${rows}x${cols} ntok ${ntok} row ${r}`);
+                }
+              }
+              assert.equal(sb[0], sa[0], `${name} ${rows}x${cols} ntok ${ntok} [${r0}, ${r1}): check`);
+            }
+            // A flipped low byte in a coded piece changes the check.
+            const i = kept[0], at = i * PIECE + PIECE - 1000;
+            ring.u8[at] ^= 1;
+            sb[0] = 0n;
+            lib.symbols.k3_matmul_checked(
+              desc.ptr,
+              2,
+              x.ptr,
+              yb.ptr,
+              ntok,
+              rows,
+              cols,
+              0,
+              rows,
+              Deno.UnsafePointer.of(sb),
+            );
+            ring.u8[at] ^= 1;
+            sa[0] = 0n;
+            lib.symbols.k3_matmul_checked(
+              plain.ptr,
+              1,
+              x.ptr,
+              ya.ptr,
+              ntok,
+              rows,
+              cols,
+              0,
+              rows,
+              Deno.UnsafePointer.of(sa),
+            );
+            // The byte is in the piece's last block, which decodes to its last BLOCK_BYTES.
+            const touches = (i + 1) * PIECE > 2 * word0 && (i + 1) * PIECE - BLOCK_BYTES < 2 * (word0 + rows * cols);
+            if (touches) assert.notEqual(sb[0], sa[0], `${name}: a flipped coded byte went unnoticed`);
+          } finally {
+            x.free();
+            ya.free();
+            yb.free();
+          }
+        }
+      } finally {
+        plain.free();
+        ring.free();
+        desc.free();
+      }
+    }
+  }
 });
