@@ -752,6 +752,17 @@ export const planSection: Section = async (ctx) => {
       const choice =
         `${plan.state.sequences} seq, ${plan.trunk.pinned.length}/${plan.trunk.layers} pinned, ${plan.experts.slots} slots`;
       ctx.log(`plan: ${gb} GB: ${choice}; predicted ${predicted.toFixed(3)} tokens/s, measured ${measured.toFixed(3)}`);
+      // Where the run's seconds went, against the predicted pass (read and compute).
+      const l = r.ledger, p = plan.prediction, f = (x: number) => x.toFixed(2);
+      ctx.log(
+        `plan: ${gb} GB: predicted pass ${f(p.pass_seconds)} s (read ${f(p.io_seconds)} s, compute ${
+          f(p.compute_seconds)
+        } s); the run ${f(l.wall_seconds)} s: trunk read wait ${f(l.trunk_read_wait_seconds)}, expert read wait ${
+          f(l.expert_read_wait_seconds)
+        }, dense ${f(l.dense_matmul_seconds)}, experts ${f(l.expert_compute_seconds)}, head ${
+          f(l.head_seconds)
+        }, attention ${f(l.attention_seconds)}, other ${f(l.other_seconds)}`,
+      );
       figures.push(
         {
           key: `plan_measured_tps_${gb}gb`,

@@ -42,7 +42,7 @@ import { bytesText } from "../native/available.ts";
 import { layerTensors } from "../model/tensors.ts";
 import { passRows, scratchBytes } from "../model/scratch.ts";
 import { SPEC_RECORD_ROWS, speculationBytes, stateBytes } from "../model/state.ts";
-import { type PassRates, type PassShape, type Prediction, predictPass } from "./throughput.ts";
+import { DEFAULT_DRAFTING, type PassRates, type PassShape, type Prediction, predictPass } from "./throughput.ts";
 
 /** A named memory budget, in GB (1e9 bytes). */
 export interface Preset {
@@ -449,13 +449,18 @@ export function makePlan(input: PlanInput): MemoryPlan {
     experts: cfg.moe.numExperts,
     topK,
     expertBytes: input.expertBytes,
+    layers: input.layerBytes,
   };
-  /** The prediction for `sequences` with these layers pinned and cache slots. */
-  const predictWith = (pinnedBytes: number, slots: number, headStreamed: boolean) =>
+  /** The prediction for `sequences` with these layers pinned, this ring and cache slots. */
+  const predictWith = (pinnedLayers: number[], ringBytes: number, slots: number, headStreamed: boolean) =>
     predictPass(shape, {
       sequences,
-      streamedBytes: trunkTotal - pinnedBytes + (headStreamed ? input.headBytes : 0),
+      streamedBytes: trunkTotal - pinnedLayers.reduce((a, L) => a + input.layerBytes[L], 0),
+      streamedLayers: input.layerBytes.map((_, L) => L).filter((L) => !pinnedLayers.includes(L)),
+      ringBytes,
+      headStreamed,
       slots,
+      ...(input.drafts ? DEFAULT_DRAFTING : {}),
     }, input.rates!);
 
   let byRate = false;
@@ -500,9 +505,8 @@ export function makePlan(input: PlanInput): MemoryPlan {
         for (const t of [...pinBudgets(input.layerBytes)].reverse()) {
           if (t + minCache > room) continue;
           const cache = Math.max(minCache, Math.min(totalExperts * slotBytes, room - t));
-          const { pinned } = memo(input.layerBytes, `pin ${t}`, () => pinLayers(input.layerBytes, t));
-          const pinnedBytes = pinned.reduce((a, L) => a + input.layerBytes[L], 0);
-          const tps = predictWith(pinnedBytes, Math.min(totalExperts, Math.floor(cache / slotBytes)), se)
+          const { pinned, ring } = memo(input.layerBytes, `pin ${t}`, () => pinLayers(input.layerBytes, t));
+          const tps = predictWith(pinned, ring, Math.min(totalExperts, Math.floor(cache / slotBytes)), se)
             .tokensPerSecond;
           if (tps > best * (1 + 1e-9)) {
             best = tps;
@@ -618,7 +622,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
     prediction: input.rates
       ? {
         ...(streaming
-          ? predictWith(pinnedBytes, expertsResident ? totalExperts : slots, streamEmbed)
+          ? predictWith(pinned, ring, expertsResident ? totalExperts : slots, streamEmbed)
           : predictPass(shape, { sequences, streamedBytes: 0, slots: totalExperts, resident: true }, input.rates)),
         sequences,
         diskBytesPerSecond: input.rates.disk,
@@ -772,9 +776,11 @@ export function formatPlan(p: MemoryPlan): string[] {
 export function predictionText(p: NonNullable<MemoryPlan["prediction"]>): string {
   const gb = (n: number) => (n / GB).toFixed(2);
   const tps = p.tokensPerSecond >= 100 ? p.tokensPerSecond.toFixed(0) : p.tokensPerSecond.toPrecision(3);
+  const over = p.passSeconds - Math.max(p.ioSeconds, p.computeSeconds);
+  const serial = over >= 0.0005 ? ` + ${over.toFixed(3)} s the reads and the compute cannot overlap` : "";
   return `predicted: ${tps} tokens/s with ${p.sequences} ${
     p.sequences === 1 ? "sequence" : "sequences"
   } decoding (a pass: ${p.passSeconds.toFixed(3)} s = max(read ${gb(p.readBytes)} GB${
     Number.isFinite(p.diskBytesPerSecond) ? ` at ${gb(p.diskBytesPerSecond)} GB/s` : ""
-  } = ${p.ioSeconds.toFixed(3)} s, compute ${p.computeSeconds.toFixed(3)} s))`;
+  } = ${p.ioSeconds.toFixed(3)} s, compute ${p.computeSeconds.toFixed(3)} s)${serial})`;
 }

@@ -17,7 +17,15 @@ import {
   type PlanInput,
   releasedK3,
 } from "../../engine/weights/plan.ts";
-import { DEFAULT_COMPUTE, distinctExperts, type PassShape, predictPass } from "../../engine/weights/throughput.ts";
+import {
+  CHECK_SHARE,
+  DEFAULT_COMPUTE,
+  distinctExperts,
+  type PassRates,
+  type PassShape,
+  type PassSplit,
+  predictPass,
+} from "../../engine/weights/throughput.ts";
 import { SPEC_RECORD_ROWS, speculationBytes, SpeculationRecord } from "../../engine/model/state.ts";
 import { loadConfig } from "../../engine/model/config.ts";
 import { kernels } from "../../engine/native/ffi.ts";
@@ -83,13 +91,19 @@ Deno.test("throughput: more slots, more pins or more sequences never predict few
   }
 });
 
-Deno.test("throughput: the pass is the read or the compute, whichever is longer", () => {
+Deno.test("throughput: the pass is at least the read and the compute, and the read where nothing waits on it", () => {
   // At the floor the read bounds: the streamed trunk plus 16 experts in each MoE layer.
   const floor = predictPass(shape, { sequences: 1, streamedBytes: 110e9, slots: 17 }, rates);
   const missed = 92 * 16 * 17.6e6 * (1 - 17 / (92 * 896));
   assert.ok(Math.abs(floor.readBytes - (110e9 + missed)) < 1e3);
-  assert.equal(floor.passSeconds, floor.ioSeconds);
-  assert.ok(Math.abs(floor.tokensPerSecond - 3e9 / floor.readBytes) < 1e-12);
+  assert.ok(floor.passSeconds >= Math.max(floor.ioSeconds, floor.computeSeconds));
+  // The experts are read only once the routing is known: a little of the pass is serial.
+  assert.ok(floor.passSeconds < 1.05 * floor.ioSeconds, `${floor.passSeconds} s for ${floor.ioSeconds} s of reads`);
+  // Every expert cached, an unbounded ring, the head in RAM: the disk never waits, the
+  // pass is the read.
+  const cached = predictPass(shape, { sequences: 1, streamedBytes: 110e9, slots: 92 * 896 }, rates);
+  assert.ok(Math.abs(cached.passSeconds / cached.ioSeconds - 1) < 1e-9, `${cached.passSeconds} / ${cached.ioSeconds}`);
+  assert.ok(Math.abs(cached.tokensPerSecond - 3e9 / cached.readBytes) < 1e-12);
   // Resident: nothing is read, the compute is the pass.
   const resident = predictPass(shape, { sequences: 4, streamedBytes: 0, slots: 0, resident: true }, rates);
   assert.equal(resident.readBytes, 0);
@@ -97,6 +111,128 @@ Deno.test("throughput: the pass is the read or the compute, whichever is longer"
   // Distinct experts: k for one row, all of them for many rows.
   assert.ok(Math.abs(distinctExperts(896, 16, 1) - 16) < 1e-9);
   assert.ok(distinctExperts(896, 16, 1000) > 895.99);
+});
+
+/** The real-width decode slice: 3 layers (dense, MoE, MoE), 32 experts top-16, its sizes. */
+const slice: PassShape = {
+  trunkBytes: 2341302272 + 1255448576 + 832045056,
+  headBytes: 469762048,
+  moeLayers: 2,
+  experts: 32,
+  topK: 16,
+  expertBytes: 17547264,
+  layers: [2341302272, 1255448576, 832045056],
+};
+const sliceRates: PassRates = { disk: 7.4e9, dense: 22e9, expert: 6.6e9, rowGrowth: 0.1, expertRowGrowth: 0.1 };
+const streamedSlice: PassSplit = {
+  sequences: 8,
+  streamedBytes: slice.trunkBytes,
+  streamedLayers: [0, 1, 2],
+  ringBytes: 2341302272 + 1255448576,
+  headStreamed: true,
+  slots: 58,
+};
+
+/** The compute of a pass with nothing read: the formula the module doc gives. */
+function computeOf(sh: PassShape, S: number, r: PassRates): number {
+  const D = distinctExperts(sh.experts, sh.topK, S);
+  return (sh.trunkBytes + sh.headBytes) / r.dense * (1 + r.rowGrowth * (S - 1)) +
+    sh.moeLayers * (D + r.expertRowGrowth * (S * sh.topK - D)) * sh.expertBytes / r.expert;
+}
+
+Deno.test("throughput: everything pinned and cached predicts the compute, as before", () => {
+  for (const sh of [shape, slice]) {
+    for (const S of [1, 3, 8, 16]) {
+      const all = sh.moeLayers * sh.experts;
+      const pinned = predictPass(
+        sh,
+        { sequences: S, streamedBytes: 0, streamedLayers: [], ringBytes: 0, slots: all },
+        rates,
+      );
+      const resident = predictPass(sh, { sequences: S, streamedBytes: 0, slots: 0, resident: true }, rates);
+      const expected = computeOf(sh, S, rates);
+      for (const p of [pinned, resident]) {
+        assert.equal(p.readBytes, 0);
+        assert.ok(Math.abs(p.passSeconds / expected - 1) < 1e-12, `S ${S}: ${p.passSeconds} s, not ${expected}`);
+        assert.equal(p.passSeconds, p.computeSeconds);
+        assert.ok(Math.abs(p.tokensPerSecond - S / expected) < 1e-9);
+      }
+    }
+  }
+});
+
+Deno.test("throughput: a larger ring never predicts fewer tokens/s, and a ring of two layers makes reads wait", () => {
+  // Every expert cached (a missed expert's read queues behind what the ring read ahead).
+  for (const S of [1, 2, 8, 16]) {
+    for (const headStreamed of [false, true]) {
+      let last = 0;
+      for (let ring = 3.6e9; ring <= 12e9; ring += 0.1e9) {
+        const split = { ...streamedSlice, sequences: S, headStreamed, ringBytes: ring, slots: 64 };
+        const t = predictPass(slice, split, sliceRates).tokensPerSecond;
+        assert.ok(t >= last * (1 - 1e-12), `S ${S}, ring ${ring}: ${t} < ${last}`);
+        last = t;
+      }
+      const unbounded = predictPass(
+        slice,
+        { ...streamedSlice, sequences: S, headStreamed, ringBytes: undefined, slots: 64 },
+        sliceRates,
+      );
+      assert.ok(Math.abs(unbounded.tokensPerSecond / last - 1) < 1e-9, `S ${S}: a ring of everything is unbounded`);
+    }
+  }
+  // 8 rows, a ring of the two largest layers: the read of the third waits for the first to
+  // be done, and the streamed head's read is behind the next pass's first layer.
+  const p = predictPass(slice, streamedSlice, sliceRates);
+  assert.ok(p.passSeconds > 1.2 * Math.max(p.ioSeconds, p.computeSeconds), JSON.stringify(p));
+  const noHead = predictPass(slice, { ...streamedSlice, headStreamed: false }, sliceRates);
+  assert.ok(noHead.passSeconds < p.passSeconds);
+  assert.ok(p.readBytes - noHead.readBytes === slice.headBytes);
+});
+
+Deno.test("throughput: a layer's missed experts are read after its routing, beside its expert compute only", () => {
+  // One MoE layer, pinned: dense compute, then max(expert compute, expert read + one expert).
+  const one: PassShape = { trunkBytes: 1e9, headBytes: 0, moeLayers: 1, experts: 64, topK: 8, expertBytes: 20e6 };
+  const r: PassRates = { disk: 2e9, dense: 10e9, expert: 4e9, rowGrowth: 0, expertRowGrowth: 1 };
+  const D = distinctExperts(64, 8, 1);
+  const expert = 8 * 20e6 / 4e9, read = D * 20e6 * (1 - 10 / 64) / 2e9;
+  const p = predictPass(one, { sequences: 1, streamedBytes: 0, streamedLayers: [], ringBytes: 0, slots: 10 }, r);
+  const expected = 0.1 + Math.max(expert, read + expert / D);
+  assert.ok(Math.abs(p.passSeconds - expected) < 1e-12, `${p.passSeconds} s, not ${expected}`);
+  assert.ok(p.passSeconds > Math.max(p.ioSeconds, p.computeSeconds));
+  // A streamed layer's products also check its weights: CHECK_SHARE of one row's time.
+  const streamed = predictPass(one, { sequences: 1, streamedBytes: 1e9, slots: 64 }, r);
+  assert.ok(Math.abs(streamed.computeSeconds - (0.1 * (1 + CHECK_SHARE) + expert)) < 1e-12);
+});
+
+Deno.test("throughput: drafted rows cost compute like rows, accepted drafts add tokens", () => {
+  const pinned: PassSplit = { sequences: 4, streamedBytes: 0, streamedLayers: [], ringBytes: 0, slots: 64 };
+  const base = predictPass(slice, pinned, sliceRates);
+  assert.deepEqual(predictPass(slice, { ...pinned, draftRows: 0, acceptedDrafts: 0 }, sliceRates), base);
+  // 3 drafted rows a sequence cost what 16 plain rows cost; with none accepted, 4 tokens.
+  const drafted = predictPass(slice, { ...pinned, draftRows: 3 }, sliceRates);
+  const sixteen = predictPass(slice, { ...pinned, sequences: 16 }, sliceRates);
+  assert.ok(Math.abs(drafted.computeSeconds - sixteen.computeSeconds) < 1e-12);
+  assert.ok(Math.abs(drafted.tokensPerSecond - 4 / drafted.passSeconds) < 1e-9);
+  for (const split of [pinned, streamedSlice]) {
+    let last = Infinity;
+    for (const draftRows of [0, 1, 2, 4, 8]) {
+      const p = predictPass(slice, { ...split, draftRows }, sliceRates);
+      assert.ok(p.tokensPerSecond <= last, `${draftRows} drafted rows, none accepted: ${p.tokensPerSecond} > ${last}`);
+      last = p.tokensPerSecond;
+    }
+    last = 0;
+    for (const acceptedDrafts of [0, 0.5, 1, 2, 4, 8]) {
+      const p = predictPass(slice, { ...split, draftRows: 4, acceptedDrafts }, sliceRates);
+      assert.ok(p.tokensPerSecond >= last, `${acceptedDrafts} accepted: ${p.tokensPerSecond} < ${last}`);
+      last = p.tokensPerSecond;
+    }
+    // No more accepted than drafted.
+    const all = predictPass(slice, { ...split, draftRows: 4, acceptedDrafts: 4 }, sliceRates);
+    assert.equal(
+      predictPass(slice, { ...split, draftRows: 4, acceptedDrafts: 9 }, sliceRates).tokensPerSecond,
+      all.tokensPerSecond,
+    );
+  }
 });
 
 Deno.test("plan: more memory never predicts fewer tokens/s (preset auto, --parallel auto)", () => {
