@@ -84,6 +84,8 @@ export interface LimitsOptions {
   reps: number;
   /** the split-coded trunk of the decode slice (default: beside the slice's raw trunk) */
   codedTrunk?: string;
+  /** the disk rate (GB/s) the codec's capped floor runs are held to (default ISSUE_DISK_GBPS) */
+  throttleGbps?: number;
 }
 
 /** Median of a list. */
@@ -387,12 +389,14 @@ export const kernelSection: Section = async (ctx) => {
   ];
 };
 
-/** One `k3 run` on the decode slice; returns its report. */
-async function k3Run(args: string[], env: Record<string, string> = {}): Promise<Record<string, any>> {
+/** One `k3 run` on the decode slice; returns its report. `cgroup`: run it in that cgroup
+ * (a directory with cgroup.procs, diskThrottle's). */
+async function k3Run(args: string[], env: Record<string, string> = {}, cgroup?: string): Promise<Record<string, any>> {
   const out = await Deno.makeTempFile({ prefix: "k3-limits-", suffix: ".json" });
   try {
-    const o = await new Deno.Command(Deno.execPath(), {
-      args: ["run", "-A", `${ROOT}/main.ts`, "run", ...args, "--out", out],
+    const run = ["run", "-A", `${ROOT}/main.ts`, "run", ...args, "--out", out];
+    const o = await new Deno.Command(cgroup ? "sh" : Deno.execPath(), {
+      args: cgroup ? ["-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, cgroup, Deno.execPath(), ...run] : run,
       env: { K3_LIB: defaultLibraryPath(), ...env },
       stdout: "null",
       stderr: "piped",
@@ -595,11 +599,47 @@ export const decodeSection: Section = async (ctx) => {
   return figures;
 };
 
+/** The disk rate the issue measured its floor token at (GB/s), which `--throttle-gbps`
+ * defaults to. */
+const ISSUE_DISK_GBPS = 3;
+
 /**
- * The trunk codec on the decode slice: the split decode rate on every thread against the
- * disk's O_DIRECT read of the raw trunk (alternated, `reps` each, median of the ratios), the
- * slice's coded size, and the floor token with the coded trunk against the raw one
- * (alternated runs, median seconds per token; the ratio is the median of the rounds' own).
+ * A cgroup whose reads from the disk holding `path` are capped at `gbps` (cgroup v1 blkio
+ * throttle, or v2 io.max), for a run at a slower disk's rate than this one's; undefined
+ * where none can be made (not root, no such controller, a device it does not take).
+ * `remove` takes it away again.
+ */
+async function diskThrottle(path: string, gbps: number): Promise<{ dir: string; remove(): Promise<void> } | undefined> {
+  const dev = Deno.statSync(path).dev;
+  const major = Number((BigInt(dev) >> 8n) & 0xfffn),
+    minor = Number((BigInt(dev) & 0xffn) | ((BigInt(dev) >> 12n) & 0xfff00n));
+  const rate = Math.round(gbps * 1e9);
+  const tries: [string, string, string][] = [
+    ["/sys/fs/cgroup/blkio/k3-limits", "blkio.throttle.read_bps_device", `${major}:${minor} ${rate}`],
+    ["/sys/fs/cgroup/k3-limits", "io.max", `${major}:${minor} rbps=${rate}`],
+  ];
+  // Through sh: Deno grants writes under /sys only to --allow-all, and the bench may run.
+  const sh = (script: string, ...args: string[]) =>
+    new Deno.Command("sh", { args: ["-c", script, "sh", ...args], stdout: "null", stderr: "null" }).output()
+      .then((o) => o.success);
+  for (const [dir, file, rule] of tries) {
+    if (await sh(`mkdir -p "$1" && printf '%s' "$3" > "$1/$2"`, dir, file, rule)) {
+      return { dir, remove: () => sh(`rmdir "$1"`, dir).then(() => {}) };
+    }
+    await sh(`rmdir "$1"`, dir);
+  }
+  return undefined;
+}
+
+/**
+ * The trunk codec on the decode slice: the split decode rate and the bf16 product's rates
+ * (plain and from the coded form) on every thread against the disk's O_DIRECT read of the
+ * raw trunk (alternated, `reps` each, median of the ratios), the slice's coded size, and
+ * the floor token with the coded trunk against the raw one (alternated runs, median seconds
+ * per token; the ratio is the median of the rounds' own): on this machine's disk, with the
+ * coded pieces decoded by the product (the default) and on the I/O threads
+ * (K3_TRUNK_DECODE=io), and with the disk capped at `throttleGbps` (the issue's 3 GB/s:
+ * a floor token bound by its reads) where a cgroup can cap it.
  * The slice's bf16 weights are uniform in +-sqrt(3 / cols) (bench/slice.ts): their high bytes
  * take a handful of values, as real weights' do, but a different handful, so the size ratio
  * is the slice's, not the model's.
@@ -620,40 +660,92 @@ export const codecSection: Section = async (ctx) => {
   const m = await readManifest(split);
   const size = m.layer.reduce((a, r) => a + r.size, 0), stored = m.layer.reduce((a, r) => a + storedSize(r), 0);
   const threads = navigator.hardwareConcurrency;
-  const ratios: number[] = [], decs: number[] = [], disks: number[] = [];
+  const ratios: number[] = [], decs: number[] = [], disks: number[] = [], plains: number[] = [], splits: number[] = [];
   for (let i = 0; i < ctx.opts.reps; i++) {
-    const dec = (await measureDecodeRate(ctx.k, libraryPath(), threads, 1)).bytesPerSecond;
+    const r = await measureDecodeRate(ctx.k, libraryPath(), threads, 1);
     const disk = await measureDiskRate(ctx.k, `${raw}/${DATA_FILE}`, 1 << 30);
-    decs.push(dec / 1e9);
+    decs.push(r.bytesPerSecond / 1e9);
+    plains.push(r.plainProduct / 1e9);
+    splits.push(r.splitProduct / 1e9);
     disks.push(disk / 1e9);
-    ratios.push(dec / disk);
-    ctx.log(`codec: decode ${(dec / 1e9).toFixed(2)} GB/s on ${threads} threads, disk ${(disk / 1e9).toFixed(2)} GB/s`);
+    ratios.push(r.bytesPerSecond / disk);
+    ctx.log(
+      `codec: decode ${(r.bytesPerSecond / 1e9).toFixed(2)} GB/s on ${threads} threads, bf16 product ${
+        (r.plainProduct / 1e9).toFixed(2)
+      } plain and ${(r.splitProduct / 1e9).toFixed(2)} coded, disk ${(disk / 1e9).toFixed(2)} GB/s`,
+    );
   }
   const ids = ["--ids", "11,222,3333,4444", "--gen", "6"];
   const floor = ["--trunk-gb", "2.5", "--cache-gb", "0.31"];
-  const per: Record<string, number[]> = { raw: [], split: [] };
-  let decodeSeconds = 0, storedRead = 0, read = 0;
-  for (let i = 0; i < 2; i++) {
-    for (const [name, dir] of [["raw", raw], ["split", split]]) {
-      ctx.log(`codec: floor, ${name} trunk (run ${i + 1} of 2)`);
-      const r = await k3Run([model, ...ids, "--trunk", dir, ...floor]);
-      per[name].push(r.decode_seconds_per_token);
-      if (name === "split") {
-        decodeSeconds += r.trunk_decode_cpu_seconds;
-        storedRead += r.trunk_bytes_stored;
-        read += r.trunk_bytes_read;
+  type Way = { name: string; dir: string; env?: Record<string, string> };
+  const ways: Way[] = [
+    { name: "raw", dir: raw },
+    { name: "split", dir: split },
+    { name: "split-io", dir: split, env: { K3_TRUNK_DECODE: "io" } },
+  ];
+  /** Floor seconds per token of each way, alternated over `rounds` rounds. */
+  const floorRuns = async (which: Way[], rounds: number, cgroup?: string, tag = "") => {
+    const per: Record<string, number[]> = {};
+    let decodeSeconds = 0, leftCoded = 0, storedRead = 0, read = 0;
+    for (let i = 0; i < rounds; i++) {
+      for (const w of which) {
+        ctx.log(`codec: floor${tag}, ${w.name} trunk (run ${i + 1} of ${rounds})`);
+        const r = await k3Run([model, ...ids, "--trunk", w.dir, ...floor], w.env, cgroup);
+        (per[w.name] ??= []).push(r.decode_seconds_per_token);
+        if (w.name === "split") {
+          decodeSeconds += r.trunk_decode_cpu_seconds;
+          leftCoded += r.trunk_bytes_left_coded;
+          storedRead += r.trunk_bytes_stored;
+          read += r.trunk_bytes_read;
+        }
       }
     }
+    // The ratio is taken within each round (the raw run and the coded one just after it): on
+    // a shared machine the load moves between rounds as much as the codec moves a token.
+    const over = (name: string) => median(per[name].map((t, i) => t / per.raw[i]));
+    return { per, over, decodeSeconds, leftCoded, storedRead, read };
+  };
+  const here = await floorRuns(ways, 2);
+  const figures: Figure[] = [];
+  const throttle = await diskThrottle(`${raw}/${DATA_FILE}`, ctx.opts.throttleGbps ?? ISSUE_DISK_GBPS);
+  if (throttle) {
+    try {
+      const gbps = ctx.opts.throttleGbps ?? ISSUE_DISK_GBPS;
+      const slow = await floorRuns(ways.slice(0, 2), 2, throttle.dir, ` at ${gbps} GB/s`);
+      figures.push(
+        {
+          key: "floor_coded_s_per_token_capped",
+          label: `floor token, coded trunk, the disk capped at ${gbps} GB/s (a cgroup)`,
+          value: median(slow.per.split),
+          unit: "s",
+          of: "floor_raw_s_per_token_capped",
+          ratio: slow.over("split"),
+        },
+        {
+          key: "floor_raw_s_per_token_capped",
+          label: `floor token, raw trunk, the disk capped at ${gbps} GB/s`,
+          value: median(slow.per.raw),
+          unit: "s",
+        },
+      );
+    } finally {
+      await throttle.remove();
+    }
+  } else {
+    ctx.log(
+      "codec: no cgroup to cap the disk's rate here (not root, or no blkio/io controller): the capped runs are left out",
+    );
   }
-  // The ratio is taken within each round (the raw run and the coded one just after it): on a
-  // shared machine the load moves between rounds as much as the codec moves a token.
-  const rawTok = median(per.raw), splitTok = median(per.split);
-  const roundRatio = median(per.split.map((t, i) => t / per.raw[i]));
-  const v = codecVerdict({ decode: median(decs) * 1e9, disk: median(disks) * 1e9, ratio: stored / size });
+  const v = codecVerdict({
+    disk: median(disks) * 1e9,
+    plain: median(plains) * 1e9,
+    split: median(splits) * 1e9,
+    ratio: stored / size,
+  });
   return [
     {
       key: "codec_predicted_coded_over_raw",
-      label: `auto's prediction for a disk-bound token: ${v.pays ? "split" : "raw"}`,
+      label: `auto's prediction for a streamed trunk byte: ${v.pays ? "split" : "raw"}`,
       value: v.predicted,
       unit: "x",
     },
@@ -672,16 +764,37 @@ export const codecSection: Section = async (ctx) => {
       ratio: median(ratios),
     },
     {
+      key: "codec_product_gbps",
+      label: `bf16 product from the coded form, ${threads} threads, decoded bytes (plain ${
+        median(plains).toFixed(2)
+      } GB/s)`,
+      value: median(splits),
+      unit: "GB/s",
+      of: "codec_plain_product_gbps",
+      ratio: median(splits) / median(plains),
+    },
+    {
       key: "floor_coded_s_per_token",
-      label: `floor token, coded trunk (decode ${decodeSeconds.toFixed(1)} CPU s on I/O threads, ${
-        (storedRead / Math.max(read, 1)).toFixed(3)
+      label: `floor token, coded trunk decoded by the product (${
+        (here.leftCoded / Math.max(here.storedRead, 1)).toFixed(3)
+      } of the stored bytes left coded, ${here.decodeSeconds.toFixed(1)} CPU s on I/O threads; ${
+        (here.storedRead / Math.max(here.read, 1)).toFixed(3)
       } of the trunk bytes read)`,
-      value: splitTok,
+      value: median(here.per.split),
       unit: "s",
       of: "floor_raw_s_per_token",
-      ratio: roundRatio,
+      ratio: here.over("split"),
     },
-    { key: "floor_raw_s_per_token", label: "floor token, raw trunk", value: rawTok, unit: "s" },
+    {
+      key: "floor_coded_io_s_per_token",
+      label: "floor token, coded trunk decoded on the I/O threads (K3_TRUNK_DECODE=io)",
+      value: median(here.per["split-io"]),
+      unit: "s",
+      of: "floor_raw_s_per_token",
+      ratio: here.over("split-io"),
+    },
+    { key: "floor_raw_s_per_token", label: "floor token, raw trunk", value: median(here.per.raw), unit: "s" },
+    ...figures,
   ];
 };
 
@@ -828,6 +941,9 @@ export function summary(figures: Figure[]): Record<string, number> {
   put("pinned_read_ahead_token_ratio", figures.find((f) => f.key === "pinned_read_ahead_token_ratio")?.value);
   put("codec_decode_over_disk", ratio("codec_decode_gbps"));
   put("floor_coded_over_raw", ratio("floor_coded_s_per_token"));
+  put("floor_coded_io_over_raw", ratio("floor_coded_io_s_per_token"));
+  put("floor_coded_over_raw_capped", ratio("floor_coded_s_per_token_capped"));
+  put("codec_product_of_plain", ratio("codec_product_gbps"));
   put("codec_slice_stored_ratio", figures.find((f) => f.key === "codec_slice_stored_ratio")?.value);
   put("codec_predicted_coded_over_raw", figures.find((f) => f.key === "codec_predicted_coded_over_raw")?.value);
   // Speculation (bench/speculation.ts): greedy, the repetitive prompt, suffix drafts.
@@ -869,9 +985,10 @@ function table(figures: Figure[]): string {
 
 if (import.meta.main) {
   const usage =
-    "usage: deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk] [--skip-decode] [--reps N] [--only dram,disk,kernels,decode,codec] [--coded-trunk T]\n" +
+    "usage: deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk] [--skip-decode] [--reps N] [--only dram,disk,kernels,decode,codec] [--coded-trunk T] [--throttle-gbps G]\n" +
     "  DIR: where the disk's scratch file goes (default /var/tmp/k3-bench; removed after)\n" +
-    "  T: the decode slice's split-coded trunk, packed there when missing (default: beside its raw trunk)";
+    "  T: the decode slice's split-coded trunk, packed there when missing (default: beside its raw trunk)\n" +
+    "  G: the disk rate the codec's capped floor runs are held to, in a cgroup (default 3 GB/s, the issue's disk)";
   const { values } = benchArgs(usage, {
     json: { type: "boolean" },
     dir: { type: "string" },
@@ -882,6 +999,7 @@ if (import.meta.main) {
     reps: { type: "string" },
     only: { type: "string" },
     "coded-trunk": { type: "string" },
+    "throttle-gbps": { type: "string" },
   });
   const num = (name: string, v: string | undefined, dflt: number) => {
     const n = v === undefined ? dflt : Number(v);
@@ -899,6 +1017,7 @@ if (import.meta.main) {
     skipDecode: values["skip-decode"] ?? false,
     reps: Math.round(num("reps", values.reps, 5)),
     codedTrunk: values["coded-trunk"],
+    throttleGbps: num("throttle-gbps", values["throttle-gbps"], ISSUE_DISK_GBPS),
   };
   const named: Record<string, Section> = {
     dram: dramSection,

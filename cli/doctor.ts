@@ -17,7 +17,7 @@ import { EXIT, usageError } from "../engine/errors.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
 import { checkCheckpoint } from "../engine/weights/bind.ts";
 import { defaultLibraryPath, isaName, type Kernels, kernels, libraryPath } from "../engine/native/ffi.ts";
-import { CODEC_GAIN, CODEC_MARGIN, codecVerdict, measureDecodeRate } from "../engine/weights/codec.ts";
+import { CODEC_GAIN, codecVerdict, measureDecodeRate } from "../engine/weights/codec.ts";
 import { cpuFlags } from "../engine/native/libpath.ts";
 import { IoFile } from "../engine/native/io.ts";
 import { cgroupText, memoryAvailability } from "../engine/native/available.ts";
@@ -255,27 +255,33 @@ async function measure(k: Kernels, path: string, size: number): Promise<Speeds> 
 const gbps = (x?: number) => (x === undefined ? "-" : `${(x / 1e9).toFixed(2)} GB/s`);
 
 /**
- * The trunk codec's line: the split decode rate measured on every thread (engine/weights/
- * codec.ts), beside the disk's sequential O_DIRECT rate when it was measured, and what `k3 pack --codec auto` would choose here.
+ * The trunk codec's line: the split decode rate and the bf16 product's rates (plain and
+ * from the coded form) measured on every thread (engine/weights/codec.ts), beside the
+ * disk's sequential O_DIRECT rate when it was measured, and what `k3 pack --codec auto`
+ * would choose here.
  */
 async function codecLine(k: Kernels, disk: number | undefined, line: (label: string, text: string) => void) {
   try {
     const dec = await measureDecodeRate(k, libraryPath());
-    const v = disk === undefined ? undefined : codecVerdict({ decode: dec.bytesPerSecond, disk, ratio: dec.ratio });
+    const v = disk === undefined
+      ? undefined
+      : codecVerdict({ disk, plain: dec.plainProduct, split: dec.splitProduct, ratio: dec.ratio });
     const verdict = disk === undefined || v === undefined
       ? "the disk's rate was not measured, so auto's choice is not known here"
       : `${(dec.bytesPerSecond / disk).toFixed(2)}x the disk's sequential ${
         gbps(disk)
-      }; a disk-bound token is predicted ${
+      }; a streamed trunk byte is predicted ${
         v.predicted.toFixed(2)
-      }x coded (the decode's time added to it): k3 pack --codec auto ${
+      }x coded (the slower of its read and its product): k3 pack --codec auto ${
         v.pays ? "codes the trunk (split)" : "keeps the trunk raw"
-      } (it codes when the decode is ${CODEC_MARGIN}x the disk and the token ${CODEC_GAIN}x faster)`;
+      } (it codes when that is ${CODEC_GAIN}x faster)`;
     line(
       "codec",
       `split decode ${gbps(dec.bytesPerSecond)} on ${dec.threads} threads (a weight-like piece stored at ${
         dec.ratio.toFixed(3)
-      } of its size); ${verdict}`,
+      } of its size), bf16 product ${gbps(dec.plainProduct)} plain, ${
+        gbps(dec.splitProduct)
+      } from the coded form; ${verdict}`,
     );
   } catch (e) {
     line("codec", `not measured: ${(e as Error).message}`);

@@ -25,10 +25,10 @@
 #define K3_BF16_SPLIT 2
 
 /* Where a K3_BF16_SPLIT matrix's words are: npieces trunk pieces back to back, the matrix
- * starting at word `word0` of the first. Piece i holds len bytes; stored == 0: its slot
- * (base) holds them decoded; else they are coded in the slot's last `stored` bytes
- * (base + len - stored), as k3io_pread_piece left them with K3IO_KEEP_CODED. A piece that
- * does not decode gives zero words (the matrix check then fails). All fields are 64-bit. */
+ * starting at word `word0` of the first. Piece i holds len bytes; stored == 0: base holds
+ * them decoded; else base holds their `stored` coded bytes, as k3io_pread_piece left them
+ * with K3IO_KEEP_CODED. A piece that does not decode gives zero words (the matrix check then
+ * fails). All fields are 64-bit. */
 typedef struct {
   uint64_t npieces, word0;
   struct {

@@ -405,7 +405,6 @@ int64_t k3io_split_encode(const void *src, uint64_t len, void *dst, uint64_t cap
 #if !defined(K3_SCALAR) && defined(__AVX512VBMI__) && defined(__AVX512VBMI2__) && defined(__AVX512BW__)
 #define K3S_VBMI 1
 #include <immintrin.h>
-#define K3S_PREFETCH 2048 /* bytes ahead */
 /* The decode's per-width permutes, made once per piece: byte b of qword k of `spread` picks
  * code byte w * k + b (the 8 codes of group k start there); byte j of each qword of `shifts`
  * is the bit offset j * w of code j. */
@@ -459,12 +458,14 @@ static int k3s_block(const unsigned char *p, const unsigned char *end, int w, co
   const __m512i tlo = _mm512_loadu_si512((const void *)dict), thi = _mm512_loadu_si512((const void *)(dict + 64));
   const __m512i spread = kc.spread, shifts = kc.shifts;
   const int stream = stream_ok && ((uintptr_t)out & 63) == 0;
+  const uint64_t fixed = K3S_BLOCK_FIXED(w);
+  const char *ahead = (const char *)p + 2 * fixed;
   const __m512i il0 = _mm512_loadu_si512((const void *)K3S_INTERLEAVE), il1 = _mm512_loadu_si512((const void *)(K3S_INTERLEAVE + 64));
   for (int g = 0; g < K3IO_SPLIT_BLOCK / 8; g += 8) {
-    /* The stored bytes come from memory (the ring): ask for them ahead of the two streams
-     * (cold decode 8 -> ~10 GB/s on one Zen 5 core). */
-    _mm_prefetch((const char *)(lo + g * 8 + K3S_PREFETCH), _MM_HINT_T0);
-    _mm_prefetch((const char *)(p + g * w + K3S_PREFETCH), _MM_HINT_T0);
+    /* The stored bytes come from memory (the ring): ask for the block after next while this
+     * one decodes, two lines a step (one Zen 5 core, 16 MB pieces cold: 7.7 -> 13 GB/s). */
+    _mm_prefetch(ahead + g * (int)fixed / 256, _MM_HINT_T0);
+    _mm_prefetch(ahead + g * (int)fixed / 256 + 64, _MM_HINT_T0);
     __m512i raw = _mm512_loadu_si512((const void *)(p + g * w)); /* 8w <= 56 bytes used */
     __m512i c = _mm512_and_si512(_mm512_multishift_epi64_epi8(shifts, _mm512_permutexvar_epi8(spread, raw)), vmask);
     __mmask64 escs = _mm512_cmpeq_epi8_mask(c, vmask);
@@ -563,8 +564,8 @@ typedef struct {
 } k3s_header;
 
 /* Reads the header of slen stored bytes coding len bytes; -1 when a field is out of range or
- * a byte that must be zero is not. */
-static int k3s_header_read(const unsigned char *s, uint64_t slen, uint64_t len, k3s_header *h) {
+ * (with zeros) a byte that must be zero is not. */
+static int k3s_header_read(const unsigned char *s, uint64_t slen, uint64_t len, int zeros, k3s_header *h) {
   if (slen < K3IO_SPLIT_HEADER || len % (2 * K3IO_SPLIT_BLOCK) != 0) return -1;
   uint32_t w = k3s_rd32(s + 4), nvals = k3s_rd32(s + 8), first = k3s_rd32(s + 12);
   uint64_t nblocks = len / 2 / K3IO_SPLIT_BLOCK;
@@ -575,10 +576,10 @@ static int k3s_header_read(const unsigned char *s, uint64_t slen, uint64_t len, 
   /* Everything between the dictionary and the index, and between the index and the first
    * block, is zero: a flipped byte anywhere in a coded piece either changes what it decodes
    * to or is refused. */
-  for (const unsigned char *z = s + 16 + (1u << w) - 1; z < s + K3IO_SPLIT_HEADER; z++) {
+  for (const unsigned char *z = s + 16 + (1u << w) - 1; zeros && z < s + K3IO_SPLIT_HEADER; z++) {
     if (*z != 0) return -1;
   }
-  for (const unsigned char *z = s + K3IO_SPLIT_HEADER + 4 * nblocks; z < s + first; z++) {
+  for (const unsigned char *z = s + K3IO_SPLIT_HEADER + 4 * nblocks; zeros && z < s + first; z++) {
     if (*z != 0) return -1;
   }
   h->w = (int)w;
@@ -594,7 +595,7 @@ int64_t k3io_split_decode(const void *stored, uint64_t slen, void *dst, uint64_t
   const unsigned char *s = (const unsigned char *)stored;
   unsigned char *d = (unsigned char *)dst;
   k3s_header hd;
-  if (k3s_header_read(s, slen, len, &hd) != 0) return -EBADMSG;
+  if (k3s_header_read(s, slen, len, 1, &hd) != 0) return -EBADMSG;
   int w = hd.w;
   uint64_t nblocks = hd.nblocks;
   /* In place when the stored bytes sit inside the slot (at its end, as the reads put them). */
@@ -632,7 +633,7 @@ int64_t k3io_split_decode(const void *stored, uint64_t slen, void *dst, uint64_t
 int64_t k3io_split_check(const void *stored, uint64_t slen, uint64_t len) {
   const unsigned char *s = (const unsigned char *)stored;
   k3s_header hd;
-  if (k3s_header_read(s, slen, len, &hd) != 0) return -EBADMSG;
+  if (k3s_header_read(s, slen, len, 1, &hd) != 0) return -EBADMSG;
   uint64_t at = hd.first, fixed = K3S_BLOCK_FIXED(hd.w);
   for (uint64_t b = 0; b < hd.nblocks; b++) {
     uint64_t i = k3s_rd32(hd.index + 4 * b), next = b + 1 < hd.nblocks ? k3s_rd32(hd.index + 4 * (b + 1)) : slen;
@@ -645,7 +646,9 @@ int64_t k3io_split_check(const void *stored, uint64_t slen, uint64_t len) {
 int64_t k3io_split_range(const void *stored, uint64_t slen, uint64_t len, uint64_t w0, uint64_t n, uint16_t *out) {
   const unsigned char *s = (const unsigned char *)stored;
   k3s_header hd;
-  int bad = k3s_header_read(s, slen, len, &hd) != 0 || w0 + n > len / 2 || w0 + n < w0;
+  /* The zero bytes were checked when the piece landed (k3io_split_check); a product asks
+   * for many windows of one piece, so each asks only what it reads. */
+  int bad = k3s_header_read(s, slen, len, 0, &hd) != 0 || w0 + n > len / 2 || w0 + n < w0;
   k3s_consts kc = k3s_make(bad ? 1 : hd.w);
   uint16_t tmp[K3IO_SPLIT_BLOCK];
   uint64_t fixed = bad ? 0 : K3S_BLOCK_FIXED(hd.w);
@@ -674,7 +677,9 @@ int64_t k3io_split_range(const void *stored, uint64_t slen, uint64_t len, uint64
 int64_t k3io_pread_piece(int32_t fd, void *buf, uint64_t len, uint64_t offset, uint64_t stored, int32_t flags,
                          uint64_t *out) {
   if (stored > len || stored == 0) return -EINVAL;
-  unsigned char *at = (unsigned char *)buf + (len - stored);
+  /* Coded and kept so: the stored bytes are the piece's whole place; else read to the end of
+   * the len-byte slot and decoded in place. */
+  unsigned char *at = (unsigned char *)buf + (flags & K3IO_KEEP_CODED ? 0 : len - stored);
   int64_t n = k3io_pread(fd, at, stored, offset);
   if (n < 0) return n;
   if ((uint64_t)n < stored) return stored == len ? n : 0; /* end of file */

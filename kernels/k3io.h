@@ -117,8 +117,9 @@ int64_t k3io_split_check(const void *stored, uint64_t slen, uint64_t len);
  * for a piece that does not decode there (out is then zero where it failed). */
 int64_t k3io_split_range(const void *stored, uint64_t slen, uint64_t len, uint64_t w0, uint64_t n, uint16_t *out);
 /* Reads one trunk piece: `stored` bytes at offset to the end of the len-byte buf, decoded
- * in place when stored < len (split-coded) unless flags has K3IO_KEEP_CODED (then only
- * k3io_split_check), then with K3IO_HASH in flags out[0] = k3io_hash of the len
+ * in place when stored < len (split-coded); with K3IO_KEEP_CODED in flags a coded piece is
+ * read to the START of buf (it needs only `stored` bytes there) and only checked
+ * (k3io_split_check). With K3IO_HASH in flags out[0] = k3io_hash of the len
  * decoded bytes; out[1] = the thread CPU nanoseconds spent decoding. Returns len, the bytes read when a
  * raw piece ends at end of file (0 for a coded one), or -errno (-EBADMSG: not decodable). */
 #define K3IO_HASH 1

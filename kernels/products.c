@@ -239,7 +239,9 @@ static void xpack_fill(float *xp, const float *x, int tn, int cols, int lanes) {
  * where the tiles then read it from cache. Each row is the same words as decoded in place,
  * and a row's result does not depend on which window brought it, so the bits are those of
  * the plain product. */
-enum { SPLIT_WINDOW = 32768 }; /* words a window aims at (64 KB, well inside L2) */
+#ifndef SPLIT_WINDOW
+#define SPLIT_WINDOW 32768 /* words a window aims at (64 KB, well inside L2) */
+#endif
 static K3_TLS uint16_t *split_buf;
 static K3_TLS size_t split_cap;
 static uint16_t *split_buf_get(size_t n) {
@@ -263,7 +265,7 @@ static void split_words(const k3_split_matrix *m, uint64_t t0, uint64_t n, uint1
       if (stored == 0)
         memcpy(out, base + 2 * a, (size_t)take * 2);
       else
-        k3io_split_range(base + m->piece[i].len - stored, stored, m->piece[i].len, a, take, out);
+        k3io_split_range(base, stored, m->piece[i].len, a, take, out);
       out += take;
       at += take;
       n -= take;
@@ -311,8 +313,10 @@ K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int 
   size_t esize = wtype == K3_BF16 ? 2 : 4;
   split_window sw = {(const k3_split_matrix *)w, cols, r1, 0, 0, 0, NULL, NULL, r0};
   if (split) {
-    /* whole blocks of MM_RB rows (and so of MM_R1), so the windows follow the row blocks */
-    sw.per = SPLIT_WINDOW / cols / MM_RB * MM_RB > MM_RB ? SPLIT_WINDOW / cols / MM_RB * MM_RB : MM_RB;
+    /* whole blocks of the rows a pass takes (MM_R1 for one token, MM_RB for several), so the
+     * windows follow them */
+    int block = ntok == 1 ? MM_R1 : MM_RB;
+    sw.per = SPLIT_WINDOW / cols / block * block > block ? SPLIT_WINDOW / cols / block * block : block;
     sw.buf = split_buf_get((size_t)sw.per * (size_t)cols);
     sw.sum = sum && ntok > 1 ? sum : NULL;
     if (!sw.buf) { /* no memory for the window: no result (a checked product then fails) */
@@ -389,23 +393,19 @@ static void matmul_f32(const void *w, const float *x, float *y, int ntok, int ro
                        uint64_t *sum) {
   matmul_t(w, K3_F32, x, y, ntok, rows, cols, r0, r1, sum, 0);
 }
+/* bf16 weights plain or split-coded: `split` is a flag here (one copy of the tiles, not two:
+ * it only picks where each row block's weights come from). */
 static void matmul_bf16(const void *w, const float *x, float *y, int ntok, int rows, int cols, int r0, int r1,
-                        uint64_t *sum) {
-  matmul_t(w, K3_BF16, x, y, ntok, rows, cols, r0, r1, sum, 0);
-}
-static void matmul_bf16_split(const void *w, const float *x, float *y, int ntok, int rows, int cols, int r0,
-                              int r1, uint64_t *sum) {
-  matmul_t(w, K3_BF16, x, y, ntok, rows, cols, r0, r1, sum, 1);
+                        uint64_t *sum, int split) {
+  matmul_t(w, K3_BF16, x, y, ntok, rows, cols, r0, r1, sum, split);
 }
 
 void k3_matmul_checked(const void *w, int32_t wtype, const float *x, float *y, int32_t ntok, int32_t rows,
                        int32_t cols, int32_t r0, int32_t r1, uint64_t *sum) {
-  if (wtype == K3_BF16)
-    matmul_bf16(w, x, y, ntok, rows, cols, r0, r1, sum);
+  if (wtype == K3_BF16 || wtype == K3_BF16_SPLIT)
+    matmul_bf16(w, x, y, ntok, rows, cols, r0, r1, sum, wtype == K3_BF16_SPLIT);
   else if (wtype == K3_F32)
     matmul_f32(w, x, y, ntok, rows, cols, r0, r1, sum);
-  else if (wtype == K3_BF16_SPLIT)
-    matmul_bf16_split(w, x, y, ntok, rows, cols, r0, r1, sum);
 }
 
 void k3_matmul(const void *w, int32_t wtype, const float *x, float *y, int32_t ntok, int32_t rows,

@@ -55,8 +55,8 @@ export interface PackOptions {
   log?: ((line: string) => void) | null;
   /** How to store the layer pieces: "raw" (the default here, so a packed layout does not
    * depend on the machine); "split" (each piece split-coded where that stores fewer bytes);
-   * "auto" (`k3 pack`'s default: split when this machine decodes faster than the disk reads
-   * by CODEC_MARGIN, engine/weights/codec.ts, else raw). */
+   * "auto" (`k3 pack`'s default: split when a streamed trunk byte is predicted faster coded
+   * on this machine, engine/weights/codec.ts codecVerdict, else raw). */
   codec?: TrunkCodec | "auto";
 }
 
@@ -412,21 +412,23 @@ async function packRegion(
 }
 
 /**
- * The codec `--codec auto` picks here (engine/weights/codec.ts codecVerdict): split when
- * this machine's decode (all cores) keeps ahead of the sequential read of `sample` (a source
- * shard, on the disk the pack reads) and a disk-bound token is predicted faster coded even
- * with the decode's time added to it. Logs the rates, the prediction and the choice.
+ * The codec `--codec auto` picks here (engine/weights/codec.ts codecVerdict): split when a
+ * streamed trunk byte is predicted faster coded, from this machine's bf16 product rates
+ * (plain and from the coded form, all cores) and the sequential read of `sample` (a source
+ * shard, on the disk the pack reads). Logs the rates, the prediction and the choice.
  */
 async function chooseCodec(k: Kernels, sample: string, log: (s: string) => void): Promise<TrunkCodec> {
   const dec = await measureDecodeRate(k, libraryPath());
   const disk = await measureDiskRate(k, sample);
-  const v = codecVerdict({ decode: dec.bytesPerSecond, disk, ratio: dec.ratio });
+  const v = codecVerdict({ disk, plain: dec.plainProduct, split: dec.splitProduct, ratio: dec.ratio });
   const codec = v.pays ? "split" : "raw";
   const gbps = (x: number) => `${(x / 1e9).toFixed(2)} GB/s`;
   log(
     `pack: codec auto: decode ${gbps(dec.bytesPerSecond)} on ${dec.threads} threads, disk ${
       Number.isFinite(disk) ? gbps(disk) : "not measurable (a tiny file)"
-    }: a disk-bound token predicted ${v.predicted.toFixed(2)}x coded: ${codec}`,
+    }, bf16 product ${gbps(dec.plainProduct)} plain and ${
+      gbps(dec.splitProduct)
+    } from the coded form: a streamed trunk byte predicted ${v.predicted.toFixed(2)}x coded: ${codec}`,
   );
   return codec;
 }

@@ -63,6 +63,9 @@ export interface LedgerReport {
   /** CPU seconds the I/O threads spent decoding coded trunk pieces: beside the wall clock, not
    * part of its sum (the decode overlaps the forward pass), so not named `*_seconds`. */
   trunk_decode_cpu: number;
+  /** Of `trunk_bytes_stored`, those left coded for the bf16 products to decode (their decode
+   * is inside `dense_matmul_seconds`). */
+  trunk_bytes_left_coded: number;
 }
 
 /**
@@ -112,6 +115,7 @@ export function ledgerBetween(a: LedgerMark, b: LedgerMark): LedgerReport {
     read_bytes_per_second_in_flight: busy > 0 ? bytes / busy : null,
     trunk_bytes_stored: (b.io?.trunkStoredBytes ?? 0) - (a.io?.trunkStoredBytes ?? 0),
     trunk_decode_cpu: (b.io?.trunkDecodeSeconds ?? 0) - (a.io?.trunkDecodeSeconds ?? 0),
+    trunk_bytes_left_coded: (b.io?.trunkCodedBytes ?? 0) - (a.io?.trunkCodedBytes ?? 0),
   };
 }
 
@@ -147,7 +151,11 @@ export function formatLedger(l: LedgerReport): string[] {
     lines.push(
       `  trunk decode ${l.trunk_decode_cpu.toFixed(3)} CPU s on the I/O threads (beside the wall clock): ${
         gb(l.trunk_bytes_stored)
-      } GB stored for ${gb(l.trunk_bytes_read)} GB`,
+      } GB stored for ${gb(l.trunk_bytes_read)} GB${
+        l.trunk_bytes_left_coded > 0
+          ? `, ${gb(l.trunk_bytes_left_coded)} GB of it decoded by the products (in the dense products' time)`
+          : ""
+      }`,
     );
   }
   if (l.cached_tokens > 0) lines.push(`  ${l.cached_tokens} prompt tokens from the state cache, not prefilled`);

@@ -122,7 +122,7 @@ export async function readRegionVerified(
     while (next < spans.length && failure === undefined) {
       const i = next++, s = spans[i];
       try {
-        const got = await readOnePiece(f, ptr, s, i, verify);
+        const got = await readOnePiece(f, s.at === 0 ? ptr : Deno.UnsafePointer.offset(ptr, s.at)!, s, i, verify);
         total += got.n;
         decodeSeconds += got.decodeSeconds;
         if (got.n < s.len) return; // end of file: the caller sees the short total
@@ -138,17 +138,16 @@ export async function readRegionVerified(
   return decodeSeconds;
 }
 
-/** Reads piece `i` (span `s`) of a region whose bytes go to `base`: a coded piece that does
- * not decode rejects as a PieceMismatch (corrupt like any other). */
+/** Reads piece `i` (span `s`) of a region to its place `dst`: a coded piece that does not
+ * decode rejects as a PieceMismatch (corrupt like any other). */
 async function readOnePiece(
   f: IoFile,
-  base: NonNullable<Deno.PointerValue>,
+  dst: NonNullable<Deno.PointerValue>,
   s: { at: number; len: number; file: number; stored: number },
   i: number,
   hash: boolean,
   keepCoded = false,
 ): Promise<{ n: number; hash?: string; decodeSeconds: number }> {
-  const dst = s.at === 0 ? base : Deno.UnsafePointer.offset(base, s.at)!;
   try {
     return await f.preadPiece(dst, s.len, s.file, s.stored, hash, keepCoded);
   } catch (e) {
@@ -180,11 +179,14 @@ function regionShortRead(dir: string, what: string, n: number, want: number): K3
 
 /**
  * The pieces of a streamed region that the ring left coded (the products decode them):
- * `keptCoded` says which, and `descriptors` holds where each matrix's words are.
+ * `keptCoded` says which, `places` where each piece is (`piecePlaces`), and `descriptors`
+ * holds where each matrix's words are.
  */
 export interface CodedPieces {
-  /** Per piece of the region: 1 when it was left coded at the end of its place. */
+  /** Per piece of the region: 1 when it was left coded (its stored bytes are its place). */
   kept: Uint8Array;
+  /** Where each piece starts, from the region's start in memory (piecePlaces). */
+  places: readonly number[];
   /** The manifest's piece size. */
   piece: number;
   /** The region's decoded bytes. */
@@ -215,6 +217,18 @@ export function keptCoded(r: Region, piece: number): Uint8Array {
   return kept;
 }
 
+/**
+ * Where each piece of a region goes in memory when the pieces left coded take only their
+ * stored bytes: back to back, a kept piece `stored` bytes, any other its decoded length.
+ * The last entry is the bytes of them all. A tensor in pieces that are not kept is then
+ * still contiguous (those pieces keep their own bytes, one after the other).
+ */
+export function piecePlaces(r: Region, piece: number, kept: Uint8Array): number[] {
+  const places = [0];
+  for (const [j, s] of pieceSpans(r, piece).entries()) places.push(places[j] + (kept[j] ? s.stored : s.len));
+  return places;
+}
+
 /** The first and last piece a tensor's bytes fall in. */
 function pieceRange(t: TensorEntry, piece: number): [number, number] {
   return [Math.floor(t.offset / piece), Math.floor((t.offset + t.bytes - 1) / piece)];
@@ -240,7 +254,7 @@ function describeCoded(t: TensorEntry, base: NativeBuffer, at: number, c: CodedP
   d.setBigUint64(8, BigInt((t.offset - p0 * c.piece) / 2), true);
   for (let p = p0; p <= p1; p++) {
     const o = 16 + 24 * (p - p0);
-    d.setBigUint64(o, BigInt(Deno.UnsafePointer.value(base.at(at + p * c.piece))), true);
+    d.setBigUint64(o, BigInt(Deno.UnsafePointer.value(base.at(at + c.places[p]))), true);
     d.setBigUint64(o + 8, BigInt(Math.min(c.piece, c.size - p * c.piece)), true);
     d.setBigUint64(o + 16, BigInt(c.kept[p] ? c.stored[p] : 0), true);
   }
@@ -264,8 +278,14 @@ export function bindRegion(
   const matrices = new Map<string, Matrix>();
   const vectors = new Map<string, F32>();
   let descAt = 0;
+  // Where a byte of the region is: its piece's place, when pieces left coded moved them.
+  const place = (offset: number) => {
+    if (!coded) return offset;
+    const p = Math.floor(offset / coded.piece);
+    return coded.places[p] + offset - p * coded.piece;
+  };
   for (const t of tensors) {
-    const ptr = base.at(at + t.offset);
+    const ptr = base.at(at + place(t.offset));
     const what = checked && `${checked.what}: tensor ${t.name}`;
     if (t.keep === "matrix") {
       const described = coded ? describeCoded(t, base, at, coded, descAt) : 0;
@@ -284,7 +304,7 @@ export function bindRegion(
       }
       vectors.set(t.name, {
         ptr,
-        f: new Float32Array(base.u8.buffer, base.u8.byteOffset + at + t.offset, t.bytes / 4),
+        f: new Float32Array(base.u8.buffer, base.u8.byteOffset + at + place(t.offset), t.bytes / 4),
       });
     }
   }
@@ -351,23 +371,23 @@ export class TrunkFile {
   }
 
   /**
-   * Reads piece `i` of region `r` to `base` + its place in the region, decoded when it is
-   * coded (or with `keepCoded` left coded at the end of its place, for the product), not
-   * hashed (a streamed layer: its bytes are checked by their tensor checks once bound,
-   * trunk_ring.ts). Resolves to the seconds spent decoding. Rejects with a K3Error (exit 1)
-   * naming `what` when the read fails or comes back short, or the piece does not decode.
+   * Reads piece `i` of region `r` to its place `dst`, decoded when it is coded (or with
+   * `keepCoded` left coded there, its stored bytes only, for the product), not hashed (a
+   * streamed layer: its bytes are checked by their tensor checks once bound, trunk_ring.ts).
+   * Resolves to the seconds spent decoding. Rejects with a K3Error (exit 1) naming `what`
+   * when the read fails or comes back short, or the piece does not decode.
    */
   async readPiece(
     what: string,
     r: Region,
     i: number,
-    base: NonNullable<Deno.PointerValue>,
+    dst: NonNullable<Deno.PointerValue>,
     keepCoded = false,
   ): Promise<number> {
     const s = pieceSpans(r, this.manifest.piece)[i];
     let got: { n: number; decodeSeconds: number };
     try {
-      got = await readOnePiece(this.file, base, s, i, false, keepCoded);
+      got = await readOnePiece(this.file, dst, s, i, false, keepCoded);
     } catch (e) {
       throw regionReadError(this.dir, what, r, e);
     }

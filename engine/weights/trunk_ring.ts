@@ -22,13 +22,14 @@
  * stops the run (exit 1) naming the layer and the tensor.
  *
  * A split-coded trunk (manifest version 5): a coded piece that holds only matrices the dense
- * product reads is left coded at the end of its place in the ring (its header and block
- * index checked on the I/O thread), and its matrices are bound as WTYPE.bf16Split: the
- * product decodes them a window of rows at a time into cache as it multiplies, so their
- * bytes cross memory once, coded, and the decode runs on the compute threads beside the
- * product instead of on the I/O threads against it. Other coded pieces (vectors, MLA's
- * kv_b_proj) are decoded in place as they land. `K3_TRUNK_DECODE=io` decodes every piece in
- * place (to measure the two side by side: bench/limits.ts).
+ * product reads is left coded in the ring (its header and block index checked on the I/O
+ * thread), taking only its stored bytes there, and its matrices are bound as
+ * WTYPE.bf16Split: the product decodes them a window of rows at a time into cache as it
+ * multiplies, so their bytes cross memory once, coded, the decode runs on the compute
+ * threads beside the product instead of on the I/O threads against it, and the same ring
+ * reads further ahead. Other coded pieces (vectors, MLA's kv_b_proj) are decoded in place as
+ * they land. `K3_TRUNK_DECODE=io` decodes every piece in place (to measure the two side by
+ * side: bench/limits.ts).
  *
  * @module
  */
@@ -38,7 +39,7 @@ import { NativeBuffer } from "../native/memory.ts";
 import type { IoStats } from "../model/weight_source.ts";
 import type { BoundTensors } from "./bind.ts";
 import { type Region, storedSize, type TensorEntry } from "./manifest.ts";
-import { bindRegion, descriptorBytes, keptCoded, type TrunkFile } from "./trunk_file.ts";
+import { bindRegion, descriptorBytes, keptCoded, piecePlaces, type TrunkFile } from "./trunk_file.ts";
 
 /**
  * Ring pieces in flight at most (16 MB each). Reads are issued from the JS thread, which
@@ -57,6 +58,7 @@ function decodeOnIo(): boolean {
 interface RingEntry {
   L: number;
   off: number;
+  /** Ring bytes it takes (its pieces' places: fewer than the region's when pieces stay coded). */
   size: number;
   region: Region;
   /** Region bytes [attn[0], attn[1]): the attention tensors, free once the pass is past them. */
@@ -99,6 +101,22 @@ export function attentionSpan(tensors: readonly TensorEntry[]): [number, number]
   return [sorted[first].offset, end];
 }
 
+/** Where a streamed layer's pieces go in its ring space (trunk_file.ts piecePlaces). */
+interface LayerPlaces {
+  /** Per piece: left coded for the product. */
+  kept: Uint8Array;
+  /** Where each piece starts in the layer's ring space; the last entry is its size. */
+  places: number[];
+  /** Its matrices' descriptors, when any piece is left coded. */
+  descriptors?: NativeBuffer;
+}
+
+/** A region offset at a piece boundary, or inside a piece that is not kept, as a ring offset. */
+function placeOf(offset: number, places: readonly number[], piece: number): number {
+  const p = Math.floor(offset / piece);
+  return p >= places.length - 1 ? places[places.length - 1] : places[p] + offset - p * piece;
+}
+
 /**
  * The part of a layer's attention span that can be freed once the pass is past attention:
  * a piece left coded keeps its stored bytes at the END of its place, so a kept piece that
@@ -120,8 +138,8 @@ export class StreamedTrunk {
   private readonly ring?: NativeBuffer;
   /** Ring pieces in flight. */
   private inflight = 0;
-  /** Per streamed layer: the pieces left coded, and its matrices' descriptors. */
-  private readonly coded = new Map<number, { kept: Uint8Array; descriptors?: NativeBuffer }>();
+  /** Per streamed layer: the pieces left coded, their places, and its matrices' descriptors. */
+  private readonly coded = new Map<number, LayerPlaces>();
   private readonly productDecodes = !decodeOnIo();
 
   private constructor(
@@ -185,19 +203,22 @@ export class StreamedTrunk {
     while (true) {
       const L = this.streamed[this.next];
       if (this.queue.some((e) => e.L === L)) break; // every streamed layer is already in the ring
-      const region = this.trunk.manifest.layer[L];
-      const off = this.place(region.size);
+      const region = this.trunk.manifest.layer[L], piece = this.trunk.manifest.piece;
+      const { kept, places } = this.codedOf(L);
+      const size = places[places.length - 1];
+      const off = this.place(size);
       if (off < 0) break;
+      const [a0, a1] = freedEarly(attentionSpan(region.tensors), kept, piece);
       const { promise, resolve } = Promise.withResolvers<void>();
       this.queue.push({
         L,
         off,
-        size: region.size,
+        size,
         region,
-        attn: freedEarly(attentionSpan(region.tensors), this.codedOf(L).kept, this.trunk.manifest.piece),
+        attn: [placeOf(a0, places, piece), placeOf(a1, places, piece)],
         attnDone: false,
-        started: new Uint8Array(Math.ceil(region.size / this.trunk.manifest.piece)),
-        kept: this.codedOf(L).kept,
+        started: new Uint8Array(Math.ceil(region.size / piece)),
+        kept,
         done: 0,
         inflight: 0,
         decodeSeconds: 0,
@@ -210,8 +231,8 @@ export class StreamedTrunk {
     this.pump();
   }
 
-  /** Layer L's pieces left coded (none when every piece is decoded as it lands). */
-  private codedOf(L: number): { kept: Uint8Array; descriptors?: NativeBuffer } {
+  /** Layer L's pieces left coded (none when every piece is decoded as it lands) and places. */
+  private codedOf(L: number): LayerPlaces {
     let c = this.coded.get(L);
     if (!c) {
       const region = this.trunk.manifest.layer[L], piece = this.trunk.manifest.piece;
@@ -220,7 +241,7 @@ export class StreamedTrunk {
       const descriptors = kept.some((x) => x === 1)
         ? NativeBuffer.alloc(this.k, descriptorBytes(region.tensors, piece), `layer ${L} coded matrices`)
         : undefined;
-      this.coded.set(L, c = { kept, descriptors });
+      this.coded.set(L, c = { kept, places: piecePlaces(region, piece, kept), descriptors });
     }
     return c;
   }
@@ -240,14 +261,14 @@ export class StreamedTrunk {
    * so the reads go out at once even while the pass keeps the JS thread.
    */
   private pump(): void {
-    const piece = this.trunk.manifest.piece;
     for (let qi = 0; qi < this.queue.length; qi++) {
       const e = this.queue[qi];
       if (e.cancelled || e.error) continue;
+      const { places } = this.codedOf(e.L);
       for (let j = 0; j < e.started.length; j++) {
         if (this.inflight >= RING_PIECES_IN_FLIGHT) return;
         if (e.started[j]) continue;
-        const from = e.off + j * piece, to = Math.min(from + piece, e.off + e.size);
+        const from = e.off + places[j], to = e.off + places[j + 1];
         const older = this.queue.slice(0, qi);
         if (older.some((o) => this.holds(o, from, to))) continue;
         // Space an older layer still occupies but released after its attention: read early.
@@ -263,7 +284,8 @@ export class StreamedTrunk {
   private readPiece(e: RingEntry, j: number): void {
     this.inflight++;
     e.inflight++;
-    this.trunk.readPiece(`layer ${e.L} (streamed)`, e.region, j, this.ring!.at(e.off), e.kept[j] === 1)
+    const place = this.ring!.at(e.off + this.codedOf(e.L).places[j]);
+    this.trunk.readPiece(`layer ${e.L} (streamed)`, e.region, j, place, e.kept[j] === 1)
       .then((decodeSeconds) => {
         e.done++;
         e.decodeSeconds += decodeSeconds;
@@ -285,9 +307,10 @@ export class StreamedTrunk {
     if (!e.error && !e.cancelled) {
       const checked = this.trunk.verify ? { k: this.k, what: `${this.trunk.dir}: layer ${e.L} (streamed)` } : undefined;
       try {
-        const { kept, descriptors } = this.codedOf(e.L);
+        const { kept, places, descriptors } = this.codedOf(e.L);
         const coded = descriptors && {
           kept,
+          places,
           descriptors,
           piece: this.trunk.manifest.piece,
           size: e.region.size,
@@ -334,7 +357,7 @@ export class StreamedTrunk {
     this.stats.ioWaitSeconds += (performance.now() - t0) / 1000;
     if (e.error) throw e.error;
     // Counted when used, so a read-ahead the run never uses is not charged to a token.
-    this.stats.trunkBytes += e.size;
+    this.stats.trunkBytes += e.region.size;
     this.stats.trunkStoredBytes += storedSize(e.region);
     this.stats.trunkDecodeSeconds += e.decodeSeconds;
     e.kept.forEach((x, j) => this.stats.trunkCodedBytes += x * e.region.stored[j]);

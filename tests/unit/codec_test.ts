@@ -193,16 +193,18 @@ Deno.test("codec: a flipped byte anywhere the decode uses is refused or changes 
   }
 });
 
-Deno.test("codec verdict: codes only when a disk-bound token is faster even with the decode's time added", async () => {
+Deno.test("codec verdict: codes only when a streamed trunk byte is faster coded, the slower of its read and its product", async () => {
   const { codecVerdict } = await import("../../engine/weights/codec.ts");
-  // 0.7 stored, decode 10x the disk: 0.8 of the raw token.
-  let v = codecVerdict({ decode: 30e9, disk: 3e9, ratio: 0.7 });
-  assert(v.pays && Math.abs(v.predicted - 0.8) < 1e-12);
-  // This machine's measured case: decode ~3x the disk saves nothing once its time counts.
-  v = codecVerdict({ decode: 9e9, disk: 3e9, ratio: 0.7 });
+  // A disk slower than both products: the token is the read, 0.7 of it coded.
+  let v = codecVerdict({ disk: 3e9, plain: 24e9, split: 14e9, ratio: 0.7 });
+  assert(v.pays && Math.abs(v.predicted - 0.7) < 1e-12);
+  // A disk between them: the coded product bounds the coded token (3 / 3.5 of the raw one).
+  v = codecVerdict({ disk: 12e9, plain: 24e9, split: 14e9, ratio: 0.7 });
+  assert(v.pays && Math.abs(v.predicted - 12 / 14) < 1e-12);
+  // A disk faster than the coded product saves nothing; faster than both, coding only loses.
+  assert(!codecVerdict({ disk: 14e9, plain: 24e9, split: 14e9, ratio: 0.5 }).pays);
+  v = codecVerdict({ disk: 40e9, plain: 24e9, split: 14e9, ratio: 0.7 });
   assert(!v.pays && v.predicted > 1);
-  // Below the margin it never codes, whatever the ratio.
-  assert(!codecVerdict({ decode: 4e9, disk: 3e9, ratio: 0.1 }).pays);
 });
 
 /** Stored bytes in a native buffer for the range and check calls (freed by the caller). */
@@ -322,7 +324,7 @@ Deno.test("codec: the bf16 product from split-coded pieces gives the plain produ
       for (let i = 0; i < npieces; i++) {
         const slot = all.subarray(i * PIECE, (i + 1) * PIECE);
         const stored = i % 3 === 1 ? new Uint8Array(0) : encode(slot, 3); // every third piece decoded in place
-        if (stored.length > 0) ring.u8.set(stored, i * PIECE + PIECE - stored.length);
+        if (stored.length > 0) ring.u8.set(stored, i * PIECE);
         else ring.u8.set(slot, i * PIECE);
         if (stored.length > 0) kept.push(i);
         const base = Deno.UnsafePointer.value(Deno.UnsafePointer.offset(ring.ptr, i * PIECE)!);
@@ -375,7 +377,7 @@ Deno.test("codec: the bf16 product from split-coded pieces gives the plain produ
               assert.equal(sb[0], sa[0], `${name} ${rows}x${cols} ntok ${ntok} [${r0}, ${r1}): check`);
             }
             // A flipped low byte in a coded piece changes the check.
-            const i = kept[0], at = i * PIECE + PIECE - 1000;
+            const i = kept[0], at = i * PIECE + encode(all.subarray(i * PIECE, (i + 1) * PIECE), 3).length - 1000;
             ring.u8[at] ^= 1;
             sb[0] = 0n;
             lib.symbols.k3_matmul_checked(
