@@ -206,16 +206,18 @@ K3_INLINE void mm_tile_n(const void *const *wr, int wtype, int lanes, const floa
 #else
 #define K3_TLS __thread
 #endif
-static K3_TLS float *xpack_buf;
-static K3_TLS size_t xpack_cap;
-static float *xpack_get(size_t n) {
-  if (n > xpack_cap) {
-    k3_free(xpack_buf);
-    xpack_buf = (float *)k3_alloc((uint64_t)n * sizeof(float));
-    xpack_cap = xpack_buf ? n : 0;
+/* A per-thread buffer of at least `bytes`, grown (never shrunk) in place of *buf. */
+static void *tls_grow(void **buf, size_t *cap, size_t bytes) {
+  if (bytes > *cap) {
+    k3_free(*buf);
+    *buf = k3_alloc((uint64_t)bytes);
+    *cap = *buf ? bytes : 0;
   }
-  return xpack_buf;
+  return *buf;
 }
+static K3_TLS void *xpack_buf;
+static K3_TLS size_t xpack_cap;
+static float *xpack_get(size_t n) { return (float *)tls_grow(&xpack_buf, &xpack_cap, n * sizeof(float)); }
 
 /* x of tn tokens, chunk-major: chunk c of token t at (c * tn + t) * MM_KC, each block of 16
  * in lane order when `lanes`, the final partial block zero padded. */
@@ -242,16 +244,9 @@ static void xpack_fill(float *xp, const float *x, int tn, int cols, int lanes) {
 #ifndef SPLIT_WINDOW
 #define SPLIT_WINDOW 32768 /* words a window aims at (64 KB, well inside L2) */
 #endif
-static K3_TLS uint16_t *split_buf;
+static K3_TLS void *split_buf;
 static K3_TLS size_t split_cap;
-static uint16_t *split_buf_get(size_t n) {
-  if (n > split_cap) {
-    k3_free(split_buf);
-    split_buf = (uint16_t *)k3_alloc((uint64_t)n * sizeof(uint16_t));
-    split_cap = split_buf ? n : 0;
-  }
-  return split_buf;
-}
+static uint16_t *split_buf_get(size_t n) { return (uint16_t *)tls_grow(&split_buf, &split_cap, n * sizeof(uint16_t)); }
 
 /* Words [t0, t0 + n) of the matrix m into out (zeros where a piece does not decode). */
 static void split_words(const k3_split_matrix *m, uint64_t t0, uint64_t n, uint16_t *out) {

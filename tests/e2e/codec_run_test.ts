@@ -10,6 +10,24 @@ import { jsonIds, k3, packedFloor, tempDir, TINY } from "../helpers.ts";
 const PIECE = 64 << 10; // several pieces a layer, so one layer holds coded and raw pieces
 const quiet = { log: null };
 
+/** A 2-token run on `trunk` at the floor budget `floor` (a corrupt trunk's: it must stop). */
+function floorRun(trunk: string, floor: { trunkGB: number; cacheGB: number }) {
+  return k3([
+    "run",
+    TINY,
+    "--ids",
+    "5,17,300",
+    "--gen",
+    "2",
+    "--trunk",
+    trunk,
+    "--trunk-gb",
+    String(floor.trunkGB),
+    "--cache-gb",
+    String(floor.cacheGB),
+  ]);
+}
+
 /** Ids and logits of a 6-token run on `trunk` with the budget flags `budget`. */
 async function tokens(dir: string, trunk: string, budget: string[], tag: string, env?: Record<string, string>) {
   const logits = `${dir}/${tag}.f32`;
@@ -98,20 +116,7 @@ Deno.test("codec: pieces left coded for the product (16 KB pieces, inside the ti
   await Deno.mkdir(flip);
   await Deno.copyFile(`${split}/${MANIFEST_FILE}`, `${flip}/${MANIFEST_FILE}`);
   await Deno.writeFile(`${flip}/${DATA_FILE}`, data);
-  const out = await k3([
-    "run",
-    TINY,
-    "--ids",
-    "5,17,300",
-    "--gen",
-    "2",
-    "--trunk",
-    flip,
-    "--trunk-gb",
-    String(floor.trunkGB),
-    "--cache-gb",
-    String(floor.cacheGB),
-  ]);
+  const out = await floorRun(flip, floor);
   assert.equal(out.code, 1, out.stderr);
   assert.match(out.stderr, new RegExp(`layer ${layer} \\(streamed\\): tensor .*checksum mismatch`));
   assert.doesNotMatch(out.stderr, /^\s+at /m, "no stack trace");
@@ -139,20 +144,7 @@ Deno.test("codec: a flipped byte in a coded piece is refused pinned, streamed an
     let out = await k3(["run", TINY, "--ids", "5,17,300", "--gen", "2", "--trunk", flip]);
     assert.equal(out.code, 1, `pinned, byte ${at}: ${out.stderr}`);
     assert.match(out.stderr, new RegExp(`layer ${L}: checksum mismatch in piece`));
-    out = await k3([
-      "run",
-      TINY,
-      "--ids",
-      "5,17,300",
-      "--gen",
-      "2",
-      "--trunk",
-      flip,
-      "--trunk-gb",
-      String(floor.trunkGB),
-      "--cache-gb",
-      String(floor.cacheGB),
-    ]);
+    out = await floorRun(flip, floor);
     assert.equal(out.code, 1, `streamed, byte ${at}: ${out.stderr}`);
     assert.match(out.stderr, new RegExp(`layer ${L} \\(streamed\\)`));
     assert.doesNotMatch(out.stderr, /^\s+at /m, "no stack trace");

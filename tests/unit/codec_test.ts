@@ -339,34 +339,26 @@ Deno.test("codec: the bf16 product from split-coded pieces gives the plain produ
           new Float32Array(x.u8.buffer, x.u8.byteOffset, ntok * cols).forEach((_, i, a) => a[i] = Math.sin(i * 0.37));
           const ya = native(lib, 4 * ntok * rows), yb = native(lib, 4 * ntok * rows);
           const sa = new BigUint64Array(1), sb = new BigUint64Array(1);
+          /** Rows [r0, r1) of the matrix at w (wtype 1 plain, 2 split) times x into y, its check into sum. */
+          const product = (w: typeof x, wtype: number, y: typeof x, r0: number, r1: number, sum: BigUint64Array) => {
+            sum[0] = 0n;
+            lib.symbols.k3_matmul_checked(
+              w.ptr,
+              wtype,
+              x.ptr,
+              y.ptr,
+              ntok,
+              rows,
+              cols,
+              r0,
+              r1,
+              Deno.UnsafePointer.of(sum),
+            );
+          };
           try {
             for (const [r0, r1] of [[0, rows], [1, rows - 2], [rows - 1, rows]]) {
-              sa[0] = 0n;
-              sb[0] = 0n;
-              lib.symbols.k3_matmul_checked(
-                plain.ptr,
-                1,
-                x.ptr,
-                ya.ptr,
-                ntok,
-                rows,
-                cols,
-                r0,
-                r1,
-                Deno.UnsafePointer.of(sa),
-              );
-              lib.symbols.k3_matmul_checked(
-                desc.ptr,
-                2,
-                x.ptr,
-                yb.ptr,
-                ntok,
-                rows,
-                cols,
-                r0,
-                r1,
-                Deno.UnsafePointer.of(sb),
-              );
+              product(plain, 1, ya, r0, r1, sa);
+              product(desc, 2, yb, r0, r1, sb);
               const a = new Uint32Array(ya.u8.buffer, ya.u8.byteOffset, ntok * rows);
               const b = new Uint32Array(yb.u8.buffer, yb.u8.byteOffset, ntok * rows);
               for (let t = 0; t < ntok; t++) {
@@ -379,33 +371,9 @@ Deno.test("codec: the bf16 product from split-coded pieces gives the plain produ
             // A flipped low byte in a coded piece changes the check.
             const i = kept[0], at = i * PIECE + encode(all.subarray(i * PIECE, (i + 1) * PIECE), 3).length - 1000;
             ring.u8[at] ^= 1;
-            sb[0] = 0n;
-            lib.symbols.k3_matmul_checked(
-              desc.ptr,
-              2,
-              x.ptr,
-              yb.ptr,
-              ntok,
-              rows,
-              cols,
-              0,
-              rows,
-              Deno.UnsafePointer.of(sb),
-            );
+            product(desc, 2, yb, 0, rows, sb);
             ring.u8[at] ^= 1;
-            sa[0] = 0n;
-            lib.symbols.k3_matmul_checked(
-              plain.ptr,
-              1,
-              x.ptr,
-              ya.ptr,
-              ntok,
-              rows,
-              cols,
-              0,
-              rows,
-              Deno.UnsafePointer.of(sa),
-            );
+            product(plain, 1, ya, 0, rows, sa);
             // The byte is in the piece's last block, which decodes to its last BLOCK_BYTES.
             const touches = (i + 1) * PIECE > 2 * word0 && (i + 1) * PIECE - BLOCK_BYTES < 2 * (word0 + rows * cols);
             if (touches) assert.notEqual(sb[0], sa[0], `${name}: a flipped coded byte went unnoticed`);
