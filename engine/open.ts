@@ -32,6 +32,7 @@ import type { WeightSource } from "./model/weight_source.ts";
 import { Checkpoint } from "./weights/safetensors.ts";
 import { boundSizes, checkAccounted, checkCheckpoint } from "./weights/bind.ts";
 import { TrunkFile } from "./weights/trunk_file.ts";
+import { streamedFootprint } from "./weights/trunk_ring.ts";
 import { DATA_FILE, weightSample } from "./weights/manifest.ts";
 import { measureRates } from "./weights/rate_probe.ts";
 import type { PassRates } from "./weights/throughput.ts";
@@ -166,6 +167,9 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
     const sizes = trunk
       ? {
         layerBytes: trunk.file.manifest.layer.slice(0, cfg.numLayers).map((r) => r.size),
+        layerStreamBytes: trunk.file.manifest.layer.slice(0, cfg.numLayers).map((r) =>
+          streamedFootprint(r, trunk!.file.manifest.piece)
+        ),
         embedBytes: trunk.file.manifest.embed.size,
         headBytes: trunk.file.manifest.head.size,
         finalsBytes: trunk.file.manifest.finals.size,

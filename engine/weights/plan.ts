@@ -133,6 +133,10 @@ export interface PlanInput {
   cfg: K3Config;
   /** Bytes of each layer's dense tensors in bound form (a packed trunk: region sizes). */
   layerBytes: number[];
+  /** Bytes streaming each layer reads and holds in the ring, where fewer than `layerBytes` (a
+   * split-coded trunk: trunk_ring.ts streamedFootprint); the prediction reads these. The
+   * pins and the ring are still sized by `layerBytes` (room to spare on a coded trunk). */
+  layerStreamBytes?: number[];
   /** Bytes of the embedding. */
   embedBytes: number;
   /** Bytes of the lm_head. */
@@ -450,12 +454,16 @@ export function makePlan(input: PlanInput): MemoryPlan {
     topK,
     expertBytes: input.expertBytes,
     layers: input.layerBytes,
+    streamLayers: input.layerStreamBytes,
   };
   /** The prediction for `sequences` with these layers pinned, this ring and cache slots. */
   const predictWith = (pinnedLayers: number[], ringBytes: number, slots: number, headStreamed: boolean) =>
     predictPass(shape, {
       sequences,
-      streamedBytes: trunkTotal - pinnedLayers.reduce((a, L) => a + input.layerBytes[L], 0),
+      streamedBytes: (input.layerStreamBytes ?? input.layerBytes).reduce(
+        (a, b, L) => a + (pinnedLayers.includes(L) ? 0 : b),
+        0,
+      ),
       streamedLayers: input.layerBytes.map((_, L) => L).filter((L) => !pinnedLayers.includes(L)),
       ringBytes,
       headStreamed,

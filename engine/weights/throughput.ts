@@ -118,6 +118,10 @@ export interface PassShape {
   /** Bytes of each trunk layer in pass order (summing to `trunkBytes`); absent: the trunk
    * in max(1, moeLayers) equal layers. */
   layers?: readonly number[];
+  /** Bytes a streamed layer reads from disk and takes in the ring, where that is fewer than
+   * `layers` (a split-coded trunk whose pieces the products decode: trunk_ring.ts
+   * streamedFootprint); absent: `layers`. Its products still cover `layers` bytes. */
+  streamLayers?: readonly number[];
 }
 
 /** One way of spending memory: sequences in flight, trunk bytes not pinned, cache slots. */
@@ -195,12 +199,14 @@ export function predictPass(shape: PassShape, split: PassSplit, rates: PassRates
     () => shape.trunkBytes / Math.max(1, shape.moeLayers),
   );
   const trunk = layers.reduce((a, b) => a + b, 0);
-  // Bytes of each layer read every pass.
-  const streamed = split.resident
+  // The share of each layer streamed every pass, and the bytes that reads (a coded layer's
+  // stored footprint).
+  const share = split.resident
     ? layers.map(() => 0)
     : split.streamedLayers
-    ? layers.map((b, i) => (split.streamedLayers!.includes(i) ? b : 0))
-    : layers.map((b) => (trunk > 0 ? b * Math.min(1, split.streamedBytes / trunk) : 0));
+    ? layers.map((_, i) => (split.streamedLayers!.includes(i) ? 1 : 0))
+    : layers.map(() => (trunk > 0 ? Math.min(1, split.streamedBytes / trunk) : 0));
+  const streamed = layers.map((b, i) => share[i] * (shape.streamLayers?.[i] ?? b));
   const headStreamed = !split.resident && !!split.headStreamed;
   const firstMoe = layers.length - Math.min(layers.length, shape.moeLayers);
   const expertLayer = (D + h * Math.max(0, R * shape.topK - D)) * shape.expertBytes / rates.expert;
@@ -210,7 +216,8 @@ export function predictPass(shape: PassShape, split: PassSplit, rates: PassRates
     return {
       read: streamed[i] / rates.disk,
       ringBytes: streamed[i],
-      dense: b / rates.dense * rowCost + (streamed[i] > 0 ? CHECK_SHARE * streamed[i] / rates.dense : 0),
+      // a streamed layer's products check every word they use (all of `b`, coded or not)
+      dense: b / rates.dense * rowCost + CHECK_SHARE * share[i] * b / rates.dense,
       expertRead: moe ? missedBytes / rates.disk : 0,
       expert: moe ? expertLayer : 0,
       lastExpert: moe && D > 0 ? expertLayer / D : 0,

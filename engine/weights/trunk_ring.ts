@@ -101,6 +101,14 @@ export function attentionSpan(tensors: readonly TensorEntry[]): [number, number]
   return [sorted[first].offset, end];
 }
 
+/** Bytes streaming region `r` reads and holds in the ring: its pieces' places, the pieces
+ * left coded taking their stored bytes (all decoded size under K3_TRUNK_DECODE=io). */
+export function streamedFootprint(r: Region, piece: number): number {
+  const kept = decodeOnIo() ? new Uint8Array(Math.ceil(r.size / piece)) : keptCoded(r, piece);
+  const places = piecePlaces(r, piece, kept);
+  return places[places.length - 1];
+}
+
 /** Where a streamed layer's pieces go in its ring space (trunk_file.ts piecePlaces). */
 interface LayerPlaces {
   /** Per piece: left coded for the product. */

@@ -331,3 +331,21 @@ Deno.test("plan: speculationBytes is what a SpeculationRecord allocates", async 
     rec.free();
   }
 });
+
+Deno.test("throughput and plan: a coded trunk's streamed layers read their stored footprint, compute their whole bytes", () => {
+  const coded: PassShape = { ...slice, streamLayers: slice.layers!.map((b) => 0.7 * b) };
+  const raw = predictPass(slice, streamedSlice, sliceRates), less = predictPass(coded, streamedSlice, sliceRates);
+  const streamed = streamedSlice.streamedLayers!.reduce((a, L) => a + slice.layers![L], 0);
+  assert.ok(Math.abs(raw.readBytes - less.readBytes - 0.3 * streamed) < 1, `${raw.readBytes} - ${less.readBytes}`);
+  assert.equal(less.computeSeconds, raw.computeSeconds, "the products still cover every byte");
+  assert.ok(less.tokensPerSecond >= raw.tokensPerSecond);
+  // The plan passes the footprints through: a streamed split reads fewer bytes.
+  const mem: MemoryOptions = { trunkDir: "t", trunkGB: 2 * Math.max(...LAYERS) / 1e9, cacheGB: 1 };
+  const plainPlan = makePlan(input(1, mem, { available: 64e9 }));
+  const codedPlan = makePlan(
+    input(1, mem, { available: 64e9, layerStreamBytes: LAYERS.map((b) => Math.round(0.7 * b)) }),
+  );
+  assert.ok(plainPlan.prediction && codedPlan.prediction);
+  assert.ok(codedPlan.prediction.readBytes < plainPlan.prediction.readBytes);
+  assert.deepEqual(codedPlan.trunk.pinned, plainPlan.trunk.pinned, "pins are sized by the decoded bytes");
+});
