@@ -22,7 +22,7 @@
 
 import { configFingerprint, type K3Config, loadConfig } from "./model/config.ts";
 import { usageError } from "./errors.ts";
-import { type Kernels, kernels } from "./native/ffi.ts";
+import { type Kernels, kernels, libraryPath } from "./native/ffi.ts";
 import { memoryAvailability } from "./native/available.ts";
 import { startCompute } from "./native/pool.ts";
 import { K3Model } from "./model/model.ts";
@@ -32,7 +32,8 @@ import type { WeightSource } from "./model/weight_source.ts";
 import { Checkpoint } from "./weights/safetensors.ts";
 import { boundSizes, checkAccounted, checkCheckpoint } from "./weights/bind.ts";
 import { TrunkFile } from "./weights/trunk_file.ts";
-import { streamedFootprint } from "./weights/trunk_ring.ts";
+import { streamedLayout } from "./weights/trunk_ring.ts";
+import { measureDecodeRate } from "./weights/codec.ts";
 import { DATA_FILE, weightSample } from "./weights/manifest.ts";
 import { measureRates } from "./weights/rate_probe.ts";
 import type { PassRates } from "./weights/throughput.ts";
@@ -164,12 +165,14 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
       trunk = { file, table: table && verify ? { table, path: `${mem.trunkDir}/${EXPERTS_FILE}` } : undefined };
     }
     // 3. The sizes.
+    const layouts = trunk?.file.manifest.layer.slice(0, cfg.numLayers).map((r) =>
+      streamedLayout(r, trunk!.file.manifest.piece)
+    );
     const sizes = trunk
       ? {
         layerBytes: trunk.file.manifest.layer.slice(0, cfg.numLayers).map((r) => r.size),
-        layerStreamBytes: trunk.file.manifest.layer.slice(0, cfg.numLayers).map((r) =>
-          streamedFootprint(r, trunk!.file.manifest.piece)
-        ),
+        layerStreamBytes: layouts!.map((l) => l.footprint),
+        layerCodedBytes: layouts!.map((l) => l.coded),
         embedBytes: trunk.file.manifest.embed.size,
         headBytes: trunk.file.manifest.head.size,
         finalsBytes: trunk.file.manifest.finals.size,
@@ -188,6 +191,12 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
         opts.threads ?? navigator.hardwareConcurrency,
       )
       : undefined);
+    // A trunk whose streamed layers the products decode: their rate from the coded form too,
+    // as a share of the plain one measured beside it.
+    if (rates && !opts.rates && rates.codedDense === undefined && layouts?.some((l) => l.coded > 0)) {
+      const d = await measureDecodeRate(k, libraryPath(), opts.threads ?? navigator.hardwareConcurrency, 0.2);
+      rates.codedDense = rates.dense * d.splitProduct / d.plainProduct;
+    }
     const plan = fitSequences(
       (sequences) => {
         const p = makePlan({

@@ -137,6 +137,8 @@ export interface PlanInput {
    * split-coded trunk: trunk_ring.ts streamedFootprint); the prediction reads these. The
    * pins and the ring are still sized by `layerBytes` (room to spare on a coded trunk). */
   layerStreamBytes?: number[];
+  /** Of each layer's bytes, those its products decode from the coded form when streamed. */
+  layerCodedBytes?: number[];
   /** Bytes of the embedding. */
   embedBytes: number;
   /** Bytes of the lm_head. */
@@ -455,6 +457,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
     expertBytes: input.expertBytes,
     layers: input.layerBytes,
     streamLayers: input.layerStreamBytes,
+    codedLayers: input.layerCodedBytes,
   };
   /** The prediction for `sequences` with these layers pinned, this ring and cache slots. */
   const predictWith = (pinnedLayers: number[], ringBytes: number, slots: number, headStreamed: boolean) =>

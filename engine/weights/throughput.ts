@@ -77,6 +77,9 @@ export interface PassRates {
   rowGrowth: number;
   /** The same for a routed expert's MXFP4 product. */
   expertRowGrowth: number;
+  /** The bf16 product's rate from the split-coded form, one row (a coded trunk's streamed
+   * layers: the products decode them); absent: `dense`. */
+  codedDense?: number;
 }
 
 /**
@@ -122,6 +125,9 @@ export interface PassShape {
    * `layers` (a split-coded trunk whose pieces the products decode: trunk_ring.ts
    * streamedFootprint); absent: `layers`. Its products still cover `layers` bytes. */
   streamLayers?: readonly number[];
+  /** Of each layer's bytes, those its products decode from the coded form when it is
+   * streamed (once a pass, at `codedDense`; more rows reuse the decoded window). */
+  codedLayers?: readonly number[];
 }
 
 /** One way of spending memory: sequences in flight, trunk bytes not pinned, cache slots. */
@@ -216,8 +222,10 @@ export function predictPass(shape: PassShape, split: PassSplit, rates: PassRates
     return {
       read: streamed[i] / rates.disk,
       ringBytes: streamed[i],
-      // a streamed layer's products check every word they use (all of `b`, coded or not)
-      dense: b / rates.dense * rowCost + CHECK_SHARE * share[i] * b / rates.dense,
+      // a streamed layer's products check every word they use (all of `b`, coded or not),
+      // and decode what is coded once a pass
+      dense: b / rates.dense * rowCost + CHECK_SHARE * share[i] * b / rates.dense +
+        share[i] * (shape.codedLayers?.[i] ?? 0) * (1 / (rates.codedDense ?? rates.dense) - 1 / rates.dense),
       expertRead: moe ? missedBytes / rates.disk : 0,
       expert: moe ? expertLayer : 0,
       lastExpert: moe && D > 0 ? expertLayer / D : 0,

@@ -38,7 +38,7 @@ import type { Kernels } from "../native/ffi.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import type { IoStats } from "../model/weight_source.ts";
 import type { BoundTensors } from "./bind.ts";
-import { type Region, storedSize, type TensorEntry } from "./manifest.ts";
+import { pieceSpans, type Region, storedSize, type TensorEntry } from "./manifest.ts";
 import { bindRegion, descriptorBytes, keptCoded, piecePlaces, type TrunkFile } from "./trunk_file.ts";
 
 /**
@@ -101,12 +101,14 @@ export function attentionSpan(tensors: readonly TensorEntry[]): [number, number]
   return [sorted[first].offset, end];
 }
 
-/** Bytes streaming region `r` reads and holds in the ring: its pieces' places, the pieces
- * left coded taking their stored bytes (all decoded size under K3_TRUNK_DECODE=io). */
-export function streamedFootprint(r: Region, piece: number): number {
+/** What streaming region `r` takes: `footprint`, the bytes it reads and holds in the ring
+ * (its pieces' places, the pieces left coded taking their stored bytes), and `coded`, the
+ * decoded bytes of those pieces, which the products decode (none under K3_TRUNK_DECODE=io). */
+export function streamedLayout(r: Region, piece: number): { footprint: number; coded: number } {
   const kept = decodeOnIo() ? new Uint8Array(Math.ceil(r.size / piece)) : keptCoded(r, piece);
   const places = piecePlaces(r, piece, kept);
-  return places[places.length - 1];
+  const coded = pieceSpans(r, piece).reduce((a, s, j) => a + (kept[j] ? s.len : 0), 0);
+  return { footprint: places[places.length - 1], coded };
 }
 
 /** Where a streamed layer's pieces go in its ring space (trunk_file.ts piecePlaces). */

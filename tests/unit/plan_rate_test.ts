@@ -348,4 +348,18 @@ Deno.test("throughput and plan: a coded trunk's streamed layers read their store
   assert.ok(plainPlan.prediction && codedPlan.prediction);
   assert.ok(codedPlan.prediction.readBytes < plainPlan.prediction.readBytes);
   assert.deepEqual(codedPlan.trunk.pinned, plainPlan.trunk.pinned, "pins are sized by the decoded bytes");
+  // The products' decode of the coded bytes costs compute, once a pass, at the measured rate.
+  const decoding: PassShape = { ...coded, codedLayers: slice.layers!.map((b) => 0.95 * b) };
+  const slow = predictPass(decoding, streamedSlice, { ...sliceRates, codedDense: 0.8 * sliceRates.dense });
+  const streamedDense = streamedSlice.streamedLayers!.reduce((a, L) => a + slice.layers![L], 0);
+  const extra = 0.95 * streamedDense * (1 / (0.8 * sliceRates.dense) - 1 / sliceRates.dense);
+  assert.ok(
+    Math.abs(slow.computeSeconds - less.computeSeconds - extra) < 1e-9,
+    `${slow.computeSeconds} ${less.computeSeconds} ${extra}`,
+  );
+  assert.equal(
+    predictPass(decoding, streamedSlice, sliceRates).computeSeconds,
+    less.computeSeconds,
+    "no rate: no cost",
+  );
 });
