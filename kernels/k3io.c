@@ -648,11 +648,15 @@ int64_t k3io_split_range(const void *stored, uint64_t slen, uint64_t len, uint64
   k3s_header hd;
   /* The zero bytes were checked when the piece landed (k3io_split_check); a product asks
    * for many windows of one piece, so each asks only what it reads. */
-  int bad = k3s_header_read(s, slen, len, 0, &hd) != 0 || w0 + n > len / 2 || w0 + n < w0;
-  k3s_consts kc = k3s_make(bad ? 1 : hd.w);
+  if (k3s_header_read(s, slen, len, 0, &hd) != 0 || w0 + n > len / 2 || w0 + n < w0) {
+    memset(out, 0, (size_t)n * 2);
+    return -EBADMSG;
+  }
+  k3s_consts kc = k3s_make(hd.w);
   uint16_t tmp[K3IO_SPLIT_BLOCK];
-  uint64_t fixed = bad ? 0 : K3S_BLOCK_FIXED(hd.w);
-  for (uint64_t i = w0; i < w0 + n && !bad;) {
+  uint64_t fixed = K3S_BLOCK_FIXED(hd.w);
+  int bad = 0;
+  for (uint64_t i = w0; i < w0 + n;) {
     uint64_t b = i / K3IO_SPLIT_BLOCK, b0 = b * K3IO_SPLIT_BLOCK;
     uint64_t from = k3s_rd32(hd.index + 4 * b), to = b + 1 < hd.nblocks ? k3s_rd32(hd.index + 4 * (b + 1)) : slen;
     uint64_t take = b0 + K3IO_SPLIT_BLOCK - i < w0 + n - i ? b0 + K3IO_SPLIT_BLOCK - i : w0 + n - i;

@@ -241,9 +241,7 @@ static void xpack_fill(float *xp, const float *x, int tn, int cols, int lanes) {
  * where the tiles then read it from cache. Each row is the same words as decoded in place,
  * and a row's result does not depend on which window brought it, so the bits are those of
  * the plain product. */
-#ifndef SPLIT_WINDOW
-#define SPLIT_WINDOW 32768 /* words a window aims at (64 KB, well inside L2) */
-#endif
+enum { SPLIT_WINDOW = 32768 }; /* words a window aims at (64 KB, well inside L2) */
 static K3_TLS void *split_buf;
 static K3_TLS size_t split_cap;
 static uint16_t *split_buf_get(size_t n) { return (uint16_t *)tls_grow(&split_buf, &split_cap, n * sizeof(uint16_t)); }

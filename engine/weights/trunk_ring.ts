@@ -101,12 +101,18 @@ export function attentionSpan(tensors: readonly TensorEntry[]): [number, number]
   return [sorted[first].offset, end];
 }
 
+/** The pieces of region `r` the ring leaves coded and where each goes (none under
+ * K3_TRUNK_DECODE=io): the one rule the ring and the plan both use. */
+function ringPlaces(r: Region, piece: number): { kept: Uint8Array; places: number[] } {
+  const kept = decodeOnIo() ? new Uint8Array(Math.ceil(r.size / piece)) : keptCoded(r, piece);
+  return { kept, places: piecePlaces(r, piece, kept) };
+}
+
 /** What streaming region `r` takes: `footprint`, the bytes it reads and holds in the ring
  * (its pieces' places, the pieces left coded taking their stored bytes), and `coded`, the
- * decoded bytes of those pieces, which the products decode (none under K3_TRUNK_DECODE=io). */
+ * decoded bytes of those pieces, which the products decode. */
 export function streamedLayout(r: Region, piece: number): { footprint: number; coded: number } {
-  const kept = decodeOnIo() ? new Uint8Array(Math.ceil(r.size / piece)) : keptCoded(r, piece);
-  const places = piecePlaces(r, piece, kept);
+  const { kept, places } = ringPlaces(r, piece);
   const coded = pieceSpans(r, piece).reduce((a, s, j) => a + (kept[j] ? s.len : 0), 0);
   return { footprint: places[places.length - 1], coded };
 }
@@ -128,9 +134,10 @@ function placeOf(offset: number, places: readonly number[], piece: number): numb
 }
 
 /**
- * The part of a layer's attention span that can be freed once the pass is past attention:
- * a piece left coded keeps its stored bytes at the END of its place, so a kept piece that
- * the span's start or end cuts holds bytes the later tensors need until the layer is done.
+ * The part of a layer's attention span (region offsets) that can be freed once the pass is
+ * past attention: a piece left coded holds the coded bytes of all its words in one place, so
+ * a kept piece that the span's start or end cuts holds bytes the tensors beside the span
+ * need until the layer is done.
  */
 export function freedEarly(span: [number, number], kept: Uint8Array, piece: number): [number, number] {
   let [a, b] = span;
@@ -150,7 +157,6 @@ export class StreamedTrunk {
   private inflight = 0;
   /** Per streamed layer: the pieces left coded, their places, and its matrices' descriptors. */
   private readonly coded = new Map<number, LayerPlaces>();
-  private readonly productDecodes = !decodeOnIo();
 
   private constructor(
     private readonly k: Kernels,
@@ -246,12 +252,12 @@ export class StreamedTrunk {
     let c = this.coded.get(L);
     if (!c) {
       const region = this.trunk.manifest.layer[L], piece = this.trunk.manifest.piece;
-      const kept = this.productDecodes ? keptCoded(region, piece) : new Uint8Array(Math.ceil(region.size / piece));
+      const { kept, places } = ringPlaces(region, piece);
       // One descriptor buffer per layer, rewritten at each bind: a layer is in the ring once.
       const descriptors = kept.some((x) => x === 1)
         ? NativeBuffer.alloc(this.k, descriptorBytes(region.tensors, piece), `layer ${L} coded matrices`)
         : undefined;
-      this.coded.set(L, c = { kept, places: piecePlaces(region, piece, kept), descriptors });
+      this.coded.set(L, c = { kept, places, descriptors });
     }
     return c;
   }
