@@ -123,7 +123,7 @@ export interface PassShape {
   layers?: readonly number[];
   /** Bytes a streamed layer reads from disk and takes in the ring, where that is fewer than
    * `layers` (a split-coded trunk whose pieces the products decode: trunk_ring.ts
-   * streamedFootprint); absent: `layers`. Its products still cover `layers` bytes. */
+   * streamedLayout); absent: `layers`. Its products still cover `layers` bytes. */
   streamLayers?: readonly number[];
   /** Of each layer's bytes, those its products decode from the coded form when it is
    * streamed (once a pass, at `codedDense`; more rows reuse the decoded window). */
