@@ -14,7 +14,7 @@
  */
 
 import type { Expert } from "../native/tensors.ts";
-import type { WeightSource } from "./weight_source.ts";
+import type { IoStats, WeightSource } from "./weight_source.ts";
 
 /** Layer L's experts `ids`, claimed at construction and run as they land. */
 export class ExpertStream {
@@ -26,11 +26,6 @@ export class ExpertStream {
   constructor(private readonly src: WeightSource, private readonly L: number, ids: number[]) {
     this.pending = [...ids];
     this.claim();
-  }
-
-  /** Every expert of the layer is claimed: no read of it is still waiting for room. */
-  get claimed(): boolean {
-    return this.pending.length === 0;
   }
 
   /** Claims what fits of the pending experts and starts their reads. */
@@ -47,11 +42,10 @@ export class ExpertStream {
 
   /**
    * Runs `each` on every expert as it lands (`waited` gets the milliseconds spent waiting for
-   * one), releasing each after its run and claiming more into the room it leaves; `roomy` is
-   * called after each expert once every one is claimed (the source has room to read ahead).
+   * one), releasing each after its run and claiming more into the room it leaves.
    * On a failed read or a failed `each`, waits for the reads in flight, then throws.
    */
-  async run(each: (E: number, ex: Expert) => void, waited: (t0: number) => void, roomy: () => void): Promise<void> {
+  async run(each: (E: number, ex: Expert) => void, waited: (t0: number) => void): Promise<void> {
     try {
       while (this.landing.size > 0 || this.pending.length > 0) {
         const t0 = performance.now();
@@ -67,7 +61,6 @@ export class ExpertStream {
           this.src.doneWithExperts?.(this.L, [next.E]);
         }
         this.claim();
-        if (this.pending.length === 0) roomy();
       }
     } catch (e) {
       // No read may land in a slot we no longer hold.
@@ -78,10 +71,18 @@ export class ExpertStream {
 }
 
 /**
- * Whether reading experts ahead on a guess still pays, after `guessed` reads of which `taken`
- * were right: guesses that mostly miss cost more reads than they hide, so after 8 layers'
- * worth of them (8 x `topK`) read ahead only while at least half were taken.
+ * Whether reading experts ahead on a guess still pays, from the counters so far (`io`): guesses
+ * that mostly miss cost more reads than they hide, so after 8 layers' worth of them (8 x
+ * `topK`) read ahead only while at least half were taken; and a cache that already serves 19
+ * lookups in 20 by itself (hits that were not guesses) leaves too little to hide for the
+ * router matvec each guess costs.
  */
-export function readAheadPays(guessed: number, taken: number, topK: number): boolean {
-  return guessed < 8 * topK || 2 * taken >= guessed;
+export function readAheadPays(
+  io: Pick<IoStats, "expertPrefetched" | "expertPrefetchHits" | "expertHits" | "expertMisses">,
+  topK: number,
+): boolean {
+  const { expertPrefetched: guessed, expertPrefetchHits: taken } = io;
+  if (guessed >= 8 * topK && 2 * taken < guessed) return false;
+  const lookups = io.expertHits + io.expertMisses;
+  return lookups < 8 * topK || 20 * (io.expertHits - taken) < 19 * lookups;
 }

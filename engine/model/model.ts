@@ -58,15 +58,13 @@ function rowSpans(segments: Segment[]): RowSpan[] {
 }
 
 /**
- * `K3_EXPERT_READ_AHEAD=1` turns on reading the next layer's experts ahead on a guess. Off by
- * default: on a quiet machine whose disk outruns the kernels, with the trunk pinned, it made
- * a decode token 6-8% slower (its wrong guesses cost reads the pass then competes with),
- * and it won only under heavy load (bench/README.md, "Expert reads"). Read without
- * prompting where the permission set does not grant it.
+ * Whether the next layer's experts are read ahead on a guess (`guessNextExperts`): on unless
+ * `K3_EXPERT_READ_AHEAD=0`, which the bench uses to measure what the guess buys. Read
+ * without prompting where the permission set does not grant it.
  */
 export function readAheadAsked(): boolean {
   const name = "K3_EXPERT_READ_AHEAD";
-  return Deno.permissions.querySync({ name: "env", variable: name }).state === "granted" && Deno.env.get(name) === "1";
+  return Deno.permissions.querySync({ name: "env", variable: name }).state !== "granted" || Deno.env.get(name) !== "0";
 }
 
 /** Counters the run report reads. */
@@ -227,13 +225,13 @@ export class K3Model {
       }
       // 6. MLP of the normed y.
       k.k3_rmsnorm(s.x.ptr, w.postAttentionNorm.ptr, s.xn.ptr, D, R, cfg.rmsNormEps);
-      if (w.mlp.kind === "dense") {
-        this.readAhead(L, R);
-        this.glu(w.mlp, s.xn.ptr, s.a.ptr, R);
-      } else await this.moe(L, w.mlp, R);
+      if (w.mlp.kind === "dense") this.glu(w.mlp, s.xn.ptr, s.a.ptr, R);
+      else await this.moe(L, w.mlp, R);
       this.weights.doneWithLayer?.(L);
       // 7. partial += m.
       for (let t = 0; t < R; t++) k.k3_add(srcRow(t, nblocks), s.a.at(t * D), D);
+      // The next layer's experts start reading now, behind its attention.
+      this.guessNextExperts(L, R, nblocks);
       this.stats.layerSeconds[L] += (performance.now() - layerStart) / 1000;
     }
 
@@ -468,23 +466,38 @@ export class K3Model {
   }
 
   /**
-   * A guess of layer L+1's routing, read ahead into the experts' free room: layer L+1's
-   * router on this layer's normed MLP input (s.xn), whose residual stream changes little
-   * from one layer to the next. Only when layer L+1 is an MoE layer already in memory for
-   * good (a streamed layer is not waited for) and the source reads experts, and while at
-   * least half the guesses so far were right; a wrong guess costs a read, never a bit (the pass
-   * runs what the real routing chose). Returns the guess, to read more of it as room frees up.
+   * Reads layer L+1's likely experts ahead, at the end of layer L, so that they land while
+   * layer L+1's attention runs instead of after its routing. The guess is layer L+1's router
+   * on the input its MLP would get if attention added nothing: its MLP AttnRes over the
+   * sources as they stand, normed with its MLP norm (s.x, s.xn and the router logits are free
+   * between layers). On the real-width slice 9 guesses in 10 were right (the earlier guess,
+   * from layer L's own MLP input at its routing, 2 in 3). Only when layer L+1 is an MoE layer
+   * in memory for good (a streamed layer is not waited for) and the source reads experts, and
+   * while it pays (readAheadPays: most guesses right, and the cache alone not serving 95%).
+   * A wrong guess costs a read, never a bit: the pass runs what the real routing chose.
    */
-  private readAhead(L: number, T: number): { L: number; ids: number[] } | undefined {
+  private guessNextExperts(L: number, T: number, nblocks: number): void {
+    const { k, cfg, s } = this;
     const next = L + 1;
-    if (!this.readAheadOn || next >= this.cfg.numLayers || !this.weights.prefetchExperts) return undefined;
+    if (!this.readAheadOn || next >= cfg.numLayers || !this.weights.prefetchExperts) return;
     const io = this.weights.ioStats?.();
-    if (io && !readAheadPays(io.expertPrefetched, io.expertPrefetchHits, this.cfg.moe.topK)) return undefined;
+    if (io && !readAheadPays(io, cfg.moe.topK)) return;
     const w = this.weights.heldLayer?.(next);
-    if (!w || w.mlp.kind !== "moe") return undefined;
-    const ids = [...new Set(this.route(w.mlp, T).flatMap((c) => c.ids))];
-    this.weights.prefetchExperts(next, ids);
-    return { L: next, ids };
+    if (!w || w.mlp.kind !== "moe") return;
+    const D = cfg.hiddenSize;
+    for (let t = 0; t < T; t++) {
+      k.k3_attnres(
+        s.src.at(t * this.nsrc * D),
+        nblocks + 1,
+        D,
+        w.mlpRes.norm.ptr,
+        w.mlpRes.proj.ptr,
+        cfg.rmsNormEps,
+        s.x.at(t * D),
+      );
+    }
+    k.k3_rmsnorm(s.x.ptr, w.postAttentionNorm.ptr, s.xn.ptr, D, T, cfg.rmsNormEps);
+    this.weights.prefetchExperts(next, [...new Set(this.route(w.mlp, T).flatMap((c) => c.ids))]);
   }
 
   /**
@@ -512,14 +525,10 @@ export class K3Model {
     const union = [...users.keys()].sort((a, b) => a - b);
     this.stats.expertsUsed += union.length;
     const stream = new ExpertStream(this.weights, L, union);
-    // The next MoE layer's likely experts go into the room this layer leaves: now, and as
-    // each of this layer's experts is done with its slot.
-    const ahead = stream.claimed ? this.readAhead(L, T) : undefined;
     // z = routed_expert_down_proj x, once per token; the shared experts at full width (into
     // s.x); both while the reads are in flight.
     this.mm(w.latentDown, s.xn.ptr, z.ptr, T);
     if (w.shared) this.glu(w.shared, s.xn.ptr, s.x.ptr, T);
-    let guess: { L: number; ids: number[] } | null | undefined = ahead;
     await stream.run(
       (E, ex) => {
         const tExpert = performance.now();
@@ -527,10 +536,6 @@ export class K3Model {
         this.spent("expertCompute", tExpert);
       },
       (t0) => this.spent("expertReadWait", t0),
-      () => {
-        if (guess) this.weights.prefetchExperts!(guess.L, guess.ids);
-        else if (guess === undefined) guess = this.readAhead(L, T) ?? null;
-      },
     );
     this.weights.doneWithExperts?.(L);
     // acc = sum_j w_j e_j in router order; RMSNorm; up-projection.

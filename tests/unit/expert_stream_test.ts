@@ -1,7 +1,7 @@
 /**
  * The order experts are read and run in never changes a bit: a layer's experts claimed at
  * its routing and run as they land (expert_stream.ts), the next layer's read ahead on a
- * guess (model.ts readAhead), and experts landing in a shuffled order (the test hook
+ * guess (model.ts guessNextExperts, on by default), and experts landing in a shuffled order (the test hook
  * K3_TEST_EXPERT_SHUFFLE, hits too) give the resident model's tokens and logits bit for bit,
  * with the trunk pinned and the cache at its floor (top-k + 1 slots, so a prefill chunk's
  * union flows through it) and at the floor budget; with the expert table, every expert is
@@ -31,7 +31,7 @@ const PROMPT = [5, 17, 300, 12], GEN = 10;
 async function run(
   memory: MemoryOptions | undefined,
   env: Record<string, string> = {},
-): Promise<{ logits: Uint8Array; tokens: number[]; prefetched: number; hits: number }> {
+): Promise<{ logits: Uint8Array; tokens: number[]; prefetched: number; hits: number; taken: number }> {
   for (const [k, v] of Object.entries(env)) Deno.env.set(k, v);
   try {
     const opened = await openModel(TINY, { capacity: SEQ.length + GEN, chunk: 5, memory });
@@ -46,6 +46,7 @@ async function run(
         tokens,
         prefetched: io?.expertPrefetched ?? 0,
         hits: io?.expertHits ?? 0,
+        taken: io?.expertPrefetchHits ?? 0,
       };
     } finally {
       await opened.close();
@@ -78,12 +79,8 @@ Deno.test("experts read ahead and landing shuffled: the resident tokens and logi
       { K3_EXPERT_READ_AHEAD: "1", K3_TEST_EXPERT_SHUFFLE: "2" },
       true,
     ],
-    [
-      "pinned, shuffled, read-ahead by default off",
-      { trunkDir: trunk, cacheGB },
-      { K3_TEST_EXPERT_SHUFFLE: "3" },
-      false,
-    ],
+    ["pinned, shuffled, read-ahead by default", { trunkDir: trunk, cacheGB }, { K3_TEST_EXPERT_SHUFFLE: "3" }, true],
+    ["pinned, read-ahead turned off", { trunkDir: trunk, cacheGB }, { K3_EXPERT_READ_AHEAD: "0" }, false],
     [
       "floor, shuffled, read-ahead asked",
       { trunkDir: trunk, trunkGB: largest, cacheGB },
@@ -99,6 +96,8 @@ Deno.test("experts read ahead and landing shuffled: the resident tokens and logi
     // right guesses come back as hits.
     if (readsAhead) {
       assert.ok(got.prefetched > 0 && got.hits > 0, `${name}: ${got.prefetched} read ahead, ${got.hits} hits`);
+      // The guess is worth its reads: most of what it reads is taken.
+      assert.ok(2 * got.taken > got.prefetched, `${name}: ${got.taken} of ${got.prefetched} guesses taken`);
     } else assert.equal(got.prefetched, 0, `${name}: nothing read ahead`);
   }
 });
@@ -133,10 +132,19 @@ Deno.test("a damaged expert is refused, named, when the experts are read ahead a
   }
 });
 
-Deno.test("read-ahead turns itself off when fewer than half its guesses were taken, after 8 layers of them", () => {
-  assert.equal(readAheadPays(0, 0, 16), true, "no guess yet");
-  assert.equal(readAheadPays(127, 0, 16), true, "too few guesses to judge");
-  assert.equal(readAheadPays(128, 63, 16), false, "under half taken");
-  assert.equal(readAheadPays(128, 64, 16), true, "half taken");
-  assert.equal(readAheadPays(1000, 900, 16), true);
+Deno.test("read-ahead turns itself off when most guesses miss, or when the cache alone serves 19 lookups in 20", () => {
+  const io = (guessed: number, taken: number, hits = 0, misses = 0) => ({
+    expertPrefetched: guessed,
+    expertPrefetchHits: taken,
+    expertHits: hits,
+    expertMisses: misses,
+  });
+  assert.equal(readAheadPays(io(0, 0), 16), true, "no guess yet");
+  assert.equal(readAheadPays(io(127, 0), 16), true, "too few guesses to judge");
+  assert.equal(readAheadPays(io(128, 63), 16), false, "under half taken");
+  assert.equal(readAheadPays(io(128, 64), 16), true, "half taken");
+  assert.equal(readAheadPays(io(1000, 900, 950, 50), 16), true, "the hits are the guesses'");
+  assert.equal(readAheadPays(io(0, 0, 127, 0), 16), true, "too few lookups to judge");
+  assert.equal(readAheadPays(io(0, 0, 190, 10), 16), false, "the cache alone serves 95%");
+  assert.equal(readAheadPays(io(100, 60, 250, 10), 16), true, "190 of 260 by the cache alone");
 });
