@@ -26,6 +26,7 @@ import { type Kernels, kernels, libraryPath } from "./native/ffi.ts";
 import { memoryAvailability } from "./native/available.ts";
 import { startCompute } from "./native/pool.ts";
 import { K3Model } from "./model/model.ts";
+import { GUESS_RIGHT, readAheadAsked } from "./model/expert_stream.ts";
 import { passRows, scratchBytes } from "./model/scratch.ts";
 import { stateBytes } from "./model/state.ts";
 import type { WeightSource } from "./model/weight_source.ts";
@@ -215,6 +216,7 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
           stateCache: opts.stateCache,
           drafts: opts.drafts ?? true,
           rates,
+          guessRight: readAheadAsked() ? GUESS_RIGHT : 0,
         });
         checkFits(p);
         return p;

@@ -25,7 +25,7 @@ import { type Ledger, newLedger } from "./ledger.ts";
 import { Scratch } from "./scratch.ts";
 import { SequenceState, SPEC_RECORD_ROWS, SpeculationRecord } from "./state.ts";
 import type { WeightSource } from "./weight_source.ts";
-import { ExpertStream, readAheadPays } from "./expert_stream.ts";
+import { ExpertStream, readAheadAsked, readAheadPays } from "./expert_stream.ts";
 
 /** One sequence's part of a forward pass: its state and its next tokens. */
 export interface Segment {
@@ -55,16 +55,6 @@ function rowSpans(segments: Segment[]): RowSpan[] {
     r += sp.n;
     return sp;
   });
-}
-
-/**
- * Whether the next layer's experts are read ahead on a guess (`guessNextExperts`): on unless
- * `K3_EXPERT_READ_AHEAD=0`, which the bench uses to measure what the guess buys. Read
- * without prompting where the permission set does not grant it.
- */
-export function readAheadAsked(): boolean {
-  const name = "K3_EXPERT_READ_AHEAD";
-  return Deno.permissions.querySync({ name: "env", variable: name }).state !== "granted" || Deno.env.get(name) !== "0";
 }
 
 /** Counters the run report reads. */

@@ -174,6 +174,9 @@ export interface PlanInput {
   /** Measured rates: the plan predicts tokens/s with them, and `--preset auto` spends memory
    * by the prediction (absent: no prediction, trunk first). */
   rates?: PassRates;
+  /** The share of a pinned MoE layer's missed experts the engine's read-ahead guesses right
+   * (throughput.ts PassShape.guessRight; absent: none read ahead). */
+  guessRight?: number;
 }
 
 /** The largest default state cache: enough for a few long conversations on the full model
@@ -458,6 +461,7 @@ export function makePlan(input: PlanInput): MemoryPlan {
     layers: input.layerBytes,
     streamLayers: input.layerStreamBytes,
     codedLayers: input.layerCodedBytes,
+    guessRight: input.guessRight,
   };
   /** The prediction for `sequences` with these layers pinned, this ring and cache slots. */
   const predictWith = (pinnedLayers: number[], ringBytes: number, slots: number, headStreamed: boolean) =>

@@ -32,7 +32,10 @@
  *  - A MoE layer's missed experts are read once its routing is known (after the layer's
  *    trunk compute) and overlap only that layer's expert compute: the layer is done at
  *    max(routing + expert compute, last expert read + one expert's compute), and the next
- *    layer cannot start before. Nothing is read ahead on a guess (the default).
+ *    layer cannot start before. A pinned MoE layer after the first is guessed (`guessRight`,
+ *    model.ts guessNextExperts): as many reads as its misses are issued when the layer
+ *    before it is done, of which the share `guessRight` is what its routing then finds;
+ *    the rest are read at its routing, and the wrong guesses' reads are read for nothing.
  *  - A streamed lm_head is read after the last layer, one chunk ahead of its product: its
  *    read overlaps only its own compute.
  *  - The disk serves reads in the order they are issued: the ring issues deep (64 pieces
@@ -128,6 +131,9 @@ export interface PassShape {
   /** Of each layer's bytes, those its products decode from the coded form when it is
    * streamed (once a pass, at `codedDense`; more rows reuse the decoded window). */
   codedLayers?: readonly number[];
+  /** The share of a pinned MoE layer's missed experts that the read-ahead guesses right
+   * before its routing (0 or absent: nothing is read ahead). */
+  guessRight?: number;
 }
 
 /** One way of spending memory: sequences in flight, trunk bytes not pinned, cache slots. */
@@ -187,6 +193,8 @@ interface Step {
   expert: number;
   /** Seconds of one distinct expert's products (the last to land runs after its read). */
   lastExpert: number;
+  /** The share of expertRead guessed right and read as the layer before it ends (0: none). */
+  guessed: number;
 }
 
 /** Predicted decode tokens/s of `split` on a model of `shape` at `rates` (see the module doc). */
@@ -217,9 +225,11 @@ export function predictPass(shape: PassShape, split: PassSplit, rates: PassRates
   const firstMoe = layers.length - Math.min(layers.length, shape.moeLayers);
   const expertLayer = (D + h * Math.max(0, R * shape.topK - D)) * shape.expertBytes / rates.expert;
   const missedBytes = D * shape.expertBytes * miss;
+  const guessRight = Math.min(1, Math.max(0, shape.guessRight ?? 0));
   const steps: Step[] = layers.map((b, i) => {
     const moe = i >= firstMoe;
     return {
+      guessed: moe && i > 0 && share[i] === 0 && missedBytes > 0 ? guessRight : 0,
       read: streamed[i] / rates.disk,
       ringBytes: streamed[i],
       // a streamed layer's products check every word they use (all of `b`, coded or not),
@@ -233,7 +243,9 @@ export function predictPass(shape: PassShape, split: PassSplit, rates: PassRates
   });
   const head = shape.headBytes / rates.dense * rowCost;
   const headRead = headStreamed ? shape.headBytes / rates.disk : 0;
-  const readBytes = streamed.reduce((a, b) => a + b, 0) + shape.moeLayers * missedBytes +
+  // A guessed layer reads its misses twice over where the guess was wrong.
+  const wrongBytes = steps.reduce((a, s) => a + (s.guessed > 0 ? (1 - s.guessed) * missedBytes : 0), 0);
+  const readBytes = streamed.reduce((a, b) => a + b, 0) + shape.moeLayers * missedBytes + wrongBytes +
     (headStreamed ? shape.headBytes : 0);
   const ioSeconds = readBytes / rates.disk;
   const computeSeconds = steps.reduce((a, s) => a + s.dense + s.expert, 0) + head;
@@ -293,9 +305,12 @@ function schedule(steps: Step[], head: number, headRead: number, ring: number): 
         pump(Infinity, q);
         start = Math.max(start, end[q]);
       }
+      // The guess's reads go out as the layer before ends, behind what the disk has.
+      const guessEnd = s.guessed > 0 ? read(cpu, s.expertRead) : 0;
       const routed = start + s.dense;
       let finish = routed + s.expert;
-      if (s.expertRead > 0) finish = Math.max(finish, read(routed, s.expertRead) + s.lastExpert);
+      const late = s.expertRead * (1 - s.guessed);
+      if (s.expertRead > 0) finish = Math.max(finish, Math.max(guessEnd, read(routed, late)) + s.lastExpert);
       if (s.ringBytes > 0) done[q++] = finish;
       cpu = finish;
     }

@@ -204,6 +204,50 @@ Deno.test("throughput: a layer's missed experts are read after its routing, besi
   assert.ok(Math.abs(streamed.computeSeconds - (0.1 * (1 + CHECK_SHARE) + expert)) < 1e-12);
 });
 
+Deno.test("throughput: a pinned MoE layer's guessed experts are read behind the layer before it", () => {
+  // A dense layer, then a pinned MoE layer: the guess's reads start as layer 0 ends; with
+  // every guess right the routing finds them read, with none right it reads them again.
+  const two: PassShape = {
+    trunkBytes: 2e9,
+    headBytes: 0,
+    moeLayers: 1,
+    experts: 64,
+    topK: 8,
+    expertBytes: 20e6,
+    layers: [1e9, 1e9],
+  };
+  const r: PassRates = { disk: 2e9, dense: 10e9, expert: 4e9, rowGrowth: 0, expertRowGrowth: 1 };
+  const split: PassSplit = { sequences: 1, streamedBytes: 0, streamedLayers: [], ringBytes: 0, slots: 10 };
+  const D = distinctExperts(64, 8, 1);
+  const expert = 8 * 20e6 / 4e9, read = D * 20e6 * (1 - 10 / 64) / 2e9, dense = 0.1;
+  const near = (a: number, b: number, what: string) => assert.ok(Math.abs(a - b) < 1e-12, `${what}: ${a}, not ${b}`);
+  const none = predictPass(two, split, r);
+  near(none.passSeconds, 2 * dense + Math.max(expert, read + expert / D), "no guess");
+  const right = predictPass({ ...two, guessRight: 1 }, split, r);
+  near(right.passSeconds, dense + Math.max(dense + expert, read + expert / D), "every guess right");
+  near(right.readBytes, none.readBytes, "right guesses read nothing more");
+  const wrong = predictPass({ ...two, guessRight: 0 }, split, r);
+  near(wrong.passSeconds, none.passSeconds, "guessRight 0 is no guess");
+  const half = predictPass({ ...two, guessRight: 0.5 }, split, r);
+  near(half.readBytes, none.readBytes + 0.5 * D * 20e6 * (1 - 10 / 64), "half wrong: half the misses read twice");
+  assert.ok(right.passSeconds <= half.passSeconds && half.passSeconds <= none.passSeconds, "more right, never slower");
+  // Where the reads are the longer part (a slower disk), the late half is read behind the
+  // guess: the layer ends at the guess's reads, then half the misses again, then one expert.
+  const slow = { ...r, disk: 1e9 };
+  near(
+    predictPass({ ...two, guessRight: 0.5 }, split, slow).passSeconds,
+    Math.max(2 * dense + expert, dense + 2 * read + 0.5 * (2 * read) + expert / D),
+    "half right, slow disk",
+  );
+  // A streamed MoE layer is not guessed (the pass does not wait for its weights to guess).
+  const streamed = { sequences: 1, streamedBytes: 1e9, streamedLayers: [1], slots: 10 };
+  near(
+    predictPass({ ...two, guessRight: 1 }, streamed, r).passSeconds,
+    predictPass(two, streamed, r).passSeconds,
+    "streamed",
+  );
+});
+
 Deno.test("throughput: drafted rows cost compute like rows, accepted drafts add tokens", () => {
   const pinned: PassSplit = { sequences: 4, streamedBytes: 0, streamedLayers: [], ringBytes: 0, slots: 64 };
   const base = predictPass(slice, pinned, sliceRates);
