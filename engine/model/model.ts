@@ -20,7 +20,7 @@ import type { Kernels } from "../native/ffi.ts";
 import type { Vec } from "../native/memory.ts";
 import { type Compute, serialCompute } from "../native/pool.ts";
 import { type Expert, type Matrix, settleExpert, verifyMatrix } from "../native/tensors.ts";
-import type { GluWeights, KdaWeights, MlaWeights, MoeWeights } from "./layer_weights.ts";
+import type { GluWeights, KdaWeights, LayerWeights, MlaWeights, MoeWeights } from "./layer_weights.ts";
 import { type Ledger, newLedger } from "./ledger.ts";
 import { Scratch } from "./scratch.ts";
 import { SequenceState, SPEC_RECORD_ROWS, SpeculationRecord } from "./state.ts";
@@ -201,20 +201,8 @@ export class K3Model {
         else k.k3_add(srcRow(t, nblocks), s.a.at(t * D), D);
       }
       partialEmpty = false;
-      // 5. y = AttnRes(blocks + [partial]).
-      for (let t = 0; t < R; t++) {
-        k.k3_attnres(
-          srcRow(t, 0),
-          nblocks + 1,
-          D,
-          w.mlpRes.norm.ptr,
-          w.mlpRes.proj.ptr,
-          cfg.rmsNormEps,
-          s.x.at(t * D),
-        );
-      }
-      // 6. MLP of the normed y.
-      k.k3_rmsnorm(s.x.ptr, w.postAttentionNorm.ptr, s.xn.ptr, D, R, cfg.rmsNormEps);
+      // 5. y = AttnRes(blocks + [partial]); 6. MLP of the normed y.
+      this.mlpInput(w, R, nblocks);
       if (w.mlp.kind === "dense") this.glu(w.mlp, s.xn.ptr, s.a.ptr, R);
       else await this.moe(L, w.mlp, R);
       this.weights.doneWithLayer?.(L);
@@ -455,6 +443,18 @@ export class K3Model {
     return chosen;
   }
 
+  /** Layer w's MLP input for T rows: s.x = its MLP AttnRes over the sources (nblocks
+   * snapshots and the partial), s.xn = that normed. */
+  private mlpInput(w: LayerWeights, T: number, nblocks: number): void {
+    const { k, cfg, s } = this;
+    const D = cfg.hiddenSize;
+    for (let t = 0; t < T; t++) {
+      const src = s.src.at(t * this.nsrc * D);
+      k.k3_attnres(src, nblocks + 1, D, w.mlpRes.norm.ptr, w.mlpRes.proj.ptr, cfg.rmsNormEps, s.x.at(t * D));
+    }
+    k.k3_rmsnorm(s.x.ptr, w.postAttentionNorm.ptr, s.xn.ptr, D, T, cfg.rmsNormEps);
+  }
+
   /**
    * Reads layer L+1's likely experts ahead, at the end of layer L, so that they land while
    * layer L+1's attention runs instead of after its routing. The guess is layer L+1's router
@@ -467,26 +467,14 @@ export class K3Model {
    * A wrong guess costs a read, never a bit: the pass runs what the real routing chose.
    */
   private guessNextExperts(L: number, T: number, nblocks: number): void {
-    const { k, cfg, s } = this;
+    const { cfg } = this;
     const next = L + 1;
     if (!this.readAheadOn || next >= cfg.numLayers || !this.weights.prefetchExperts) return;
     const io = this.weights.ioStats?.();
     if (io && !readAheadPays(io, cfg.moe.topK)) return;
     const w = this.weights.heldLayer?.(next);
     if (!w || w.mlp.kind !== "moe") return;
-    const D = cfg.hiddenSize;
-    for (let t = 0; t < T; t++) {
-      k.k3_attnres(
-        s.src.at(t * this.nsrc * D),
-        nblocks + 1,
-        D,
-        w.mlpRes.norm.ptr,
-        w.mlpRes.proj.ptr,
-        cfg.rmsNormEps,
-        s.x.at(t * D),
-      );
-    }
-    k.k3_rmsnorm(s.x.ptr, w.postAttentionNorm.ptr, s.xn.ptr, D, T, cfg.rmsNormEps);
+    this.mlpInput(w, T, nblocks);
     this.weights.prefetchExperts(next, [...new Set(this.route(w.mlp, T).flatMap((c) => c.ids))]);
   }
 
