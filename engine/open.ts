@@ -198,6 +198,7 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
       const d = await measureDecodeRate(k, libraryPath(), opts.threads ?? navigator.hardwareConcurrency, 0.2);
       rates.codedDense = rates.dense * d.splitProduct / d.plainProduct;
     }
+    const guessRight = readAheadAsked() ? GUESS_RIGHT : 0;
     const plan = fitSequences(
       (sequences) => {
         const p = makePlan({
@@ -216,7 +217,7 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
           stateCache: opts.stateCache,
           drafts: opts.drafts ?? true,
           rates,
-          guessRight: readAheadAsked() ? GUESS_RIGHT : 0,
+          guessRight,
         });
         checkFits(p);
         return p;

@@ -32,9 +32,9 @@
  *  - A MoE layer's missed experts are read once its routing is known (after the layer's
  *    trunk compute) and overlap only that layer's expert compute: the layer is done at
  *    max(routing + expert compute, last expert read + one expert's compute), and the next
- *    layer cannot start before. A pinned MoE layer after the first is guessed (`guessRight`,
- *    model.ts guessNextExperts): as many reads as its misses are issued when the layer
- *    before it is done, of which the share `guessRight` is what its routing then finds;
+ *    layer cannot start before. A pinned MoE layer that has a layer before it in the pass
+ *    is guessed (`guessRight`, model.ts guessNextExperts): as many reads as its misses are
+ *    issued when that layer is done, of which the share `guessRight` is what its routing then finds;
  *    the rest are read at its routing, and the wrong guesses' reads are read for nothing.
  *  - A streamed lm_head is read after the last layer, one chunk ahead of its product: its
  *    read overlaps only its own compute.
