@@ -1,12 +1,8 @@
 /*
- * k3 ops: ISA report, memory and conversions, norms and activations, the KDA step, MLA
+ * k3 ops: ISA report, conversions, norms and activations, the KDA step, MLA
  * attention, the MoE router, Attention Residuals and the elementwise ops (k3.h says what
  * each computes), written once against the lane types of simd.h.
  */
-#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
-#define _POSIX_C_SOURCE 200112L /* posix_memalign */
-#define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
-#endif
 #include "k3.h"
 #include "simd.h"
 
@@ -14,12 +10,6 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-#if defined(_WIN32)
-#include <malloc.h> /* _aligned_malloc */
-#endif
 
 const char *k3_isa(void) { return K3_ISA_NAME; }
 
@@ -40,36 +30,7 @@ int32_t k3_cpu_features(void) {
 #endif
 }
 static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
-/* ---------------------------------------------------------------- memory, conversions */
-
-#define K3_HUGE ((size_t)2 << 20)
-
-void *k3_alloc(uint64_t bytes) {
-  if (bytes == 0) bytes = 1;
-  if (bytes > (uint64_t)SIZE_MAX) return NULL;
-#if defined(_WIN32)
-  return _aligned_malloc((size_t)bytes, 4096);
-#else
-  void *p = NULL;
-  /* Large buffers (weights, trunk slots, expert slots) are 2 MiB aligned and asked to be
-   * backed by huge pages: first touch of fresh memory costs a fault per page, and on a
-   * virtual machine that fault is expensive (~15 us per 4 KiB page measured here). */
-  size_t align = bytes >= K3_HUGE ? K3_HUGE : 4096;
-  if (posix_memalign(&p, align, (size_t)bytes) != 0) return NULL;
-#if defined(MADV_HUGEPAGE)
-  if (bytes >= K3_HUGE) madvise(p, (size_t)bytes, MADV_HUGEPAGE);
-#endif
-  return p;
-#endif
-}
-
-void k3_free(void *p) {
-#if defined(_WIN32)
-  _aligned_free(p);
-#else
-  free(p);
-#endif
-}
+/* ---------------------------------------------------------------- conversions */
 
 void k3_bf16_to_f32(const uint16_t *src, float *dst, int32_t n) {
   int i = 0;
