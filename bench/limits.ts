@@ -19,7 +19,8 @@
  * Timings are medians (best in brackets) of several runs; the machine is shared, so read
  * ratios measured side by side rather than absolute rates.
  *
- * Hooks: every figure comes from a section (`Section`: async (ctx) => figures), run in
+ * Hooks: every figure comes from a section (`Section` of bench/figures.ts: async (ctx) =>
+ * figures), run in
  * order by `runLimits`; a later section sees the earlier figures in `ctx.figures` (its
  * limits). Decode figures on a real-width slice (resident_decode_of_dram,
  * floor_read_of_disk, the overlap ratios) belong in a section appended to `SECTIONS`.
@@ -39,54 +40,12 @@ import { DATA_FILE, readManifest, storedSize } from "../engine/weights/manifest.
 import { codecVerdict, measureDecodeRate } from "../engine/weights/codec.ts";
 import { measureDiskRate } from "../engine/weights/rate_probe.ts";
 import { speculationSection } from "./speculation.ts";
+import type { Context, Figure, LimitsOptions, Section } from "./figures.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 
 /** The decode slice: the released widths and router top-k, 32 experts per MoE layer (~6.5 GB). */
 const LIMITS_SLICE: SliceRecipe = { layers: 3, experts: 32, topK: 16, vocab: 32768, fullAttn: [3] };
-
-/** One measured figure: `key` is its JSON name; `of` names the limit it is a ratio to. */
-export interface Figure {
-  key: string;
-  label: string;
-  value: number;
-  unit: string;
-  /** key of the figure this one is measured against (its limit), when it has one */
-  of?: string;
-  /** value / that limit (or a ratio measured directly, e.g. per-token costs) */
-  ratio?: number;
-}
-
-/** What every section gets: the kernels, the options, and the figures measured so far. */
-export interface Context {
-  k: Kernels;
-  opts: LimitsOptions;
-  figures: Figure[];
-  /** the value of an earlier figure by key (throws if it was not measured) */
-  get(key: string): number;
-  /** progress lines (stderr) */
-  log(line: string): void;
-}
-
-/** A group of measurements. */
-export type Section = (ctx: Context) => Promise<Figure[]>;
-
-/** Options of a run. */
-export interface LimitsOptions {
-  /** directory for the disk's scratch file */
-  dir: string;
-  dramBytes: number;
-  diskBytes: number;
-  skipDisk: boolean;
-  /** skip the decode runs on a real-width slice */
-  skipDecode?: boolean;
-  /** runs per timing (the median is reported) */
-  reps: number;
-  /** the split-coded trunk of the decode slice (default: beside the slice's raw trunk) */
-  codedTrunk?: string;
-  /** the disk rate (GB/s) the codec's capped floor runs are held to (default ISSUE_DISK_GBPS) */
-  throttleGbps?: number;
-}
 
 /** Median of a list. */
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];

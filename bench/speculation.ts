@@ -15,7 +15,7 @@
  */
 
 import { benchArgs, median } from "./args.ts";
-import type { Figure, Section } from "./limits.ts";
+import type { Figure, Section } from "./figures.ts";
 import { ensureSlice, type SliceRecipe } from "./slice.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
 import type { DraftOptions } from "../engine/generate/draft.ts";
