@@ -20,8 +20,7 @@
  * ratios measured side by side rather than absolute rates.
  *
  * Hooks: every figure comes from a section (`Section` of bench/figures.ts: async (ctx) =>
- * figures), run in
- * order by `runLimits`; a later section sees the earlier figures in `ctx.figures` (its
+ * figures), run in order by `runLimits`; a later section sees the earlier figures in `ctx.figures` (its
  * limits). Decode figures on a real-width slice (resident_decode_of_dram,
  * floor_read_of_disk, the overlap ratios) belong in a section appended to `SECTIONS`.
  *
