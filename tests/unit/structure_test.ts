@@ -3,11 +3,15 @@
  * cycle, and inside engine/ every import runs down the layers (errors and paths at the
  * bottom, then native, then text and model side by side, then weights, then generate,
  * then the composition root open.ts); engine/ imports nothing of cli/, pack/ or main.ts.
+ * bench/ has no import cycle either and may import the product, never the reverse. The C
+ * kernels have no call circle between their .c files. docs/architecture.md names every
+ * product module (every .ts of main.ts, cli/, engine/, pack/ and every kernels/*.c, *.h) in
+ * its module tables, and names none that is gone.
  *
- * The graph is read from the files (every import, export-from and literal dynamic import
- * with a relative specifier), so it cannot drift from the code. The checker itself is
- * tested on a small made-up graph, so a passing run means the rules held, not that the
- * checker saw nothing.
+ * The graphs are read from the files (every import, export-from and literal dynamic import
+ * with a relative specifier; every call of a function another .c file defines), so they
+ * cannot drift from the code. Each checker is also tested on small made-up inputs, so a
+ * passing run means the rules held, not that the checker saw nothing.
  */
 
 import assert from "node:assert/strict";
@@ -38,10 +42,15 @@ export function resolve(from: string, spec: string): string {
   return parts.join("/");
 }
 
-function tsFiles(root: string, rel: string): string[] {
+/** The files under `rel` (a file or a folder, relative to `root`) whose names end in one of `exts`. */
+function filesUnder(root: string, rel: string, exts: string[]): string[] {
   const path = `${root}/${rel}`;
-  if (Deno.statSync(path).isFile) return rel.endsWith(".ts") ? [rel] : [];
-  return [...Deno.readDirSync(path)].flatMap((e) => tsFiles(root, `${rel}/${e.name}`));
+  if (Deno.statSync(path).isFile) return exts.some((e) => rel.endsWith(e)) ? [rel] : [];
+  return [...Deno.readDirSync(path)].flatMap((e) => filesUnder(root, `${rel}/${e.name}`, exts));
+}
+
+function tsFiles(root: string, rel: string): string[] {
+  return filesUnder(root, rel, [".ts"]);
 }
 
 /** The import graph of the `.ts` files under `roots`, edges to files outside them dropped. */
@@ -199,4 +208,165 @@ Deno.test("no import cycle in main.ts, cli/, engine/ and pack/", () => {
 Deno.test("engine/ imports only down its layers: base < native < text, model < weights < generate < open.ts", () => {
   const found = upwardEdges(importGraph(ROOT, ["main.ts", "cli", "engine", "pack"]));
   assert.deepEqual(found, [], `imports against engine/'s layers:\n${found.join("\n")}`);
+});
+
+/** Every import from outside bench/ into bench/, as "a -> b: why" (bench/ may import the product, never the reverse). */
+export function importsOfBench(graph: Graph): string[] {
+  const out: string[] = [];
+  for (const [from, tos] of graph) {
+    if (from.startsWith("bench/")) continue;
+    for (const to of tos) if (to.startsWith("bench/")) out.push(`${from} -> ${to}: product code imports bench/`);
+  }
+  return out.sort();
+}
+
+/** C source without its comments and string and character literals (so a name in them is no call). */
+function cCode(src: string): string {
+  return src.replace(
+    /\/\*[\s\S]*?\*\/|\/\/[^\n]*|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*'/g,
+    (m) => m.replace(/[^\n]/g, " "),
+  );
+}
+
+/** A function definition with external linkage at a line's start: a type, the name, the
+ * parameters (maybe over several lines), then the body's brace. `static` ones (also through
+ * simd.h's `K3_INLINE`) cannot be called from another file, and a declaration ends in `;`,
+ * so neither matches. */
+const C_DEFINITION = /^(?!static\b|K3_INLINE\b)(?:[A-Za-z_]\w*[ \t*]+)+([A-Za-z_]\w*)\s*\([^()]*\)\s*\{/gm;
+
+/** The names of the functions a C source defines with external linkage. */
+export function cDefinitions(src: string): string[] {
+  return [...cCode(src).matchAll(C_DEFINITION)].map((m) => m[1]);
+}
+
+/** file -> the other .c files whose functions it calls, for C sources given by file name. */
+export function cCallGraph(sources: Map<string, string>): Graph {
+  const definedIn = new Map<string, string[]>();
+  for (const [file, src] of sources) {
+    for (const name of cDefinitions(src)) definedIn.set(name, [...(definedIn.get(name) ?? []), file]);
+  }
+  const graph: Graph = new Map();
+  for (const [file, src] of sources) {
+    // A name the file defines itself is its own (a program's `main`, or its definition's line).
+    const own = new Set(cDefinitions(src));
+    const to = new Set<string>();
+    for (const m of cCode(src).matchAll(/\b([A-Za-z_]\w*)\s*\(/g)) {
+      if (own.has(m[1])) continue;
+      for (const other of definedIn.get(m[1]) ?? []) to.add(other);
+    }
+    graph.set(file, [...to].sort());
+  }
+  return graph;
+}
+
+/** The product's modules on disk: every .ts of main.ts, cli/, engine/, pack/ and every kernels/*.c, *.h. */
+export function productModules(root: string): string[] {
+  const ts = ["main.ts", "cli", "engine", "pack"].flatMap((r) => tsFiles(root, r));
+  const kernels = [...Deno.readDirSync(`${root}/kernels`)]
+    .filter((e) => e.isFile && /\.[ch]$/.test(e.name))
+    .map((e) => `kernels/${e.name}`);
+  return [...ts, ...kernels].sort();
+}
+
+/** The modules the "## Modules" section of a markdown page names: the first cell of each
+ * table row, a path in backticks (`| \`engine/open.ts\` | role |`). */
+export function documentedModules(markdown: string): string[] {
+  const section = markdown.split(/^## /m).find((s) => s.startsWith("Modules\n")) ?? "";
+  return [...section.matchAll(/^\| `([^`]+)` +\|/gm)].map((m) => m[1]);
+}
+
+/** What the module tables and the disk disagree on, one line each: files the doc does not
+ * name, names the doc has that are no file, names given twice. */
+export function moduleDocProblems(onDisk: string[], documented: string[]): string[] {
+  const disk = new Set(onDisk), doc = new Set(documented);
+  return [
+    ...onDisk.filter((f) => !doc.has(f)).map((f) => `${f}: not in docs/architecture.md's module tables (add a line)`),
+    ...[...doc].filter((f) => !disk.has(f)).map((f) =>
+      `${f}: in docs/architecture.md's module tables but no such file`
+    ),
+    ...documented.filter((f, i) => documented.indexOf(f) !== i).map((f) => `${f}: named twice in the module tables`),
+  ];
+}
+
+Deno.test("the bench checker names a cycle in bench/ and a product file importing bench/", () => {
+  const g: Graph = new Map([
+    ["bench/limits.ts", ["bench/speculation.ts", "engine/open.ts"]],
+    ["bench/speculation.ts", ["bench/limits.ts"]],
+    ["bench/args.ts", []],
+    ["engine/open.ts", ["bench/args.ts"]],
+    ["cli/run.ts", ["engine/open.ts"]],
+  ]);
+  assert.deepEqual(cycles(g), ["bench/limits.ts -> bench/speculation.ts -> bench/limits.ts"]);
+  assert.deepEqual(importsOfBench(g), ["engine/open.ts -> bench/args.ts: product code imports bench/"]);
+});
+
+Deno.test("the C checker reads definitions and calls across files, and names a call circle", () => {
+  const sources = new Map([
+    [
+      "ops.c",
+      [
+        "/* k3_alloc( in a comment is no call */",
+        "static float helper(float x) { return x; }",
+        "void k3_mla_expand(const void *w,",
+        "                   int32_t n) {",
+        '  k3_matmul(w, n); puts("k3_free(");',
+        "}",
+      ].join("\n"),
+    ],
+    ["products.c", "void *k3_matmul(const void *w, int32_t n) {\n  return k3_alloc(n);\n}\nvoid k3_free(void *p);\n"],
+    ["memory.c", "void *k3_alloc(uint64_t bytes) {\n  return helper(bytes);\n}\n"],
+  ]);
+  assert.deepEqual(cDefinitions(sources.get("ops.c")!), ["k3_mla_expand"]);
+  const oneWay = cCallGraph(sources);
+  assert.deepEqual(Object.fromEntries(oneWay), { "ops.c": ["products.c"], "products.c": ["memory.c"], "memory.c": [] });
+  assert.deepEqual(cycles(oneWay), []);
+  // The allocator back in ops.c: products.c calls ops.c, which calls products.c.
+  sources.set("ops.c", sources.get("ops.c")! + "\nvoid *k3_alloc(uint64_t bytes) {\n  return 0;\n}\n");
+  sources.delete("memory.c");
+  assert.deepEqual(cycles(cCallGraph(sources)), ["ops.c -> products.c -> ops.c"]);
+});
+
+Deno.test("the module-table checker names an undocumented file, a gone one and a doubled line", () => {
+  const doc = [
+    "# Architecture",
+    "## Modules",
+    "| module | role |",
+    "| --- | --- |",
+    "| `engine/open.ts` | the composition root |",
+    "| `engine/gone.ts` | removed since |",
+    "| `engine/open.ts` | again |",
+    "## Where to find",
+    "| `cli/run.ts` | a table of another section is not a module table |",
+  ].join("\n");
+  assert.deepEqual(documentedModules(doc), ["engine/open.ts", "engine/gone.ts", "engine/open.ts"]);
+  assert.deepEqual(moduleDocProblems(["cli/run.ts", "engine/open.ts"], documentedModules(doc)), [
+    "cli/run.ts: not in docs/architecture.md's module tables (add a line)",
+    "engine/gone.ts: in docs/architecture.md's module tables but no such file",
+    "engine/open.ts: named twice in the module tables",
+  ]);
+});
+
+Deno.test("bench/ has no import cycle and the product imports nothing of it", () => {
+  const graph = importGraph(ROOT, ["main.ts", "cli", "engine", "pack", "bench"]);
+  assert.ok([...graph.keys()].filter((f) => f.startsWith("bench/")).length >= 10, "bench/ was read");
+  const found = [...cycles(graph), ...importsOfBench(graph)];
+  assert.deepEqual(found, [], `bench/:\n${found.join("\n")}`);
+});
+
+Deno.test("no call circle between the kernels' .c files", () => {
+  const files = [...Deno.readDirSync(`${ROOT}/kernels`)].filter((e) => e.isFile && e.name.endsWith(".c"));
+  const graph = cCallGraph(new Map(files.map((e) => [e.name, Deno.readTextFileSync(`${ROOT}/kernels/${e.name}`)])));
+  // The checker saw the real calls: the ops call the products (k3_mla_expand), the products the allocator.
+  assert.ok(graph.get("ops.c")?.includes("products.c"), JSON.stringify(Object.fromEntries(graph)));
+  assert.ok(graph.get("products.c")?.includes("memory.c"), JSON.stringify(Object.fromEntries(graph)));
+  const found = cycles(graph);
+  assert.deepEqual(found, [], `call circles between kernels/*.c:\n${found.join("\n")}`);
+});
+
+Deno.test("docs/architecture.md names every product module in its module tables, and only those", () => {
+  const onDisk = productModules(ROOT);
+  assert.ok(onDisk.length >= 100 && onDisk.includes("main.ts") && onDisk.includes("kernels/k3.h"), onDisk.join(" "));
+  const documented = documentedModules(Deno.readTextFileSync(`${ROOT}/docs/architecture.md`));
+  const found = moduleDocProblems(onDisk, documented);
+  assert.deepEqual(found, [], found.join("\n"));
 });
