@@ -1,28 +1,31 @@
 /**
- * The README as a user runs it: every command line of its shell code blocks (```sh, ```bash,
- * ```shell) is extracted and every one that needs no real checkpoint is run as written, in
- * README order, from the checkout (after the README's own `npm ci`), and must exit 0, or the
+ * The README and the docs pages with examples (tests/doc_pages.ts) as a user runs them: every
+ * command line of their shell code blocks (```sh, ```bash, ```shell) is extracted and every
+ * one that needs no real checkpoint is run as written, page by page in page order, from the
+ * checkout (after the README's own `npm ci`), and must exit 0, or the
  * code its line declares with a trailing `# exit N`. `k3 ...` lines run through a `k3` on PATH
  * that is this checkout (README: "`k3 ...` stands for any of ..."). A `serve` line is started,
  * asked for `/v1/models`, and any later line that talks to `127.0.0.1:<its port>` runs against
- * it before it is stopped; the port is the one free one it picks (`--port 0`), substituted
- * into those lines. Numbers the README quotes from a command's output are checked against that
- * output. New README sections' commands are picked up with no change here: the lines skipped
- * are only those below (the real checkpoint, the setup and the suite itself).
+ * it before it is stopped (at the latest at the end of its page: each page starts its own);
+ * the port is the one free one it picks (`--port 0`), substituted into those lines. Numbers the README quotes from a command's output are checked against that
+ * output. New sections' commands are picked up with no change here: the lines skipped are only
+ * those below (the real checkpoint, the setup and the suite itself), and every page must
+ * yield commands.
  */
 
 import assert from "node:assert/strict";
 import { ROOT, runCmd, tempDir } from "../helpers.ts";
+import { EXAMPLE_PAGES, NOT_RUN, pagesWithShellBlocks, readPage } from "../doc_pages.ts";
 
-const readme = await Deno.readTextFile(`${ROOT}/README.md`);
+const readme = readPage("README.md");
 
-/** One command line of the README: its text (continuations joined) and its heading. */
+/** One command line of a page: its text (continuations joined) and its heading. */
 interface ReadmeCommand {
   line: string;
   section: string;
 }
 
-/** Every command line of the README's shell blocks, in order. Comment lines (`# ...`, also
+/** Every command line of a page's shell blocks, in order. Comment lines (`# ...`, also
  * used for sample output) and blank lines are not commands. */
 function readmeCommands(text: string): ReadmeCommand[] {
   const out: ReadmeCommand[] = [];
@@ -53,7 +56,7 @@ function readmeCommands(text: string): ReadmeCommand[] {
   return out;
 }
 
-/** Why a README line is not run here, or undefined when it is. */
+/** Why a line is not run here, or undefined when it is. */
 function skipReason(line: string): string | undefined {
   if (/\/data\b|\bMODEL_DIR\b|\/opt\//.test(line)) return "needs the real checkpoint or a path of the reader's";
   if (/^npm ci( |$)/.test(line) && !/&&/.test(line)) return "the setup this test runs after";
@@ -89,7 +92,14 @@ Deno.test("README: the command extractor finds every block's lines (continuation
   assert.equal(expectedCode("k3 run nope --gen 1   # exit 2"), 2);
 });
 
-Deno.test("README: every command line that needs no real checkpoint runs as written", async () => {
+Deno.test("README and docs: every page with shell blocks is run or says why not; every page run has commands", () => {
+  for (const page of pagesWithShellBlocks()) {
+    assert.ok(EXAMPLE_PAGES.includes(page) || NOT_RUN[page], `${page} has shell blocks: add it to tests/doc_pages.ts`);
+  }
+  for (const page of EXAMPLE_PAGES) assert.ok(readmeCommands(readPage(page)).length > 0, `${page}: no command found`);
+});
+
+Deno.test("README and docs: every command line that needs no real checkpoint runs as written", async () => {
   await using home = await tempDir("k3-readme-");
   // `k3` as the README uses it: this checkout, through the project's launcher.
   await Deno.mkdir(`${home.path}/bin`);
@@ -108,7 +118,7 @@ Deno.test("README: every command line that needs no real checkpoint runs as writ
     DENO_DIR: `${Deno.env.get("HOME")}/.cache/deno`,
     INIT_CWD: ROOT,
   };
-  const ran: string[] = [], skipped: string[] = [];
+  const ran: string[] = [], skipped: string[] = [], ranOnPage = new Map<string, number>();
   let server: { child: Deno.ChildProcess; port: number; drain: Promise<void> } | undefined;
   const stopServer = async () => {
     if (!server) return;
@@ -120,55 +130,63 @@ Deno.test("README: every command line that needs no real checkpoint runs as writ
   };
   const outputs = new Map<string, string>();
   try {
-    for (const { line, section } of readmeCommands(readme)) {
-      const why = skipReason(line);
-      if (why) {
-        skipped.push(`${line}  (${why})`);
-        continue;
-      }
-      if (/\bserve\b/.test(line) && /tests\/fixtures\/tiny/.test(line)) {
-        await stopServer();
-        const cmd = asRun(line).replace(/--port \d+/, "--port 0").replace(/\s+#.*$/, "");
-        const child = new Deno.Command("sh", {
-          args: ["-c", `exec ${cmd}`],
-          cwd: ROOT,
-          env,
-          stdin: "null",
-          stdout: "null",
-          stderr: "piped",
-        }).spawn();
-        const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
-        let text = "", port = 0;
-        while (!port) {
-          const { value, done } = await reader.read();
-          if (done) throw new Error(`${section}: ${line}: ended before listening: ${text}`);
-          text += value;
-          port = Number(text.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/)?.[1] ?? 0);
+    for (const page of EXAMPLE_PAGES) {
+      ranOnPage.set(page, 0);
+      for (const { line, section: heading } of readmeCommands(readPage(page))) {
+        const section = `${page}, ${heading}`;
+        const why = skipReason(line);
+        if (why) {
+          skipped.push(`${line}  (${why})`);
+          continue;
         }
-        const drain = (async () => {
-          while (!(await reader.read()).done);
-        })();
-        server = { child, port, drain };
-        const models = await fetch(`http://127.0.0.1:${port}/v1/models`);
-        assert.equal(models.status, 200, `${line}: GET /v1/models`);
-        await models.body?.cancel();
+        if (/\bserve\b/.test(line) && /tests\/fixtures\/tiny/.test(line)) {
+          await stopServer();
+          const cmd = asRun(line).replace(/--port \d+/, "--port 0").replace(/\s+#.*$/, "");
+          const child = new Deno.Command("sh", {
+            args: ["-c", `exec ${cmd}`],
+            cwd: ROOT,
+            env,
+            stdin: "null",
+            stdout: "null",
+            stderr: "piped",
+          }).spawn();
+          const reader = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
+          let text = "", port = 0;
+          while (!port) {
+            const { value, done } = await reader.read();
+            if (done) throw new Error(`${section}: ${line}: ended before listening: ${text}`);
+            text += value;
+            port = Number(text.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/)?.[1] ?? 0);
+          }
+          const drain = (async () => {
+            while (!(await reader.read()).done);
+          })();
+          server = { child, port, drain };
+          const models = await fetch(`http://127.0.0.1:${port}/v1/models`);
+          assert.equal(models.status, 200, `${line}: GET /v1/models`);
+          await models.body?.cancel();
+          ran.push(line);
+          ranOnPage.set(page, ranOnPage.get(page)! + 1);
+          continue;
+        }
+        if (/127\.0\.0\.1:8000|localhost:8000/.test(line)) {
+          assert.ok(server, `${section}: ${line} talks to a server no line of its page before it started`);
+        }
+        const cmd = asRun(line, server?.port);
+        const out = await runCmd("sh", ["-c", cmd], { cwd: ROOT, env, seconds: 300 });
+        assert.equal(out.code, expectedCode(line), `${section}: ${line}\n${out.stderr.slice(-2000)}`);
+        assert.doesNotMatch(out.stderr, /SyntaxError|internal error|Uncaught/, `${section}: ${line}`);
+        outputs.set(line, out.stdout + out.stderr);
         ran.push(line);
-        continue;
+        ranOnPage.set(page, ranOnPage.get(page)! + 1);
       }
-      if (/127\.0\.0\.1:8000|localhost:8000/.test(line)) {
-        assert.ok(server, `${section}: ${line} talks to a server no README line before it started`);
-      }
-      const cmd = asRun(line, server?.port);
-      const out = await runCmd("sh", ["-c", cmd], { cwd: ROOT, env, seconds: 300 });
-      assert.equal(out.code, expectedCode(line), `${section}: ${line}\n${out.stderr.slice(-2000)}`);
-      assert.doesNotMatch(out.stderr, /SyntaxError|internal error|Uncaught/, `${section}: ${line}`);
-      outputs.set(line, out.stdout + out.stderr);
-      ran.push(line);
+      await stopServer();
     }
   } finally {
     await stopServer();
   }
   assert.ok(ran.length >= 10, `ran ${ran.length} lines; skipped:\n${skipped.join("\n")}`);
+  for (const [page, n] of ranOnPage) assert.ok(n > 0, `${page}: no line ran; skipped:\n${skipped.join("\n")}`);
   // The quick start's lines are all tiny-model lines: none of them may be skipped.
   for (const { line, section } of readmeCommands(readme)) {
     if (section === "Quick start" || section === "Two commands") {

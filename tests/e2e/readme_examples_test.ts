@@ -1,29 +1,32 @@
 /**
- * The README's examples of tools, structured output and log probabilities, run against a
- * real `k3 serve` on the bundled models and checked, not only run: every curl and every
- * TypeScript block of "Tools and log probabilities" and "Structured output" (the SDK
- * snippets type-checked and run as written, through the openai package and the AI SDK,
- * with only the port changed), and the constrained tiny-en output shown in "The bundled model". Tool examples
- * go to the random tiny model, structured output to the trained tiny-en, as the README says.
+ * The examples of the README and the docs pages (tests/doc_pages.ts) checked, not only run:
+ * every curl and every TypeScript block of "Tools and log probabilities" and "Structured
+ * output" (docs/tools.md) against a real `k3 serve` on the bundled models (the SDK snippets
+ * type-checked and run as written, through the openai package and the AI SDK, with only the
+ * port changed), and every command of the console blocks of "The bundled model" (README)
+ * against the output shown. Tool examples go to the random tiny model, structured output to
+ * the trained tiny-en, as the page says. Every curl, TypeScript and console block of every
+ * page must be in one of these sections, so none is left unchecked.
  * (tests/e2e/readme_commands_test.ts runs the shell lines too, but only for their exit code.)
  */
 
 import assert from "node:assert/strict";
 import { Ajv } from "ajv";
 import { K3Process, ROOT, runCmd, serveTiny, TINY_EN } from "../helpers.ts";
+import { EXAMPLE_PAGES, readPage } from "../doc_pages.ts";
 
-const readme = await Deno.readTextFile(`${ROOT}/README.md`);
 const ajv = new Ajv({ strict: false });
 
-/** A fenced block of the README: its language, heading, text, and the prose after it. */
+/** A fenced block of a page: its page, language, heading, text, and the prose after it. */
 interface Block {
+  page: string;
   lang: string;
   section: string;
   text: string;
   after: string;
 }
 
-function blocks(text: string): Block[] {
+function blocks(page: string, text: string): Block[] {
   const out: Block[] = [];
   let section = "", open: Block | undefined, lines: string[] = [];
   for (const raw of text.split("\n")) {
@@ -33,7 +36,7 @@ function blocks(text: string): Block[] {
         open.text = lines.join("\n");
         out.push(open);
         open = undefined;
-      } else (open = { lang: fence[1], section, text: "", after: "" }, lines = []);
+      } else (open = { page, lang: fence[1], section, text: "", after: "" }, lines = []);
       continue;
     }
     if (open) lines.push(raw);
@@ -45,9 +48,25 @@ function blocks(text: string): Block[] {
   return out;
 }
 
-const all = blocks(readme);
-const tools = all.filter((b) => b.section === "Tools and log probabilities");
-const structured = all.filter((b) => b.section === "Structured output");
+const all = EXAMPLE_PAGES.flatMap((page) => blocks(page, readPage(page)));
+/** The sections whose examples are checked here, each on one page. */
+const CHECKED = ["Tools and log probabilities", "Structured output", "The bundled model"];
+const tools = all.filter((b) => b.section === CHECKED[0]);
+const structured = all.filter((b) => b.section === CHECKED[1]);
+
+/** A block this file checks the result of: a curl, a TypeScript snippet, a console transcript. */
+const isChecked = (b: Block) =>
+  (b.lang === "sh" && b.text.startsWith("curl")) || b.lang === "ts" || b.lang === "console";
+
+Deno.test("README examples: every page has blocks, each checked section is on one page, no checkable block outside them", () => {
+  for (const page of EXAMPLE_PAGES) assert.ok(all.some((b) => b.page === page), `${page}: no block found`);
+  for (const section of CHECKED) {
+    const pages = new Set(all.filter((b) => b.section === section).map((b) => b.page));
+    assert.equal(pages.size, 1, `"${section}" is on one page: ${[...pages].join(", ")}`);
+  }
+  const unchecked = all.filter((b) => isChecked(b) && !CHECKED.includes(b.section));
+  assert.deepEqual(unchecked.map((b) => `${b.page}, ${b.section}: ${b.text.slice(0, 60)}`), []);
+});
 
 /** The JSON body of a curl line (`-d '...'`). */
 function curlBody(cmd: string): Record<string, unknown> {
@@ -190,17 +209,34 @@ Deno.test(
   },
 );
 
-Deno.test("README examples: the constrained tiny-en output shown in 'The bundled model' is what k3 writes", async () => {
-  const shown = all.filter((b) =>
-    b.section === "The bundled model" && b.lang === "console" && /--json-schema/.test(b.text)
-  );
-  assert.equal(shown.length, 1);
-  const [cmd, ...output] = shown[0].text.split("\n");
-  assert.ok(cmd.startsWith("$ "));
-  const r = await runCmd("sh", ["-c", cmd.slice(2)], { cwd: ROOT });
-  assert.equal(r.code, 0, r.stderr);
-  assert.equal(r.stdout.trim(), output.join("\n").trim());
-  // And it is JSON the schema allows.
-  const schema = JSON.parse(await Deno.readTextFile(`${ROOT}/tests/fixtures/person.schema.json`));
-  assert.ok(ajv.validate(schema, JSON.parse(r.stdout.replace(/\[EOS\]\s*$/, ""))), r.stdout);
+/** A console block's commands (`$ ...` lines) with the output shown after each. */
+function transcript(text: string): { cmd: string; output: string }[] {
+  const out: { cmd: string; output: string }[] = [];
+  for (const line of text.split("\n")) {
+    if (line.startsWith("$ ")) out.push({ cmd: line.slice(2), output: "" });
+    else {
+      assert.ok(out.length > 0, `a console block starts with a command: ${line}`);
+      out[out.length - 1].output += line + "\n";
+    }
+  }
+  return out;
+}
+
+Deno.test("README examples: every command shown in 'The bundled model' writes the output shown", async () => {
+  const shown = all.filter((b) => b.section === CHECKED[2] && b.lang === "console");
+  assert.equal(shown.length, 2, "the plain and sampled runs, and the constrained one");
+  const commands = shown.flatMap((b) => transcript(b.text));
+  assert.equal(commands.length, 4);
+  let constrained = 0;
+  for (const { cmd, output } of commands) {
+    const r = await runCmd("sh", ["-c", cmd], { cwd: ROOT });
+    assert.equal(r.code, 0, r.stderr);
+    assert.equal(r.stdout.trim(), output.trim(), cmd);
+    if (!/--json-schema/.test(cmd)) continue;
+    // And the constrained one is JSON the schema allows.
+    const schema = JSON.parse(await Deno.readTextFile(`${ROOT}/tests/fixtures/person.schema.json`));
+    assert.ok(ajv.validate(schema, JSON.parse(r.stdout.replace(/\[EOS\]\s*$/, ""))), r.stdout);
+    constrained++;
+  }
+  assert.equal(constrained, 1);
 });
