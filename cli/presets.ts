@@ -6,7 +6,9 @@
  */
 
 import { usageError } from "../engine/errors.ts";
-import { estimatedInput, makePlan, type MemoryPlan, PRESETS, releasedK3 } from "../engine/weights/plan.ts";
+import { estimatedInput, makePlan, type MemoryPlan } from "../engine/weights/plan.ts";
+import { PRESETS } from "../engine/model/presets.ts";
+import { releasedK3 } from "../engine/model/shapes.ts";
 import { bytesText, memoryAvailability } from "../engine/native/available.ts";
 import { parseFlags } from "./common.ts";
 import { reportHead, snakeKeys } from "./report.ts";

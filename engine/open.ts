@@ -40,15 +40,9 @@ import { measureRates } from "./weights/rate_probe.ts";
 import type { PassRates } from "./weights/throughput.ts";
 import { EXPERTS_FILE, type ExpertTable, readExpertTable, TABLE_ADVICE } from "./weights/expert_table.ts";
 import { expertBytes } from "./weights/experts.ts";
-import {
-  checkFits,
-  fitSequences,
-  formatPlan,
-  makePlan,
-  type MemoryOptions,
-  type MemoryPlan,
-  wantsStreaming,
-} from "./weights/plan.ts";
+import { checkFits, fitSequences, makePlan, type MemoryPlan } from "./weights/plan.ts";
+import { formatPlan } from "./weights/plan_text.ts";
+import { type MemoryOptions, wantsStreaming } from "./weights/plan_input.ts";
 import { ResidentWeights } from "./weights/resident.ts";
 import { StreamedWeights } from "./weights/streamed.ts";
 

@@ -14,7 +14,7 @@ import { loadConfig } from "../../engine/model/config.ts";
 import { jsonIds, k3, python, readReference, tempDir, TINY } from "../helpers.ts";
 import { shuffledCopy } from "../shuffled.ts";
 import { assertRejectsLast, runIds, verifyPacked } from "../damage.ts";
-import type { MemoryOptions } from "../../engine/weights/plan.ts";
+import type { MemoryOptions } from "../../engine/weights/plan_input.ts";
 
 const quiet = { log: null };
 
