@@ -23,7 +23,8 @@ import type { Matrix } from "../native/tensors.ts";
 import { HEAD_NAME, PREFIX } from "../model/tensors.ts";
 import { HEAD_CHUNK_BYTES } from "./plan_embed_head.ts";
 import type { Checkpoint } from "./safetensors.ts";
-import { pieceRun, type Region, type TrunkManifest } from "./manifest.ts";
+import { pieceRun, type Region } from "./trunk_geometry.ts";
+import type { TrunkManifest } from "./manifest.ts";
 import { readRegionVerified, type TrunkFile } from "./trunk_file.ts";
 
 /** A matrix whose rows are read from a file on demand. */

@@ -52,7 +52,7 @@ export interface PlanInput {
   /** Bytes of each layer's dense tensors in bound form (a packed trunk: region sizes). */
   layerBytes: number[];
   /** Bytes streaming each layer reads and holds in the ring, where fewer than `layerBytes` (a
-   * split-coded trunk: trunk_ring.ts streamedLayout); the prediction reads these. The
+   * split-coded trunk: trunk_geometry.ts streamedLayout); the prediction reads these. The
    * pins and the ring are still sized by `layerBytes` (room to spare on a coded trunk). */
   layerStreamBytes?: number[];
   /** Of each layer's bytes, those its products decode from the coded form when streamed. */

@@ -6,7 +6,8 @@
 
 import assert from "node:assert/strict";
 import { packTrunk } from "../../pack/pack.ts";
-import { DATA_FILE, MANIFEST_FILE, readManifest, regionsOf } from "../../engine/weights/manifest.ts";
+import { DATA_FILE, MANIFEST_FILE, readManifest } from "../../engine/weights/manifest.ts";
+import { regionsOf } from "../../engine/weights/trunk_geometry.ts";
 import { checkRows } from "../../engine/native/tensors.ts";
 import { verifyTrunk } from "../../pack/verify.ts";
 import { layerTensors } from "../../engine/model/tensors.ts";
