@@ -14,6 +14,7 @@
  */
 
 import type { EngineSwitches } from "../engine/open.ts";
+import { type Availability, memoryAvailability } from "../engine/native/available.ts";
 
 /** The variable `name`: undefined when unset, or when the permission set does not grant
  * reading it (then it neither throws nor prompts). */
@@ -32,4 +33,11 @@ export function engineEnvironment(): EngineSwitches {
   if (variable("K3_EXPERT_READ_AHEAD") === "0") switches.expertReadAhead = false;
   if (variable("K3_TRUNK_DECODE") === "io") switches.trunkDecode = "io";
   return switches;
+}
+
+/** The memory a plan is checked against, as `openModel` takes it: K3_MEM_AVAILABLE_GB when
+ * set, else the probe (MemAvailable and the cgroup limits; undefined when unknown). For the
+ * commands that plan without opening a model (`k3 doctor`, `k3 presets`). */
+export function availableMemory(): Availability | undefined {
+  return engineEnvironment().memoryAvailable ?? memoryAvailability();
 }
