@@ -11,7 +11,8 @@
  *
  * @module
  */
-import { openKernels, symbols } from "../engine/native/ffi.ts";
+import { openKernels } from "../engine/native/ffi.ts";
+import { symbols } from "../engine/native/symbols.ts";
 
 type K = Deno.DynamicLibrary<typeof symbols>["symbols"];
 

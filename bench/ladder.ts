@@ -18,7 +18,7 @@
 import { benchArgs } from "./args.ts";
 import { measureDisk } from "./disk.ts";
 import { readManifest } from "../engine/weights/manifest.ts";
-import { expertSlotBytes } from "../engine/weights/plan.ts";
+import { expertSlotBytes } from "../engine/weights/plan_experts.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 const { values } = benchArgs(

@@ -32,10 +32,12 @@ import { measureDisk } from "./disk.ts";
 import { defaultLibraryPath, isaName, type Kernels, kernels, libraryPath } from "../engine/native/ffi.ts";
 import { IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
+import { nonblocking, symbols } from "../engine/native/symbols.ts";
 import { parseConfig } from "../engine/model/config.ts";
 import { expertBytes } from "../engine/weights/experts.ts";
 import { ensureSlice, type SliceRecipe } from "./slice.ts";
-import { DATA_FILE, readManifest, storedSize } from "../engine/weights/manifest.ts";
+import { DATA_FILE, readManifest } from "../engine/weights/manifest.ts";
+import { storedSize } from "../engine/weights/trunk_geometry.ts";
 import { codecVerdict, measureDecodeRate } from "../engine/weights/codec.ts";
 import { measureDiskRate } from "../engine/weights/rate_probe.ts";
 import { speculationSection } from "./speculation.ts";
@@ -64,9 +66,7 @@ export async function timeRuns(reps: number, fn: () => unknown): Promise<{ media
 
 /** The read probe as a nonblocking call, so that two can run at once on two threads. */
 function readProbe() {
-  return Deno.dlopen(defaultLibraryPath(), {
-    k3_read_sum: { parameters: ["pointer", "u64"], result: "u64", nonblocking: true },
-  });
+  return Deno.dlopen(defaultLibraryPath(), nonblocking(symbols, "k3_read_sum"));
 }
 
 /** DRAM read rate (GB/s) with 1 and 2 threads over a buffer of `bytes` (faulted in first). */

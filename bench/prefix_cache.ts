@@ -32,7 +32,8 @@ import { type ChatMessage, chatPrompt, stopIds } from "../engine/text/chat.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { sharedPrefixes } from "../cli/batch/shared_prefix.ts";
 import { shownMessage } from "../cli/reply.ts";
-import { estimatedInput, makePlan, releasedK3 } from "../engine/weights/plan.ts";
+import { estimatedInput, makePlan } from "../engine/weights/plan.ts";
+import { releasedK3 } from "../engine/model/shapes.ts";
 import { stateBytes } from "../engine/model/state.ts";
 import { readActivity } from "../engine/native/io.ts";
 

@@ -22,7 +22,7 @@ import type { DraftOptions } from "../engine/generate/draft.ts";
 import { openModel } from "../engine/open.ts";
 import { packTrunk } from "../pack/pack.ts";
 import type { K3Model } from "../engine/model/model.ts";
-import type { MemoryOptions } from "../engine/weights/plan.ts";
+import type { MemoryOptions } from "../engine/weights/plan_input.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 

@@ -28,8 +28,9 @@ import { benchArgs } from "./args.ts";
 import { defaultLibraryPath, kernels } from "../engine/native/ffi.ts";
 import { hashHex, IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
+import { nonblocking, symbols } from "../engine/native/symbols.ts";
 import { HASH_CHUNK, readPieces, VERIFIED_DEPTH } from "../engine/weights/trunk_file.ts";
-import { PIECE_BYTES } from "../engine/weights/manifest.ts";
+import { PIECE_BYTES } from "../engine/weights/trunk_geometry.ts";
 import { openModel } from "../engine/open.ts";
 import type { IoStats } from "../engine/model/weight_source.ts";
 import { prefill } from "../engine/generate/generate.ts";
@@ -84,9 +85,7 @@ const times = new Map<string, number[]>([
   ...CHUNKS.map((c) => [`chunk ${c}`, []] as [string, number[]]),
   ["touch", []],
 ]);
-const probe = Deno.dlopen(defaultLibraryPath(), {
-  k3_read_sum: { parameters: ["pointer", "u64"], result: "u64", nonblocking: true },
-});
+const probe = Deno.dlopen(defaultLibraryPath(), nonblocking(symbols, "k3_read_sum"));
 /** Reads like readPieces (VERIFIED_DEPTH in flight), then loads every byte of each piece once more. */
 async function readThenTouch(offset: number): Promise<number> {
   let next = 0, total = 0;

@@ -13,6 +13,7 @@
 import { EXIT, usageError } from "../engine/errors.ts";
 import { ledgerBetween, markLedger } from "../engine/generate/ledger.ts";
 import { openModel, readModelConfig } from "../engine/open.ts";
+import { engineEnvironment } from "./environment.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { fmtBytes, parseIds, peakRssBytes, plural } from "./common.ts";
 import { reportHead, reportSettings, snakeKeys } from "./report.ts";
@@ -220,6 +221,7 @@ export async function main(args: string[]): Promise<number> {
     const capacity = todo.reduce((m, j) => Math.max(m, j.promptIds.length + j.maxTokens), 0);
     const t0 = performance.now();
     const opened = await openModel(config, {
+      ...engineEnvironment(),
       capacity,
       chunk: genOpts.chunk,
       sequences: Math.min(parallel ?? MAX_AUTO_PARALLEL, todo.length),

@@ -25,6 +25,7 @@ import {
 } from "../engine/generate/state_file.ts";
 import type { SequenceState } from "../engine/model/state.ts";
 import { openModel, readModelConfig } from "../engine/open.ts";
+import { engineEnvironment } from "./environment.ts";
 import {
   type ChatMessage,
   chatPrompt,
@@ -270,6 +271,7 @@ export async function main(args: string[]): Promise<number> {
   }
 
   const opened = await openModel(config, {
+    ...engineEnvironment(),
     capacity: context,
     chunk,
     threads,

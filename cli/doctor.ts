@@ -20,7 +20,8 @@ import { defaultLibraryPath, isaName, type Kernels, kernels, libraryPath } from 
 import { CODEC_GAIN, codecVerdict, measureDecodeRate } from "../engine/weights/codec.ts";
 import { cpuFlags } from "../engine/native/libpath.ts";
 import { IoFile } from "../engine/native/io.ts";
-import { cgroupText, memoryAvailability } from "../engine/native/available.ts";
+import { cgroupText } from "../engine/native/available.ts";
+import { availableMemory } from "./environment.ts";
 import { fmtBytes, intFlag, parseFlags } from "./common.ts";
 import { progress } from "./progress.ts";
 import { releasedPlan } from "./presets.ts";
@@ -412,7 +413,7 @@ export async function main(args: string[]): Promise<number> {
   }
 
   // Memory: the engine's own memory plan for the full model at each preset.
-  const avail = memoryAvailability();
+  const avail = availableMemory();
   facts.memAvailable = avail?.bytes;
   facts.memTotal = memTotal();
   const needs = presetNeeds(positions);

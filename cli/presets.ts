@@ -6,8 +6,11 @@
  */
 
 import { usageError } from "../engine/errors.ts";
-import { estimatedInput, makePlan, type MemoryPlan, PRESETS, releasedK3 } from "../engine/weights/plan.ts";
-import { bytesText, memoryAvailability } from "../engine/native/available.ts";
+import { estimatedInput, makePlan, type MemoryPlan } from "../engine/weights/plan.ts";
+import { PRESETS } from "../engine/model/presets.ts";
+import { releasedK3 } from "../engine/model/shapes.ts";
+import { bytesText } from "../engine/native/available.ts";
+import { availableMemory } from "./environment.ts";
 import { parseFlags } from "./common.ts";
 import { reportHead, snakeKeys } from "./report.ts";
 
@@ -41,7 +44,7 @@ export function releasedPlan(preset: string, positions: number): MemoryPlan | st
     return makePlan({
       ...estimatedInput(releasedK3(), mem, positions),
       drafts: true, // `k3 run` drafts by default: the plan holds a speculation record
-      available: p.name === "auto" ? memoryAvailability()?.bytes : undefined,
+      available: p.name === "auto" ? availableMemory()?.bytes : undefined,
     });
   } catch (e) {
     return (e as Error).message;

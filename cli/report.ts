@@ -14,7 +14,7 @@
 import { VERSION } from "./version.ts";
 import type { SamplingParams } from "../engine/generate/sampling.ts";
 import type { FinishReason } from "../engine/generate/scheduler.ts";
-import type { MemoryOptions } from "../engine/weights/plan.ts";
+import type { MemoryOptions } from "../engine/weights/plan_input.ts";
 
 /** Version of this schema; bumped when a field changes meaning or goes away. */
 export const SCHEMA_VERSION = 1;

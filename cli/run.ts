@@ -19,6 +19,7 @@ import {
   type StateFile,
 } from "../engine/generate/state_file.ts";
 import { openModel, readModelConfig } from "../engine/open.ts";
+import { engineEnvironment } from "./environment.ts";
 import { noIoStats } from "../engine/model/weight_source.ts";
 import { formatLedger, ledgerBetween, markLedger, readsBetween } from "../engine/generate/ledger.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
@@ -196,6 +197,7 @@ export async function main(args: string[]): Promise<number> {
   const draftMode = draftOption(values.draft);
   const t0 = performance.now();
   const opened = await openModel(config, {
+    ...engineEnvironment(),
     capacity: context,
     chunk: genOpts.chunk,
     threads: genOpts.threads,

@@ -7,7 +7,8 @@
 
 import type { ParseArgsConfig } from "node:util";
 import { EXIT, usageError } from "../engine/errors.ts";
-import { type MemoryOptions, PRESETS } from "../engine/weights/plan.ts";
+import type { MemoryOptions } from "../engine/weights/plan_input.ts";
+import { PRESETS } from "../engine/model/presets.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
 import { DRAFT_MODES, type DraftMode } from "../engine/generate/draft.ts";

@@ -12,6 +12,7 @@ import { usageError } from "../engine/errors.ts";
 import { Scheduler } from "../engine/generate/scheduler.ts";
 import { readActivity } from "../engine/native/io.ts";
 import { openModel, readModelConfig } from "../engine/open.ts";
+import { engineEnvironment } from "./environment.ts";
 import { intFlag, numFlag, parseFlags } from "./common.ts";
 import {
   DRAFT_FLAGS,
@@ -233,6 +234,7 @@ export async function main(args: string[]): Promise<number> {
   }
   const stop = terminated();
   const opened = await openModel(config, {
+    ...engineEnvironment(),
     capacity: context,
     chunk,
     sequences: parallelAsked,

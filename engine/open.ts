@@ -23,32 +23,26 @@
 import { configFingerprint, type K3Config, loadConfig } from "./model/config.ts";
 import { usageError } from "./errors.ts";
 import { type Kernels, kernels, libraryPath } from "./native/ffi.ts";
-import { memoryAvailability } from "./native/available.ts";
+import { type Availability, memoryAvailability } from "./native/available.ts";
 import { startCompute } from "./native/pool.ts";
 import { K3Model } from "./model/model.ts";
-import { GUESS_RIGHT, readAheadAsked } from "./model/expert_stream.ts";
+import { GUESS_RIGHT } from "./model/expert_stream.ts";
 import { passRows, scratchBytes } from "./model/scratch.ts";
 import { stateBytes } from "./model/state.ts";
 import type { WeightSource } from "./model/weight_source.ts";
 import { Checkpoint } from "./weights/safetensors.ts";
 import { boundSizes, checkAccounted, checkCheckpoint } from "./weights/bind.ts";
 import { TrunkFile } from "./weights/trunk_file.ts";
-import { streamedLayout } from "./weights/trunk_ring.ts";
+import { streamedLayout, type TrunkDecode } from "./weights/trunk_geometry.ts";
 import { measureDecodeRate } from "./weights/codec.ts";
 import { DATA_FILE, weightSample } from "./weights/manifest.ts";
 import { measureRates } from "./weights/rate_probe.ts";
 import type { PassRates } from "./weights/throughput.ts";
 import { EXPERTS_FILE, type ExpertTable, readExpertTable, TABLE_ADVICE } from "./weights/expert_table.ts";
 import { expertBytes } from "./weights/experts.ts";
-import {
-  checkFits,
-  fitSequences,
-  formatPlan,
-  makePlan,
-  type MemoryOptions,
-  type MemoryPlan,
-  wantsStreaming,
-} from "./weights/plan.ts";
+import { checkFits, fitSequences, makePlan, type MemoryPlan } from "./weights/plan.ts";
+import { formatPlan } from "./weights/plan_text.ts";
+import { type MemoryOptions, wantsStreaming } from "./weights/plan_input.ts";
 import { ResidentWeights } from "./weights/resident.ts";
 import { StreamedWeights } from "./weights/streamed.ts";
 
@@ -74,8 +68,25 @@ export async function readModelConfig(dir: string, layers?: number): Promise<Mod
   return { dir, full, cfg: layers === undefined ? full : firstLayers(full, layers) };
 }
 
+/**
+ * The engine's switches: inputs that change how it runs, never a token, each with a
+ * default. They are options like any other (no part of the engine reads the environment);
+ * the CLI fills them from its environment once (cli/environment.ts).
+ */
+export interface EngineSwitches {
+  /** Read the next layer's experts ahead on a guess (model.ts guessNextExperts). Default
+   * true; false to measure what the guess buys. */
+  expertReadAhead?: boolean;
+  /** Where the coded pieces of a streamed split-coded trunk are decoded: "product" (the
+   * default) or "io", every piece on the I/O threads as it lands (trunk_ring.ts). */
+  trunkDecode?: TrunkDecode;
+  /** The memory to plan against instead of the probe (native/available.ts), with its name
+   * for messages (tests shrink it to reach a refusal). */
+  memoryAvailable?: Availability;
+}
+
 /** Options for `openModel`. */
-export interface OpenOptions {
+export interface OpenOptions extends EngineSwitches {
   /** Bind only the first N layers (when the model is given as a directory). */
   layers?: number;
   /** Positions the sequence state must hold (prompt + generated). */
@@ -147,6 +158,7 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
   const { dir, full, cfg } = typeof model === "string" ? await readModelConfig(model, opts.layers) : model;
   const mem = opts.memory ?? {};
   const verify = opts.verify ?? true;
+  const readAhead = opts.expertReadAhead ?? true, trunkDecode = opts.trunkDecode ?? "product";
   const k = kernels();
   // 2. The checkpoint, and the packed trunk.
   const ckpt = await Checkpoint.open(dir, (d, n) => opts.onProgress?.("index", d, n));
@@ -167,7 +179,7 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
     }
     // 3. The sizes.
     const layouts = trunk?.file.manifest.layer.slice(0, cfg.numLayers).map((r) =>
-      streamedLayout(r, trunk!.file.manifest.piece)
+      streamedLayout(r, trunk!.file.manifest.piece, trunkDecode)
     );
     const sizes = trunk
       ? {
@@ -183,7 +195,7 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
     const chunk = opts.chunk ?? 16, want = opts.sequences ?? 1;
     const state = stateBytes(cfg);
     const scratch = Array.from({ length: want }, (_, i) => scratchBytes(cfg, passRows(chunk, i + 1), opts.capacity));
-    const available = memoryAvailability();
+    const available = opts.memoryAvailable ?? memoryAvailability();
     // The rates of the prediction, measured now: the disk on the trunk's data (or a shard).
     const rates = opts.rates ?? (opts.predict && wantsStreaming(mem)
       ? await measureRates(
@@ -198,7 +210,7 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
       const d = await measureDecodeRate(k, libraryPath(), opts.threads ?? navigator.hardwareConcurrency, 0.2);
       rates.codedDense = rates.dense * d.splitProduct / d.plainProduct;
     }
-    const guessRight = readAheadAsked() ? GUESS_RIGHT : 0;
+    const guessRight = readAhead ? GUESS_RIGHT : 0;
     const plan = fitSequences(
       (sequences) => {
         const p = makePlan({
@@ -242,7 +254,7 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
       closing.push(() => resident.free());
       weights = resident;
     } else {
-      const streamed = await StreamedWeights.open(k, cfg, ckpt, plan, trunk?.file, trunk?.table);
+      const streamed = await StreamedWeights.open(k, cfg, ckpt, plan, trunk?.file, trunk?.table, trunkDecode);
       closing.push(() => streamed.close());
       weights = streamed;
     }
@@ -250,7 +262,8 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
     const compute = await startCompute(k, opts.threads ?? navigator.hardwareConcurrency, opts.splitMin);
     closing.push(() => compute.close());
     // 7. The model.
-    return { k, cfg, ckpt, model: new K3Model(k, cfg, weights, plan.passRows, opts.capacity, compute), plan, close };
+    const model = new K3Model(k, cfg, weights, plan.passRows, opts.capacity, compute, { readAhead });
+    return { k, cfg, ckpt, model, plan, close };
   } catch (e) {
     await close();
     throw e;

@@ -29,15 +29,13 @@ import {
   DATA_FILE,
   FORMAT,
   MANIFEST_FILE,
-  type PackRegion,
-  PIECE_BYTES,
-  planLayout,
   readManifest,
   type TrunkCodec,
   type TrunkManifest,
   VERSION,
   weightSample,
 } from "../engine/weights/manifest.ts";
+import { type PackRegion, PIECE_BYTES, planLayout } from "../engine/weights/trunk_geometry.ts";
 import { codecVerdict, measureDecodeRate } from "../engine/weights/codec.ts";
 import { measureDiskRate } from "../engine/weights/rate_probe.ts";
 import { libraryPath } from "../engine/native/ffi.ts";

@@ -18,12 +18,11 @@ import {
   checkLayout,
   DATA_FILE,
   openTrunkData,
-  pieceSpans,
   readManifest,
-  regionsOf,
   type TrunkManifest,
   weightSample,
 } from "../engine/weights/manifest.ts";
+import { pieceSpans, regionsOf } from "../engine/weights/trunk_geometry.ts";
 import { Checkpoint } from "../engine/weights/safetensors.ts";
 import { checkMismatch, RegionChecker } from "../engine/native/tensors.ts";
 

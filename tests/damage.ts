@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { K3Error } from "../engine/errors.ts";
 import { generate } from "../engine/generate/generate.ts";
-import type { MemoryOptions } from "../engine/weights/plan.ts";
+import type { MemoryOptions } from "../engine/weights/plan_input.ts";
 import { openModel } from "../engine/open.ts";
 import { verifyExperts } from "../pack/experts.ts";
 import { verifyTrunk } from "../pack/verify.ts";

@@ -130,7 +130,7 @@ export async function packedFloor(
   const { packTrunk } = await import("../pack/pack.ts");
   const { readManifest } = await import("../engine/weights/manifest.ts");
   const { loadConfig } = await import("../engine/model/config.ts");
-  const { expertBytesOf, expertSlotBytes } = await import("../engine/weights/plan.ts");
+  const { expertBytesOf, expertSlotBytes } = await import("../engine/weights/plan_experts.ts");
   await packTrunk(model, trunk, { log: null, pieceBytes });
   const layerSizes = (await readManifest(trunk)).layer.map((r) => r.size);
   const cfg = await loadConfig(model);
@@ -162,7 +162,7 @@ export async function checkAgainstReference(
   refPath: string,
   logitsPath: string,
   chunk = 16,
-  memory?: import("../engine/weights/plan.ts").MemoryOptions,
+  memory?: import("../engine/weights/plan_input.ts").MemoryOptions,
 ): Promise<number> {
   const { generate, teacherForce } = await import("../engine/generate/generate.ts");
   const { openModel } = await import("../engine/open.ts");

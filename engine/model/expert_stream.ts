@@ -71,16 +71,6 @@ export class ExpertStream {
 }
 
 /**
- * Whether the next layer's experts are read ahead on a guess (model.ts guessNextExperts): on
- * unless `K3_EXPERT_READ_AHEAD=0`, which the bench uses to measure what the guess buys. Read
- * without prompting where the permission set does not grant it.
- */
-export function readAheadAsked(): boolean {
-  const name = "K3_EXPERT_READ_AHEAD";
-  return Deno.permissions.querySync({ name: "env", variable: name }).state !== "granted" || Deno.env.get(name) !== "0";
-}
-
-/**
  * The share of a layer's experts the guess gets right, as the plan counts it: 148 of 158 on
  * the real-width decode slice (bench/README.md, "Expert reads").
  */

@@ -25,7 +25,7 @@ import { type Ledger, newLedger } from "./ledger.ts";
 import { Scratch } from "./scratch.ts";
 import { SequenceState, SPEC_RECORD_ROWS, SpeculationRecord } from "./state.ts";
 import type { WeightSource } from "./weight_source.ts";
-import { ExpertStream, readAheadAsked, readAheadPays } from "./expert_stream.ts";
+import { ExpertStream, readAheadPays } from "./expert_stream.ts";
 
 /** One sequence's part of a forward pass: its state and its next tokens. */
 export interface Segment {
@@ -71,14 +71,15 @@ export class K3Model {
   /** Sources per token in the AttnRes buffer: snapshots plus the running partial. */
   private readonly nsrc: number;
   private readonly compute: Compute;
-  /** Whether the next layer's experts are read ahead on a guess (readAheadAsked). */
-  private readonly readAheadOn = readAheadAsked();
+  /** Whether the next layer's experts are read ahead on a guess (guessNextExperts). */
+  private readonly readAheadOn: boolean;
   /** Counters the run report reads. */
   readonly stats: ForwardStats;
   /** Seconds by kind of work, over every pass so far. */
   readonly ledger: Ledger = newLedger();
 
-  /** The forward pass over `weights` with the kernels `k` (see openModel). */
+  /** The forward pass over `weights` with the kernels `k` (see openModel); `opts.readAhead`
+   * (default true) reads the next layer's experts ahead on a guess. */
   constructor(
     readonly k: Kernels,
     readonly cfg: K3Config,
@@ -86,7 +87,9 @@ export class K3Model {
     readonly maxT: number,
     readonly capacity: number,
     compute?: Compute,
+    opts: { readAhead?: boolean } = {},
   ) {
+    this.readAheadOn = opts.readAhead ?? true;
     this.s = new Scratch(k, cfg, maxT, capacity);
     this.stats = { expertsUsed: 0, layerSeconds: new Float64Array(cfg.numLayers) };
     this.nsrc = Math.floor((cfg.numLayers - 1) / cfg.attnResBlock) + 2;

@@ -8,8 +8,6 @@
 
 import { type CgroupMemory, cgroupMemory } from "./cgroup.ts";
 
-const GB = 1e9;
-
 /** Bytes as the plan and its refusals say them (GB, MB, kB: powers of ten). */
 export function bytesText(n: number): string {
   if (n >= 1e9) return `${(n / 1e9).toFixed(2)} GB`;
@@ -31,12 +29,11 @@ export interface Availability {
 /**
  * Available memory: the smaller of MemAvailable (Deno.systemMemoryInfo; /proc itself is
  * readable only with --allow-all) and what the process's cgroups still allow (cgroup.ts:
- * limit - usage + inactive page cache, v1 and v2, every ancestor). K3_MEM_AVAILABLE_GB
- * overrides both, for tests. Undefined when neither is known.
+ * limit - usage + inactive page cache, v1 and v2, every ancestor). Undefined when neither is
+ * known. (A caller that plans against another figure, e.g. the CLI's K3_MEM_AVAILABLE_GB,
+ * passes it instead: engine/open.ts OpenOptions.memoryAvailable.)
  */
 export function memoryAvailability(): Availability | undefined {
-  const o = Deno.env.get("K3_MEM_AVAILABLE_GB");
-  if (o !== undefined && o !== "") return { bytes: Number(o) * GB, source: "K3_MEM_AVAILABLE_GB" };
   let sys: number | undefined;
   try {
     sys = Deno.systemMemoryInfo().available || undefined;

@@ -1,5 +1,6 @@
 /**
- * The one typed binding to the C kernel library (kernels/k3.h).
+ * The one typed binding to the C kernel library (kernels/k3.h; its functions are declared
+ * once, in symbols.ts).
  *
  * Every kernel takes raw pointers. Pointers are taken once per buffer (see NativeBuffer in
  * memory.ts) because Deno.UnsafePointer.of costs ~0.5 us; sizes are i32 because a JS
@@ -10,43 +11,7 @@
 
 import { K3Error } from "../errors.ts";
 import { resolveLibrary } from "./libpath.ts";
-
-const P = "pointer" as const;
-const I = "i32" as const;
-const F = "f32" as const;
-const V = "void" as const;
-
-/** Symbol table of libk3; must match kernels/k3.h. */
-export const symbols = {
-  k3_isa: { parameters: [], result: P },
-  k3_cpu_features: { parameters: [], result: I },
-  k3_alloc: { parameters: ["u64"], result: P },
-  k3_free: { parameters: [P], result: V },
-  k3_bf16_to_f32: { parameters: [P, P, I], result: V },
-  k3_f16_to_f32: { parameters: [P, P, I], result: V },
-  k3_matmul: { parameters: [P, I, P, P, I, I, I, I, I], result: V },
-  k3_matmul_checked: { parameters: [P, I, P, P, I, I, I, I, I, P], result: V },
-  k3_matrix_check: { parameters: [P, I, I, I, P], result: V },
-  k3_matmul_mxfp4: { parameters: [P, P, P, P, I, I, I, I, I], result: V },
-  k3_matmul_mxfp4_checked: { parameters: [P, P, P, P, I, I, I, I, I, P], result: V },
-  k3_rmsnorm: { parameters: [P, P, P, I, I, F], result: V },
-  k3_situ_glu: { parameters: [P, P, P, I, F, F], result: V },
-  k3_short_conv: { parameters: [P, P, P, P, I], result: V },
-  k3_l2norm: { parameters: [P, I, I, F], result: V },
-  k3_kda_decay: { parameters: [P, P, P, P, I, I, F], result: V },
-  k3_kda_step: { parameters: [P, P, P, P, P, P, P, I, I, I], result: V },
-  k3_mla_attend: { parameters: [P, P, P, P, P, P, I, I, I, I, I, I, F, I, I], result: V },
-  k3_mla_absorb: { parameters: [P, I, P, P, I, I, I, I, I, I, I], result: V },
-  k3_mla_expand: { parameters: [P, I, P, P, I, I, I, I, I, I], result: V },
-  k3_router_topk: { parameters: [P, P, I, I, F, P, P], result: I },
-  k3_attnres: { parameters: [P, I, I, P, P, F, P], result: V },
-  k3_add: { parameters: [P, P, I], result: V },
-  k3_axpy: { parameters: [P, F, P, I], result: V },
-  k3_sigmoid_mul: { parameters: [P, P, I], result: V },
-  k3_sigmoid: { parameters: [P, P, I], result: V },
-  k3_argmax: { parameters: [P, I], result: I },
-  k3_read_sum: { parameters: [P, "u64"], result: "u64" },
-} as const;
+import { symbols } from "./symbols.ts";
 
 /** The loaded kernel library's functions. */
 export type Kernels = Deno.DynamicLibrary<typeof symbols>["symbols"];

@@ -1,7 +1,7 @@
 /**
  * File I/O for weights that do not stay in memory: the packed trunk, the expert cache and
  * the packer. A thin binding to kernels/k3io.c, which lives in the same shared library as
- * the kernels but has its own symbol table here.
+ * the kernels (its functions: symbols.ts ioSymbols).
  *
  * Reads and writes are `nonblocking` FFI calls: they run on Deno's blocking thread pool
  * while the JS thread keeps computing. Every such call returns a promise that MUST be
@@ -15,33 +15,8 @@
  */
 
 import { defaultLibraryPath } from "./ffi.ts";
+import { ioSymbols } from "./symbols.ts";
 import { K3Error } from "../errors.ts";
-
-const P = "pointer" as const;
-const I = "i32" as const;
-
-/** Symbol table of kernels/k3io.h. */
-export const ioSymbols = {
-  k3io_open: { parameters: ["buffer", I], result: I },
-  k3io_is_direct: { parameters: [I], result: I },
-  k3io_close: { parameters: [I], result: I },
-  k3io_size: { parameters: [I], result: "i64" },
-  k3io_pread: { parameters: [I, P, "u64", "u64"], result: "i64", nonblocking: true },
-  k3io_pwrite: { parameters: [I, P, "u64", "u64"], result: "i64", nonblocking: true },
-  k3io_sync: { parameters: [I], result: I, nonblocking: true },
-  k3io_truncate: { parameters: [I, "u64"], result: I },
-  k3io_pread_hash: { parameters: [I, P, "u64", "u64", "u64", P], result: "i64", nonblocking: true },
-  k3io_hash: { parameters: [P, "u64"], result: "u64" },
-  k3io_kind: { parameters: ["buffer"], result: I },
-  k3io_write: { parameters: [I, "buffer", "u64"], result: "i64" },
-  k3io_hash_init: { parameters: [P], result: "void" },
-  k3io_hash_update: { parameters: [P, P, "u64"], result: I },
-  k3io_hash_digest: { parameters: [P], result: "u64" },
-  k3io_read_small: { parameters: ["buffer", "buffer", "u64"], result: "i64" },
-  k3io_split_encode: { parameters: [P, "u64", P, "u64", I], result: "i64" },
-  k3io_split_decode: { parameters: [P, "u64", P, "u64"], result: "i64" },
-  k3io_pread_piece: { parameters: [I, P, "u64", "u64", "u64", I, P], result: "i64", nonblocking: true },
-} as const;
 
 /** The loaded I/O functions of libk3. */
 export type IoLib = Deno.DynamicLibrary<typeof ioSymbols>["symbols"];

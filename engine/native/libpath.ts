@@ -25,6 +25,7 @@
 import { createHash } from "node:crypto";
 import { K3Error } from "../errors.ts";
 import { EMBEDDED } from "./embedded.ts";
+import { only, symbols } from "./symbols.ts";
 
 /** File extension of shared libraries on this OS. */
 export const LIB_EXT = Deno.build.os === "darwin" ? "dylib" : Deno.build.os === "windows" ? "dll" : "so";
@@ -231,7 +232,7 @@ export const CPU_FEATURE_BITS = ["avx2", "fma", "f16c", "avx512f", "avx512bw", "
 
 /** The CPU features a kernel library reports (k3_cpu_features): any build can answer. */
 export function probeCpuFlags(libPath: string): Set<string> {
-  const lib = Deno.dlopen(libPath, { k3_cpu_features: { parameters: [], result: "i32" } });
+  const lib = Deno.dlopen(libPath, only(symbols, "k3_cpu_features"));
   try {
     const bits = lib.symbols.k3_cpu_features();
     return new Set(CPU_FEATURE_BITS.filter((_, i) => bits & (1 << i)));

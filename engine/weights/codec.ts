@@ -17,6 +17,7 @@
 import { type Kernels, WTYPE } from "../native/ffi.ts";
 import { splitEncode } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
+import { ioSymbols, nonblocking, symbols } from "../native/symbols.ts";
 
 /** Predicted raw over coded time per streamed byte at which `--codec auto` codes. */
 export const CODEC_GAIN = 1.1;
@@ -26,18 +27,8 @@ const SAMPLE_PIECE = 16 << 20;
 
 /** The decode symbol on Deno's blocking pool, so several decode at once (one per core). */
 const decodeSymbols = {
-  decode: {
-    name: "k3io_split_decode",
-    parameters: ["pointer", "u64", "pointer", "u64"],
-    result: "i64",
-    nonblocking: true,
-  },
-  matmul: {
-    name: "k3_matmul",
-    parameters: ["pointer", "i32", "pointer", "pointer", "i32", "i32", "i32", "i32", "i32"],
-    result: "void",
-    nonblocking: true,
-  },
+  decode: { name: "k3io_split_decode", ...nonblocking(ioSymbols, "k3io_split_decode").k3io_split_decode },
+  matmul: { name: "k3_matmul", ...nonblocking(symbols, "k3_matmul").k3_matmul },
 } as const;
 
 let decodeLib: Deno.DynamicLibrary<typeof decodeSymbols> | undefined;

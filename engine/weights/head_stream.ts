@@ -21,9 +21,10 @@ import type { Compute } from "../native/pool.ts";
 import type { IoStats } from "../model/weight_source.ts";
 import type { Matrix } from "../native/tensors.ts";
 import { HEAD_NAME, PREFIX } from "../model/tensors.ts";
-import { HEAD_CHUNK_BYTES } from "./plan.ts";
+import { HEAD_CHUNK_BYTES } from "./plan_embed_head.ts";
 import type { Checkpoint } from "./safetensors.ts";
-import { pieceRun, type Region, type TrunkManifest } from "./manifest.ts";
+import { pieceRun, type Region } from "./trunk_geometry.ts";
+import type { TrunkManifest } from "./manifest.ts";
 import { readRegionVerified, type TrunkFile } from "./trunk_file.ts";
 
 /** A matrix whose rows are read from a file on demand. */

@@ -1,5 +1,6 @@
 /**
- * The packed trunk's format: layout and manifest.
+ * The packed trunk's format: its files and manifest. Where every region, tensor and piece
+ * lies (the layout the manifest records) is trunk_geometry.ts.
  *
  * A trunk directory holds two files:
  *
@@ -56,9 +57,10 @@ import { notRegular, readInputText } from "../native/files.ts";
 
 /** The largest manifest read (the full model's, with piece hashes: ~0.3 MB). */
 const MAX_MANIFEST_BYTES = 256 << 20;
-import type { Checkpoint, TensorInfo } from "./safetensors.ts";
-import { checkRows, type Keep } from "../native/tensors.ts";
-import { checkTensor, globalTensors, HEAD_NAME, layerTensors, PREFIX, type TensorSpec } from "../model/tensors.ts";
+import type { Checkpoint } from "./safetensors.ts";
+import { checkRows } from "../native/tensors.ts";
+import { globalTensors, PREFIX, type TensorSpec } from "../model/tensors.ts";
+import { type Region, regionsOf, storedSize, TENSOR_ALIGN, trunkRegionSpecs } from "./trunk_geometry.ts";
 
 /** The manifest's format name. */
 export const FORMAT = "k3-trunk";
@@ -68,105 +70,10 @@ export const VERSION = 5;
 export const OLDEST_READ = 4;
 /** How a trunk's pieces are stored: all raw, or layer pieces split-coded where that is smaller. */
 export type TrunkCodec = "raw" | "split";
-/** Bytes per hashed piece: the unit of every trunk read and its checksum. */
-export const PIECE_BYTES = 16 << 20;
 /** File name of the packed data. */
 export const DATA_FILE = "trunk.bin";
 /** File name of the manifest. */
 export const MANIFEST_FILE = "manifest.json";
-/** Tensor alignment inside a region. */
-export const TENSOR_ALIGN = 64;
-
-/** One tensor of a region. */
-export interface TensorEntry {
-  /** Name without the `language_model.model.` prefix (the head: its full name). */
-  name: string;
-  /** Bound dtype. */
-  dtype: "BF16" | "F32";
-  /** How the tensor is bound. */
-  keep: Keep;
-  /** The checkpoint's shape. */
-  shape: number[];
-  /** Byte offset inside the region. */
-  offset: number;
-  /** Bytes in the region. */
-  bytes: number;
-  /** The matrix check of its bytes (native/tensors.ts), hex. */
-  check: string;
-}
-
-/** One aligned region of the data file. */
-export interface Region {
-  /** Offset in the data file. */
-  offset: number;
-  /** Padded to ALIGN. */
-  size: number;
-  /** Bytes of content before padding. */
-  bytes: number;
-  /** Checksum (k3w64, hex). */
-  hash: string;
-  /** k3w64 of each `piece`-byte piece of the region's `size` bytes (the last shorter). */
-  pieces: string[];
-  /** The tensors in the region, in order. */
-  tensors: TensorEntry[];
-  /** Bytes each piece takes in the data file (its length: raw; fewer: split-coded). */
-  stored: number[];
-  /** k3w64 of each piece's stored bytes (hex; a raw piece's equals its `pieces` hash). */
-  storedPieces: string[];
-}
-
-/** Where one piece of a region is: in the region, and in the data file. */
-export interface PieceSpan {
-  /** Its first byte in the region (decoded form). */
-  at: number;
-  /** Its decoded bytes. */
-  len: number;
-  /** Its offset in the data file. */
-  file: number;
-  /** Its stored bytes (`len`: raw). */
-  stored: number;
-}
-
-const spanCache = new WeakMap<Region, PieceSpan[]>();
-
-/** The pieces of region `r` (`piece` bytes each, the last shorter), where each is stored. */
-export function pieceSpans(r: Region, piece: number): PieceSpan[] {
-  let spans = spanCache.get(r);
-  if (!spans) {
-    spans = [];
-    let file = r.offset;
-    for (let i = 0, at = 0; at < r.size; i++, at += piece) {
-      const len = Math.min(piece, r.size - at);
-      spans.push({ at, len, file, stored: r.stored[i] });
-      file += r.stored[i];
-    }
-    spanCache.set(r, spans);
-  }
-  return spans;
-}
-
-/** Bytes region `r` takes in the data file. */
-export function storedSize(r: Region): number {
-  return r.stored.reduce((a, b) => a + b, 0);
-}
-
-/**
- * The run of whole pieces [first, last] of region `r` as a region of its own (its file
- * offset, sizes and per-piece tables cut to the run), for reading part of a region.
- */
-export function pieceRun(r: Region, piece: number, first: number, last: number): Region {
-  const spans = pieceSpans(r, piece);
-  const size = spans[last].at + spans[last].len - spans[first].at;
-  return {
-    ...r,
-    offset: spans[first].file,
-    size,
-    bytes: size,
-    pieces: r.pieces.slice(first, last + 1),
-    stored: r.stored.slice(first, last + 1),
-    storedPieces: r.storedPieces.slice(first, last + 1),
-  };
-}
 
 /** manifest.json of a packed trunk. */
 export interface TrunkManifest {
@@ -206,126 +113,12 @@ export interface TrunkManifest {
   head: Region;
 }
 
-/** A tensor to pack: where it comes from and where it goes. */
-export interface PackTensor {
-  /** The source tensor. */
-  src: TensorInfo;
-  /** What the engine binds. */
-  spec: TensorSpec;
-  /** Its manifest entry. */
-  entry: TensorEntry;
-}
-
-/** A region to pack (hashes filled in while writing). */
-export interface PackRegion {
-  /** What the region holds (for messages). */
-  what: string;
-  /** The region. */
-  region: Region;
-  /** Its tensors. */
-  tensors: PackTensor[];
-}
-
-/** Bound dtype and bytes of a checkpoint tensor kept as `keep`. */
-export function boundOf(
-  src: { dtype: string; bytes: number },
-  keep: Keep,
-): { dtype: "BF16" | "F32"; bytes: number } {
-  const elems = src.bytes / (src.dtype === "F32" ? 4 : 2);
-  if (keep === "matrix" && src.dtype === "BF16") return { dtype: "BF16", bytes: src.bytes };
-  return { dtype: "F32", bytes: elems * 4 };
-}
-
-function region(
-  what: string,
-  specs: TensorSpec[],
-  ckpt: Checkpoint,
-  prefix: (s: TensorSpec) => string,
-): PackRegion {
-  let at = 0;
-  const tensors: PackTensor[] = specs.map((spec) => {
-    const src = ckpt.get(prefix(spec) + spec.name);
-    checkTensor(src, spec);
-    const b = boundOf(src, spec.keep);
-    at = Math.ceil(at / TENSOR_ALIGN) * TENSOR_ALIGN;
-    const entry: TensorEntry = {
-      name: spec.name,
-      dtype: b.dtype,
-      keep: spec.keep,
-      shape: src.shape,
-      offset: at,
-      bytes: b.bytes,
-      check: "", // filled in while packing
-    };
-    at += b.bytes;
-    return { src, spec, entry };
-  });
-  const size = Math.max(ALIGN, alignUp(at));
-  return {
-    what,
-    region: {
-      offset: 0,
-      size,
-      bytes: at,
-      hash: "",
-      pieces: [],
-      tensors: tensors.map((t) => t.entry),
-      stored: [],
-      storedPieces: [],
-    },
-    tensors,
-  };
-}
-
-/** The layout of a trunk for this checkpoint: every region with its tensors and offset
- * (offsets as if every piece were raw: the packer moves them by the stored sizes). */
-export function planLayout(
-  cfg: K3Config,
-  ckpt: Checkpoint,
-): {
-  layers: PackRegion[];
-  finals: PackRegion;
-  embed: PackRegion;
-  head: PackRegion;
-  bytes: number;
-} {
-  const D = cfg.hiddenSize, V = cfg.vocabSize;
-  const layers = Array.from(
-    { length: cfg.numLayers },
-    (_, L) => region(`layer ${L}`, layerTensors(cfg, L), ckpt, () => PREFIX),
-  );
-  const finals = region("finals", globalTensors(cfg), ckpt, () => PREFIX);
-  const embed = region(
-    "embed",
-    [{ name: "embed_tokens.weight", shape: [V, D], keep: "matrix" }],
-    ckpt,
-    () => PREFIX,
-  );
-  const head = region("head", [{ name: HEAD_NAME, shape: [V, D], keep: "matrix" }], ckpt, () => "");
-  let off = 0;
-  for (const r of [...layers, finals, embed, head]) {
-    r.region.offset = off;
-    off += r.region.size;
-  }
-  return { layers, finals, embed, head, bytes: off };
-}
-
 const HEX16 = /^[0-9a-f]{16}$/;
 const isObj = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
 /** The largest number of layers, width or vocabulary a manifest may claim (sanity bounds). */
 const MAX_DIM = 1 << 24;
 /** The longest row (a vector: all its bytes) a tensor check takes (an i32 for the kernel). */
 const MAX_ROW_BYTES = 1 << 30;
-
-/** The regions of a manifest in file order, named. */
-export function regionsOf(m: TrunkManifest): [string, Region][] {
-  return [
-    ...m.layer.map((r, i) => [`layer ${i}`, r] as [string, Region]),
-    ["finals", m.finals],
-    ["embed", m.embed],
-    ["head", m.head],
-  ];
-}
 
 /**
  * Parses a manifest and checks its whole structure (K3Error exit 1 naming the problem):
@@ -466,15 +259,12 @@ export function checkLayout(m: TrunkManifest, cfg: K3Config, dir: string): void 
   if (m.layers < cfg.numLayers || m.hidden !== cfg.hiddenSize || m.vocab !== cfg.vocabSize) {
     bad(`${m.layers} layers, hidden ${m.hidden}, vocab ${m.vocab}`);
   }
-  const D = cfg.hiddenSize, V = cfg.vocabSize;
+  const specs = trunkRegionSpecs(cfg);
   const want: [string, Region, TensorSpec[]][] = [
-    ...Array.from(
-      { length: cfg.numLayers },
-      (_, L) => [`layer ${L}`, m.layer[L], layerTensors(cfg, L)] as [string, Region, TensorSpec[]],
-    ),
-    ["finals", m.finals, globalTensors(cfg)],
-    ["embed", m.embed, [{ name: "embed_tokens.weight", shape: [V, D], keep: "matrix" }]],
-    ["head", m.head, [{ name: HEAD_NAME, shape: [V, D], keep: "matrix" }]],
+    ...specs.layers.map((s, L) => [`layer ${L}`, m.layer[L], s] as [string, Region, TensorSpec[]]),
+    ["finals", m.finals, specs.finals],
+    ["embed", m.embed, specs.embed],
+    ["head", m.head, specs.head],
   ];
   for (const [what, r, specs] of want) {
     if (r.tensors.length !== specs.length) bad(`${what}: ${r.tensors.length} tensors, the model has ${specs.length}`);

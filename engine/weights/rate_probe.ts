@@ -8,18 +8,13 @@
  */
 
 import { type Kernels, libraryPath } from "../native/ffi.ts";
+import { nonblocking, symbols } from "../native/symbols.ts";
 import { ALIGN, IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import { DEFAULT_COMPUTE, type PassRates } from "./throughput.ts";
 
 /** The bf16 product as a nonblocking call, so that one runs on each thread at once. */
-const probeSymbols = {
-  k3_matmul: {
-    parameters: ["pointer", "i32", "pointer", "pointer", "i32", "i32", "i32", "i32", "i32"],
-    result: "void",
-    nonblocking: true,
-  },
-} as const;
+const probeSymbols = nonblocking(symbols, "k3_matmul");
 
 let probeLib: Deno.DynamicLibrary<typeof probeSymbols> | undefined;
 

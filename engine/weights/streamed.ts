@@ -31,6 +31,7 @@ import type { Compute } from "../native/pool.ts";
 import { type IoStats, noIoStats, type WeightSource } from "../model/weight_source.ts";
 import type { LayerWeights } from "../model/layer_weights.ts";
 import type { MemoryPlan } from "./plan.ts";
+import type { TrunkDecode } from "./trunk_geometry.ts";
 import { embedRow, loadGlobals } from "./resident.ts";
 import type { Checkpoint } from "./safetensors.ts";
 import { bindRegion, type TrunkFile } from "./trunk_file.ts";
@@ -61,14 +62,16 @@ export class StreamedWeights implements WeightSource {
 
   private constructor(private readonly k: Kernels, private readonly cfg: K3Config) {}
 
-  /** Opens everything the plan says, in the plan's sizes. */
+  /** Opens everything the plan says, in the plan's sizes; `trunkDecode` says where the
+   * coded pieces of streamed trunk layers are decoded (trunk_ring.ts). */
   static async open(
     k: Kernels,
     cfg: K3Config,
     ckpt: Checkpoint,
     plan: MemoryPlan,
     trunkFile: TrunkFile | undefined,
-    table?: { table: ExpertTable; path: string },
+    table: { table: ExpertTable; path: string } | undefined,
+    trunkDecode: TrunkDecode,
   ): Promise<StreamedWeights> {
     const w = new StreamedWeights(k, cfg);
     try {
@@ -111,6 +114,7 @@ export class StreamedWeights implements WeightSource {
           plan.trunk.pinned,
           plan.trunk.ringBytes,
           w.stats,
+          trunkDecode,
         );
       } else {
         for (let L = 0; L < cfg.numLayers; L++) {

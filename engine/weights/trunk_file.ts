@@ -19,17 +19,8 @@ import { CodedPieceCorrupt, type IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import { checkMismatch, type F32, type Matrix, tensorCheck } from "../native/tensors.ts";
 import { BoundTensors } from "./bind.ts";
-import { readOutsideProducts } from "../model/tensors.ts";
-import {
-  checkLayout,
-  DATA_FILE,
-  openTrunkData,
-  pieceSpans,
-  readManifest,
-  type Region,
-  type TensorEntry,
-  type TrunkManifest,
-} from "./manifest.ts";
+import { checkLayout, DATA_FILE, openTrunkData, readManifest, type TrunkManifest } from "./manifest.ts";
+import { pieceRange, pieceSpans, type Region, type TensorEntry } from "./trunk_geometry.ts";
 
 /** Bytes per pread when a piece is read and hashed (0: the whole piece in one pread, then its
  * hash; bench/verify.ts measures the choice). */
@@ -99,7 +90,7 @@ export async function readPieces(
 /**
  * Reads region `r` of a trunk into `ptr`, every piece verified against the manifest
  * (`verify` false skips the hashing: only bench/verify.ts, to measure what it costs). `r`
- * may be a run of whole pieces of a larger region (manifest.ts pieceRun); `pieceBase` is
+ * may be a run of whole pieces of a larger region (trunk_geometry.ts pieceRun); `pieceBase` is
  * its first piece's index there, for the message. Coded pieces are decoded on the I/O
  * thread that read them, and the hash is of the decoded bytes (what the kernels use).
  * Resolves to the seconds spent decoding; throws K3Error (exit 1) naming the trunk, `what`
@@ -195,51 +186,6 @@ export interface CodedPieces {
   stored: readonly number[];
   /** Room for the matrices' descriptors (`descriptorBytes`). */
   descriptors: NativeBuffer;
-}
-
-/**
- * Which pieces of region `r` the ring can leave coded: the coded pieces that hold nothing
- * but bf16 matrices only the dense product reads (so no vector, and no matrix another kernel
- * reads, ever sees coded bytes).
- */
-export function keptCoded(r: Region, piece: number): Uint8Array {
-  const spans = pieceSpans(r, piece);
-  const kept = new Uint8Array(spans.length);
-  spans.forEach((s, j) => {
-    kept[j] = s.stored < s.len &&
-        r.tensors.every((t) =>
-          t.offset + t.bytes <= s.at || t.offset >= s.at + s.len ||
-          (t.keep === "matrix" && t.dtype === "BF16" && !readOutsideProducts(t.name))
-        )
-      ? 1
-      : 0;
-  });
-  return kept;
-}
-
-/**
- * Where each piece of a region goes in memory when the pieces left coded take only their
- * stored bytes: back to back, a kept piece `stored` bytes, any other its decoded length.
- * The last entry is the bytes of them all. A tensor in pieces that are not kept is then
- * still contiguous (those pieces keep their own bytes, one after the other).
- */
-export function piecePlaces(r: Region, piece: number, kept: Uint8Array): number[] {
-  const places = [0];
-  for (const [j, s] of pieceSpans(r, piece).entries()) places.push(places[j] + (kept[j] ? s.stored : s.len));
-  return places;
-}
-
-/** The first and last piece a tensor's bytes fall in. */
-function pieceRange(t: TensorEntry, piece: number): [number, number] {
-  return [Math.floor(t.offset / piece), Math.floor((t.offset + t.bytes - 1) / piece)];
-}
-
-/** Bytes of the descriptors (kernels/k3.h k3_split_matrix) of a region's matrices. */
-export function descriptorBytes(tensors: readonly TensorEntry[], piece: number): number {
-  return tensors.filter((t) => t.keep === "matrix").reduce((a, t) => {
-    const [p0, p1] = pieceRange(t, piece);
-    return a + 16 + 24 * (p1 - p0 + 1);
-  }, 0);
 }
 
 /**

@@ -28,8 +28,9 @@
  * multiplies, so their bytes cross memory once, coded, the decode runs on the compute
  * threads beside the product instead of on the I/O threads against it, and the same ring
  * reads further ahead. Other coded pieces (vectors, MLA's kv_b_proj) are decoded in place as
- * they land. `K3_TRUNK_DECODE=io` decodes every piece in place (to measure the two side by
- * side: bench/limits.ts).
+ * they land. The trunk decode "io" (engine/open.ts OpenOptions.trunkDecode, the CLI's
+ * `K3_TRUNK_DECODE=io`) decodes every piece in place (to measure the two side by side:
+ * bench/limits.ts).
  *
  * @module
  */
@@ -38,8 +39,17 @@ import type { Kernels } from "../native/ffi.ts";
 import { NativeBuffer } from "../native/memory.ts";
 import type { IoStats } from "../model/weight_source.ts";
 import type { BoundTensors } from "./bind.ts";
-import { pieceSpans, type Region, storedSize, type TensorEntry } from "./manifest.ts";
-import { bindRegion, descriptorBytes, keptCoded, piecePlaces, type TrunkFile } from "./trunk_file.ts";
+import { bindRegion, type TrunkFile } from "./trunk_file.ts";
+import {
+  attentionSpan,
+  descriptorBytes,
+  freedEarly,
+  placeOf,
+  type Region,
+  ringPlaces,
+  storedSize,
+  type TrunkDecode,
+} from "./trunk_geometry.ts";
 
 /**
  * Ring pieces in flight at most (16 MB each). Reads are issued from the JS thread, which
@@ -47,13 +57,6 @@ import { bindRegion, descriptorBytes, keptCoded, piecePlaces, type TrunkFile } f
  * layer starts computing is all the disk gets until the pass next yields: issue deep.
  */
 const RING_PIECES_IN_FLIGHT = 64;
-
-/** `K3_TRUNK_DECODE=io`: decode every coded piece on the I/O threads, as it lands. Read
- * without prompting where the permission set does not grant it. */
-function decodeOnIo(): boolean {
-  const name = "K3_TRUNK_DECODE";
-  return Deno.permissions.querySync({ name: "env", variable: name }).state === "granted" && Deno.env.get(name) === "io";
-}
 
 interface RingEntry {
   L: number;
@@ -67,7 +70,7 @@ interface RingEntry {
   attnDone: boolean;
   /** Per piece: its read was started. */
   started: Uint8Array;
-  /** Per piece: left coded for the product (trunk_file.ts keptCoded). */
+  /** Per piece: left coded for the product (trunk_geometry.ts keptCoded). */
   kept: Uint8Array;
   /** Pieces read and verified. */
   done: number;
@@ -84,40 +87,7 @@ interface RingEntry {
   error?: Error;
 }
 
-/**
- * The byte range of a region's attention tensors (`self_attn.*`), when they form one run in
- * the region with nothing else inside; else an empty range (the layer is then freed whole).
- */
-export function attentionSpan(tensors: readonly TensorEntry[]): [number, number] {
-  const sorted = [...tensors].sort((a, b) => a.offset - b.offset);
-  const isAttn = (t: TensorEntry) => t.name.includes(".self_attn.");
-  const first = sorted.findIndex(isAttn);
-  if (first < 0) return [0, 0];
-  let last = first;
-  while (last + 1 < sorted.length && isAttn(sorted[last + 1])) last++;
-  if (sorted.slice(last + 1).some(isAttn)) return [0, 0];
-  // The run ends where the next tensor starts (padding included), or at the last one's end.
-  const end = last + 1 < sorted.length ? sorted[last + 1].offset : sorted[last].offset + sorted[last].bytes;
-  return [sorted[first].offset, end];
-}
-
-/** The pieces of region `r` the ring leaves coded and where each goes (none under
- * K3_TRUNK_DECODE=io): the one rule the ring and the plan both use. */
-function ringPlaces(r: Region, piece: number): { kept: Uint8Array; places: number[] } {
-  const kept = decodeOnIo() ? new Uint8Array(Math.ceil(r.size / piece)) : keptCoded(r, piece);
-  return { kept, places: piecePlaces(r, piece, kept) };
-}
-
-/** What streaming region `r` takes: `footprint`, the bytes it reads and holds in the ring
- * (its pieces' places, the pieces left coded taking their stored bytes), and `coded`, the
- * decoded bytes of those pieces, which the products decode. */
-export function streamedLayout(r: Region, piece: number): { footprint: number; coded: number } {
-  const { kept, places } = ringPlaces(r, piece);
-  const coded = pieceSpans(r, piece).reduce((a, s, j) => a + (kept[j] ? s.len : 0), 0);
-  return { footprint: places[places.length - 1], coded };
-}
-
-/** Where a streamed layer's pieces go in its ring space (trunk_file.ts piecePlaces). */
+/** Where a streamed layer's pieces go in its ring space (trunk_geometry.ts piecePlaces). */
 interface LayerPlaces {
   /** Per piece: left coded for the product. */
   kept: Uint8Array;
@@ -125,25 +95,6 @@ interface LayerPlaces {
   places: number[];
   /** Its matrices' descriptors, when any piece is left coded. */
   descriptors?: NativeBuffer;
-}
-
-/** A region offset at a piece boundary, or inside a piece that is not kept, as a ring offset. */
-function placeOf(offset: number, places: readonly number[], piece: number): number {
-  const p = Math.floor(offset / piece);
-  return p >= places.length - 1 ? places[places.length - 1] : places[p] + offset - p * piece;
-}
-
-/**
- * The part of a layer's attention span (region offsets) that can be freed once the pass is
- * past attention: a piece left coded holds the coded bytes of all its words in one place, so
- * a kept piece that the span's start or end cuts holds bytes the tensors beside the span
- * need until the layer is done.
- */
-export function freedEarly(span: [number, number], kept: Uint8Array, piece: number): [number, number] {
-  let [a, b] = span;
-  if (a % piece !== 0 && kept[Math.floor(a / piece)]) a = Math.ceil(a / piece) * piece;
-  if (b % piece !== 0 && kept[Math.floor(b / piece)]) b = Math.floor(b / piece) * piece;
-  return a < b ? [a, b] : [0, 0];
 }
 
 /** Pinned layers plus a read-ahead ring over the rest. */
@@ -165,12 +116,14 @@ export class StreamedTrunk {
     pinned: number[],
     ringBytes: number,
     private readonly stats: IoStats,
+    private readonly decode: TrunkDecode,
   ) {
     this.streamed = Array.from({ length: numLayers }, (_, L) => L).filter((L) => !pinned.includes(L));
     if (this.streamed.length > 0) this.ring = NativeBuffer.alloc(k, ringBytes, "trunk ring");
   }
 
-  /** Reads and verifies the pinned layers, allocates the ring and starts reading ahead. */
+  /** Reads and verifies the pinned layers, allocates the ring and starts reading ahead;
+   * `decode` says where the coded pieces of streamed layers are decoded. */
   static async open(
     k: Kernels,
     trunk: TrunkFile,
@@ -178,8 +131,9 @@ export class StreamedTrunk {
     pinned: number[],
     ringBytes: number,
     stats: IoStats,
+    decode: TrunkDecode,
   ): Promise<StreamedTrunk> {
-    const t = new StreamedTrunk(k, trunk, numLayers, pinned, ringBytes, stats);
+    const t = new StreamedTrunk(k, trunk, numLayers, pinned, ringBytes, stats, decode);
     try {
       for (const L of pinned) {
         const r = trunk.manifest.layer[L];
@@ -252,7 +206,7 @@ export class StreamedTrunk {
     let c = this.coded.get(L);
     if (!c) {
       const region = this.trunk.manifest.layer[L], piece = this.trunk.manifest.piece;
-      const { kept, places } = ringPlaces(region, piece);
+      const { kept, places } = ringPlaces(region, piece, this.decode);
       // One descriptor buffer per layer, rewritten at each bind: a layer is in the ring once.
       const descriptors = kept.some((x) => x === 1)
         ? NativeBuffer.alloc(this.k, descriptorBytes(region.tensors, piece), `layer ${L} coded matrices`)

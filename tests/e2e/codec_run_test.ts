@@ -3,8 +3,9 @@
 // --verify checks both forms; a version-4 trunk still opens.
 import assert from "node:assert/strict";
 import { packTrunk } from "../../pack/pack.ts";
-import { DATA_FILE, MANIFEST_FILE, pieceSpans, readManifest } from "../../engine/weights/manifest.ts";
-import { keptCoded } from "../../engine/weights/trunk_file.ts";
+import { DATA_FILE, MANIFEST_FILE, readManifest } from "../../engine/weights/manifest.ts";
+import { pieceSpans } from "../../engine/weights/trunk_geometry.ts";
+import { keptCoded } from "../../engine/weights/trunk_geometry.ts";
 import { jsonIds, k3, packedFloor, tempDir, TINY } from "../helpers.ts";
 
 const PIECE = 64 << 10; // several pieces a layer, so one layer holds coded and raw pieces

@@ -19,7 +19,7 @@ import { EXPERTS_FILE, tableDigest } from "../../engine/weights/expert_table.ts"
 import { jsonIds, k3, python, tempDir, TINY } from "../helpers.ts";
 import { shuffledCopy } from "../shuffled.ts";
 import { assertRefusedLast, assertRejectsLast, runIds, verifyPacked } from "../damage.ts";
-import type { MemoryOptions } from "../../engine/weights/plan.ts";
+import type { MemoryOptions } from "../../engine/weights/plan_input.ts";
 
 const quiet = { log: null };
 const IDS = [5, 17, 300, 12, 99, 1000, 7, 640, 33, 250, 511, 2, 870, 64, 123, 456], GEN = 3;

@@ -8,15 +8,11 @@
 import assert from "node:assert/strict";
 import { generate, teacherForce } from "../../engine/generate/generate.ts";
 import { openModel } from "../../engine/open.ts";
-import type { MemoryOptions } from "../../engine/weights/plan.ts";
-import {
-  estimatedInput,
-  expertBytesOf,
-  expertSlotBytes,
-  makePlan,
-  pinLayers,
-  releasedK3,
-} from "../../engine/weights/plan.ts";
+import type { MemoryOptions } from "../../engine/weights/plan_input.ts";
+import { estimatedInput, makePlan } from "../../engine/weights/plan.ts";
+import { expertBytesOf, expertSlotBytes } from "../../engine/weights/plan_experts.ts";
+import { pinLayers } from "../../engine/weights/plan_trunk.ts";
+import { releasedK3 } from "../../engine/model/shapes.ts";
 import { loadConfig } from "../../engine/model/config.ts";
 import { packTrunk } from "../../pack/pack.ts";
 import { readManifest } from "../../engine/weights/manifest.ts";

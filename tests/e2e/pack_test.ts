@@ -6,7 +6,8 @@
 
 import assert from "node:assert/strict";
 import { packTrunk } from "../../pack/pack.ts";
-import { DATA_FILE, MANIFEST_FILE, readManifest, regionsOf } from "../../engine/weights/manifest.ts";
+import { DATA_FILE, MANIFEST_FILE, readManifest } from "../../engine/weights/manifest.ts";
+import { regionsOf } from "../../engine/weights/trunk_geometry.ts";
 import { checkRows } from "../../engine/native/tensors.ts";
 import { verifyTrunk } from "../../pack/verify.ts";
 import { layerTensors } from "../../engine/model/tensors.ts";
@@ -14,7 +15,7 @@ import { loadConfig } from "../../engine/model/config.ts";
 import { jsonIds, k3, python, readReference, tempDir, TINY } from "../helpers.ts";
 import { shuffledCopy } from "../shuffled.ts";
 import { assertRejectsLast, runIds, verifyPacked } from "../damage.ts";
-import type { MemoryOptions } from "../../engine/weights/plan.ts";
+import type { MemoryOptions } from "../../engine/weights/plan_input.ts";
 
 const quiet = { log: null };
 

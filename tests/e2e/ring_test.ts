@@ -1,8 +1,8 @@
 // The trunk ring reads the next layers into the space a layer's attention tensors leave once
 // the pass is past them (StreamedTrunk: attentionDone / free), and that never changes a bit.
 import assert from "node:assert/strict";
-import { attentionSpan } from "../../engine/weights/trunk_ring.ts";
-import type { TensorEntry } from "../../engine/weights/manifest.ts";
+import { attentionSpan } from "../../engine/weights/trunk_geometry.ts";
+import type { TensorEntry } from "../../engine/weights/trunk_geometry.ts";
 import { floorFlags, jsonIds, k3, packedFloor, tempDir, TINY } from "../helpers.ts";
 
 const entry = (name: string, offset: number, bytes: number): TensorEntry =>

@@ -12,7 +12,7 @@ import { K3Error } from "../../engine/errors.ts";
 import { fitSequences } from "../../engine/weights/plan.ts";
 import type { MemoryPlan } from "../../engine/weights/plan.ts";
 import { openModel } from "../../engine/open.ts";
-import type { MemoryOptions } from "../../engine/weights/plan.ts";
+import type { MemoryOptions } from "../../engine/weights/plan_input.ts";
 import { loadConfig } from "../../engine/model/config.ts";
 import { packTrunk } from "../../pack/pack.ts";
 import { k3, packedFloor, python, readReference, tempDir, TINY } from "../helpers.ts";

@@ -18,7 +18,8 @@ import { Checkpoint } from "../../engine/weights/safetensors.ts";
 import { locateExpert } from "../../engine/weights/experts.ts";
 import { openModel } from "../../engine/open.ts";
 import { generate, teacherForce } from "../../engine/generate/generate.ts";
-import { expertBytesOf, expertSlotBytes, type MemoryOptions } from "../../engine/weights/plan.ts";
+import { expertBytesOf, expertSlotBytes } from "../../engine/weights/plan_experts.ts";
+import type { MemoryOptions } from "../../engine/weights/plan_input.ts";
 import { readManifest } from "../../engine/weights/manifest.ts";
 import { copyDir, tempDir, TINY } from "../helpers.ts";
 import { assertRejectsLast, runIds } from "../damage.ts";
@@ -27,14 +28,16 @@ import { readAheadPays } from "../../engine/model/expert_stream.ts";
 const SEQ = [5, 17, 300, 12, 99, 1000, 7, 640, 33, 250, 511, 2, 870, 64, 123, 456, 9, 81];
 const PROMPT = [5, 17, 300, 12], GEN = 10;
 
-/** Teacher-forced logits (5-row chunks) and greedy tokens at `memory`, with test hooks `env` set. */
+/** Teacher-forced logits (5-row chunks) and greedy tokens at `memory`, with test hooks `env`
+ * set and the engine's `expertReadAhead` switch (undefined: its default). */
 async function run(
   memory: MemoryOptions | undefined,
   env: Record<string, string> = {},
+  expertReadAhead?: boolean,
 ): Promise<{ logits: Uint8Array; tokens: number[]; prefetched: number; hits: number; taken: number }> {
   for (const [k, v] of Object.entries(env)) Deno.env.set(k, v);
   try {
-    const opened = await openModel(TINY, { capacity: SEQ.length + GEN, chunk: 5, memory });
+    const opened = await openModel(TINY, { capacity: SEQ.length + GEN, chunk: 5, memory, expertReadAhead });
     try {
       const V = opened.cfg.vocabSize;
       const logits = new Float32Array(SEQ.length * V);
@@ -65,31 +68,41 @@ Deno.test("experts read ahead and landing shuffled: the resident tokens and logi
   const cacheGB = (cfg.moe.topK + 1) * expertSlotBytes(expertBytesOf(cfg)) / 1e9;
   const largest = Math.max(...(await readManifest(trunk)).layer.map((r) => r.size)) / 1e9;
   const want = await run(undefined);
-  const cases: [string, MemoryOptions, Record<string, string>, boolean][] = [
-    ["pinned, top-k + 1 slots, read-ahead", { trunkDir: trunk, cacheGB }, { K3_EXPERT_READ_AHEAD: "1" }, true],
+  // [name, memory, test hooks, the expertReadAhead switch, reads ahead]
+  const cases: [string, MemoryOptions, Record<string, string>, boolean | undefined, boolean][] = [
+    ["pinned, top-k + 1 slots, read-ahead", { trunkDir: trunk, cacheGB }, {}, true, true],
     [
       "pinned, read-ahead, shuffled (seed 1)",
       { trunkDir: trunk, cacheGB },
-      { K3_EXPERT_READ_AHEAD: "1", K3_TEST_EXPERT_SHUFFLE: "1" },
+      { K3_TEST_EXPERT_SHUFFLE: "1" },
+      true,
       true,
     ],
     [
       "pinned, read-ahead, shuffled (seed 2)",
       { trunkDir: trunk, cacheGB },
-      { K3_EXPERT_READ_AHEAD: "1", K3_TEST_EXPERT_SHUFFLE: "2" },
+      { K3_TEST_EXPERT_SHUFFLE: "2" },
+      true,
       true,
     ],
-    ["pinned, shuffled, read-ahead by default", { trunkDir: trunk, cacheGB }, { K3_TEST_EXPERT_SHUFFLE: "3" }, true],
-    ["pinned, read-ahead turned off", { trunkDir: trunk, cacheGB }, { K3_EXPERT_READ_AHEAD: "0" }, false],
+    [
+      "pinned, shuffled, read-ahead by default",
+      { trunkDir: trunk, cacheGB },
+      { K3_TEST_EXPERT_SHUFFLE: "3" },
+      undefined,
+      true,
+    ],
+    ["pinned, read-ahead turned off", { trunkDir: trunk, cacheGB }, {}, false, false],
     [
       "floor, shuffled, read-ahead asked",
       { trunkDir: trunk, trunkGB: largest, cacheGB },
-      { K3_EXPERT_READ_AHEAD: "1", K3_TEST_EXPERT_SHUFFLE: "4" },
+      { K3_TEST_EXPERT_SHUFFLE: "4" },
+      true,
       false,
     ],
   ];
-  for (const [name, memory, env, readsAhead] of cases) {
-    const got = await run(memory, env);
+  for (const [name, memory, env, expertReadAhead, readsAhead] of cases) {
+    const got = await run(memory, env, expertReadAhead);
     assert.deepEqual(got.tokens, want.tokens, `${name}: greedy tokens`);
     assert.ok(got.logits.every((b, i) => b === want.logits[i]), `${name}: teacher-forced logits bit for bit`);
     // Read-ahead happens only where the next layer is in memory for good (pinned), and its

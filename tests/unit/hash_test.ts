@@ -8,7 +8,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { ioSymbols } from "../../engine/native/io.ts";
+import { ioSymbols } from "../../engine/native/symbols.ts";
 import { libraryBuilds, noise, python } from "../helpers.ts";
 
 type Io = Deno.DynamicLibrary<typeof ioSymbols>;

@@ -9,7 +9,8 @@
  *
  * @module
  */
-import { openKernels, symbols } from "../../engine/native/ffi.ts";
+import { openKernels } from "../../engine/native/ffi.ts";
+import { symbols } from "../../engine/native/symbols.ts";
 
 type Lib = Deno.DynamicLibrary<typeof symbols>;
 type K = Lib["symbols"];

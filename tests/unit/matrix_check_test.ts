@@ -10,10 +10,11 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { kernels, symbols, WTYPE } from "../../engine/native/ffi.ts";
+import { kernels, WTYPE } from "../../engine/native/ffi.ts";
+import { symbols } from "../../engine/native/symbols.ts";
 import { libraryBuilds, noise, python } from "../helpers.ts";
 import { NativeBuffer } from "../../engine/native/memory.ts";
-import type { TensorEntry } from "../../engine/weights/manifest.ts";
+import type { TensorEntry } from "../../engine/weights/trunk_geometry.ts";
 import { RegionChecker, tensorCheck } from "../../engine/native/tensors.ts";
 
 type Lib = Deno.DynamicLibrary<typeof symbols>;

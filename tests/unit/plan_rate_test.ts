@@ -5,18 +5,11 @@
  */
 
 import assert from "node:assert/strict";
-import {
-  estimatedInput,
-  expertSlotBytes,
-  fitSequences,
-  FIXED_OVERHEAD_BYTES,
-  formatPlan,
-  makePlan,
-  type MemoryOptions,
-  type MemoryPlan,
-  type PlanInput,
-  releasedK3,
-} from "../../engine/weights/plan.ts";
+import { estimatedInput, fitSequences, makePlan, type MemoryPlan } from "../../engine/weights/plan.ts";
+import { expertSlotBytes } from "../../engine/weights/plan_experts.ts";
+import { FIXED_OVERHEAD_BYTES, type MemoryOptions, type PlanInput } from "../../engine/weights/plan_input.ts";
+import { formatPlan } from "../../engine/weights/plan_text.ts";
+import { releasedK3 } from "../../engine/model/shapes.ts";
 import {
   CHECK_SHARE,
   DEFAULT_COMPUTE,

@@ -21,7 +21,7 @@ import {
 } from "../../engine/generate/draft.ts";
 import { makeSampler, type SamplingParams } from "../../engine/generate/sampling.ts";
 import { openModel } from "../../engine/open.ts";
-import type { MemoryOptions } from "../../engine/weights/plan.ts";
+import type { MemoryOptions } from "../../engine/weights/plan_input.ts";
 import { packedFloor, tempDir, TINY } from "../helpers.ts";
 
 Deno.test("lookupDraft: the tokens after the most recent occurrence of the longest suffix n-gram", () => {

@@ -1,14 +1,10 @@
 /** The memory plan's state cache line: the flag, the default (what the plan leaves less 10%, capped), off. */
 
 import assert from "node:assert/strict";
-import {
-  estimatedInput,
-  formatPlan,
-  makePlan,
-  releasedK3,
-  STATE_CACHE_DEFAULT_CAP,
-  stateCacheDefault,
-} from "../../engine/weights/plan.ts";
+import { estimatedInput, makePlan } from "../../engine/weights/plan.ts";
+import { formatPlan } from "../../engine/weights/plan_text.ts";
+import { releasedK3 } from "../../engine/model/shapes.ts";
+import { STATE_CACHE_DEFAULT_CAP, stateCacheDefault } from "../../engine/weights/plan_state.ts";
 
 const cfg = releasedK3();
 const floor = estimatedInput(cfg, { trunkDir: "t", trunkGB: 3, cacheGB: 1 }, 4096);

@@ -1,9 +1,9 @@
 // Which pieces of a streamed layer the ring leaves coded, where each piece then goes, and how
 // much of the attention span it may free early (trunk_file.ts, trunk_ring.ts).
 import assert from "node:assert/strict";
-import type { Region, TensorEntry } from "../../engine/weights/manifest.ts";
-import { keptCoded, piecePlaces } from "../../engine/weights/trunk_file.ts";
-import { freedEarly } from "../../engine/weights/trunk_ring.ts";
+import type { Region, TensorEntry } from "../../engine/weights/trunk_geometry.ts";
+import { keptCoded, piecePlaces } from "../../engine/weights/trunk_geometry.ts";
+import { freedEarly } from "../../engine/weights/trunk_geometry.ts";
 
 const P = 16384;
 
