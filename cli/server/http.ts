@@ -15,7 +15,8 @@
 
 import { createHash, timingSafeEqual } from "node:crypto";
 import { K3Error } from "../../engine/errors.ts";
-import { ApiError, errorBody, modelList, type ResponseHead } from "../openai.ts";
+import { modelList, type ResponseHead } from "../openai_response.ts";
+import { ApiError, errorBody } from "../openai_error.ts";
 import { type Emit, type Outcome, runTask, type ServeEngine, serveTask } from "./tasks.ts";
 import { ChunkWriter, completionBody, EventStream } from "./stream.ts";
 import { ClientGone, type Http1Limits, Http1Server } from "./http1.ts";
