@@ -272,7 +272,7 @@ function toolChoice(f: JsonFields, tools: ToolDecl[] | undefined): ToolChoice | 
   if (v === "none" || v === "auto" || v === "required") choice = v;
   else if (typeof v === "object" && !Array.isArray(v)) {
     const c = f.object("tool_choice")!;
-    need(c, "type", c.oneOf("type", ["function"]), "\"function\"");
+    need(c, "type", c.oneOf("type", ["function"]), '"function"');
     const fn = need(c, "function", c.object("function"), "an object");
     const name = need(fn, "name", fn.string("name"), "a string");
     if (!tools?.some((t) => t.name === name)) {
