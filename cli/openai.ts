@@ -228,7 +228,7 @@ function historyCalls(m: JsonFields): HistoryToolCall[] {
 }
 
 /** A function name as OpenAI allows one: letters, digits, `_` and `-`, at most 64. */
-const TOOL_NAME = { test: /^[A-Za-z0-9_-]{1,64}$/, what: "1-64 letters, digits, _ or -" };
+const TOOL_NAME = { pattern: /^[A-Za-z0-9_-]{1,64}$/, what: "1-64 letters, digits, _ or -" };
 
 /** Validates an OpenAI `tools` array (a `k3 chat --tools` file holds one); throws
  * ApiError(400) naming the bad element. */

@@ -11,13 +11,14 @@
  *
  * @example
  * ```ts
- * import { type FieldProblem, JsonFields, problemText } from "./json_fields.ts";
- * const report = (p: FieldProblem) => {
- *   throw new Error(problemText(p));
- * };
- * const model = JsonFields.root({ layers: [{ experts: "x" }] }, { absent: "missing", report }, "model");
+ * import { JsonFields, problemText } from "./json_fields.ts";
+ * const problems: string[] = [];
+ * const model = JsonFields.root({ layers: [{ experts: "x" }] }, {
+ *   absent: "missing",
+ *   report: (p) => problems.push(problemText(p)),
+ * }, "model");
  * model?.list("layers")?.object(0)?.int("experts", 1, 4096);
- * // throws: model.layers[0].experts: expected an integer in 1..4096, got "x"
+ * if (problems[0] !== 'model.layers[0].experts: expected an integer in 1..4096, got "x"') throw new Error();
  * ```
  *
  * @module
@@ -60,6 +61,19 @@ export interface NumberRange {
   minOpen?: boolean;
   /** The highest value itself is refused. */
   maxOpen?: boolean;
+}
+
+/** A string pattern and how a message describes it. */
+export interface StringPattern {
+  /** What the string must match. */
+  pattern: RegExp;
+  /** What a message says it must be: "16 hex digits". */
+  what: string;
+}
+
+/** Exactly `n` lowercase hex digits (a digest or a fingerprint). */
+export function hexDigits(n: number): StringPattern {
+  return { pattern: new RegExp(`^[0-9a-f]{${n}}$`), what: `${n} hex digits` };
 }
 
 /** The longest excerpt of a string value quoted in a message. */
@@ -148,8 +162,14 @@ export class JsonFields {
 
   /** An integer in min..max (safe integers when unbounded). */
   int(k: JsonKey, min = Number.MIN_SAFE_INTEGER, max = Number.MAX_SAFE_INTEGER): number | undefined {
-    const bounded = min !== Number.MIN_SAFE_INTEGER || max !== Number.MAX_SAFE_INTEGER;
-    const expected = bounded ? `an integer in ${min}..${max}` : "an integer";
+    const low = min !== Number.MIN_SAFE_INTEGER, high = max !== Number.MAX_SAFE_INTEGER;
+    const expected = low && high
+      ? `an integer in ${min}..${max}`
+      : low
+      ? `an integer >= ${min}`
+      : high
+      ? `an integer <= ${max}`
+      : "an integer";
     return this.#read(k, expected, (v) => Number.isSafeInteger(v) && (v as number) >= min && (v as number) <= max);
   }
 
@@ -168,11 +188,11 @@ export class JsonFields {
   }
 
   /** A string; matching `pattern` (described as `what`) when given. */
-  string(k: JsonKey, pattern?: { test: RegExp; what: string }): string | undefined {
+  string(k: JsonKey, pattern?: StringPattern): string | undefined {
     return this.#read(
       k,
       pattern?.what ?? "a string",
-      (v) => typeof v === "string" && (!pattern || pattern.test.test(v)),
+      (v) => typeof v === "string" && (!pattern || pattern.pattern.test(v)),
     );
   }
 
