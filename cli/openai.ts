@@ -110,7 +110,7 @@ function stops(f: JsonFields): string[] {
   const list = need(
     f,
     "stop",
-    Array.isArray(f.get("stop")) ? f.list("stop") : undefined,
+    Array.isArray(f.get("stop")) ? f.array("stop") : undefined,
     "a string or an array of strings",
   );
   if (list.length > MAX_STOPS) throw bad("stop", `'stop' has ${list.length} strings, at most ${MAX_STOPS}`);
@@ -118,7 +118,7 @@ function stops(f: JsonFields): string[] {
 }
 
 function stopString(f: JsonFields, k: JsonKey): string {
-  const s = f.string(k)!;
+  const s = need(f, k, f.string(k), "a string");
   if (s === "") throw bad(f.name(k), `'${f.name(k)}' must not be empty`);
   return s;
 }
@@ -164,7 +164,7 @@ function messageText(m: JsonFields): string {
   const content = m.get("content");
   if (typeof content === "string") return content;
   const expected = "a string or an array of content parts";
-  const parts = need(m, "content", Array.isArray(content) ? m.list("content") : undefined, expected);
+  const parts = need(m, "content", Array.isArray(content) ? m.array("content") : undefined, expected);
   return Array.from({ length: parts.length }, (_, j) => {
     const part = need(parts, j, parts.object(j), "an object");
     const type = part.get("type");
@@ -212,7 +212,7 @@ function message(list: JsonFields, i: number): ChatMessage {
 
 /** The tool calls of an assistant message in the history (OpenAI's shape). */
 function historyCalls(m: JsonFields): HistoryToolCall[] {
-  const list = m.list("tool_calls");
+  const list = m.array("tool_calls");
   if (!list) return [];
   return Array.from({ length: list.length }, (_, i) => {
     const f = need(list, i, list.object(i), "an object");
@@ -238,7 +238,7 @@ export function parseTools(tools: unknown): ToolDecl[] {
 
 /** `tools`: OpenAI function tools. */
 function toolDecls(f: JsonFields): ToolDecl[] | undefined {
-  const list = f.list("tools");
+  const list = f.array("tools");
   if (!list) return undefined;
   const names = new Set<string>();
   return Array.from({ length: list.length }, (_, i) => {
@@ -294,7 +294,7 @@ function toolChoice(f: JsonFields, tools: ToolDecl[] | undefined): ToolChoice | 
 /** Validates a `/v1/chat/completions` body; throws ApiError(400) naming the bad field. */
 export function parseChatRequest(body: unknown): ChatRequest {
   const f = JsonFields.root(body, REQUEST)!;
-  const list = need(f, "messages", f.list("messages"), "a non-empty array");
+  const list = need(f, "messages", f.array("messages"), "a non-empty array");
   if (list.length === 0) throw bad("messages", "'messages' must not be empty");
   const messages = Array.from({ length: list.length }, (_, i) => message(list, i));
   const declared = toolDecls(f);

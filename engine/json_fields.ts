@@ -17,14 +17,14 @@
  *   absent: "missing",
  *   report: (p) => problems.push(problemText(p)),
  * }, "model");
- * model?.list("layers")?.object(0)?.int("experts", 1, 4096);
+ * model?.array("layers")?.object(0)?.int("experts", 1, 4096);
  * if (problems[0] !== 'model.layers[0].experts: expected an integer in 1..4096, got "x"') throw new Error();
  * ```
  *
  * @module
  */
 
-/** A key of an object field (a name) or of a list item (an index). */
+/** A key of an object field (a name) or of an array item (an index). */
 export type JsonKey = string | number;
 
 /** One field that is not what it must be. */
@@ -103,13 +103,14 @@ function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === "object" && v !== null && !Array.isArray(v);
 }
 
-/** The fields of one JSON object or list, each read checked. */
+/** The fields of one JSON object or array, each read checked. */
 export class JsonFields {
   private constructor(
-    /** The object or list read. */
+    /** The object or array read. */
     readonly value: Record<string, unknown> | unknown[],
     /** Its path (`""` at the root). */
     readonly path: string,
+    /** How absent fields and problems are handled. */
     readonly options: FieldOptions,
   ) {}
 
@@ -131,13 +132,13 @@ export class JsonFields {
     return (this.value as Record<JsonKey, unknown>)[k];
   }
 
-  /** Field `k` is present (and, for optional readers, not null). */
+  /** Field `k` is present (and, for optional readers, not null: a null array item is a value). */
   has(k: JsonKey): boolean {
     const v = this.get(k);
-    return v !== undefined && !(v === null && this.options.absent === "optional");
+    return v !== undefined && !(v === null && this.options.absent === "optional" && typeof k === "string");
   }
 
-  /** Items of a list (0 for an object). */
+  /** Items of an array (0 for an object). */
   get length(): number {
     return Array.isArray(this.value) ? this.value.length : 0;
   }
@@ -211,7 +212,7 @@ export class JsonFields {
   }
 
   /** An array, of `length` items or at most `maxLength` when given: its items. */
-  list(k: JsonKey, size: { length?: number; maxLength?: number } = {}): JsonFields | undefined {
+  array(k: JsonKey, size: { length?: number; maxLength?: number } = {}): JsonFields | undefined {
     const expected = size.length !== undefined
       ? `an array of ${size.length} items`
       : size.maxLength !== undefined

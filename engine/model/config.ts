@@ -82,7 +82,7 @@ const SCALE_RANGE: NumberRange = { min: 0, max: 1000, minOpen: true };
 
 /** A one-based list of layers (its range is checked against the layer count later). */
 function layerList(f: JsonFields, k: string): number[] {
-  const list = f.list(k, { maxLength: MAX_LAYERS });
+  const list = f.array(k, { maxLength: MAX_LAYERS });
   return Array.from({ length: list?.length ?? 0 }, (_, i) => list!.int(i) ?? 0);
 }
 

@@ -96,7 +96,7 @@ export function parseExpertTable(text: string, path: string): ExpertTable {
   f.string("sample", hexDigits(16));
   const layers = f.int("layers", 1, 1 << 16)!, experts = f.int("experts", 1, 1 << 16)!;
   const first = f.int("first", 0, layers)!;
-  const digests = f.list("digests", { length: layers })!;
+  const digests = f.array("digests", { length: layers })!;
   const dense = { pattern: /^$/, what: '"" (a dense layer has no expert digests)' };
   const moe = { pattern: hexDigits(16 * experts).pattern, what: `${experts} digests of 16 hex digits` };
   for (let L = 0; L < layers; L++) digests.string(L, L < first ? dense : moe);

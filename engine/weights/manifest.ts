@@ -376,7 +376,7 @@ export function parseManifest(text: string, path: string): TrunkManifest {
   data.oneOf("file", [DATA_FILE]);
   data.int("bytes", 0);
   data.oneOf("align", [ALIGN]);
-  f.list("layer", { length: m.layers });
+  f.array("layer", { length: m.layers });
   let at = 0;
   for (const [what, r] of regionsOf(m)) {
     const rb = (why: string) => bad(`${what}: ${why}`);
@@ -389,7 +389,7 @@ export function parseManifest(text: string, path: string): TrunkManifest {
     }
     rf.string("hash", HEX16);
     const npieces = Math.ceil(r.size / m.piece);
-    const pieces = rf.list("pieces", { length: npieces })!;
+    const pieces = rf.array("pieces", { length: npieces })!;
     for (let i = 0; i < npieces; i++) pieces.string(i, HEX16);
     if (!Array.isArray(r.stored) || r.stored.length !== npieces || !Array.isArray(r.storedPieces)) {
       rb(`needs ${npieces} stored sizes and hashes`);
@@ -417,7 +417,7 @@ export function parseManifest(text: string, path: string): TrunkManifest {
       if (t.dtype !== "F32" && (t.dtype !== "BF16" || t.keep !== "matrix")) {
         tb(`dtype ${JSON.stringify(t.dtype)} for a ${t.keep}`);
       }
-      const shape = tf.list("shape", { maxLength: 4 })!;
+      const shape = tf.array("shape", { maxLength: 4 })!;
       if (shape.length < 1) tb("shape: expected 1 to 4 dimensions, got none");
       for (let d = 0; d < shape.length; d++) shape.int(d, 1, MAX_DIM);
       const want = t.shape.reduce((a, b) => a * b, 1) * (t.dtype === "F32" ? 4 : 2);
