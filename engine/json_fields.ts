@@ -79,10 +79,10 @@ export function hexDigits(n: number): StringPattern {
 /** The longest excerpt of a string value quoted in a message. */
 const MAX_SHOWN = 40;
 
-/** A value as a message shows it: JSON for scalars (long strings cut), a word for containers. */
+/** A value as a message shows it: JSON for scalars (long strings cut), a phrase for containers. */
 export function describeValue(v: unknown): string {
   if (v === undefined) return "nothing";
-  if (Array.isArray(v)) return "an array";
+  if (Array.isArray(v)) return `an array of ${v.length} item${v.length === 1 ? "" : "s"}`;
   if (typeof v === "object" && v !== null) return "an object";
   if (typeof v === "string" && v.length > MAX_SHOWN) return `${JSON.stringify(v.slice(0, MAX_SHOWN))}...`;
   return JSON.stringify(v) ?? String(v);
