@@ -13,7 +13,7 @@ import { StopMatcher } from "../engine/generate/stops.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import type { ChatMessage } from "../engine/text/chat.ts";
 import { type ReplyEvent, ReplyReader, type ToolCall } from "../engine/text/xtml.ts";
-import type { ChatLogprobs, CompletionLogprobs, LogprobEntry } from "./openai.ts";
+import type { ChatLogprobs, CompletionLogprobs, LogprobEntry } from "./openai_response.ts";
 
 /** What a reply is read as. */
 export interface ReplyShape {

@@ -17,7 +17,8 @@ import { CHAT_DEFAULTS, checkSampling, GREEDY, type SamplingParams } from "../en
 import { chatPrompt, stopIds as chatStopIds } from "../engine/text/chat.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { intFlag, numFlag } from "./common.ts";
-import { ApiError, type ChatRequest, type CompletionRequest, type RequestSampling } from "./openai.ts";
+import { type ChatRequest, type CompletionRequest, type RequestSampling } from "./openai.ts";
+import { ApiError } from "./openai_error.ts";
 import type { GrammarSpec } from "../engine/generate/grammar/forms.ts";
 import { chatGrammar } from "./structured.ts";
 

@@ -13,7 +13,8 @@ import { ANY_JSON, compileSchema, compileToolParameters, SchemaError } from "../
 import { EXIT, usageError } from "../engine/errors.ts";
 import { readInputJson } from "../engine/native/files.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
-import { ApiError, type ChatRequest, schemaApiError } from "./openai.ts";
+import { type ChatRequest, schemaApiError } from "./openai.ts";
+import { ApiError } from "./openai_error.ts";
 
 /**
  * The grammar of a validated chat request: a forced tool call when `tool_choice` is

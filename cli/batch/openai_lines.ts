@@ -15,17 +15,9 @@ import type { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { MAX_PROMPT_IDS } from "../run_options.ts";
 import { MAX_TOKENS, openaiTask, type Task } from "../request.ts";
 import type { ReplyStream } from "../reply.ts";
-import {
-  ApiError,
-  chatCompletion,
-  completion,
-  errorBody,
-  finishReason,
-  parseChatRequest,
-  parseCompletionRequest,
-  toolCallBody,
-  usage,
-} from "../openai.ts";
+import { parseChatRequest, parseCompletionRequest } from "../openai.ts";
+import { chatCompletion, completion, finishReason, toolCallBody, usage } from "../openai_response.ts";
+import { ApiError, errorBody } from "../openai_error.ts";
 
 /** The endpoints a batch line may name. */
 export const BATCH_URLS = ["/v1/chat/completions", "/v1/completions"] as const;

@@ -8,7 +8,7 @@
  * @module
  */
 
-import { ApiError } from "../openai.ts";
+import { ApiError } from "../openai_error.ts";
 
 /** How the browser checks are set up. */
 export interface GuardOptions {

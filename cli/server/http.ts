@@ -2,7 +2,8 @@
  * The HTTP side of `k3 serve`: an OpenAI-compatible API on its own HTTP/1.1 layer
  * (cli/server/http1.ts: timeouts, a connection cap, a client's close seen in every
  * request shape) in front of the batching scheduler: routing, API keys, Host and Origin
- * checks (cli/server/guard.ts), limits, metrics and one log line per request.
+ * checks (cli/server/guard.ts), limits, counting for /metrics (cli/server/metrics.ts) and one
+ * log line per request.
  * Every generation request becomes one scheduler sequence (cli/server/tasks.ts), answered
  * as JSON or server-sent events (cli/server/stream.ts); a client that goes away aborts its
  * sequence; the number of requests waiting is bounded (429 beyond it); a shutdown stops
@@ -15,11 +16,13 @@
 
 import { createHash, timingSafeEqual } from "node:crypto";
 import { K3Error } from "../../engine/errors.ts";
-import { ApiError, errorBody, modelList, type ResponseHead } from "../openai.ts";
+import { modelList, type ResponseHead } from "../openai_response.ts";
+import { ApiError, errorBody } from "../openai_error.ts";
 import { type Emit, type Outcome, runTask, type ServeEngine, serveTask } from "./tasks.ts";
 import { ChunkWriter, completionBody, EventStream } from "./stream.ts";
 import { ClientGone, type Http1Limits, Http1Server } from "./http1.ts";
 import { acceptedHosts, checkHost, checkOrigin, corsHeaders, logSafe } from "./guard.ts";
+import { CLIENT_GONE, endpointLabel, Metrics } from "./metrics.ts";
 import {
   chatBodyOfResponses,
   modelObject,
@@ -87,23 +90,6 @@ export const DEFAULT_LIMITS: Http1Limits = {
   maxHeadBytes: 16384,
 };
 
-/** The endpoint labels of /metrics: a fixed set, whatever paths clients send. */
-const ENDPOINTS = [
-  "/health",
-  "/metrics",
-  "/v1/models",
-  "/v1/models/{id}",
-  "/v1/chat/completions",
-  "/v1/completions",
-  "/v1/responses",
-] as const;
-
-/** The /metrics label of a path: itself when known, else "other". */
-function endpointLabel(path: string): string {
-  if ((ENDPOINTS as readonly string[]).includes(path)) return path;
-  return path.startsWith("/v1/models/") ? "/v1/models/{id}" : "other";
-}
-
 /** The generation endpoints. */
 type Endpoint = "chat" | "completion" | "responses";
 
@@ -130,87 +116,6 @@ class HeaderedError extends ApiError {
     readonly headers: Record<string, string>,
   ) {
     super(status, message, null, code);
-  }
-}
-
-/** The status the log and /metrics give a request whose client went away (nginx's). */
-const CLIENT_GONE = 499;
-
-/** Counters and gauges for /metrics. */
-class Metrics {
-  readonly requests = new Map<string, number>();
-  promptTokens = 0;
-  completionTokens = 0;
-  decodeSeconds = 0;
-  decodeTokens = 0;
-  ttftSeconds = 0;
-  ttftCount = 0;
-  clientGone = 0;
-  internalErrors = 0;
-
-  count(endpoint: string, status: number): void {
-    if (status === CLIENT_GONE) return void this.clientGone++;
-    const key = `endpoint="${endpointLabel(endpoint)}",status="${status < 100 || status > 599 ? 0 : status}"`;
-    this.requests.set(key, (this.requests.get(key) ?? 0) + 1);
-  }
-
-  /** Prometheus text exposition format, version 0.0.4. */
-  text(engine: ServeEngine | undefined, inFlight: number, connections: number): string {
-    const out: string[] = [];
-    const metric = (name: string, type: string, help: string, rows: [string, number][]) => {
-      out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
-      for (const [labels, v] of rows) out.push(`${name}${labels ? `{${labels}}` : ""} ${v}`);
-    };
-    metric("k3_requests_total", "counter", "Requests answered, by endpoint and HTTP status.", [...this.requests]);
-    metric("k3_prompt_tokens_total", "counter", "Prompt tokens of generation requests.", [["", this.promptTokens]]);
-    metric("k3_completion_tokens_total", "counter", "Tokens generated.", [["", this.completionTokens]]);
-    metric("k3_requests_in_flight", "gauge", "Generation requests admitted and not yet answered.", [["", inFlight]]);
-    metric("k3_queue_length", "gauge", "Sequences waiting for a slot in the batch.", [[
-      "",
-      engine?.scheduler.queued ?? 0,
-    ]]);
-    metric("k3_sequences_in_flight", "gauge", "Sequences in the running batch.", [["", engine?.scheduler.active ?? 0]]);
-    metric("k3_read_bytes_total", "counter", "Bytes of weights read from disk.", [["", engine?.bytesRead() ?? 0]]);
-    metric("k3_decode_seconds_total", "counter", "Seconds spent generating tokens after the first.", [[
-      "",
-      this.decodeSeconds,
-    ]]);
-    metric("k3_decode_tokens_total", "counter", "Tokens generated after the first (seconds per token = ratio).", [[
-      "",
-      this.decodeTokens,
-    ]]);
-    metric("k3_time_to_first_token_seconds_total", "counter", "Seconds from admission to the first token.", [[
-      "",
-      this.ttftSeconds,
-    ]]);
-    metric("k3_time_to_first_token_count", "counter", "Requests that produced a first token.", [["", this.ttftCount]]);
-    metric("k3_client_disconnects_total", "counter", "Requests whose client went away or was cut off.", [[
-      "",
-      this.clientGone,
-    ]]);
-    metric("k3_internal_errors_total", "counter", "Requests answered 500 (each logged with its id).", [[
-      "",
-      this.internalErrors,
-    ]]);
-    metric("k3_connections", "gauge", "TCP connections open.", [["", connections]]);
-    const sc = engine?.stateCache?.stats;
-    if (sc) {
-      const stateCache: [string, string, string, [string, number][]][] = [
-        ["hits_total", "counter", "Requests continued from a kept state.", [["", sc.hits]]],
-        ["misses_total", "counter", "Requests with no kept prefix.", [["", sc.misses]]],
-        ["evictions_total", "counter", "Kept states evicted from RAM.", [["", sc.evictions]]],
-        ["bytes", "gauge", "Bytes of kept states, by tier.", [['tier="ram"', sc.bytes], ['tier="disk"', sc.diskBytes]]],
-        ["entries", "gauge", "Kept states, by tier.", [['tier="ram"', sc.entries], ['tier="disk"', sc.diskEntries]]],
-        ["disk_hits_total", "counter", "Hits read back from the spill directory.", [["", sc.diskHits]]],
-        ["refused_total", "counter", "Spill files refused (damaged) and recomputed.", [["", sc.refused]]],
-      ];
-      for (const [name, type, help, rows] of stateCache) metric(`k3_state_cache_${name}`, type, help, rows);
-      metric("k3_cached_prompt_tokens_total", "counter", "Prompt tokens served from kept states.", [[
-        "",
-        sc.cachedTokens,
-      ]]);
-    }
-    return out.join("\n") + "\n";
   }
 }
 
@@ -423,14 +328,7 @@ class HttpServer implements RunningServer {
       note.tokensIn = prompt.length;
       note.tokensOut = n;
       note.finish = o.result.finishReason;
-      metrics.promptTokens += prompt.length;
-      metrics.completionTokens += n;
-      if (n > 0) {
-        metrics.ttftSeconds += (firstAt - t0) / 1000;
-        metrics.ttftCount++;
-        metrics.decodeSeconds += (performance.now() - firstAt) / 1000;
-        metrics.decodeTokens += n - 1;
-      }
+      metrics.generated(prompt.length, n, (firstAt - t0) / 1000, (performance.now() - firstAt) / 1000);
     };
     const markFirst = () => (firstAt = performance.now());
     const run = async (emit: Emit): Promise<Outcome> => {
@@ -516,7 +414,7 @@ class HttpServer implements RunningServer {
     let errorId = "";
     const e = toApiError(err, () => (errorId = randomId("err-")));
     if (errorId) {
-      this.#metrics.internalErrors++;
+      this.#metrics.internalError();
       const what = err instanceof Error ? `${err.name}: ${err.message}` : String(err);
       this.#log(
         `k3: internal error ${errorId} (${note.id} ${req.method} ${logSafe(note.path)}): ${logSafe(what, 400)}`,

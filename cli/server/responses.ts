@@ -14,7 +14,9 @@
 
 import type { ReplyEvent } from "../../engine/text/xtml.ts";
 import type { ReplyStream } from "../reply.ts";
-import { ApiError, type ChatRequest, errorBody, type ModelList, modelList } from "../openai.ts";
+import { type ChatRequest } from "../openai.ts";
+import { type ModelList, modelList } from "../openai_response.ts";
+import { ApiError, errorBody } from "../openai_error.ts";
 import type { Outcome } from "./tasks.ts";
 
 /** A JSON object as built and parsed here. */

@@ -10,27 +10,29 @@
 
 import type { TokenLogprob } from "../../engine/generate/logprobs.ts";
 import type { ReplyEvent } from "../../engine/text/xtml.ts";
+import { type ChatRequest, type CompletionRequest } from "../openai.ts";
 import {
-  type ApiError,
   chatChunk,
   type ChatCompletion,
   chatCompletion,
   type ChatDelta,
-  type ChatRequest,
   type Completion,
   completion,
   completionChunk,
-  type CompletionRequest,
-  errorBody,
   finishReason,
   type ResponseHead,
-  sse,
   toolCallBody,
   usage,
   usageChunk,
-} from "../openai.ts";
+} from "../openai_response.ts";
+import { type ApiError, errorBody } from "../openai_error.ts";
 import type { ReplyStream } from "../reply.ts";
 import type { Outcome } from "./tasks.ts";
+
+/** One server-sent event carrying `data` (JSON, or the literal [DONE]). */
+function sse(data: unknown): string {
+  return `data: ${data === "[DONE]" ? data : JSON.stringify(data)}\n\n`;
+}
 
 /** The JSON body of a finished, unstreamed request (`promptTokens`: its prompt's length). */
 export function completionBody(

@@ -15,13 +15,8 @@ import type { ReplyEvent } from "../../engine/text/xtml.ts";
 import { chatCachePoints, type StateCache } from "../../engine/generate/state_cache.ts";
 import type { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { K3Error } from "../../engine/errors.ts";
-import {
-  ApiError,
-  type ChatRequest,
-  type CompletionRequest,
-  parseChatRequest,
-  parseCompletionRequest,
-} from "../openai.ts";
+import { type ChatRequest, type CompletionRequest, parseChatRequest, parseCompletionRequest } from "../openai.ts";
+import { ApiError } from "../openai_error.ts";
 import { openaiTask, type Task } from "../request.ts";
 import { type ReplyShape, ReplyStream, shownMessage } from "../reply.ts";
 import { sequenceConstraint } from "../structured.ts";

@@ -8,6 +8,7 @@
  */
 
 import { EXIT, K3Error } from "../errors.ts";
+import { JsonFields, type NumberRange, problemText } from "../json_fields.ts";
 import { expectDirectory } from "../paths.ts";
 import { readInputJson } from "../native/files.ts";
 
@@ -71,94 +72,18 @@ const MAX_LAYERS = 4096;
 const MAX_WIDTH = 1 << 16;
 const MAX_VOCAB = 1 << 22;
 const MAX_INTERMEDIATE = 1 << 20;
-/** Float ranges (the released model: KDA decay bound -5, routed scaling 1, SiTU caps 4 and 25). */
-const GATE_BOUND_RANGE = [-1000, 0] as const;
-const SCALE_RANGE = [0, 1000] as const;
+/**
+ * Float ranges, open below (the released model: KDA decay bound -5, routed scaling 1, SiTU
+ * caps 4 and 25): where the math needs a sign or a scale, a value outside would run as
+ * another model, so it is refused instead.
+ */
+const GATE_BOUND_RANGE: NumberRange = { min: -1000, max: 0, minOpen: true };
+const SCALE_RANGE: NumberRange = { min: 0, max: 1000, minOpen: true };
 
-class FieldReader {
-  problems: string[] = [];
-  constructor(readonly obj: Record<string, unknown>, readonly prefix: string) {}
-
-  private raw(name: string): unknown {
-    if (!(name in this.obj)) {
-      this.problems.push(`${this.prefix}${name} (missing)`);
-      return undefined;
-    }
-    return this.obj[name];
-  }
-
-  /** An integer in [min, max]: every size gets a sane range before anything is sized by it. */
-  int(name: string, min: number, max: number): number {
-    const v = this.raw(name);
-    if (v === undefined) return 0;
-    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < min || v > max) {
-      this.problems.push(`${this.prefix}${name} (expected an integer in ${min}..${max}, got ${JSON.stringify(v)})`);
-      return 0;
-    }
-    return v;
-  }
-
-  num(name: string): number {
-    const v = this.raw(name);
-    if (v === undefined) return 0;
-    if (typeof v !== "number" || !Number.isFinite(v)) {
-      this.problems.push(`${this.prefix}${name} (expected a number, got ${JSON.stringify(v)})`);
-      return 0;
-    }
-    return v;
-  }
-
-  /**
-   * A finite number in the open-closed range (lo, hi]: where the math needs a sign or a
-   * scale, a value outside it would run as another model, so it is refused instead.
-   */
-  numIn(name: string, lo: number, hi: number): number {
-    const v = this.num(name);
-    if (name in this.obj && typeof this.obj[name] === "number" && Number.isFinite(v) && !(v > lo && v <= hi)) {
-      this.problems.push(`${this.prefix}${name} (expected a number in (${lo}, ${hi}], got ${JSON.stringify(v)})`);
-    }
-    return v;
-  }
-
-  bool(name: string): boolean {
-    const v = this.raw(name);
-    if (v === undefined) return false;
-    if (typeof v !== "boolean") {
-      this.problems.push(`${this.prefix}${name} (expected true or false, got ${JSON.stringify(v)})`);
-      return false;
-    }
-    return v;
-  }
-
-  str(name: string): string {
-    const v = this.raw(name);
-    if (v === undefined) return "";
-    if (typeof v !== "string") {
-      this.problems.push(`${this.prefix}${name} (expected a string, got ${JSON.stringify(v)})`);
-      return "";
-    }
-    return v;
-  }
-
-  intList(name: string): number[] {
-    const v = this.raw(name);
-    if (v === undefined) return [];
-    if (!Array.isArray(v) || v.length > MAX_LAYERS || !v.every((x) => Number.isSafeInteger(x))) {
-      this.problems.push(`${this.prefix}${name} (expected a list of at most ${MAX_LAYERS} integers)`);
-      return [];
-    }
-    return v as number[];
-  }
-
-  object(name: string): Record<string, unknown> {
-    const v = this.raw(name);
-    if (v === undefined) return {};
-    if (typeof v !== "object" || v === null || Array.isArray(v)) {
-      this.problems.push(`${this.prefix}${name} (expected an object)`);
-      return {};
-    }
-    return v as Record<string, unknown>;
-  }
+/** A one-based list of layers (its range is checked against the layer count later). */
+function layerList(f: JsonFields, k: string): number[] {
+  const list = f.array(k, { maxLength: MAX_LAYERS });
+  return Array.from({ length: list?.length ?? 0 }, (_, i) => list!.int(i) ?? 0);
 }
 
 function findGroupSize(v: unknown): number | undefined {
@@ -181,85 +106,83 @@ function isObject(v: unknown): v is Record<string, unknown> {
  */
 export function parseConfig(json: unknown, source = "config.json"): K3Config {
   if (!isObject(json)) throw new K3Error(`${source}: not a JSON object`, EXIT.usage);
-  const root = new FieldReader(json, "");
-  const text = new FieldReader(root.object("text_config"), "text_config.");
-  const lin = new FieldReader(text.object("linear_attn_config"), "text_config.linear_attn_config.");
+  const problems: string[] = [];
+  const cannotRead = () => new K3Error(`${source}: cannot read the model config: ${problems.join("; ")}`, EXIT.usage);
+  // Every field is read and every problem collected, so one error names them all; a field
+  // with a problem reads as 0 (or empty) until then.
+  const root = JsonFields.root(json, { absent: "missing", report: (p) => problems.push(problemText(p)) })!;
+  const text = root.object("text_config");
+  const lin = text?.object("linear_attn_config");
+  if (!text || !lin) throw cannotRead();
   // quantization_config sits in text_config in the raw release, at the root in some dumps.
-  const quantSrc = isObject(text.obj.quantization_config)
-    ? {
-      reader: new FieldReader(text.obj.quantization_config, "text_config.quantization_config."),
-      obj: text.obj.quantization_config,
-    }
+  const quant = isObject(text.get("quantization_config"))
+    ? text.object("quantization_config")
     : isObject(json.quantization_config)
-    ? { reader: new FieldReader(json.quantization_config, "quantization_config."), obj: json.quantization_config }
+    ? root.object("quantization_config")
     : undefined;
 
-  const numLayers = text.int("num_hidden_layers", 1, MAX_LAYERS);
+  const numLayers = text.int("num_hidden_layers", 1, MAX_LAYERS) ?? 0;
   const cfg: K3Config = {
-    hiddenSize: text.int("hidden_size", 1, MAX_WIDTH),
+    hiddenSize: text.int("hidden_size", 1, MAX_WIDTH) ?? 0,
     numLayers,
-    vocabSize: text.int("vocab_size", 1, MAX_VOCAB),
-    rmsNormEps: text.num("rms_norm_eps"),
+    vocabSize: text.int("vocab_size", 1, MAX_VOCAB) ?? 0,
+    rmsNormEps: text.number("rms_norm_eps") ?? 0,
     layerKinds: [],
     kda: {
-      numHeads: lin.int("num_heads", 1, 4096),
-      headDim: lin.int("head_dim", 1, 4096),
-      convKernel: lin.int("short_conv_kernel_size", 1, 64),
+      numHeads: lin.int("num_heads", 1, 4096) ?? 0,
+      headDim: lin.int("head_dim", 1, 4096) ?? 0,
+      convKernel: lin.int("short_conv_kernel_size", 1, 64) ?? 0,
       // The decay bound is a log-space floor: negative, or the state would grow.
-      gateLowerBound: lin.numIn("gate_lower_bound", ...GATE_BOUND_RANGE),
+      gateLowerBound: lin.number("gate_lower_bound", GATE_BOUND_RANGE) ?? 0,
     },
     mla: {
-      numHeads: text.int("num_attention_heads", 1, 4096),
-      qLoraRank: text.int("q_lora_rank", 1, MAX_WIDTH),
-      kvLoraRank: text.int("kv_lora_rank", 1, MAX_WIDTH),
-      nopeDim: text.int("qk_nope_head_dim", 1, 4096),
-      ropeDim: text.int("qk_rope_head_dim", 0, 4096),
-      vDim: text.int("v_head_dim", 1, 4096),
+      numHeads: text.int("num_attention_heads", 1, 4096) ?? 0,
+      qLoraRank: text.int("q_lora_rank", 1, MAX_WIDTH) ?? 0,
+      kvLoraRank: text.int("kv_lora_rank", 1, MAX_WIDTH) ?? 0,
+      nopeDim: text.int("qk_nope_head_dim", 1, 4096) ?? 0,
+      ropeDim: text.int("qk_rope_head_dim", 0, 4096) ?? 0,
+      vDim: text.int("v_head_dim", 1, 4096) ?? 0,
     },
     moe: {
-      numExperts: text.int("num_experts", 1, MAX_WIDTH),
-      topK: text.int("num_experts_per_token", 1, 1024),
-      numShared: text.int("num_shared_experts", 0, 64),
-      latent: text.int("routed_expert_hidden_size", 1, MAX_WIDTH),
-      intermediate: text.int("moe_intermediate_size", 1, MAX_INTERMEDIATE),
-      routedScaling: text.numIn("routed_scaling_factor", ...SCALE_RANGE),
+      numExperts: text.int("num_experts", 1, MAX_WIDTH) ?? 0,
+      topK: text.int("num_experts_per_token", 1, 1024) ?? 0,
+      numShared: text.int("num_shared_experts", 0, 64) ?? 0,
+      latent: text.int("routed_expert_hidden_size", 1, MAX_WIDTH) ?? 0,
+      intermediate: text.int("moe_intermediate_size", 1, MAX_INTERMEDIATE) ?? 0,
+      routedScaling: text.number("routed_scaling_factor", SCALE_RANGE) ?? 0,
     },
-    firstKDense: text.int("first_k_dense_replace", 0, MAX_LAYERS),
-    denseIntermediate: text.int("intermediate_size", 1, MAX_INTERMEDIATE),
-    attnResBlock: text.int("attn_res_block_size", 1, MAX_LAYERS),
+    firstKDense: text.int("first_k_dense_replace", 0, MAX_LAYERS) ?? 0,
+    denseIntermediate: text.int("intermediate_size", 1, MAX_INTERMEDIATE) ?? 0,
+    attnResBlock: text.int("attn_res_block_size", 1, MAX_LAYERS) ?? 0,
     // SiTU's caps divide and multiply: positive, and small enough to cap anything.
-    situBeta: text.numIn("activation_situ_beta", ...SCALE_RANGE),
-    situLinearBeta: text.numIn("activation_situ_linear_beta", ...SCALE_RANGE),
-    bosId: root.int("bos_token_id", 0, MAX_VOCAB),
-    eosId: root.int("eos_token_id", 0, MAX_VOCAB),
+    situBeta: text.number("activation_situ_beta", SCALE_RANGE) ?? 0,
+    situLinearBeta: text.number("activation_situ_linear_beta", SCALE_RANGE) ?? 0,
+    bosId: root.int("bos_token_id", 0, MAX_VOCAB) ?? 0,
+    eosId: root.int("eos_token_id", 0, MAX_VOCAB) ?? 0,
     quantGroup: 0,
   };
-  const fullAttn = lin.intList("full_attn_layers");
-  const kdaLayers = lin.intList("kda_layers");
-  const mlaGate = text.bool("mla_use_output_gate");
-  const renormalize = text.bool("moe_renormalize");
-  const latentNorm = text.bool("latent_moe_use_norm");
-  const routerAct = text.str("moe_router_activation_func");
+  const fullAttn = layerList(lin, "full_attn_layers");
+  const kdaLayers = layerList(lin, "kda_layers");
+  const mlaGate = text.boolean("mla_use_output_gate");
+  const renormalize = text.boolean("moe_renormalize");
+  const latentNorm = text.boolean("latent_moe_use_norm");
+  const routerAct = text.string("moe_router_activation_func");
   const groups = text.int("num_expert_group", 1, MAX_WIDTH);
   const topkGroup = text.int("topk_group", 1, MAX_WIDTH);
-  const problems = [...root.problems, ...text.problems, ...lin.problems];
-  if (!quantSrc) {
-    problems.push("text_config.quantization_config (missing)");
+  if (!quant) {
+    problems.push("text_config.quantization_config is missing (expected an object)");
   } else {
     // compressed-tensors puts group_size in config_groups.<name>.weights; find it there.
-    const q = quantSrc.reader;
-    const fmt = quantSrc.obj.format;
-    cfg.quantGroup = findGroupSize(quantSrc.obj) ?? 0;
+    const fmt = quant.get("format");
+    cfg.quantGroup = findGroupSize(quant.value) ?? 0;
     if (typeof fmt === "string" && !fmt.includes("mxfp4")) {
-      problems.push(`${q.prefix}format (expected an mxfp4 format, got ${JSON.stringify(fmt)})`);
+      problems.push(`${quant.name("format")}: expected an mxfp4 format, got ${JSON.stringify(fmt)}`);
     }
     if (cfg.quantGroup !== 32) {
-      problems.push(`${q.prefix}...group_size (expected 32, got ${cfg.quantGroup || "none"})`);
+      problems.push(`${quant.name("...group_size")}: expected 32, got ${cfg.quantGroup || "none"}`);
     }
   }
-  if (problems.length) {
-    throw new K3Error(`${source}: cannot read the model config: ${problems.join("; ")}`, EXIT.usage);
-  }
+  if (problems.length) throw cannotRead();
 
   // Values that are present but that this engine cannot run as the released model does.
   const bad: string[] = [];

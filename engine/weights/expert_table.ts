@@ -27,6 +27,7 @@
 
 import type { K3Config } from "../model/config.ts";
 import { K3Error } from "../errors.ts";
+import { hexDigits, JsonFields, problemText } from "../json_fields.ts";
 import { notRegular, readInputText, statKind, writeFailure, writeFileDurable } from "../native/files.ts";
 import { CHECKSUM, hex64, IoFile } from "../native/io.ts";
 import { type Kernels } from "../native/ffi.ts";
@@ -71,8 +72,6 @@ export interface ExpertTable {
 }
 
 const isObj = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
-const int = (v: unknown, min: number, max: number) =>
-  Number.isSafeInteger(v) && (v as number) >= min && (v as number) <= max;
 
 /** Parses a table and checks its whole structure (K3Error exit 1 naming the problem). */
 export function parseExpertTable(text: string, path: string): ExpertTable {
@@ -86,25 +85,22 @@ export function parseExpertTable(text: string, path: string): ExpertTable {
     return bad(`invalid JSON (${(e as Error).message})`);
   }
   if (!isObj(j)) return bad("not an object");
-  if (j.format !== TABLE_FORMAT) bad(`format ${JSON.stringify(j.format)}, expected ${JSON.stringify(TABLE_FORMAT)}`);
+  // The first problem throws, so every field read below is there and of its type.
+  const f = JsonFields.root(j, { absent: "missing", report: (p) => bad(problemText(p)) })!;
+  f.oneOf("format", [TABLE_FORMAT]);
   if (j.version !== TABLE_VERSION) {
     bad(`version ${JSON.stringify(j.version)}, this k3 reads version ${TABLE_VERSION} (digests of tensor checks)`);
   }
-  if (j.checksum !== CHECKSUM) bad(`checksum ${JSON.stringify(j.checksum)}, expected "${CHECKSUM}"`);
-  if (typeof j.fingerprint !== "string" || !/^[0-9a-f]{32}$/.test(j.fingerprint)) bad("no fingerprint");
-  if (typeof j.sample !== "string" || !/^[0-9a-f]{16}$/.test(j.sample)) bad("no weight sample hash");
-  if (!int(j.layers, 1, 1 << 16) || !int(j.experts, 1, 1 << 16) || !int(j.first, 0, j.layers as number)) {
-    bad("layers, experts and first must be integers with 0 <= first <= layers");
-  }
+  f.oneOf("checksum", [CHECKSUM]);
+  f.string("fingerprint", hexDigits(32));
+  f.string("sample", hexDigits(16));
+  const layers = f.int("layers", 1, 1 << 16)!, experts = f.int("experts", 1, 1 << 16)!;
+  const first = f.int("first", 0, layers)!;
+  const digests = f.array("digests", { length: layers })!;
+  const dense = { pattern: /^$/, what: '"" (a dense layer has no expert digests)' };
+  const moe = { pattern: hexDigits(16 * experts).pattern, what: `${experts} digests of 16 hex digits` };
+  for (let L = 0; L < layers; L++) digests.string(L, L < first ? dense : moe);
   const t = j as unknown as ExpertTable;
-  if (!Array.isArray(t.digests) || t.digests.length !== t.layers) bad(`needs ${t.layers} digest strings`);
-  const hex = new RegExp(`^[0-9a-f]{${16 * t.experts}}$`);
-  for (const [L, d] of t.digests.entries()) {
-    if (typeof d !== "string") bad(`layer ${L}: digests not a string`);
-    if (L < t.first ? d !== "" : !hex.test(d)) {
-      bad(`layer ${L}: ${L < t.first ? "a dense layer has no expert digests" : `needs ${t.experts} digests`}`);
-    }
-  }
   return t;
 }
 

@@ -49,6 +49,7 @@
 
 import { type K3Config } from "../model/config.ts";
 import { EXIT, K3Error } from "../errors.ts";
+import { hexDigits, JsonFields, problemText } from "../json_fields.ts";
 import { directoryProblem } from "../paths.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { ALIGN, alignUp, CHECKSUM, hashHex, IoFile } from "../native/io.ts";
@@ -113,7 +114,9 @@ export interface TrunkManifest {
   head: Region;
 }
 
-const HEX16 = /^[0-9a-f]{16}$/;
+const HEX16 = hexDigits(16);
+/** A tensor name as a manifest may hold one. */
+const TENSOR_NAME = { pattern: /^.{1,256}$/s, what: "a name of 1 to 256 characters" };
 const isObj = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
 /** The largest number of layers, width or vocabulary a manifest may claim (sanity bounds). */
 const MAX_DIM = 1 << 24;
@@ -140,9 +143,9 @@ export function parseManifest(text: string, path: string): TrunkManifest {
     return bad(`invalid JSON (${(e as Error).message})`);
   }
   if (!isObj(j)) return bad("not an object");
-  if (j.format !== FORMAT) {
-    bad(`format ${JSON.stringify(j.format)}, expected ${JSON.stringify(FORMAT)}`);
-  }
+  // The first problem throws, so every field read below is there and of its type.
+  const f = JsonFields.root(j, { absent: "missing", report: (p) => bad(problemText(p)) })!;
+  f.oneOf("format", [FORMAT]);
   if (j.version !== VERSION && j.version !== OLDEST_READ) {
     bad(
       `version ${
@@ -152,44 +155,35 @@ export function parseManifest(text: string, path: string): TrunkManifest {
   }
   const m = j as unknown as TrunkManifest;
   if (j.version === OLDEST_READ) readAsRaw(m);
-  if (m.codec !== "raw" && m.codec !== "split") bad(`codec ${JSON.stringify(m.codec)}, expected "raw" or "split"`);
+  f.oneOf("codec", ["raw", "split"]);
   const int = (v: unknown, min: number, max: number) =>
     Number.isSafeInteger(v) && (v as number) >= min && (v as number) <= max;
-  if (typeof m.fingerprint !== "string" || !/^[0-9a-f]{32}$/.test(m.fingerprint)) bad("no fingerprint");
-  if (typeof m.sample !== "string" || !HEX16.test(m.sample)) bad("no weight sample hash");
-  if (m.checksum !== CHECKSUM) bad(`checksum ${JSON.stringify(m.checksum)}, expected "${CHECKSUM}"`);
-  if (!int(m.layers, 1, MAX_DIM) || !int(m.hidden, 1, MAX_DIM) || !int(m.vocab, 1, MAX_DIM)) {
-    bad("layers, hidden and vocab must be positive integers");
-  }
-  if (!int(m.piece, ALIGN, 1 << 30) || m.piece % ALIGN !== 0) {
+  f.string("fingerprint", hexDigits(32));
+  f.string("sample", hexDigits(16));
+  f.oneOf("checksum", [CHECKSUM]);
+  for (const k of ["layers", "hidden", "vocab"]) f.int(k, 1, MAX_DIM);
+  if (f.int("piece", ALIGN, 1 << 30)! % ALIGN !== 0) {
     bad(`piece ${JSON.stringify(m.piece)} is not a multiple of ${ALIGN}`);
   }
-  if (
-    !isObj(m.data) || m.data.file !== DATA_FILE || !int(m.data.bytes, 0, Number.MAX_SAFE_INTEGER) ||
-    m.data.align !== ALIGN
-  ) {
-    bad("bad data section");
-  }
-  if (!Array.isArray(m.layer) || m.layer.length !== m.layers) {
-    bad("layer table does not match the layer count");
-  }
+  const data = f.object("data")!;
+  data.oneOf("file", [DATA_FILE]);
+  data.int("bytes", 0);
+  data.oneOf("align", [ALIGN]);
+  f.array("layer", { length: m.layers });
   let at = 0;
   for (const [what, r] of regionsOf(m)) {
     const rb = (why: string) => bad(`${what}: ${why}`);
     if (!isObj(r)) return rb("not an object");
+    const rf = JsonFields.root(r, { absent: "missing", report: (p) => rb(problemText(p)) })!;
     if (r.offset !== at) rb(`offset ${JSON.stringify(r.offset)}, expected ${at} (regions are back to back)`);
-    if (!int(r.bytes, 1, Number.MAX_SAFE_INTEGER)) rb(`bytes ${JSON.stringify(r.bytes)}`);
+    rf.int("bytes", 1);
     if (r.size !== Math.max(ALIGN, alignUp(r.bytes))) {
       rb(`size ${JSON.stringify(r.size)}, expected its bytes padded to ${ALIGN}`);
     }
-    if (typeof r.hash !== "string" || !HEX16.test(r.hash)) rb("bad hash");
+    rf.string("hash", HEX16);
     const npieces = Math.ceil(r.size / m.piece);
-    if (
-      !Array.isArray(r.pieces) || r.pieces.length !== npieces ||
-      !r.pieces.every((h) => typeof h === "string" && HEX16.test(h))
-    ) {
-      rb(`needs ${npieces} piece hashes`);
-    }
+    const pieces = rf.array("pieces", { length: npieces })!;
+    for (let i = 0; i < npieces; i++) pieces.string(i, HEX16);
     if (!Array.isArray(r.stored) || r.stored.length !== npieces || !Array.isArray(r.storedPieces)) {
       rb(`needs ${npieces} stored sizes and hashes`);
     }
@@ -201,7 +195,7 @@ export function parseManifest(text: string, path: string): TrunkManifest {
           `piece ${i}: stored ${JSON.stringify(st)} bytes, expected ${coded ? "a multiple of 4096 up to" : ""} ${len}`,
         );
       }
-      if (typeof h !== "string" || !HEX16.test(h) || (st === len && h !== r.pieces[i])) {
+      if (typeof h !== "string" || !HEX16.pattern.test(h) || (st === len && h !== r.pieces[i])) {
         rb(`piece ${i}: bad stored hash`);
       }
     }
@@ -209,22 +203,22 @@ export function parseManifest(text: string, path: string): TrunkManifest {
     let end = 0;
     for (const [i, t] of r.tensors.entries()) {
       const tb = (why: string) => rb(`tensor ${i}: ${why}`);
-      if (!isObj(t) || typeof t.name !== "string" || t.name.length === 0 || t.name.length > 256) return tb("bad name");
-      if (t.keep !== "matrix" && t.keep !== "vector") tb(`keep ${JSON.stringify(t.keep)}`);
+      if (!isObj(t)) return tb("not an object");
+      const tf = JsonFields.root(t, { absent: "missing", report: (p) => tb(problemText(p)) })!;
+      tf.string("name", TENSOR_NAME);
+      tf.oneOf("keep", ["matrix", "vector"]);
       if (t.dtype !== "F32" && (t.dtype !== "BF16" || t.keep !== "matrix")) {
         tb(`dtype ${JSON.stringify(t.dtype)} for a ${t.keep}`);
       }
-      if (
-        !Array.isArray(t.shape) || t.shape.length < 1 || t.shape.length > 4 || !t.shape.every((d) => int(d, 1, MAX_DIM))
-      ) {
-        tb(`bad shape ${JSON.stringify(t.shape)}`);
-      }
+      const shape = tf.array("shape", { maxLength: 4 })!;
+      if (shape.length < 1) tb("shape: expected 1 to 4 dimensions, got none");
+      for (let d = 0; d < shape.length; d++) shape.int(d, 1, MAX_DIM);
       const want = t.shape.reduce((a, b) => a * b, 1) * (t.dtype === "F32" ? 4 : 2);
       if (t.bytes !== want) {
         tb(`bytes ${JSON.stringify(t.bytes)}, but ${t.dtype} ${JSON.stringify(t.shape)} takes ${want}`);
       }
       if (checkRows(t).rowbytes > MAX_ROW_BYTES) tb(`rows of over ${MAX_ROW_BYTES} bytes`);
-      if (typeof t.check !== "string" || !HEX16.test(t.check)) tb("bad check");
+      tf.string("check", HEX16);
       const off = Math.ceil(end / TENSOR_ALIGN) * TENSOR_ALIGN;
       if (t.offset !== off) tb(`offset ${JSON.stringify(t.offset)}, expected ${off}`);
       end = off + want;

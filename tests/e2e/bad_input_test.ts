@@ -127,7 +127,7 @@ Deno.test("config without a field: exit 2 naming it", async () => {
   assertRefused(
     out,
     2,
-    /text_config\.hidden_size \(missing\).*text_config\.linear_attn_config\.gate_lower_bound \(missing\)/,
+    /text_config\.hidden_size is missing.*text_config\.linear_attn_config\.gate_lower_bound is missing/,
   );
 });
 
@@ -137,7 +137,7 @@ Deno.test("config with a mistyped field, unreadable JSON, zero-based layer list:
     cfg.text_config.num_experts = "8";
     await Deno.writeTextFile(`${dir}/config.json`, JSON.stringify(cfg));
   });
-  assertRefused(mistyped, 2, /text_config\.num_experts \(expected an integer/);
+  assertRefused(mistyped, 2, /text_config\.num_experts: expected an integer/);
   const garbage = await runDamaged(async (dir) => {
     await Deno.writeTextFile(`${dir}/config.json`, "{ not json");
   });

@@ -149,13 +149,13 @@ Deno.test("expert table: a foreign, other-weights, stale-version or damaged expe
     ["other weights", (tb) => void (tb.sample = "0123456789abcdef"), /made from different weights/],
     ["a later version", (tb) => void (tb.version = 3), /version 3, this k3 reads version 2/],
     ["version 1 (k3w64 of each tensor's bytes)", (tb) => void (tb.version = 1), /version 1, this k3 reads version 2/],
-    ["another checksum", (tb) => void (tb.checksum = "k3h64"), /checksum "k3h64"/],
+    ["another checksum", (tb) => void (tb.checksum = "k3h64"), /checksum: expected "k3w64", got "k3h64"/],
     [
       "a digest cut short",
       (tb) => void ((tb.digests as string[])[4] = (tb.digests as string[])[4].slice(1)),
-      /layer 4: needs 8 digests/,
+      /digests\[4\]: expected 8 digests of 16 hex digits/,
     ],
-    ["fewer layers", (tb) => void (tb.layers = 12), /needs 12 digest strings|describes/],
+    ["fewer layers", (tb) => void (tb.layers = 12), /digests: expected an array of 12 items|describes/],
   ];
   for (const [what, change, why] of cases) {
     const tb = structuredClone(clean) as unknown as Record<string, unknown>;

@@ -75,15 +75,15 @@ Deno.test("config: every size has a sane range, checked before anything is sized
     [
       "layers 2^31",
       (c) => void (c.text_config.num_hidden_layers = 2 ** 31),
-      /num_hidden_layers \(expected an integer in 1\.\.4096/,
+      /num_hidden_layers: expected an integer in 1\.\.4096/,
     ],
-    ["hidden 1e300", (c) => void (c.text_config.hidden_size = 1e300), /hidden_size \(expected an integer/],
+    ["hidden 1e300", (c) => void (c.text_config.hidden_size = 1e300), /hidden_size: expected an integer/],
     ["vocab 2^40", (c) => void (c.text_config.vocab_size = 2 ** 40), /vocab_size/],
     ["experts 2^31", (c) => void (c.text_config.num_experts = 2 ** 31), /num_experts/],
     ["eos outside the vocabulary", (c) => void (c.eos_token_id = 1 << 20), /eos_token_id .* outside the vocabulary/],
     ["layer list of a million", (c) => {
       (c.text_config.linear_attn_config as Record<string, unknown>).kda_layers = new Array(1e6).fill(1);
-    }, /kda_layers \(expected a list of at most/],
+    }, /kda_layers: expected an array of at most/],
     ["eps 10", (c) => void (c.text_config.rms_norm_eps = 10), /rms_norm_eps/],
   ];
   for (const [what, edit, why] of cases) {

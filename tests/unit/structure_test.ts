@@ -67,7 +67,11 @@ export function importGraph(root: string, roots: string[]): Graph {
 
 /** engine/'s layers, bottom first: a file's layer and its group (folders of one rank are apart). */
 const LAYERS: { group: string; rank: number; holds: (f: string) => boolean }[] = [
-  { group: "base", rank: 0, holds: (f) => f === "engine/errors.ts" || f === "engine/paths.ts" },
+  {
+    group: "base",
+    rank: 0,
+    holds: (f) => f === "engine/errors.ts" || f === "engine/paths.ts" || f === "engine/json_fields.ts",
+  },
   { group: "native", rank: 1, holds: (f) => f.startsWith("engine/native/") },
   { group: "text", rank: 2, holds: (f) => f.startsWith("engine/text/") },
   { group: "model", rank: 2, holds: (f) => f.startsWith("engine/model/") },
