@@ -6,7 +6,7 @@
  * @module
  */
 
-import { type ModelConfig, openModel, type OpenedModel, type OpenOptions } from "../engine/open.ts";
+import { type ModelConfig, type OpenedModel, openModel, type OpenOptions } from "../engine/open.ts";
 import { Interrupts } from "./interrupt.ts";
 
 /** When the signals are taken over, and what a second one does. */

@@ -15,7 +15,6 @@ import { K3Error, usageError } from "../engine/errors.ts";
 import { CHAT_DEFAULTS, checkSampling, GREEDY, type SamplingParams } from "../engine/generate/sampling.ts";
 import { chatPrompt, stopIds as chatStopIds } from "../engine/text/chat.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
-import { intFlag, numFlag } from "./common.ts";
 import { ApiError, type ChatRequest, type CompletionRequest, type RequestSampling } from "./openai.ts";
 import type { GrammarSpec } from "../engine/generate/grammar/forms.ts";
 import { chatGrammar } from "./structured.ts";

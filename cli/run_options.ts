@@ -122,4 +122,3 @@ export function promptIds(src: PromptSource, vocab: number, tokenizer: () => Tok
   if (ids.length > MAX_PROMPT_IDS) throw usageError(`the prompt has ${ids.length} ids, at most ${MAX_PROMPT_IDS}`);
   return Promise.resolve(ids);
 }
-

@@ -32,7 +32,11 @@ export const STATE_CACHE_GROUP: FlagGroup = {
       help: "write states evicted from RAM here (saved-state files, verified\n" +
         "when read back; a restart finds them again)",
     },
-    "state-cache-disk-gb": { type: "string", value: "X", help: "GB of spill files at most (default 50; oldest used go first)" },
+    "state-cache-disk-gb": {
+      type: "string",
+      value: "X",
+      help: "GB of spill files at most (default 50; oldest used go first)",
+    },
   },
 };
 

@@ -22,7 +22,12 @@ export const GENERATION_GROUP: FlagGroup = {
       type: "boolean",
       help: "recompute the whole sequence every step instead (same tokens, slower)",
     },
-    "stop-id": { type: "string", multiple: true, value: "ID", help: "stop after this id (repeatable; none by default)" },
+    "stop-id": {
+      type: "string",
+      multiple: true,
+      value: "ID",
+      help: "stop after this id (repeatable; none by default)",
+    },
     stop: {
       type: "string",
       multiple: true,

@@ -72,7 +72,11 @@ const SAVED_STATE_GROUP: FlagGroup = {
       value: "F",
       help: "after the prompt and any generation, save the sequence state to F\n(--gen 0 runs the prompt only)",
     },
-    "load-state": { type: "string", value: "F", help: "continue the state saved in F; the prompt is the suffix to add" },
+    "load-state": {
+      type: "string",
+      value: "F",
+      help: "continue the state saved in F; the prompt is the suffix to add",
+    },
   },
 };
 
