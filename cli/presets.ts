@@ -8,24 +8,30 @@
 import { usageError } from "../engine/errors.ts";
 import { estimatedInput, makePlan, type MemoryPlan, PRESETS, releasedK3 } from "../engine/weights/plan.ts";
 import { bytesText, memoryAvailability } from "../engine/native/available.ts";
-import { parseFlags } from "./common.ts";
+import { commandFlags } from "./flags.ts";
 import { reportHead, snakeKeys } from "./report.ts";
 
-/** Usage text of `k3 presets`. */
-export const USAGE = `usage: k3 presets [--positions N] [--json]
+/** `k3 presets`' flags and help. */
+export const PRESETS_FLAGS = commandFlags({
+  name: "presets",
+  head: `usage: k3 presets [--positions N] [--json]
 
 Lists the memory presets (--preset NAME of k3 run) and what the memory plan gives the
 full 93-layer Kimi K3 at each with a packed trunk (--trunk): trunk layers pinned, the
-read-ahead ring, expert-cache slots and the KV cache per position.
-
-  --positions N   positions the plan holds (default 4096)
-  --json          the plans as JSON
-  -h, --help      this help
-
-examples:
+read-ahead ring, expert-cache slots and the KV cache per position.`,
+  groups: [{
+    name: "presets",
+    title: "",
+    column: 18,
+    flags: {
+      positions: { type: "string", value: "N", help: "positions the plan holds (default 4096)" },
+      json: { type: "boolean", help: "the plans as JSON" },
+    },
+  }],
+  tail: `examples:
   k3 presets
-  k3 presets --positions 32768 --json
-`;
+  k3 presets --positions 32768 --json`,
+});
 
 /** The plan of the released model at a preset (auto: from this machine's MemAvailable). */
 export function releasedPlan(preset: string, positions: number): MemoryPlan | string {
@@ -51,13 +57,9 @@ export function releasedPlan(preset: string, positions: number): MemoryPlan | st
 /** Runs `k3 presets`; returns the exit code. */
 // deno-lint-ignore require-await -- every subcommand returns a Promise for the dispatcher
 export async function main(args: string[]): Promise<number> {
-  const { values, positionals } = parseFlags("presets", args, {
-    positions: { type: "string" },
-    json: { type: "boolean" },
-    help: { type: "boolean", short: "h" },
-  });
+  const { values, positionals } = PRESETS_FLAGS.parse(args);
   if (values.help) {
-    console.log(USAGE);
+    console.log(PRESETS_FLAGS.usage());
     return 0;
   }
   if (positionals.length) {
