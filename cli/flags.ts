@@ -104,7 +104,8 @@ export function groupHelp(group: FlagGroup): string {
  * flag is declared once.
  */
 export function commandFlags(spec: CommandSpec): CommandFlags {
-  const groups = [...spec.groups, HELP_GROUP];
+  // The help line lines up with the flags above it.
+  const groups = [...spec.groups, { ...HELP_GROUP, column: spec.groups.at(-1)?.column }];
   const flags: Record<string, Flag> = {};
   const owner = new Map<string, string>();
   const groupNames = new Set<string>();
