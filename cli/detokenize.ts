@@ -7,11 +7,11 @@
 import { usageError } from "../engine/errors.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { parseIds } from "./common.ts";
-import { commandFlags } from "./flags.ts";
+import { type CommandFlags, commandFlags } from "./flags.ts";
 import { type Output, stdout } from "./tokenize.ts";
 
 /** `k3 detokenize`'s flags and help. */
-export const DETOKENIZE_FLAGS = commandFlags({
+export const DETOKENIZE_FLAGS: CommandFlags = commandFlags({
   name: "detokenize",
   head: `usage: k3 detokenize --tok DIR --ids 1,2,3
 

@@ -9,10 +9,10 @@ import { usageError } from "../engine/errors.ts";
 import { packTrunk } from "../pack/pack.ts";
 import { verifyTrunk } from "../pack/verify.ts";
 import { hashExperts, verifyExperts } from "../pack/experts.ts";
-import { commandFlags } from "./flags.ts";
+import { type CommandFlags, commandFlags } from "./flags.ts";
 
 /** `k3 pack`'s flags and help. */
-export const PACK_FLAGS = commandFlags({
+export const PACK_FLAGS: CommandFlags = commandFlags({
   name: "pack",
   head: `usage: k3 pack <model_dir> <trunk_dir> [--force] [--hash-experts] [--codec auto|raw|split]
        k3 pack --verify <trunk_dir> [model_dir]

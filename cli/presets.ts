@@ -8,11 +8,11 @@
 import { usageError } from "../engine/errors.ts";
 import { estimatedInput, makePlan, type MemoryPlan, PRESETS, releasedK3 } from "../engine/weights/plan.ts";
 import { bytesText, memoryAvailability } from "../engine/native/available.ts";
-import { commandFlags } from "./flags.ts";
+import { type CommandFlags, commandFlags } from "./flags.ts";
 import { reportHead, snakeKeys } from "./report.ts";
 
 /** `k3 presets`' flags and help. */
-export const PRESETS_FLAGS = commandFlags({
+export const PRESETS_FLAGS: CommandFlags = commandFlags({
   name: "presets",
   head: `usage: k3 presets [--positions N] [--json]
 

@@ -16,7 +16,7 @@ import { openStateCache } from "./state_cache_flags.ts";
 import { withOpenModel } from "./model_session.ts";
 import type { Interrupts } from "./interrupt.ts";
 import { type ServeOptions, serveOptions } from "./serve/options.ts";
-import { listen, type PreparedServe, prepareServe } from "./serve/listen.ts";
+import { listen, type Listening, type PreparedServe, prepareServe } from "./serve/listen.ts";
 
 /** Serves on the open model until SIGTERM/SIGINT (or the server closes), then drains. */
 async function serveUntilStopped(
@@ -25,7 +25,7 @@ async function serveUntilStopped(
   o: ServeOptions,
   p: PreparedServe,
   stateCache: StateCache | undefined,
-  { server, url, serverOptions }: ReturnType<typeof listen>,
+  { server, url, serverOptions }: Listening,
 ): Promise<void> {
   const parallel = opened.plan.state.sequences;
   serverOptions.parallel = parallel;

@@ -10,10 +10,10 @@ import { EXIT, usageError } from "../engine/errors.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
 import { readInput } from "../engine/native/files.ts";
-import { commandFlags } from "./flags.ts";
+import { type CommandFlags, commandFlags } from "./flags.ts";
 
 /** `k3 tokenize`'s flags and help. */
-export const TOKENIZE_FLAGS = commandFlags({
+export const TOKENIZE_FLAGS: CommandFlags = commandFlags({
   name: "tokenize",
   head: `usage: k3 tokenize --tok DIR (--text TEXT | --file PATH) [--json]
 

@@ -10,7 +10,7 @@ import type { MemoryOptions } from "../../engine/weights/plan.ts";
 import type { DraftMode } from "../../engine/generate/draft.ts";
 import type { SamplingParams } from "../../engine/generate/sampling.ts";
 import { type OutputTarget, prepareOutput } from "../../engine/native/files.ts";
-import { commandFlags, type FlagGroup } from "../flags.ts";
+import { type CommandFlags, commandFlags, type FlagGroup } from "../flags.ts";
 import { GENERATION_GROUP, type GenerationOptions, generationOptions } from "../flag_groups/generation.ts";
 import { MODEL_GROUP } from "../flag_groups/model.ts";
 import { MEMORY_GROUP, memoryOptions } from "../flag_groups/memory.ts";
@@ -38,7 +38,7 @@ const BATCH_GROUP: FlagGroup = {
 };
 
 /** `k3 batch`'s flags and help. */
-export const BATCH_FLAGS = commandFlags({
+export const BATCH_FLAGS: CommandFlags = commandFlags({
   name: "batch",
   head: `usage: k3 batch <model_dir> --input PROMPTS.jsonl --output RESULTS.jsonl [options]
 

@@ -9,7 +9,7 @@ import { usageError } from "../../engine/errors.ts";
 import type { MemoryOptions } from "../../engine/weights/plan.ts";
 import type { SamplingParams } from "../../engine/generate/sampling.ts";
 import { EFFORTS } from "../../engine/text/chat.ts";
-import { commandFlags, type FlagGroup } from "../flags.ts";
+import { type CommandFlags, commandFlags, type FlagGroup } from "../flags.ts";
 import { intFlag, modelDirArg } from "../common.ts";
 import { MODEL_GROUP, type ModelFlags, modelFlags } from "../flag_groups/model.ts";
 import { MEMORY_GROUP, memoryOptions } from "../flag_groups/memory.ts";
@@ -74,7 +74,7 @@ const CONVERSATION_GROUP: FlagGroup = {
 };
 
 /** `k3 chat`'s flags and help. */
-export const CHAT_FLAGS = commandFlags({
+export const CHAT_FLAGS: CommandFlags = commandFlags({
   name: "chat",
   head: `usage: k3 chat <model_dir> [options]
 

@@ -6,12 +6,12 @@
  */
 
 import { usageError } from "../../engine/errors.ts";
-import { commandFlags } from "../flags.ts";
+import { type CommandFlags, commandFlags } from "../flags.ts";
 import { intFlag } from "../common.ts";
 import { MAX_PROMPT_IDS } from "../run_options.ts";
 
 /** `k3 doctor`'s flags and help. */
-export const DOCTOR_FLAGS = commandFlags({
+export const DOCTOR_FLAGS: CommandFlags = commandFlags({
   name: "doctor",
   head: `usage: k3 doctor [--dir PATH] [--size-mb N] [--checkpoint MODEL_DIR]
 

@@ -10,7 +10,7 @@ import type { MemoryOptions } from "../../engine/weights/plan.ts";
 import type { DraftMode } from "../../engine/generate/draft.ts";
 import type { SamplingParams } from "../../engine/generate/sampling.ts";
 import { type OutputTarget, prepareOutput } from "../../engine/native/files.ts";
-import { commandFlags, type FlagGroup } from "../flags.ts";
+import { type CommandFlags, commandFlags, type FlagGroup } from "../flags.ts";
 import { modelDirArg } from "../common.ts";
 import { GENERATION_GROUP, type GenerationOptions, generationOptions } from "../flag_groups/generation.ts";
 import { MODEL_GROUP } from "../flag_groups/model.ts";
@@ -81,7 +81,7 @@ const SAVED_STATE_GROUP: FlagGroup = {
 };
 
 /** `k3 run`'s flags and help. */
-export const RUN_FLAGS = commandFlags({
+export const RUN_FLAGS: CommandFlags = commandFlags({
   name: "run",
   head: `usage: k3 run <model_dir> (--prompt TEXT | --prompt-file PATH | --ids 1,2,3) [options]
 

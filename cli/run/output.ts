@@ -13,6 +13,7 @@ import { writeStdout } from "../interrupt.ts";
 /** Writes stdout as tokens arrive: text (stop strings held back and cut), ids, or JSON lines. */
 export class Output {
   readonly #matcher?: StopMatcher;
+  /** The text written so far (stop strings cut). */
   text = "";
   #n = 0;
 

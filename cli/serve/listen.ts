@@ -12,7 +12,7 @@ import { type ModelConfig, readModelConfig } from "../../engine/open.ts";
 import type { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { stopIds } from "../../engine/text/chat.ts";
 import { needTokenizer } from "../run_options.ts";
-import { startServer } from "../server/http.ts";
+import { type RunningServer, type ServerOptions, startServer } from "../server/http.ts";
 import { VERSION } from "../version.ts";
 import type { ServeOptions } from "./options.ts";
 
@@ -69,11 +69,21 @@ export async function prepareServe(o: ServeOptions): Promise<PreparedServe> {
   return { config, tokenizer, apiKey, modelName: o.servedModelName ?? basename(o.dir.replace(/\/+$/, "")) };
 }
 
+/** A server that listens, not yet ready. */
+export interface Listening {
+  /** The server. */
+  server: RunningServer;
+  /** Its base URL. */
+  url: string;
+  /** Its options; `parallel` is set once the plan decides it. */
+  serverOptions: ServerOptions;
+}
+
 /** Starts listening (so /health answers 503 while the model loads); a busy port is exit 2. */
-export function listen(o: ServeOptions, p: PreparedServe) {
+export function listen(o: ServeOptions, p: PreparedServe): Listening {
   // With --parallel auto the plan decides how many generate at once; until then the
   // server admits the most it could be.
-  const serverOptions = {
+  const serverOptions: ServerOptions = {
     hostname: o.host,
     port: o.port,
     modelName: p.modelName,

@@ -8,7 +8,7 @@
 import { usageError } from "../../engine/errors.ts";
 import type { MemoryOptions } from "../../engine/weights/plan.ts";
 import type { DraftMode } from "../../engine/generate/draft.ts";
-import { commandFlags, type FlagGroup } from "../flags.ts";
+import { type CommandFlags, commandFlags, type FlagGroup } from "../flags.ts";
 import { intFlag, numFlag } from "../common.ts";
 import { MODEL_GROUP, type ModelFlags, modelFlags } from "../flag_groups/model.ts";
 import { MEMORY_GROUP, memoryOptions } from "../flag_groups/memory.ts";
@@ -82,7 +82,7 @@ const SERVER_GROUP: FlagGroup = {
 };
 
 /** `k3 serve`'s flags and help. */
-export const SERVE_FLAGS = commandFlags({
+export const SERVE_FLAGS: CommandFlags = commandFlags({
   name: "serve",
   head: `usage: k3 serve <model_dir> [options]
 
