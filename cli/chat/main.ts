@@ -101,6 +101,27 @@ function startSession(opened: OpenedModel, interrupts: Interrupts, o: ChatOption
   };
 }
 
+/** Continues a saved state (if it holds exactly these messages) and says what the chat holds. */
+async function beginConversation(s: ChatSession, p: PreparedChat): Promise<void> {
+  const { o } = s;
+  if (o.state !== undefined) {
+    await continueSavedState(s.conv, s.files, o.state, o.history === undefined && o.system === undefined);
+  }
+  const count = s.conv.messages.length;
+  info(
+    `k3: chat: ${o.dir}: ${p.config.cfg.numLayers} layers, context ${o.context} positions; ${count} ${
+      plural(count, "message")
+    }; ` +
+      `sampling temperature ${o.sampling.temperature}, top-p ${o.sampling.topP}, seed ${o.sampling.seed}. ` +
+      (s.interactive ? "/help for commands, Ctrl-D to end." : "/exit to end."),
+  );
+}
+
+/** The chat's last line: turns and peak memory. */
+function reportChat(s: ChatSession): void {
+  info(`k3: chat: ${s.turns.length} ${plural(s.turns.length, "turn")}; PEAK RSS ${fmtBytes(peakRssBytes())}`);
+}
+
 /** Runs `k3 chat`; returns the exit code. */
 export async function main(args: string[]): Promise<number> {
   const o = chatOptions(args);
@@ -117,20 +138,9 @@ export async function main(args: string[]): Promise<number> {
   return await withOpenModel(prepared.config, openOptions, async (opened, interrupts) => {
     const s = startSession(opened, interrupts, o, prepared);
     try {
-      // A saved state continues the conversation only if it holds exactly these messages.
-      if (o.state !== undefined) {
-        await continueSavedState(s.conv, s.files, o.state, o.history === undefined && o.system === undefined);
-      }
-      const count = s.conv.messages.length;
-      info(
-        `k3: chat: ${o.dir}: ${prepared.config.cfg.numLayers} layers, context ${o.context} positions; ${count} ${
-          plural(count, "message")
-        }; ` +
-          `sampling temperature ${o.sampling.temperature}, top-p ${o.sampling.topP}, seed ${o.sampling.seed}. ` +
-          (s.interactive ? "/help for commands, Ctrl-D to end." : "/exit to end."),
-      );
+      await beginConversation(s, prepared);
       await repl(s);
-      info(`k3: chat: ${s.turns.length} ${plural(s.turns.length, "turn")}; PEAK RSS ${fmtBytes(peakRssBytes())}`);
+      reportChat(s);
       return EXIT.ok;
     } finally {
       s.conv.forget(); // before the model closes
