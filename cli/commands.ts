@@ -17,7 +17,7 @@ const COMMANDS: Record<string, { about: string; load: () => Promise<Command> }> 
   run: { about: "generate from a prompt", load: async () => (await import("./run.ts")).main },
   chat: {
     about: "a conversation in the chat format (REPL; reads stdin lines)",
-    load: async () => (await import("./chat.ts")).main,
+    load: async () => (await import("./chat/main.ts")).main,
   },
   batch: {
     about: "generate for every prompt of a JSONL file (resumable)",

@@ -10,15 +10,6 @@ import { prepareOutput, writeOutput } from "../engine/native/files.ts";
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import { usageError } from "../engine/errors.ts";
 
-/** Flags documented as "a later one overrides an earlier one" (the memory budget): given
- * twice, the last wins. Every other flag not declared `multiple` may be given once. */
-const LAST_WINS = new Set<string>();
-
-/** Lets `names` repeat, the last occurrence winning (see LAST_WINS). */
-export function lastFlagWins(...names: string[]): void {
-  for (const n of names) LAST_WINS.add(n);
-}
-
 /** Edit distance (insertions, deletions, substitutions, adjacent swaps), for suggestions. */
 export function editDistance(a: string, b: string): number {
   const d: number[][] = Array.from({ length: a.length + 1 }, (_, i) => [i, ...Array(b.length).fill(0)]);
@@ -93,7 +84,8 @@ export type ParsedFlags<T extends ParseArgsConfig["options"]> = ReturnType<
 /**
  * parseArgs in strict mode, with errors a user can act on (one line, exit 2): an unknown
  * flag names the nearest known one and points at `k3 <cmd> --help`; a flag given twice is
- * refused unless it is `multiple` or last-wins; a string flag's value may be negative
+ * refused unless it is `multiple` or in `lastWins` (flags documented as "a later one
+ * overrides an earlier one", the memory budget); a string flag's value may be negative
  * (`--trunk-gb -1` reaches the range check instead of "argument is ambiguous").
  */
 export function parseFlags<T extends ParseArgsConfig["options"]>(
@@ -101,6 +93,7 @@ export function parseFlags<T extends ParseArgsConfig["options"]>(
   args: string[],
   options: T,
   allowPositionals = true,
+  lastWins: ReadonlySet<string> = new Set(),
 ): ParsedFlags<T> {
   const opts = (options ?? {}) as Record<string, { type: string; short?: string; multiple?: boolean }>;
   const help = `see k3 ${cmd} --help`;
@@ -143,7 +136,7 @@ export function parseFlags<T extends ParseArgsConfig["options"]>(
   for (const t of parsed.tokens ?? []) {
     if (t.kind !== "option") continue;
     seen.set(t.name, (seen.get(t.name) ?? 0) + 1);
-    if (seen.get(t.name) === 2 && !opts[t.name]?.multiple && !LAST_WINS.has(t.name)) {
+    if (seen.get(t.name) === 2 && !opts[t.name]?.multiple && !lastWins.has(t.name)) {
       throw usageError(`${cmd}: --${t.name} given more than once; give it once (${help})`);
     }
   }

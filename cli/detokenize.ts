@@ -6,29 +6,35 @@
 
 import { usageError } from "../engine/errors.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
-import { parseFlags, parseIds } from "./common.ts";
+import { parseIds } from "./common.ts";
+import { type CommandFlags, commandFlags } from "./flags.ts";
 import { type Output, stdout } from "./tokenize.ts";
 
-/** Usage text of `k3 detokenize`. */
-export const USAGE = `usage: k3 detokenize --tok DIR --ids 1,2,3
+/** `k3 detokenize`'s flags and help. */
+export const DETOKENIZE_FLAGS: CommandFlags = commandFlags({
+  name: "detokenize",
+  head: `usage: k3 detokenize --tok DIR --ids 1,2,3
 
-Prints the text of comma-separated token ids (bytes that are not valid UTF-8 print as U+FFFD).
-  --tok DIR      directory holding tiktoken.model and tokenizer_config.json
-  --ids LIST     comma-separated token ids
-
-example:
-  k3 detokenize --tok tests/fixtures/tiny --ids 313,323,330,379,299
-`;
+Prints the text of comma-separated token ids (bytes that are not valid UTF-8 print as U+FFFD).`,
+  groups: [{
+    name: "detokenize",
+    title: "",
+    column: 17,
+    flags: {
+      tok: { type: "string", value: "DIR", help: "directory holding tiktoken.model and tokenizer_config.json" },
+      ids: { type: "string", value: "LIST", help: "comma-separated token ids" },
+    },
+  }],
+  tail: `example:
+  k3 detokenize --tok tests/fixtures/tiny --ids 313,323,330,379,299`,
+});
 
 /** Runs `k3 detokenize`; returns the exit code, throws K3Error on failure. */
 export async function main(args: string[], out: Output = stdout): Promise<number> {
-  const opts = parseFlags("detokenize", args, {
-    tok: { type: "string" },
-    ids: { type: "string" },
-    help: { type: "boolean", short: "h" },
-  }, false).values;
-  if (opts.help) {
-    out.write(USAGE);
+  const flags = DETOKENIZE_FLAGS.parse(args, false);
+  const opts = { tok: flags.str("tok"), ids: flags.str("ids") };
+  if (flags.bool("help")) {
+    out.write(DETOKENIZE_FLAGS.usage());
     return 0;
   }
   if (opts.tok === undefined) throw usageError("detokenize: --tok DIR is required");

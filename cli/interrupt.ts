@@ -15,17 +15,23 @@ export const EXIT_INTERRUPTED = 130;
 /** Aborts for SIGINT/SIGTERM while installed. */
 export class Interrupts {
   #ctl = new AbortController();
-  readonly #listener = () => this.#fire();
+  #listeners: (readonly [Deno.Signal, () => void])[] = SIGNALS.map((s) => [s, () => this.#fire(s)] as const);
+  readonly #exitOnSecond: boolean;
   /** Called instead of aborting when nothing is running (chat waiting for input). */
   idle?: () => void;
   /** Whether generation is running (signals abort it) or not (signals call `idle`). */
   busy = true;
 
-  constructor() {
-    for (const s of SIGNALS) Deno.addSignalListener(s, this.#listener);
+  /** Installs the listeners (none with `listen` false: the signals keep ending the
+   * process); `exitOnSecond` false: a second signal is ignored (serve's grace period
+   * runs to its end). */
+  constructor({ exitOnSecond = true, listen = true }: { exitOnSecond?: boolean; listen?: boolean } = {}) {
+    this.#exitOnSecond = exitOnSecond;
+    if (!listen) this.#listeners = [];
+    for (const [s, listener] of this.#listeners) Deno.addSignalListener(s, listener);
   }
 
-  /** The current abort signal. */
+  /** The current abort signal; its reason is the name of the signal that fired it. */
   get signal(): AbortSignal {
     return this.#ctl.signal;
   }
@@ -36,15 +42,18 @@ export class Interrupts {
     return this.#ctl.signal;
   }
 
-  #fire(): void {
+  #fire(sig: Deno.Signal): void {
     if (!this.busy && this.idle) return this.idle();
-    if (this.#ctl.signal.aborted) Deno.exit(EXIT_INTERRUPTED);
-    this.#ctl.abort();
+    if (this.#ctl.signal.aborted) {
+      if (this.#exitOnSecond) Deno.exit(EXIT_INTERRUPTED);
+      return;
+    }
+    this.#ctl.abort(sig);
   }
 
   /** Removes the listeners. */
   dispose(): void {
-    for (const s of SIGNALS) Deno.removeSignalListener(s, this.#listener);
+    for (const [s, listener] of this.#listeners) Deno.removeSignalListener(s, listener);
   }
 }
 

@@ -9,46 +9,56 @@ import { usageError } from "../engine/errors.ts";
 import { packTrunk } from "../pack/pack.ts";
 import { verifyTrunk } from "../pack/verify.ts";
 import { hashExperts, verifyExperts } from "../pack/experts.ts";
-import { parseFlags } from "./common.ts";
+import { type CommandFlags, commandFlags } from "./flags.ts";
 
-/** Usage text of `k3 pack`. */
-export const USAGE = `usage: k3 pack <model_dir> <trunk_dir> [--force] [--hash-experts] [--codec auto|raw|split]
+/** `k3 pack`'s flags and help. */
+export const PACK_FLAGS: CommandFlags = commandFlags({
+  name: "pack",
+  head: `usage: k3 pack <model_dir> <trunk_dir> [--force] [--hash-experts] [--codec auto|raw|split]
        k3 pack --verify <trunk_dir> [model_dir]
 
 Packs the trunk (every layer's dense tensors, the shared experts, embedding, lm_head and
 final vectors) into <trunk_dir>/trunk.bin with one 4096-aligned region per layer and a
 checksummed manifest.json, for \`k3 run --trunk <trunk_dir>\`. Memory stays bounded (a
-few staging buffers) whatever the layer size. An interrupted pack leaves no usable trunk.
-
-  --force         replace an existing trunk packed from a different model or source
-  --hash-experts  also hash every routed expert once into <trunk_dir>/experts.json, so
-                  every expert read is verified; adds the table to an existing trunk
-                  without repacking it
-  --codec C       how the layers' 16 MB pieces are stored: raw; split (each piece whose
-                  bf16 high bytes code smaller is stored as fixed-width dictionary codes
-                  with escapes and its low bytes raw, decoded as it is read); auto (the
-                  default: split only when this machine's measured decode and disk
-                  rates predict a faster disk-bound token, decode time included)
-  --verify        re-check every checksum of <trunk_dir> (and, given model_dir, that the
-                  trunk belongs to that model, and every expert against experts.json)
-  -h, --help   this help
-
-examples:
+few staging buffers) whatever the layer size. An interrupted pack leaves no usable trunk.`,
+  groups: [{
+    name: "pack",
+    title: "",
+    column: 18,
+    flags: {
+      force: { type: "boolean", help: "replace an existing trunk packed from a different model or source" },
+      "hash-experts": {
+        type: "boolean",
+        help: "also hash every routed expert once into <trunk_dir>/experts.json, so\n" +
+          "every expert read is verified; adds the table to an existing trunk\n" +
+          "without repacking it",
+      },
+      codec: {
+        type: "string",
+        value: "C",
+        help: "how the layers' 16 MB pieces are stored: raw; split (each piece whose\n" +
+          "bf16 high bytes code smaller is stored as fixed-width dictionary codes\n" +
+          "with escapes and its low bytes raw, decoded as it is read); auto (the\n" +
+          "default: split only when this machine's measured decode and disk\n" +
+          "rates predict a faster disk-bound token, decode time included)",
+      },
+      verify: {
+        type: "boolean",
+        help: "re-check every checksum of <trunk_dir> (and, given model_dir, that the\n" +
+          "trunk belongs to that model, and every expert against experts.json)",
+      },
+    },
+  }],
+  tail: `examples:
   k3 pack /data/kimi-k3 /data/k3-trunk
-  k3 pack --verify /data/k3-trunk /data/kimi-k3
-`;
+  k3 pack --verify /data/k3-trunk /data/kimi-k3`,
+});
 
 /** Runs `k3 pack` (or `--verify`); returns the exit code. */
 export async function main(args: string[]): Promise<number> {
-  const { values, positionals } = parseFlags("pack", args, {
-    force: { type: "boolean" },
-    verify: { type: "boolean" },
-    "hash-experts": { type: "boolean" },
-    codec: { type: "string" },
-    help: { type: "boolean", short: "h" },
-  });
+  const { values, positionals } = PACK_FLAGS.parse(args);
   if (values.help) {
-    console.log(USAGE);
+    console.log(PACK_FLAGS.usage());
     return 0;
   }
   if (values.verify) {
@@ -94,7 +104,7 @@ export async function main(args: string[]): Promise<number> {
   if (codec !== "auto" && codec !== "raw" && codec !== "split") {
     throw usageError(`pack: --codec ${JSON.stringify(codec)}: expected auto, raw or split`);
   }
-  await packTrunk(positionals[0], positionals[1], { force: values.force, codec });
+  await packTrunk(positionals[0], positionals[1], { force: values.force === true, codec });
   if (values["hash-experts"]) await hashExperts(positionals[0], positionals[1]);
   return 0;
 }

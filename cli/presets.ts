@@ -11,24 +11,30 @@ import { PRESETS } from "../engine/model/presets.ts";
 import { releasedK3 } from "../engine/model/shapes.ts";
 import { bytesText } from "../engine/native/available.ts";
 import { availableMemory } from "./environment.ts";
-import { parseFlags } from "./common.ts";
+import { type CommandFlags, commandFlags } from "./flags.ts";
 import { reportHead, snakeKeys } from "./report.ts";
 
-/** Usage text of `k3 presets`. */
-export const USAGE = `usage: k3 presets [--positions N] [--json]
+/** `k3 presets`' flags and help. */
+export const PRESETS_FLAGS: CommandFlags = commandFlags({
+  name: "presets",
+  head: `usage: k3 presets [--positions N] [--json]
 
 Lists the memory presets (--preset NAME of k3 run) and what the memory plan gives the
 full 93-layer Kimi K3 at each with a packed trunk (--trunk): trunk layers pinned, the
-read-ahead ring, expert-cache slots and the KV cache per position.
-
-  --positions N   positions the plan holds (default 4096)
-  --json          the plans as JSON
-  -h, --help      this help
-
-examples:
+read-ahead ring, expert-cache slots and the KV cache per position.`,
+  groups: [{
+    name: "presets",
+    title: "",
+    column: 18,
+    flags: {
+      positions: { type: "string", value: "N", help: "positions the plan holds (default 4096)" },
+      json: { type: "boolean", help: "the plans as JSON" },
+    },
+  }],
+  tail: `examples:
   k3 presets
-  k3 presets --positions 32768 --json
-`;
+  k3 presets --positions 32768 --json`,
+});
 
 /** The plan of the released model at a preset (auto: from this machine's MemAvailable). */
 export function releasedPlan(preset: string, positions: number): MemoryPlan | string {
@@ -54,13 +60,9 @@ export function releasedPlan(preset: string, positions: number): MemoryPlan | st
 /** Runs `k3 presets`; returns the exit code. */
 // deno-lint-ignore require-await -- every subcommand returns a Promise for the dispatcher
 export async function main(args: string[]): Promise<number> {
-  const { values, positionals } = parseFlags("presets", args, {
-    positions: { type: "string" },
-    json: { type: "boolean" },
-    help: { type: "boolean", short: "h" },
-  });
+  const { values, positionals } = PRESETS_FLAGS.parse(args);
   if (values.help) {
-    console.log(USAGE);
+    console.log(PRESETS_FLAGS.usage());
     return 0;
   }
   if (positionals.length) {

@@ -169,20 +169,6 @@ export function info(line: string): void {
   if (verbosity !== "quiet") console.error(line);
 }
 
-/** The output flags of the commands that generate (run, chat). */
-export const OUTPUT_FLAGS = {
-  quiet: { type: "boolean", short: "q" },
-  verbose: { type: "boolean" },
-  color: { type: "string" },
-} as const;
-
-/** Help for OUTPUT_FLAGS. */
-export const OUTPUT_HELP = `terminal:
-  -q, --quiet       stderr: errors only (no plan, progress, table or summary)
-  --verbose         stderr: also the per-step table (printed by default only when stderr
-                    is not a terminal, i.e. in logs)
-  --color WHEN      auto (default: on a terminal, unless NO_COLOR is set), always, never`;
-
 /** What the output flags decided. */
 export interface OutputMode {
   /** Errors only, the default, or everything. */

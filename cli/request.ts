@@ -11,14 +11,11 @@
  * @module
  */
 
-import type { ParseArgsConfig } from "node:util";
 import { K3Error, usageError } from "../engine/errors.ts";
 import { CHAT_DEFAULTS, checkSampling, GREEDY, type SamplingParams } from "../engine/generate/sampling.ts";
 import { chatPrompt, stopIds as chatStopIds } from "../engine/text/chat.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
-import { intFlag, numFlag } from "./common.ts";
-import { type ChatRequest, type CompletionRequest, type RequestSampling } from "./openai.ts";
-import { ApiError } from "./openai_error.ts";
+import { ApiError, type ChatRequest, type CompletionRequest, type RequestSampling } from "./openai.ts";
 import type { GrammarSpec } from "../engine/generate/grammar/forms.ts";
 import { chatGrammar } from "./structured.ts";
 
@@ -96,47 +93,6 @@ export function resolveSampling(given: RequestSampling, defaults: SamplingParams
   };
   checkSampling(p, where);
   return p;
-}
-
-/** Sampling flags (run, batch, chat). */
-export const SAMPLING_FLAGS = {
-  temperature: { type: "string" },
-  "top-p": { type: "string" },
-  "top-k": { type: "string" },
-  "min-p": { type: "string" },
-  seed: { type: "string" },
-} as const satisfies ParseArgsConfig["options"];
-
-/** Help for {@link SAMPLING_FLAGS}; `dflt` says what applies without them. */
-export function samplingHelp(dflt: string): string {
-  return `sampling (${dflt}; engine/generate/sampling.ts documents the arithmetic):
-  --temperature T   0 = greedy (exactly the argmax); otherwise divides the logits (0..100)
-  --top-p P         keep the most likely tokens up to probability mass P (0 < P <= 1)
-  --top-k K         keep the K most likely tokens (0 = off)
-  --min-p P         drop tokens less likely than P times the most likely (0 = off)
-  --seed N          seed of the generator (xoshiro128**, one per sequence; default 0)`;
-}
-
-/** Sampling parameters from the flags over `base` (run's row of {@link DEFAULTS} unless given). */
-export function samplingOptions(
-  values: Record<string, unknown>,
-  base: SamplingParams = DEFAULTS.run.sampling,
-): SamplingParams {
-  const num = (name: string, min: number, max: number) =>
-    values[name] === undefined ? undefined : numFlag(name, values[name] as string, min, max);
-  const int = (name: string, max: number) =>
-    values[name] === undefined ? undefined : intFlag(name, values[name] as string, 0, 0, max);
-  return resolveSampling(
-    {
-      temperature: num("temperature", 0, 100),
-      topP: num("top-p", 0, 1),
-      topK: int("top-k", 1e9),
-      minP: num("min-p", 0, 1),
-      seed: int("seed", Number.MAX_SAFE_INTEGER),
-    },
-    base,
-    "sampling flags",
-  );
 }
 
 /** Stop strings from --stop (or a line's "stop"): each non-empty. */

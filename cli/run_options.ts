@@ -1,19 +1,15 @@
 /**
- * Options shared by `k3 run` and `k3 batch`: model, prompt, generation, memory and
- * diagnostics flags, parsed once, in one place.
+ * The prompt of `k3 run` and `k3 batch`: its flags, its limits, the tokenizer that reads
+ * it and the ids it becomes.
  *
  * @module
  */
 
-import type { ParseArgsConfig } from "node:util";
 import { EXIT, usageError } from "../engine/errors.ts";
-import type { MemoryOptions } from "../engine/weights/plan_input.ts";
-import { PRESETS } from "../engine/model/presets.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
-import { DRAFT_MODES, type DraftMode } from "../engine/generate/draft.ts";
-import { intFlag, lastFlagWins, numFlag, parseFlags, parseIds } from "./common.ts";
-import { DEFAULTS, MAX_TOKENS, stopStrings } from "./request.ts";
+import { parseIds } from "./common.ts";
+import type { FlagGroup } from "./flags.ts";
 import { notRegular, readInput } from "../engine/native/files.ts";
 
 /**
@@ -29,154 +25,21 @@ export const MAX_PROMPT_IDS = 8192;
 /** The largest prompt file read (MAX_PROMPT_IDS ids are far less). */
 export const MAX_PROMPT_FILE = 64 << 20;
 
-/** Flags of the memory budget; applied in command-line order (a later one overrides). */
-export const MEMORY_FLAGS = {
-  trunk: { type: "string" },
-  "trunk-gb": { type: "string" },
-  "cache-gb": { type: "string" },
-  preset: { type: "string" },
-} as const satisfies ParseArgsConfig["options"];
-lastFlagWins(...Object.keys(MEMORY_FLAGS));
-
-/** Generation and diagnostics flags. */
-export const GENERATION_FLAGS = {
-  gen: { type: "string", short: "n" },
-  incremental: { type: "boolean" },
-  "full-recompute": { type: "boolean" },
-  "stop-id": { type: "string", multiple: true },
-  stop: { type: "string", multiple: true },
-  layers: { type: "string" },
-  chunk: { type: "string" },
-  tok: { type: "string" },
-  threads: { type: "string", short: "t" },
-} as const satisfies ParseArgsConfig["options"];
-
-/** The speculation flag (`k3 run`, `k3 batch`, `k3 serve`). */
-export const DRAFT_FLAGS = {
-  draft: { type: "string" },
-} as const satisfies ParseArgsConfig["options"];
-
-/** Help for the speculation flag. */
-export const DRAFT_HELP = `speculation (never changes a token):
-  --draft MODE      lookup (n-gram prompt lookup), suffix (the longest earlier match of
-                    the text so far, and of recent finished sequences) or off; default:
-                    suffix, as many draft tokens per pass as the measured acceptance and
-                    pass cost say pay (none where drafting does not pay)`;
-
-/** --draft: one of the draft modes (default suffix); anything else is a usage error. */
-export function draftOption(value: string | undefined): DraftMode {
-  if (value === undefined) return "suffix";
-  if (!(DRAFT_MODES as readonly string[]).includes(value)) {
-    throw usageError(`--draft: expected one of ${DRAFT_MODES.join(", ")}, got ${JSON.stringify(value)}`);
-  }
-  return value as DraftMode;
-}
-
-/** Help for the memory flags. */
-export const MEMORY_HELP = `memory (a later flag overrides an earlier one):
-  --trunk DIR       packed trunk from \`k3 pack\` (streamed layer by layer)
-  --trunk-gb X      GB of trunk layers to keep pinned (fractions allowed)
-  --cache-gb X      GB of routed-expert cache (at least top-k + 1 experts)
-  --preset NAME     ${PRESETS.map((p) => p.name).join(", ")} (see k3 presets)`;
-
-/** Help for the generation and diagnostics flags. */
-export const GENERATION_HELP = `generation:
-  -n, --gen N       tokens to generate (default 8, 1..4096)
-  --incremental     carry KDA/conv state and the MLA cache between steps (the default)
-  --full-recompute  recompute the whole sequence every step instead (same tokens, slower)
-  --stop-id ID      stop after this id (repeatable; none by default)
-  --stop TEXT       stop when the generated text contains TEXT, which is not emitted
-                    (repeatable; matched across token boundaries; needs a tokenizer)
-  --tok DIR         tokenizer directory (default: the model directory when it has
-                    tiktoken.model)
-diagnostics:
-  --layers N        bind and run only the first N layers
-  --chunk N         prefill tokens per forward call (default 16, 1..256)
-  -t, --threads N   compute threads (default and most: the cores; never changes a token)`;
-
-/** Parsed generation options. */
-export interface GenerationOptions {
-  /** Tokens to generate at most. */
-  gen: number;
-  /** Carry state between steps (false: --full-recompute). */
-  incremental: boolean;
-  /** --stop-id values, checked against the vocabulary later. */
-  stopIds: string[];
-  /** Stop strings. */
-  stops: string[];
-  /** Bind and run only the first N layers. */
-  layers?: number;
-  /** Prefill tokens per forward call. */
-  chunk: number;
-  /** Tokenizer directory (--tok). */
-  tokDir?: string;
-  /** Compute threads (capped at the cores). */
-  threads: number;
-}
-
-/** Reads the memory flags in order from parseArgs tokens. */
-export function memoryOptions(tokens: { kind: string; name?: string; value?: string }[]): MemoryOptions {
-  const mem: MemoryOptions = {};
-  for (const t of tokens) {
-    if (t.kind !== "option" || t.value === undefined) continue;
-    switch (t.name) {
-      case "trunk":
-        mem.trunkDir = t.value;
-        break;
-      case "trunk-gb":
-        mem.trunkGB = numFlag("trunk-gb", t.value, 0, 1e6);
-        break;
-      case "cache-gb":
-        mem.cacheGB = numFlag("cache-gb", t.value, 0, 1e6);
-        break;
-      case "preset": {
-        const p = PRESETS.find((x) => x.name === t.value);
-        if (!p) {
-          throw usageError(
-            `--preset: unknown preset ${JSON.stringify(t.value)} (one of ${PRESETS.map((x) => x.name).join(", ")})`,
-          );
-        }
-        mem.preset = p.name;
-        if (p.name === "auto") {
-          mem.trunkGB = undefined;
-          mem.cacheGB = undefined;
-        } else {
-          mem.trunkGB = p.trunkGB;
-          mem.cacheGB = p.cacheGB;
-        }
-        mem.streamEmbed = p.streamEmbed;
-        break;
-      }
-    }
-  }
-  return mem;
-}
-
-/** --threads, capped at this machine's cores: more workers than cores only contend (and a
- * thread count never changes a token), so the cap is said on stderr, not refused. */
-export function threadCount(value: string | undefined, cores = navigator.hardwareConcurrency): number {
-  const n = intFlag("threads", value, cores, 1, 256);
-  if (n <= cores) return n;
-  console.error(`k3: --threads ${n}: this machine has ${cores} cores; using ${cores}`);
-  return cores;
-}
-
-/** Parses generation flags from parseArgs values (`minGen` 0: a prompt-only run is allowed). */
-export function generationOptions(values: Record<string, unknown>, minGen = 1): GenerationOptions {
-  if (values.incremental && values["full-recompute"]) {
-    throw usageError("--incremental and --full-recompute conflict: choose one");
-  }
-  return {
-    gen: intFlag("gen", values.gen as string | undefined, DEFAULTS.run.maxTokens, minGen, MAX_TOKENS),
-    incremental: !values["full-recompute"],
-    stopIds: (values["stop-id"] as string[] | undefined) ?? [],
-    stops: stopStrings(values.stop as string[] | undefined),
-    layers: values.layers === undefined ? undefined : intFlag("layers", values.layers as string, 0, 1, 100000),
-    chunk: intFlag("chunk", values.chunk as string | undefined, 16, 1, 256),
-    tokDir: values.tok as string | undefined,
-    threads: threadCount(values.threads as string | undefined),
-  };
-}
+/** The prompt flags of `k3 run` (exactly one is given; see {@link promptSource}). */
+export const PROMPT_GROUP: FlagGroup = {
+  name: "prompt",
+  title: "prompt (exactly one)",
+  flags: {
+    prompt: {
+      type: "string",
+      short: "p",
+      value: "TEXT",
+      help: "text, encoded with the tokenizer (special tokens are not recognised)",
+    },
+    "prompt-file": { type: "string", value: "P", help: "a UTF-8 file, read verbatim (- reads stdin)" },
+    ids: { type: "string", value: "LIST", help: "token ids, comma-separated (no tokenizer needed)" },
+  },
+};
 
 /** Where a prompt comes from: exactly one of --prompt, --prompt-file, --ids. */
 export type PromptSource = { kind: "ids"; text: string } | { kind: "text"; text: string } | {
@@ -259,5 +122,3 @@ export function promptIds(src: PromptSource, vocab: number, tokenizer: () => Tok
   if (ids.length > MAX_PROMPT_IDS) throw usageError(`the prompt has ${ids.length} ids, at most ${MAX_PROMPT_IDS}`);
   return Promise.resolve(ids);
 }
-
-export { parseFlags };

@@ -6,7 +6,7 @@
  * @module
  */
 
-import type { ParseArgsConfig } from "node:util";
+import type { FlagGroup } from "./flags.ts";
 import { usageError } from "../engine/errors.ts";
 import { StateCache } from "../engine/generate/state_cache.ts";
 import { modelFingerprint } from "../engine/generate/state_file.ts";
@@ -14,20 +14,31 @@ import type { OpenedModel } from "../engine/open.ts";
 import { bytesText } from "../engine/native/available.ts";
 import { numFlag } from "./common.ts";
 
-/** The flags, for parseFlags. */
-export const STATE_CACHE_FLAGS = {
-  "state-cache-gb": { type: "string" },
-  "state-cache-dir": { type: "string" },
-  "state-cache-disk-gb": { type: "string" },
-} as const satisfies ParseArgsConfig["options"];
-
-/** Their help. */
-export const STATE_CACHE_HELP = `state cache (exact token prefixes; never changes a token):
-  --state-cache-gb X     GB of RAM for kept states, in the memory plan (default: half of
-                         what the plan leaves, at most 8; 0 turns the cache off)
-  --state-cache-dir DIR  write states evicted from RAM here (saved-state files, verified
-                         when read back; a restart finds them again)
-  --state-cache-disk-gb X  GB of spill files at most (default 50; oldest used go first)`;
+/** The state cache group. */
+export const STATE_CACHE_GROUP: FlagGroup = {
+  name: "state cache",
+  title: "state cache (exact token prefixes; never changes a token)",
+  column: 25,
+  flags: {
+    "state-cache-gb": {
+      type: "string",
+      value: "X",
+      help: "GB of RAM for kept states, in the memory plan (default: half of\n" +
+        "what the plan leaves, at most 8; 0 turns the cache off)",
+    },
+    "state-cache-dir": {
+      type: "string",
+      value: "DIR",
+      help: "write states evicted from RAM here (saved-state files, verified\n" +
+        "when read back; a restart finds them again)",
+    },
+    "state-cache-disk-gb": {
+      type: "string",
+      value: "X",
+      help: "GB of spill files at most (default 50; oldest used go first)",
+    },
+  },
+};
 
 /** What the flags asked for. */
 export interface StateCacheFlags {

@@ -13,8 +13,8 @@ import { ANY_JSON, compileSchema, compileToolParameters, SchemaError } from "../
 import { EXIT, usageError } from "../engine/errors.ts";
 import { readInputJson } from "../engine/native/files.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
-import { type ChatRequest, schemaApiError } from "./openai.ts";
-import { ApiError } from "./openai_error.ts";
+import { ApiError, type ChatRequest, schemaApiError } from "./openai.ts";
+import type { FlagGroup } from "./flags.ts";
 
 /**
  * The grammar of a validated chat request: a forced tool call when `tool_choice` is
@@ -69,11 +69,20 @@ export function sequenceConstraint(
   return new TokenConstraint(tokenSymbols(tokenizer, vocab), startState(grammar, tokenizer, ends), maskAll);
 }
 
-/** Flags of `k3 run` that constrain its output. */
-export const GRAMMAR_FLAGS = {
-  grammar: { type: "string" },
-  "json-schema": { type: "string" },
-} as const;
+/** The flags of `k3 run` that constrain its output. */
+export const STRUCTURED_GROUP: FlagGroup = {
+  name: "structured output",
+  title: "structured output (the text is the value, then an end id: --stop-id, default [EOS])",
+  flags: {
+    grammar: { type: "string", value: "json", help: "the output is one JSON value (any)" },
+    "json-schema": {
+      type: "string",
+      value: "F",
+      help: "the output is a JSON value the schema in file F allows (the README's\n" +
+        '"Structured output" lists the subset; anything else is refused)',
+    },
+  },
+};
 
 /**
  * The grammar of `k3 run`'s flags: `--grammar json` (any JSON value) or `--json-schema

@@ -10,22 +10,30 @@ import { EXIT, usageError } from "../engine/errors.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
 import { readInput } from "../engine/native/files.ts";
-import { parseFlags } from "./common.ts";
+import { type CommandFlags, commandFlags } from "./flags.ts";
 
-/** Usage text of `k3 tokenize`. */
-export const USAGE = `usage: k3 tokenize --tok DIR (--text TEXT | --file PATH) [--json]
+/** `k3 tokenize`'s flags and help. */
+export const TOKENIZE_FLAGS: CommandFlags = commandFlags({
+  name: "tokenize",
+  head: `usage: k3 tokenize --tok DIR (--text TEXT | --file PATH) [--json]
 
 Prints the token ids of a text, comma-separated (or a JSON array with --json).
-  --tok DIR      directory holding tiktoken.model and tokenizer_config.json
-  --text TEXT    the text to encode
-  --file PATH    read the text from a file, verbatim (must be valid UTF-8)
-  --json         print a JSON array
-Special tokens in the text are not recognised: they are encoded as ordinary text.
-
-examples:
+Special tokens in the text are not recognised: they are encoded as ordinary text.`,
+  groups: [{
+    name: "tokenize",
+    title: "",
+    column: 17,
+    flags: {
+      tok: { type: "string", value: "DIR", help: "directory holding tiktoken.model and tokenizer_config.json" },
+      text: { type: "string", value: "TEXT", help: "the text to encode" },
+      file: { type: "string", value: "PATH", help: "read the text from a file, verbatim (must be valid UTF-8)" },
+      json: { type: "boolean", help: "print a JSON array" },
+    },
+  }],
+  tail: `examples:
   k3 tokenize --tok tests/fixtures/tiny --text "The capital of France is"
-  k3 tokenize --tok /data/kimi-k3 --file prompt.txt --json
-`;
+  k3 tokenize --tok /data/kimi-k3 --file prompt.txt --json`,
+});
 
 /** Where a command writes its output; stdout unless a test passes its own. */
 export interface Output {
@@ -43,15 +51,10 @@ export const stdout: Output = {
 
 /** Runs `k3 tokenize`; returns the exit code, throws K3Error on failure. */
 export function main(args: string[], out: Output = stdout): Promise<number> {
-  const opts = parseFlags("tokenize", args, {
-    tok: { type: "string" },
-    text: { type: "string" },
-    file: { type: "string" },
-    json: { type: "boolean" },
-    help: { type: "boolean", short: "h" },
-  }, false).values;
-  if (opts.help) {
-    out.write(USAGE);
+  const flags = TOKENIZE_FLAGS.parse(args, false);
+  const opts = { tok: flags.str("tok"), text: flags.str("text"), file: flags.str("file"), json: flags.bool("json") };
+  if (flags.bool("help")) {
+    out.write(TOKENIZE_FLAGS.usage());
     return Promise.resolve(0);
   }
   if (opts.tok === undefined) throw usageError("tokenize: --tok DIR is required");

@@ -6,7 +6,7 @@
  */
 
 import assert from "node:assert/strict";
-import { diskNeeded, fittingPreset, presetNeeds, problems, TRUNK_BYTES } from "../../cli/doctor.ts";
+import { diskNeeded, fittingPreset, presetNeeds, problems, TRUNK_BYTES } from "../../cli/doctor/facts.ts";
 import { fmtDuration, progressLine } from "../../cli/progress.ts";
 import { permissionFlags } from "../../cli/permissions.ts";
 import { copyDir, k3, type Output, ROOT, runCmd, tempDir, TINY, TINY_EN } from "../helpers.ts";

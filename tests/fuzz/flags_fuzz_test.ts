@@ -2,17 +2,21 @@
 
 import assert from "node:assert/strict";
 import fc from "fast-check";
-import {
-  GENERATION_FLAGS,
-  generationOptions,
-  MEMORY_FLAGS,
-  memoryOptions,
-  parseFlags,
-  promptSource,
-} from "../../cli/run_options.ts";
+import { PROMPT_GROUP, promptSource } from "../../cli/run_options.ts";
+import { commandFlags } from "../../cli/flags.ts";
+import { GENERATION_GROUP, generationOptions } from "../../cli/flag_groups/generation.ts";
+import { MODEL_GROUP } from "../../cli/flag_groups/model.ts";
+import { MEMORY_GROUP, memoryOptions } from "../../cli/flag_groups/memory.ts";
 import { assertRefusal, check } from "./fuzz.ts";
 
-const NAMES = [...Object.keys(GENERATION_FLAGS), ...Object.keys(MEMORY_FLAGS), "prompt", "ids", "prompt-file", "bogus"];
+/** The prompt, generation, model and memory groups of `k3 run`. */
+const FLAGS = commandFlags({
+  name: "run",
+  head: "usage: k3 run",
+  groups: [PROMPT_GROUP, GENERATION_GROUP, MODEL_GROUP, MEMORY_GROUP],
+  tail: "",
+});
+const NAMES = [...Object.keys(FLAGS.flags), "bogus"];
 const VALUES = fc.oneof(
   fc.constantFrom(
     "0",
@@ -40,17 +44,10 @@ const arg = fc.oneof(
 );
 
 Deno.test("fuzz flags: refused with exit 2 and one line, or parsed into options in range", () => {
-  const options = {
-    ...GENERATION_FLAGS,
-    ...MEMORY_FLAGS,
-    prompt: { type: "string" as const },
-    ids: { type: "string" as const },
-    "prompt-file": { type: "string" as const },
-  };
   check("flags", fc.array(arg, { maxLength: 6 }), (parts) => {
     const args = parts.flat();
     try {
-      const { values, tokens } = parseFlags("run", args, options);
+      const { values, tokens } = FLAGS.parse(args);
       const g = generationOptions(values);
       const m = memoryOptions(tokens);
       promptSource(values);
