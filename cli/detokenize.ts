@@ -8,7 +8,7 @@ import { usageError } from "../engine/errors.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { parseIds } from "./common.ts";
 import { type CommandFlags, commandFlags } from "./flags.ts";
-import { type Output, stdout } from "./tokenize.ts";
+import { type Output, stdout, TOKENIZER_DIR_FLAG } from "./tokenize.ts";
 
 /** `k3 detokenize`'s flags and help. */
 export const DETOKENIZE_FLAGS: CommandFlags = commandFlags({
@@ -21,7 +21,7 @@ Prints the text of comma-separated token ids (bytes that are not valid UTF-8 pri
     title: "",
     column: 17,
     flags: {
-      tok: { type: "string", value: "DIR", help: "directory holding tiktoken.model and tokenizer_config.json" },
+      tok: TOKENIZER_DIR_FLAG,
       ids: { type: "string", value: "LIST", help: "comma-separated token ids" },
     },
   }],

@@ -78,6 +78,8 @@ export interface CommandFlags {
   readonly name: string;
   /** Every flag the command accepts, by long name. */
   readonly flags: Readonly<Record<string, Flag>>;
+  /** The groups it was made from, in help order (the help group last). */
+  readonly groups: readonly FlagGroup[];
   /** The `--help` text. */
   usage(): string;
   /** Parses `args` strictly (see parseFlags in common.ts). */
@@ -130,6 +132,7 @@ export function commandFlags(spec: CommandSpec): CommandFlags {
   return {
     name: spec.name,
     flags,
+    groups,
     usage: () => help,
     parse: (args, allowPositionals = true) => {
       const { values, positionals, tokens } = parseFlags(spec.name, args, options, allowPositionals, lastWins);
@@ -144,4 +147,37 @@ export function commandFlags(spec: CommandSpec): CommandFlags {
       };
     },
   };
+}
+
+/**
+ * Where the commands together declare a thing twice: a group name that stands for
+ * different flags in two commands, or one flag (same name, type and help) copied into two
+ * differently named groups instead of being declared once and shared. A flag name may mean
+ * different things in different commands (`--gen` per reply in chat, per run in run):
+ * those are two declarations with their own help; one declaration shared by two groups is
+ * declared once. Empty when everything is declared once.
+ */
+export function declarationClashes(commands: readonly CommandFlags[]): string[] {
+  const clashes = new Set<string>();
+  const groupFlags = new Map<string, { flags: string; where: string }>();
+  const home = new Map<string, { group: string; flag: Flag }>();
+  for (const cmd of commands) {
+    for (const g of cmd.groups) {
+      const names = Object.keys(g.flags).sort().join(" ");
+      const seen = groupFlags.get(g.name);
+      if (!seen) groupFlags.set(g.name, { flags: names, where: cmd.name });
+      else if (seen.flags !== names) {
+        clashes.add(`group '${g.name}' declares other flags in k3 ${cmd.name} than in k3 ${seen.where}`);
+      }
+      for (const [name, f] of Object.entries(g.flags)) {
+        const declaration = JSON.stringify([name, f.type, f.help]);
+        const other = home.get(declaration);
+        if (other === undefined) home.set(declaration, { group: g.name, flag: f });
+        else if (other.group !== g.name && other.flag !== f) {
+          clashes.add(`--${name} is declared alike by groups '${other.group}' and '${g.name}'`);
+        }
+      }
+    }
+  }
+  return [...clashes];
 }

@@ -10,7 +10,14 @@ import { EXIT, usageError } from "../engine/errors.ts";
 import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
 import { readInput } from "../engine/native/files.ts";
-import { type CommandFlags, commandFlags } from "./flags.ts";
+import { type CommandFlags, commandFlags, type Flag } from "./flags.ts";
+
+/** `--tok DIR`, as tokenize and detokenize take it. */
+export const TOKENIZER_DIR_FLAG: Flag = {
+  type: "string",
+  value: "DIR",
+  help: "directory holding tiktoken.model and tokenizer_config.json",
+};
 
 /** `k3 tokenize`'s flags and help. */
 export const TOKENIZE_FLAGS: CommandFlags = commandFlags({
@@ -24,7 +31,7 @@ Special tokens in the text are not recognised: they are encoded as ordinary text
     title: "",
     column: 17,
     flags: {
-      tok: { type: "string", value: "DIR", help: "directory holding tiktoken.model and tokenizer_config.json" },
+      tok: TOKENIZER_DIR_FLAG,
       text: { type: "string", value: "TEXT", help: "the text to encode" },
       file: { type: "string", value: "PATH", help: "read the text from a file, verbatim (must be valid UTF-8)" },
       json: { type: "boolean", help: "print a JSON array" },

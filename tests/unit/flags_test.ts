@@ -7,7 +7,7 @@
 
 import assert from "node:assert/strict";
 import { cli, USAGE as TOP_USAGE } from "../../cli/commands.ts";
-import { type CommandFlags, commandFlags, type FlagGroup } from "../../cli/flags.ts";
+import { type CommandFlags, commandFlags, declarationClashes, type FlagGroup } from "../../cli/flags.ts";
 import { RUN_FLAGS } from "../../cli/run/options.ts";
 import { CHAT_FLAGS } from "../../cli/chat/options.ts";
 import { BATCH_FLAGS } from "../../cli/batch/options.ts";
@@ -149,4 +149,18 @@ Deno.test("flags: a typo names the nearest flag; a llama.cpp habit names k3's", 
   assert.throws(() => RUN_FLAGS.parse(["--promt", "x"]), /unknown option --promt \(did you mean --prompt\?\)/);
   assert.throws(() => CHAT_FLAGS.parse(["--temp", "1"]), /unknown option --temp \(k3 calls it --temperature\)/);
   assert.throws(() => SERVE_FLAGS.parse(["--ctx-size", "8"]), /k3 calls it --context/);
+});
+
+Deno.test("flags: across every command no flag is declared twice, and a group name is one set of flags", () => {
+  assert.deepEqual(declarationClashes(Object.values(COMMANDS)), []);
+  // A made-up second "memory" group (another concern's flags under the same name) and a
+  // made-up group copying --threads's declaration are both named.
+  const spec = { name: "made-up", head: "usage: k3 made-up", tail: "" };
+  const secondMemory: FlagGroup = { name: "memory", title: "", flags: { "ram-gb": { type: "string", help: "x" } } };
+  const threadsAgain: FlagGroup = { name: "workers", title: "", flags: { threads: { ...MODEL_GROUP.flags.threads } } };
+  const madeUp = commandFlags({ ...spec, groups: [secondMemory, threadsAgain] });
+  assert.deepEqual(declarationClashes([...Object.values(COMMANDS), madeUp]).sort(), [
+    "--threads is declared alike by groups 'model' and 'workers'",
+    "group 'memory' declares other flags in k3 made-up than in k3 run",
+  ]);
 });
