@@ -1,7 +1,7 @@
 /**
  * The test tiers mean what they say: `deno task test:unit` runs the in-process tiers
- * (tests/unit/, tests/fuzz/), `deno task test:e2e` the tiers that start processes
- * (tests/e2e/, tests/oracle/); together they are every test `npm test` runs, each once; and
+ * (tests/unit/, tests/fuzz/), `deno task test:e2e` the tiers that start processes or run a
+ * whole stack (tests/e2e/, tests/oracle/); together they are every test `npm test` runs, each once; and
  * no file of an in-process tier starts a process.
  */
 
