@@ -198,26 +198,59 @@ const KDIR = new URL("../kernels/", import.meta.url).pathname;
 const EXT = Deno.build.os === "darwin" ? "dylib" : "so";
 
 /**
- * Every build of the kernel library present (made first: `make all variants`), by name,
- * opened for `symbols`: scalar (always: it is the reference path), avx2 and avx512 where this
- * CPU runs them, and the native build.
+ * Every build of the kernel library present, by name, opened for `symbols`: scalar (always:
+ * it is the reference path), avx2 and avx512 where this CPU runs them, and the native build.
+ * The builds are made before the tests (`make -s -C kernels all variants`, the first step of
+ * every test task), so an in-process test starts no `make`.
  */
 export function libraryBuilds<S extends Deno.ForeignLibraryInterface>(symbols: S): [string, Deno.DynamicLibrary<S>][] {
-  const out = new Deno.Command("make", { args: ["-s", "-C", KDIR, "all", "variants"] }).outputSync();
-  if (!out.success) throw new Error("make all variants failed:\n" + new TextDecoder().decode(out.stderr));
   const found: [string, Deno.DynamicLibrary<S>][] = [];
-  for (const v of ["scalar", "avx2", "avx512"]) {
-    const p = `${KDIR}build/libk3-${v}.${EXT}`;
+  for (const v of ["scalar", "avx2", "avx512", "native"]) {
+    const p = v === "native" ? `${KDIR}build/libk3.${EXT}` : `${KDIR}build/libk3-${v}.${EXT}`;
     try {
       Deno.statSync(p);
     } catch {
-      if (v === "scalar") throw new Error("the scalar build must exist");
+      // The test tasks build first; a test file run alone needs the build made by hand.
+      if (v === "scalar" || v === "native") throw new Error(`${p} is missing: run make -s -C kernels all variants`);
       continue;
     }
     found.push([v, Deno.dlopen(p, symbols)]);
   }
-  found.push(["native", Deno.dlopen(`${KDIR}build/libk3.${EXT}`, symbols)]);
   return found;
+}
+
+const hex = (b: bigint) => b.toString(16).padStart(16, "0");
+
+/** k3w64 of `bytes` in one call of a build's `k3io_hash`, as 16 hex digits. */
+export function k3w64Hex(
+  lib: { symbols: { k3io_hash(p: Deno.PointerValue, n: bigint): bigint } },
+  bytes: Uint8Array,
+): string {
+  return hex(lib.symbols.k3io_hash(bytes.length ? Deno.UnsafePointer.of(bytes) : null, BigInt(bytes.length)));
+}
+
+/** The matrix check of rows [r0, r1) of `bytes` (all rows from row 0) by a build's
+ * `k3_matrix_check`, as 16 hex digits. */
+export function matrixCheckHex(
+  lib: {
+    symbols: {
+      k3_matrix_check(w: Deno.PointerValue, rowbytes: number, r0: number, r1: number, out: Deno.PointerValue): void;
+    };
+  },
+  bytes: Uint8Array,
+  rowbytes: number,
+  r0: number,
+  r1: number,
+): string {
+  const sum = new BigUint64Array(1);
+  lib.symbols.k3_matrix_check(
+    Deno.UnsafePointer.of(bytes.subarray(r0 * rowbytes)),
+    rowbytes,
+    r0,
+    r1,
+    Deno.UnsafePointer.of(sum),
+  );
+  return hex(sum[0]);
 }
 
 /** Deterministic pseudo-random bytes (xorshift32). */

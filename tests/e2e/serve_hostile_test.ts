@@ -7,6 +7,10 @@
  * leave /metrics and memory bounded; slow clients are cut off at the timeouts; a foreign
  * Host or a cross-origin POST starts no generation; the small protocol items; the SDK's
  * `models.retrieve` and `responses.create`; internal errors are one line with an id.
+ *
+ * One test: the model is opened and the server started once, each check is a step on its
+ * own (it counts from what it finds, never from what an earlier step left), and the server
+ * and the model are closed in a finally.
  */
 
 import assert from "node:assert/strict";
@@ -22,12 +26,9 @@ const KEY = "hostile-key-0123";
 const PARALLEL = 2;
 const CONTEXT = 1024;
 const auth = { authorization: `Bearer ${KEY}` };
-const shared = { sanitizeOps: false, sanitizeResources: false };
-
-const config = await readModelConfig(TINY);
-const opened = await openModel(config, { capacity: CONTEXT, chunk: 16, sequences: PARALLEL, threads: 1 });
-const real = new Scheduler(opened.model, { maxSequences: PARALLEL });
-const tokenizer = Tokenizer.load(TINY);
+/** A step leaves the shared server's connections and the SDK's kept-alive sockets open for the
+ * next one; the test itself checks that everything is closed once the server is stopped. */
+const STEP_SANITIZERS = { sanitizeOps: false, sanitizeResources: false };
 
 /** What the probe saw of each finished sequence. */
 interface Seen {
@@ -37,79 +38,103 @@ interface Seen {
   finish: string;
 }
 
-/** The real scheduler behind a probe: submissions counted, aborts measured, a token hook. */
-const probe = {
-  submitted: 0,
-  seen: [] as Seen[],
+/** Counts submissions, measures aborts and resolves a hook at each sequence's 2nd token. */
+class Probe {
+  submitted = 0;
+  seen: Seen[] = [];
   /** Resolved at the next sequence's 2nd token (generation is under way). */
-  onSecondToken: [] as (() => void)[],
+  onSecondToken: (() => void)[] = [];
   second(): Promise<void> {
     return new Promise((r) => this.onSecondToken.push(r));
-  },
-};
-const scheduler: ServeEngine["scheduler"] = {
-  get queued() {
-    return real.queued;
-  },
-  get active() {
-    return real.active;
-  },
-  async submit(req: SequenceRequest) {
-    probe.submitted++;
-    let n = 0, atAbort = -1;
-    req.signal?.addEventListener("abort", () => (atAbort = n));
-    const result = await real.submit({
-      ...req,
-      onToken: (t, logits) => {
-        if (++n === 2) { for (const r of probe.onSecondToken.splice(0)) r(); }
-        return req.onToken?.(t, logits);
-      },
-    });
-    probe.seen.push({ tokens: result.tokens.length, atAbort, finish: result.finishReason });
-    return result;
-  },
-};
-const engine: ServeEngine = {
-  scheduler,
-  tokenizer,
-  capacity: CONTEXT,
-  vocabSize: config.cfg.vocabSize,
-  bytesRead: () => 0,
-};
+  }
+}
 
-const logs: string[] = [];
-const server = startServer({
-  hostname: "127.0.0.1",
-  port: 0,
-  modelName: "tiny",
-  apiKey: KEY,
-  parallel: PARALLEL,
-  maxQueue: 4,
-  maxBodyBytes: 1 << 20,
-  log: (l) => logs.push(l),
-  fingerprint: "fp_test",
-});
-server.ready(engine);
-const base = `http://127.0.0.1:${server.addr.port}`;
-const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: KEY, maxRetries: 0 });
+/** The tiny model behind the real scheduler and a probe, served on loopback with a key. */
+async function startHostile() {
+  const config = await readModelConfig(TINY);
+  const opened = await openModel(config, { capacity: CONTEXT, chunk: 16, sequences: PARALLEL, threads: 1 });
+  const real = new Scheduler(opened.model, { maxSequences: PARALLEL });
+  const probe = new Probe();
+  /** The real scheduler behind the probe. */
+  const scheduler: ServeEngine["scheduler"] = {
+    get queued() {
+      return real.queued;
+    },
+    get active() {
+      return real.active;
+    },
+    async submit(req: SequenceRequest) {
+      probe.submitted++;
+      let n = 0, atAbort = -1;
+      req.signal?.addEventListener("abort", () => (atAbort = n));
+      const result = await real.submit({
+        ...req,
+        onToken: (t, logits) => {
+          if (++n === 2) { for (const r of probe.onSecondToken.splice(0)) r(); }
+          return req.onToken?.(t, logits);
+        },
+      });
+      probe.seen.push({ tokens: result.tokens.length, atAbort, finish: result.finishReason });
+      return result;
+    },
+  };
+  const engine: ServeEngine = {
+    scheduler,
+    tokenizer: Tokenizer.load(TINY),
+    capacity: CONTEXT,
+    vocabSize: config.cfg.vocabSize,
+    bytesRead: () => 0,
+  };
+  const logs: string[] = [];
+  const server = startServer({
+    hostname: "127.0.0.1",
+    port: 0,
+    modelName: "tiny",
+    apiKey: KEY,
+    parallel: PARALLEL,
+    maxQueue: 4,
+    maxBodyBytes: 1 << 20,
+    log: (l) => logs.push(l),
+    fingerprint: "fp_test",
+  });
+  server.ready(engine);
+  const base = `http://127.0.0.1:${server.addr.port}`;
+  return {
+    probe,
+    scheduler,
+    engine,
+    logs,
+    server,
+    base,
+    client: new OpenAI({ baseURL: `${base}/v1`, apiKey: KEY, maxRetries: 0 }),
+    async close() {
+      await server.shutdown(0);
+      await real.close();
+      await opened.close();
+    },
+  };
+}
+
+/** The shared server and what watches it, as each step gets it. */
+type Hostile = Awaited<ReturnType<typeof startHostile>>;
 
 const enc = new TextEncoder();
 const dec = new TextDecoder();
 const LONG = { max_tokens: 600, ignore_eos: true, temperature: 0 };
 const CHAT = { messages: [{ role: "user" as const, content: "What is the capital of France?" }] };
 
-/** A value of /metrics (the first series of that name). */
-async function metric(name: string, srv: RunningServer = server): Promise<number> {
+/** A value of `srv`'s /metrics (the first series of that name). */
+async function metric(srv: RunningServer, name: string): Promise<number> {
   const text = await (await fetch(`http://127.0.0.1:${srv.addr.port}/metrics`, { headers: auth })).text();
   const m = new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, "m").exec(text);
   assert.ok(m, `${name} in /metrics`);
   return Number(m[1]);
 }
 
-/** A request head (and body) as raw HTTP/1.1 bytes. */
-function requestBytes(method: string, path: string, body: string, headers: Record<string, string> = {}) {
+/** A request head (and body) as raw HTTP/1.1 bytes, to the server on `port`. */
+function requestBytes(port: number, method: string, path: string, body: string, headers: Record<string, string> = {}) {
   const h = {
-    host: `127.0.0.1:${server.addr.port}`,
+    host: `127.0.0.1:${port}`,
     "content-type": "application/json",
     ...auth,
     ...headers,
@@ -128,7 +153,7 @@ function requestBytes(method: string, path: string, body: string, headers: Recor
  */
 async function send(conn: Deno.TcpConn, method: string, path: string, body: string, split: boolean, headers = {}) {
   conn.setNoDelay(true);
-  const { head, body: b } = requestBytes(method, path, body, headers);
+  const { head, body: b } = requestBytes((conn.remoteAddr as Deno.NetAddr).port, method, path, body, headers);
   if (split) {
     await conn.write(head);
     await new Promise((r) => setTimeout(r, 50));
@@ -175,7 +200,7 @@ async function readAll(conn: Deno.Conn): Promise<string> {
 }
 
 /** The last sequence the probe saw ended within one pass of its client going away. */
-function freedWithinOnePass(what: string): void {
+function freedWithinOnePass(probe: Probe, what: string): void {
   const s = probe.seen.at(-1)!;
   assert.equal(s.finish, "interrupted", what);
   assert.ok(s.atAbort >= 2, `${what}: aborted while generating (${s.atAbort})`);
@@ -183,37 +208,43 @@ function freedWithinOnePass(what: string): void {
   assert.ok(s.tokens < LONG.max_tokens, what);
 }
 
+/** The checks, each a step of the one test below, each on its own: none reads what another left. */
+const STEPS: { name: string; fn: (fx: Hostile) => Promise<void> }[] = [];
+
+/** Declares a check (run in the order declared, but needing no order). */
+function step(name: string, fn: (fx: Hostile) => Promise<void>): void {
+  STEPS.push({ name, fn });
+}
+
 for (const stream of [false, true]) {
   for (const split of [true, false]) {
-    Deno.test({
-      name: `client gone: ${stream ? "streamed" : "non-streamed"}, body ${
+    step(
+      `client gone: ${stream ? "streamed" : "non-streamed"}, body ${
         split ? "in its own segment" : "with the head"
       }, closed mid-generation: its slot is free within one pass, counted as a disconnect, not a 5xx`,
-      ...shared,
-      fn: async () => {
-        const gone0 = await metric("k3_client_disconnects_total");
+      async ({ server, probe, logs }) => {
+        const gone0 = await metric(server, "k3_client_disconnects_total");
         const conn = await Deno.connect({ hostname: "127.0.0.1", port: server.addr.port });
         const started = probe.second();
         await send(conn, "POST", "/v1/chat/completions", JSON.stringify({ ...CHAT, ...LONG, stream }), split);
         await started;
         conn.close();
         await server.idle();
-        freedWithinOnePass(`stream ${stream} split ${split}`);
-        assert.equal(await metric("k3_sequences_in_flight"), 0);
-        assert.equal(await metric("k3_client_disconnects_total"), gone0 + 1);
-        assert.equal(await metric("k3_internal_errors_total"), 0);
+        freedWithinOnePass(probe, `stream ${stream} split ${split}`);
+        assert.equal(await metric(server, "k3_sequences_in_flight"), 0);
+        assert.equal(await metric(server, "k3_client_disconnects_total"), gone0 + 1);
+        assert.equal(await metric(server, "k3_internal_errors_total"), 0);
         const line = logs.findLast((l) => l.includes("POST /v1/chat/completions"))!;
         assert.match(line, / 499 .*finish interrupted$/);
         assert.ok(!logs.some((l) => /internal error|\n\s+at /.test(l)), logs.join("\n"));
       },
-    });
+    );
   }
 }
 
-Deno.test({
-  name: "client gone: the second request of a kept-alive connection, body split, then closed: freed",
-  ...shared,
-  fn: async () => {
+step(
+  "client gone: the second request of a kept-alive connection, body split, then closed: freed",
+  async ({ server, probe }) => {
     const conn = await Deno.connect({ hostname: "127.0.0.1", port: server.addr.port });
     await send(conn, "POST", "/v1/chat/completions", JSON.stringify({ ...CHAT, max_tokens: 2 }), true);
     const first = await readResponse(conn);
@@ -224,14 +255,13 @@ Deno.test({
     await started;
     conn.close();
     await server.idle();
-    freedWithinOnePass("keep-alive");
+    freedWithinOnePass(probe, "keep-alive");
   },
-});
+);
 
-Deno.test({
-  name: "client gone: the official SDK's aborted non-streamed call frees its slot within one pass",
-  ...shared,
-  fn: async () => {
+step(
+  "client gone: the official SDK's aborted non-streamed call frees its slot within one pass",
+  async ({ server, probe, client }) => {
     const ac = new AbortController();
     const started = probe.second();
     const call = client.chat.completions.create(
@@ -243,15 +273,13 @@ Deno.test({
     ac.abort();
     await assert.rejects(call, (e: unknown) => e instanceof OpenAI.APIUserAbortError);
     await server.idle();
-    freedWithinOnePass("SDK abort");
+    freedWithinOnePass(probe, "SDK abort");
   },
-});
+);
 
-Deno.test({
-  name:
-    "bounded: 2,000 unauthenticated 8 kB paths leave /metrics's labels and the log lines bounded (memory: serve_memory_test.ts)",
-  ...shared,
-  fn: async () => {
+step(
+  "bounded: 2,000 unauthenticated 8 kB paths leave /metrics's labels and the log lines bounded (memory: serve_memory_test.ts)",
+  async ({ probe, logs, base }) => {
     const before = await (await fetch(`${base}/metrics`, { headers: auth })).text();
     const logged = logs.length;
     const submitted = probe.submitted;
@@ -275,7 +303,7 @@ Deno.test({
     }
     assert.equal(probe.submitted, submitted);
   },
-});
+);
 
 /** Another server on loopback (one slot, one waiting, no log) with `opts` over that. */
 function another(opts: Partial<ServerOptions>): RunningServer {
@@ -291,8 +319,8 @@ function another(opts: Partial<ServerOptions>): RunningServer {
   });
 }
 
-/** A second server on the same engine with short timeouts and a small connection cap. */
-function strictServer(extra: Parameters<typeof startServer>[0]["limits"] = {}) {
+/** A second server on `engine` with short timeouts and a small connection cap. */
+function strictServer(engine: ServeEngine, extra: Parameters<typeof startServer>[0]["limits"] = {}) {
   const s = another({
     parallel: PARALLEL,
     maxQueue: 4,
@@ -303,11 +331,10 @@ function strictServer(extra: Parameters<typeof startServer>[0]["limits"] = {}) {
   return s;
 }
 
-Deno.test({
-  name: "slow clients are cut off: a head, a body, an idle keep-alive past their timeouts; a cap on connections",
-  ...shared,
-  fn: async () => {
-    const s = strictServer();
+step(
+  "slow clients are cut off: a head, a body, an idle keep-alive past their timeouts; a cap on connections",
+  async ({ engine }) => {
+    const s = strictServer(engine);
     const port = s.addr.port;
     const open = () => Deno.connect({ hostname: "127.0.0.1", port });
     // A head that never ends.
@@ -333,7 +360,7 @@ Deno.test({
     c.close();
     await s.shutdown(0);
 
-    const capped = strictServer({ maxConnections: 2, headerTimeoutSeconds: 30 });
+    const capped = strictServer(engine, { maxConnections: 2, headerTimeoutSeconds: 30 });
     const a = await Deno.connect({ hostname: "127.0.0.1", port: capped.addr.port });
     const b = await Deno.connect({ hostname: "127.0.0.1", port: capped.addr.port });
     const third = await Deno.connect({ hostname: "127.0.0.1", port: capped.addr.port });
@@ -341,16 +368,21 @@ Deno.test({
     for (const x of [a, b, third]) x.close();
     await capped.shutdown(0);
   },
-});
+);
 
-Deno.test({
-  name: "Expect: 100-continue (curl, bodies over 1 kB): 100 Continue once the key is checked, then the answer",
-  ...shared,
-  fn: async () => {
+step(
+  "Expect: 100-continue (curl, bodies over 1 kB): 100 Continue once the key is checked, then the answer",
+  async ({ server }) => {
     const conn = await Deno.connect({ hostname: "127.0.0.1", port: server.addr.port });
-    const { head, body } = requestBytes("POST", "/v1/chat/completions", JSON.stringify({ ...CHAT, max_tokens: 1 }), {
-      expect: "100-continue",
-    });
+    const { head, body } = requestBytes(
+      server.addr.port,
+      "POST",
+      "/v1/chat/completions",
+      JSON.stringify({ ...CHAT, max_tokens: 1 }),
+      {
+        expect: "100-continue",
+      },
+    );
     await conn.write(head);
     const interim = new Uint8Array(64);
     const n = await conn.read(interim);
@@ -360,36 +392,37 @@ Deno.test({
     assert.equal(res.status, 200, res.body);
     conn.close();
   },
+);
+
+step("a 200,000-character chat message is a 400 context_length_exceeded", async ({ base }) => {
+  const r = await fetch(`${base}/v1/chat/completions`, {
+    method: "POST",
+    headers: { ...auth, "content-type": "application/json" },
+    body: JSON.stringify({ messages: [{ role: "user", content: "word ".repeat(40000) }] }),
+  });
+  const body = await r.json();
+  assert.equal(r.status, 400, JSON.stringify(body));
+  assert.equal(body.error.code, "context_length_exceeded");
 });
 
-Deno.test({
-  name: "a 200,000-character chat message is a 400 context_length_exceeded",
-  ...shared,
-  fn: async () => {
-    const r = await fetch(`${base}/v1/chat/completions`, {
-      method: "POST",
-      headers: { ...auth, "content-type": "application/json" },
-      body: JSON.stringify({ messages: [{ role: "user", content: "word ".repeat(40000) }] }),
-    });
-    const body = await r.json();
-    assert.equal(r.status, 400, JSON.stringify(body));
-    assert.equal(body.error.code, "context_length_exceeded");
-  },
-});
-
-/** Sends raw bytes and reads the answer to the close. */
-async function rawExchange(method: string, path: string, body: string, headers: Record<string, string>) {
-  const conn = await Deno.connect({ hostname: "127.0.0.1", port: server.addr.port });
+/** Sends raw bytes to `srv` and reads the answer to the close. */
+async function rawExchange(
+  srv: RunningServer,
+  method: string,
+  path: string,
+  body: string,
+  headers: Record<string, string>,
+) {
+  const conn = await Deno.connect({ hostname: "127.0.0.1", port: srv.addr.port });
   await send(conn, method, path, body, false, { connection: "close", ...headers });
   const text = await readAll(conn);
   conn.close();
   return { status: Number(text.split(" ")[1]), text };
 }
 
-Deno.test({
-  name: "browsers: a foreign Host (421), a cross-origin POST (403), a text/plain body (415) start no generation",
-  ...shared,
-  fn: async () => {
+step(
+  "browsers: a foreign Host (421), a cross-origin POST (403), a text/plain body (415) start no generation",
+  async ({ server, probe }) => {
     const submitted = probe.submitted;
     const body = JSON.stringify({ ...CHAT, max_tokens: 1 });
     const cases: [Record<string, string>, number][] = [
@@ -402,13 +435,13 @@ Deno.test({
       [{ authorization: "", "content-type": "text/plain", origin: "https://evil.example" }, 401],
     ];
     for (const [headers, status] of cases) {
-      const r = await rawExchange("POST", "/v1/chat/completions", body, headers);
+      const r = await rawExchange(server, "POST", "/v1/chat/completions", body, headers);
       assert.equal(r.status, status, `${JSON.stringify(headers)}: ${r.text}`);
     }
     assert.equal(probe.submitted, submitted);
     // Loopback names and a same-origin page are served.
     for (const host of ["localhost", `localhost:${server.addr.port}`, `127.0.0.1:${server.addr.port}`]) {
-      const r = await rawExchange("POST", "/v1/chat/completions", body, {
+      const r = await rawExchange(server, "POST", "/v1/chat/completions", body, {
         host,
         origin: `http://${host}`,
         "sec-fetch-site": "same-origin",
@@ -427,12 +460,11 @@ Deno.test({
       await s.shutdown(0);
     }
   },
-});
+);
 
-Deno.test({
-  name: "--cors: the preflight allows the official SDK's x-stainless-* headers; that origin's POST is served",
-  ...shared,
-  fn: async () => {
+step(
+  "--cors: the preflight allows the official SDK's x-stainless-* headers; that origin's POST is served",
+  async ({ engine }) => {
     const origin = "https://app.example";
     const s = another({
       apiKey: KEY,
@@ -467,12 +499,11 @@ Deno.test({
     await other.body?.cancel();
     await s.shutdown(0);
   },
-});
+);
 
-Deno.test({
-  name: "small items: bearer in any case, Allow on 405, HEAD /health, Retry-After while loading, response_format text",
-  ...shared,
-  fn: async () => {
+step(
+  "small items: bearer in any case, Allow on 405, HEAD /health, Retry-After while loading, response_format text",
+  async ({ server, base, client }) => {
     const lower = await fetch(`${base}/v1/models`, { headers: { authorization: `bearer ${KEY}` } });
     assert.equal(lower.status, 200);
     await lower.body?.cancel();
@@ -480,7 +511,7 @@ Deno.test({
     assert.equal(m405.status, 405);
     assert.equal(m405.headers.get("allow"), "POST");
     await m405.body?.cancel();
-    const head = await rawExchange("HEAD", "/health", "", {});
+    const head = await rawExchange(server, "HEAD", "/health", "", {});
     assert.equal(head.status, 200);
     assert.match(head.text, /content-length: 15\r\n/);
     assert.ok(head.text.endsWith("\r\n\r\n"), "no body after a HEAD");
@@ -521,66 +552,61 @@ Deno.test({
       (e: unknown) => e instanceof OpenAI.BadRequestError,
     );
   },
+);
+
+step("the SDK: models.retrieve; responses.create (whole and streamed) equals the chat answer", async ({ client }) => {
+  const m = await client.models.retrieve("tiny");
+  assert.deepEqual([m.id, m.object, m.owned_by], ["tiny", "model", "k3"]);
+  await assert.rejects(() => client.models.retrieve("other"), (e: unknown) => e instanceof OpenAI.NotFoundError);
+  const question = CHAT.messages[0].content;
+  const chat = await client.chat.completions.create({ model: "tiny", ...CHAT, max_tokens: 24, temperature: 0 });
+  const msg = chat.choices[0].message as typeof chat.choices[0]["message"] & { reasoning_content: string };
+  const r = await client.responses.create({ model: "tiny", input: question, max_output_tokens: 24, temperature: 0 });
+  assert.equal(r.object, "response");
+  assert.match(r.id, /^resp_/);
+  assert.equal(r.output_text, msg.content);
+  const reasoning = r.output.find((o) => o.type === "reasoning");
+  assert.equal(
+    (reasoning as { content?: { text: string }[] } | undefined)?.content?.[0].text ?? "",
+    msg.reasoning_content ?? "",
+  );
+  assert.equal(r.status, chat.choices[0].finish_reason === "length" ? "incomplete" : "completed");
+  assert.equal(r.usage?.output_tokens, chat.usage?.completion_tokens);
+  assert.equal(r.usage?.input_tokens, chat.usage?.prompt_tokens);
+  assert.equal(
+    r.usage?.output_tokens_details.reasoning_tokens,
+    chat.usage?.completion_tokens_details?.reasoning_tokens,
+  );
+
+  const stream = await client.responses.create({
+    model: "tiny",
+    input: [{ role: "user", content: [{ type: "input_text", text: question }] }],
+    max_output_tokens: 24,
+    temperature: 0,
+    stream: true,
+  });
+  let text = "", last: OpenAI.Responses.Response | undefined, seq = -1;
+  for await (const ev of stream) {
+    assert.equal(ev.sequence_number, seq + 1);
+    seq = ev.sequence_number;
+    if (ev.type === "response.output_text.delta") text += ev.delta;
+    if (ev.type === "response.completed" || ev.type === "response.incomplete") last = ev.response;
+  }
+  assert.equal(text, msg.content);
+  assert.ok(last);
+  assert.deepEqual(
+    last.output,
+    r.output.map((o) => ({ ...o, id: (last!.output.find((x) => x.type === o.type))!.id })),
+  );
+  await assert.rejects(
+    () => client.responses.create({ model: "tiny", input: "x", previous_response_id: "resp_1" }),
+    (e: unknown) => e instanceof OpenAI.BadRequestError,
+  );
 });
 
-Deno.test({
-  name: "the SDK: models.retrieve; responses.create (whole and streamed) equals the chat answer",
-  ...shared,
-  fn: async () => {
-    const m = await client.models.retrieve("tiny");
-    assert.deepEqual([m.id, m.object, m.owned_by], ["tiny", "model", "k3"]);
-    await assert.rejects(() => client.models.retrieve("other"), (e: unknown) => e instanceof OpenAI.NotFoundError);
-    const question = CHAT.messages[0].content;
-    const chat = await client.chat.completions.create({ model: "tiny", ...CHAT, max_tokens: 24, temperature: 0 });
-    const msg = chat.choices[0].message as typeof chat.choices[0]["message"] & { reasoning_content: string };
-    const r = await client.responses.create({ model: "tiny", input: question, max_output_tokens: 24, temperature: 0 });
-    assert.equal(r.object, "response");
-    assert.match(r.id, /^resp_/);
-    assert.equal(r.output_text, msg.content);
-    const reasoning = r.output.find((o) => o.type === "reasoning");
-    assert.equal(
-      (reasoning as { content?: { text: string }[] } | undefined)?.content?.[0].text ?? "",
-      msg.reasoning_content ?? "",
-    );
-    assert.equal(r.status, chat.choices[0].finish_reason === "length" ? "incomplete" : "completed");
-    assert.equal(r.usage?.output_tokens, chat.usage?.completion_tokens);
-    assert.equal(r.usage?.input_tokens, chat.usage?.prompt_tokens);
-    assert.equal(
-      r.usage?.output_tokens_details.reasoning_tokens,
-      chat.usage?.completion_tokens_details?.reasoning_tokens,
-    );
-
-    const stream = await client.responses.create({
-      model: "tiny",
-      input: [{ role: "user", content: [{ type: "input_text", text: question }] }],
-      max_output_tokens: 24,
-      temperature: 0,
-      stream: true,
-    });
-    let text = "", last: OpenAI.Responses.Response | undefined, seq = -1;
-    for await (const ev of stream) {
-      assert.equal(ev.sequence_number, seq + 1);
-      seq = ev.sequence_number;
-      if (ev.type === "response.output_text.delta") text += ev.delta;
-      if (ev.type === "response.completed" || ev.type === "response.incomplete") last = ev.response;
-    }
-    assert.equal(text, msg.content);
-    assert.ok(last);
-    assert.deepEqual(
-      last.output,
-      r.output.map((o) => ({ ...o, id: (last!.output.find((x) => x.type === o.type))!.id })),
-    );
-    await assert.rejects(
-      () => client.responses.create({ model: "tiny", input: "x", previous_response_id: "resp_1" }),
-      (e: unknown) => e instanceof OpenAI.BadRequestError,
-    );
-  },
-});
-
-Deno.test({
-  name: "errors: an internal failure is one log line with an id and a 500 naming it; fuzzed requests never reach it",
-  ...shared,
-  fn: async () => {
+step(
+  "errors: an internal failure is one log line with an id and a 500 naming it; fuzzed requests never reach it",
+  async ({ server, base, engine, scheduler }) => {
     const failing: ServeEngine = {
       ...engine,
       scheduler: { ...scheduler, submit: () => Promise.reject(new Error("boom\n    at somewhere (x.ts:1:1)")) },
@@ -601,7 +627,7 @@ Deno.test({
     const mentions = lines.filter((l) => l.includes(id));
     assert.equal(mentions.length, 1, lines.join("\n"));
     assert.doesNotMatch(mentions[0], /\n/);
-    assert.equal(await metric("k3_internal_errors_total", s), 1);
+    assert.equal(await metric(s, "k3_internal_errors_total"), 1);
     await s.shutdown(0);
 
     const json = fc.jsonValue({ maxDepth: 3 });
@@ -639,16 +665,18 @@ Deno.test({
       { seed: 21, numRuns: 300 },
     );
     await server.idle();
-    assert.equal(await metric("k3_internal_errors_total"), 0);
+    assert.equal(await metric(server, "k3_internal_errors_total"), 0);
   },
-});
+);
 
 Deno.test({
-  name: "shutdown: the server stops (last test)",
-  ...shared,
-  fn: async () => {
-    await server.shutdown(0);
-    await real.close();
-    await opened.close();
+  name: "k3 serve on the tiny model under a hostile network and careless clients",
+  fn: async (t) => {
+    const fx = await startHostile();
+    try {
+      for (const { name, fn } of STEPS) await t.step({ name, ...STEP_SANITIZERS, fn: () => fn(fx) });
+    } finally {
+      await fx.close();
+    }
   },
 });

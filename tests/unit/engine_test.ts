@@ -1,17 +1,18 @@
 /**
- * The oracle suite: the engine against the independent float64 NumPy reference.
+ * The engine against the independent float64 NumPy reference, committed with the tiny model.
  *
  * Teacher forcing (argmax at every position), greedy decode of 20 tokens, incremental
  * decode equal to full recompute, on the committed tiny model (13 layers, hidden 128,
- * block 3, MLA at one-based 4,8,12,13). Then freshly generated models
- * of other shapes, with the live reference, so the suite is not tuned to one checkpoint.
+ * block 3, MLA at one-based 4,8,12,13). Freshly generated models of other shapes, checked
+ * against the live reference so the suite is not tuned to one checkpoint, are in
+ * tests/oracle/live_reference_test.ts (they start python3).
  */
 
 import assert from "node:assert/strict";
 import { generate, teacherForce } from "../../engine/generate/generate.ts";
 import { argmax } from "../../engine/generate/sampling.ts";
 import { openModel } from "../../engine/open.ts";
-import { checkAgainstReference, python, readReference, tempDir, TINY } from "../helpers.ts";
+import { checkAgainstReference, readReference, TINY } from "../helpers.ts";
 
 Deno.test("tiny model: teacher forcing and greedy 20 tokens equal the reference", async () => {
   const maxDiff = await checkAgainstReference(TINY, `${TINY}/reference.json`, `${TINY}/reference_logits.f32`);
@@ -71,93 +72,3 @@ Deno.test("threads never change a bit: 1, 2 and 3 threads give identical logits"
     assert.equal(first, -1, `${threads} threads: logit bits differ first at element ${first}`);
   }
 });
-
-/** Shapes the live reference checks, chosen to differ from the tiny fixture. */
-const SHAPES: { name: string; args: string[] }[] = [
-  {
-    name: "seed 7, block 2, 3 KDA heads, top-3, f32 weights, 1 shard",
-    args: [
-      "--seed",
-      "7",
-      "--block",
-      "2",
-      "--kda-heads",
-      "3",
-      "--topk",
-      "3",
-      "--float-dtype",
-      "f32",
-      "--shards",
-      "1",
-      "--layers",
-      "9",
-    ],
-  },
-  {
-    name: "seed 11, block 4, 3 MLA heads, top-1, f16 weights, quant config at root",
-    args: [
-      "--seed",
-      "11",
-      "--block",
-      "4",
-      "--mla-heads",
-      "3",
-      "--topk",
-      "1",
-      "--float-dtype",
-      "f16",
-      "--quant-at-root",
-      "--layers",
-      "10",
-      "--shards",
-      "4",
-    ],
-  },
-  {
-    name: "seed 23, block 5, 16 experts top-4, one shared expert, hidden 96",
-    args: [
-      "--seed",
-      "23",
-      "--block",
-      "5",
-      "--experts",
-      "16",
-      "--topk",
-      "4",
-      "--shared",
-      "1",
-      "--hidden",
-      "96",
-      "--layers",
-      "11",
-      "--full-attn",
-      "2,6,11",
-    ],
-  },
-  {
-    name: "seed 5, 5 layers all MLA but one, block 1",
-    args: ["--seed", "5", "--block", "1", "--layers", "5", "--full-attn", "1,2,4,5"],
-  },
-];
-
-for (const shape of SHAPES) {
-  Deno.test(`live reference: ${shape.name}`, async () => {
-    await using dir = await tempDir();
-    await python("gen_model.py", [dir.path, "--preset", "tiny", ...shape.args]);
-    const prompt = "5,17,300,42,7,99,512,1,250,33";
-    await python("reference.py", [
-      dir.path,
-      "--ids",
-      prompt,
-      "--gen",
-      "8",
-      "--out",
-      `${dir.path}/ref.json`,
-      "--logits",
-      `${dir.path}/ref.f32`,
-    ]);
-    const maxDiff = await checkAgainstReference(dir.path, `${dir.path}/ref.json`, `${dir.path}/ref.f32`, 4);
-    console.log(`${shape.name}: max |logit - reference| = ${maxDiff.toExponential(3)}`);
-    assert.ok(maxDiff < 1e-3);
-  });
-}

@@ -9,14 +9,12 @@
  *
  * @module
  */
-import { openKernels } from "../../engine/native/ffi.ts";
 import { symbols } from "../../engine/native/symbols.ts";
+import { libraryBuilds } from "../helpers.ts";
 
 type Lib = Deno.DynamicLibrary<typeof symbols>;
 type K = Lib["symbols"];
 
-const KDIR = new URL("../../kernels/", import.meta.url).pathname;
-const EXT = Deno.build.os === "darwin" ? "dylib" : Deno.build.os === "windows" ? "dll" : "so";
 const FIXTURE = new URL("../fixtures/ops.json", import.meta.url).pathname;
 
 // ------------------------------------------------------------------ setup
@@ -29,41 +27,16 @@ function assertEquals<T>(a: T, b: T, msg = ""): void {
   if (a !== b) throw new Error(`${msg}: ${a} !== ${b}`);
 }
 
-function buildVariants(): void {
-  const out = new Deno.Command("make", { args: ["-s", "-C", KDIR, "all", "variants"] })
-    .outputSync();
-  if (!out.success) {
-    throw new Error("make all variants failed:\n" + new TextDecoder().decode(out.stderr));
-  }
-}
-
-function exists(p: string): boolean {
-  try {
-    Deno.statSync(p);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-/** Loads scalar plus every SIMD build present; the native one too if built. */
+/** Scalar plus every other build present (avx2, avx512 where this CPU runs them, native). */
 function loadLibs(): { scalar: K; others: [string, K][]; close: () => void } {
-  buildVariants();
-  const opened: Lib[] = [];
-  const open = (p: string) => {
-    const l = openKernels(p);
-    opened.push(l);
-    return l.symbols;
+  const builds = libraryBuilds(symbols);
+  const [[first, scalar], ...rest] = builds;
+  assertEquals(first, "scalar", "the first build");
+  return {
+    scalar: scalar.symbols,
+    others: rest.map(([name, l]): [string, K] => [name, l.symbols]),
+    close: () => builds.forEach(([, l]) => l.close()),
   };
-  const scalar = open(`${KDIR}build/libk3-scalar.${EXT}`);
-  const others: [string, K][] = [];
-  for (const v of ["avx2", "avx512"]) {
-    const p = `${KDIR}build/libk3-${v}.${EXT}`;
-    if (exists(p)) others.push([v, open(p)]);
-  }
-  const native = `${KDIR}build/libk3.${EXT}`;
-  if (exists(native)) others.push(["native", open(native)]);
-  return { scalar, others, close: () => opened.forEach((l) => l.close()) };
 }
 
 function isa(k: K): string {
