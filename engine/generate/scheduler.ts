@@ -450,8 +450,12 @@ export class Scheduler {
     const pass: { seq: Running; seg: Segment }[] = [];
     let rows = 0;
     const decoders = this.running.filter((seq) => seq.decoding);
-    // Drafts share the rows the decode tokens leave, before any prefill chunk.
-    let draftRows = this.model.maxT - decoders.length;
+    // Drafts share the rows the decode tokens leave, before any prefill chunk. A pass
+    // wants a row of logits per decode token and draft and per prompt ending in it: at most
+    // its rows, so only a model holding fewer logit rows than rows (long segments) keeps
+    // one logit row for every running sequence's last row and the rest for drafts.
+    const { maxT, logitRows } = this.model;
+    let draftRows = Math.min(maxT - decoders.length, logitRows >= maxT ? Infinity : logitRows - this.running.length);
     for (const seq of decoders) {
       const ids = seq.pending.splice(0);
       const room = Math.min(
