@@ -46,7 +46,8 @@ import { info, OUTPUT_FLAGS, OUTPUT_HELP, outputMode, progress } from "./progres
 import { LineEditor, type LineResult, readMessage, stdinTerminal } from "./line_editor.ts";
 import { reportHead, snakeKeys } from "./report.ts";
 import { EXIT_INTERRUPTED, Interrupts, writeStdout } from "./interrupt.ts";
-import { MEMORY_FLAGS, MEMORY_HELP, memoryOptions, needTokenizer } from "./run_options.ts";
+import { MAX_PROMPT_IDS, MEMORY_FLAGS, MEMORY_HELP, memoryOptions, needTokenizer } from "./run_options.ts";
+import { chunkFlag } from "./chunk_flag.ts";
 import { DEFAULTS, SAMPLING_FLAGS, samplingHelp, samplingOptions, stopStrings } from "./request.ts";
 
 /** Usage text of `k3 chat`. */
@@ -245,7 +246,7 @@ export async function main(args: string[]): Promise<number> {
   }
   const gen = intFlag("gen", values.gen, DEFAULTS.chat.maxTokens, 1, 1 << 20);
   const context = intFlag("context", values.context, 4096, 16, 1 << 20);
-  const chunk = intFlag("chunk", values.chunk, 16, 1, 256);
+  const chunk = chunkFlag(values.chunk, MAX_PROMPT_IDS);
   const threads = intFlag("threads", values.threads, navigator.hardwareConcurrency, 1, 256);
   const sampling = samplingOptions(values, DEFAULTS.chat.sampling);
   const stops = stopStrings(values.stop);
@@ -280,7 +281,7 @@ export async function main(args: string[]): Promise<number> {
     onProgress: (what, d, n) => progress(what, d, n),
   });
   const { model } = opened;
-  const scheduler = new Scheduler(model, { chunk });
+  const scheduler = new Scheduler(model, { chunk: opened.plan.chunk });
   const sample = makeSampler(sampling);
   // Tests script a reply (a tool call from a random-weight model) through this hook.
   const scripted = (testHook("K3_TEST_CHOOSE") ?? "").split(",").filter((x) => x !== "").map(Number);

@@ -200,6 +200,7 @@ export async function main(args: string[]): Promise<number> {
     ...engineEnvironment(),
     capacity: context,
     chunk: genOpts.chunk,
+    prefillTokens: prompt.length,
     threads: genOpts.threads,
     memory,
     drafts: draftMode !== "off" && genOpts.incremental,
@@ -226,7 +227,7 @@ export async function main(args: string[]): Promise<number> {
     const mark0 = markLedger(opened.model);
     let tLast = t1, stepCount = 0;
     const output = new Output(tokenizer, genOpts.stops, values.json === true);
-    const scheduler = new Scheduler(opened.model, { chunk: genOpts.chunk, draft: { mode: draftMode } });
+    const scheduler = new Scheduler(opened.model, { chunk: opened.plan.chunk, draft: { mode: draftMode } });
     const state = loaded?.state;
     loaded = undefined; // the scheduler owns it now
     const result = await scheduler.submit({
@@ -239,7 +240,7 @@ export async function main(args: string[]): Promise<number> {
       state,
       keepState: values["save-state"] !== undefined,
       signal: interrupts.signal,
-      onPrefill: prefillProgress(genOpts.chunk),
+      onPrefill: prefillProgress(opened.plan.chunk),
       onToken: (token, logits) => {
         if (values["dump-logits"]) logitRows.push(logits.slice());
         const now = performance.now(), seconds = (now - tLast) / 1000;
@@ -275,7 +276,7 @@ export async function main(args: string[]): Promise<number> {
       sampling,
       incremental: genOpts.incremental,
       memory,
-      chunk: genOpts.chunk,
+      chunk: opened.plan.chunk,
       threads: genOpts.threads,
       parallel: 1,
     });
@@ -369,6 +370,9 @@ export async function main(args: string[]): Promise<number> {
         expert_bytes_per_token: stats.expertBytes / n,
         expert_cache_hits: stats.expertHits,
         expert_cache_misses: stats.expertMisses,
+        // Distinct routed experts summed over the passes' layers (one segment: each
+        // (layer, expert) any row chose, once).
+        experts_routed: opened.model.stats.expertsUsed,
         expert_cache_hit_rate: lookups ? stats.expertHits / lookups : 0,
         // Reads issued on a guess of the next layer's routing (their right guesses are hits).
         expert_reads_ahead: stats.expertPrefetched,

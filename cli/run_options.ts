@@ -13,6 +13,8 @@ import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
 import { DRAFT_MODES, type DraftMode } from "../engine/generate/draft.ts";
 import { intFlag, lastFlagWins, numFlag, parseFlags, parseIds } from "./common.ts";
+import type { ChunkRequest } from "../engine/weights/plan_segment.ts";
+import { CHUNK_HELP, chunkFlag } from "./chunk_flag.ts";
 import { DEFAULTS, MAX_TOKENS, stopStrings } from "./request.ts";
 import { notRegular, readInput } from "../engine/native/files.ts";
 
@@ -91,7 +93,7 @@ export const GENERATION_HELP = `generation:
                     tiktoken.model)
 diagnostics:
   --layers N        bind and run only the first N layers
-  --chunk N         prefill tokens per forward call (default 16, 1..256)
+  ${CHUNK_HELP}
   -t, --threads N   compute threads (default and most: the cores; never changes a token)`;
 
 /** Parsed generation options. */
@@ -106,8 +108,8 @@ export interface GenerationOptions {
   stops: string[];
   /** Bind and run only the first N layers. */
   layers?: number;
-  /** Prefill tokens per forward call. */
-  chunk: number;
+  /** Prompt tokens per forward pass (a segment), or `auto`: the plan's. */
+  chunk: ChunkRequest;
   /** Tokenizer directory (--tok). */
   tokDir?: string;
   /** Compute threads (capped at the cores). */
@@ -172,7 +174,7 @@ export function generationOptions(values: Record<string, unknown>, minGen = 1): 
     stopIds: (values["stop-id"] as string[] | undefined) ?? [],
     stops: stopStrings(values.stop as string[] | undefined),
     layers: values.layers === undefined ? undefined : intFlag("layers", values.layers as string, 0, 1, 100000),
-    chunk: intFlag("chunk", values.chunk as string | undefined, 16, 1, 256),
+    chunk: chunkFlag(values.chunk as string | undefined, MAX_PROMPT_IDS),
     tokDir: values.tok as string | undefined,
     threads: threadCount(values.threads as string | undefined),
   };

@@ -14,6 +14,8 @@ import { readActivity } from "../engine/native/io.ts";
 import { openModel, readModelConfig } from "../engine/open.ts";
 import { engineEnvironment } from "./environment.ts";
 import { intFlag, numFlag, parseFlags } from "./common.ts";
+import { CHUNK_HELP, chunkFlag } from "./chunk_flag.ts";
+import { MAX_PROMPT_IDS } from "./run_options.ts";
 import {
   DRAFT_FLAGS,
   DRAFT_HELP,
@@ -65,7 +67,7 @@ server:
 model:
   --tok DIR         tokenizer directory (default: the model directory)
   --threads N       compute threads (default: all cores; never changes a token)
-  --chunk N         prefill tokens per forward call (default 16, 1..256)
+  ${CHUNK_HELP}
   --layers N        bind and run only the first N layers (diagnostics)
 ${DRAFT_HELP}
 ${MEMORY_HELP}
@@ -163,7 +165,7 @@ export async function main(args: string[]): Promise<number> {
   const maxBodyBytes = 1024 * intFlag("max-body-kb", values["max-body-kb"], 1024, 1, 1 << 20);
   const grace = values.grace === undefined ? 10 : numFlag("grace", values.grace, 0, 86400);
   const threads = intFlag("threads", values.threads, navigator.hardwareConcurrency, 1, 256);
-  const chunk = intFlag("chunk", values.chunk, 16, 1, 256);
+  const chunk = chunkFlag(values.chunk, MAX_PROMPT_IDS);
   const apiKey = await apiKeyOf(values["api-key"], values["api-key-file"]);
   const limits = {
     headerTimeoutSeconds: values["header-timeout"] === undefined
