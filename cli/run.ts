@@ -23,7 +23,7 @@ import { engineEnvironment } from "./environment.ts";
 import { noIoStats } from "../engine/model/weight_source.ts";
 import { formatLedger, ledgerBetween, markLedger, readsBetween } from "../engine/generate/ledger.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
-import { info, OUTPUT_FLAGS, OUTPUT_HELP, outputMode, prefillProgress, progress } from "./progress.ts";
+import { info, layerProgress, OUTPUT_FLAGS, OUTPUT_HELP, outputMode, prefillProgress, progress } from "./progress.ts";
 import { reportHead, reportSettings, sequenceFields, snakeKeys } from "./report.ts";
 import { fmtBytes, intFlag, modelDirArg, parseIds, peakRssBytes, plural } from "./common.ts";
 import { EXIT_INTERRUPTED, Interrupts, writeStdout } from "./interrupt.ts";
@@ -230,6 +230,7 @@ export async function main(args: string[]): Promise<number> {
     const scheduler = new Scheduler(opened.model, { chunk: opened.plan.chunk, draft: { mode: draftMode } });
     const state = loaded?.state;
     loaded = undefined; // the scheduler owns it now
+    opened.model.onLayer = layerProgress(prompt.length, opened.plan.chunk, () => io().trunkBytes + io().expertBytes);
     const result = await scheduler.submit({
       prompt,
       maxTokens: genOpts.gen,

@@ -537,7 +537,10 @@ export class Scheduler {
       const rows = pass.reduce((n, p) => n + p.seg.ids.length, 0);
       this.lastPassSeconds = (now - t0) / 1000;
       this.opts.onPass?.({ rows, sequences: pass.length, seconds: (now - t0) / 1000 });
-      if (pass.some((p) => !p.seq.decoding)) this.opts.cache?.notePrefillPass((now - t0) / 1000, rows);
+      const prefilling = pass.some((p) => !p.seq.decoding);
+      if (prefilling) this.opts.cache?.notePrefillPass((now - t0) / 1000, rows);
+      this.model.ledger[prefilling ? "prefillPassSeconds" : "decodePassSeconds"] += (now - t0) / 1000;
+      this.model.ledger[prefilling ? "prefillPassRows" : "decodePassRows"] += rows;
       if (pass.every((p) => p.seq.decoding)) this.draftCost.observe((now - t0) / 1000, rows - pass.length);
       pass.forEach(({ seq, seg }, i) => {
         if (seq.done) return;

@@ -186,6 +186,7 @@ Deno.test("layer-major: a state restored after 300 ids prefills the other 300 in
     first.free();
     const logits: Float32Array[] = [];
     const passes: number[] = [];
+    const rows0 = model.ledger.prefillPassRows, decode0 = model.ledger.decodePassRows;
     const r = await new Scheduler(model, { onPass: (p) => void passes.push(p.rows) }).submit({
       prompt: PROMPT.slice(300),
       state: restored,
@@ -193,6 +194,8 @@ Deno.test("layer-major: a state restored after 300 ids prefills the other 300 in
       onToken: (_t, l) => void logits.push(l.slice()),
     });
     assert.equal(passes[0], 300, "the rest of the prompt in one pass");
+    assert.equal(model.ledger.prefillPassRows - rows0, 300, "the ledger counts the prefill pass's rows");
+    assert.equal(model.ledger.decodePassRows - decode0, GEN - 1, "and the decode passes' rows apart");
     assertSameBits({ tokens: r.tokens, logits }, want, "restored after 300");
   } finally {
     await opened.close();
