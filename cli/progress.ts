@@ -132,14 +132,17 @@ export const LAYER_PROGRESS_ROWS = 64;
 
 /** What the layer line of a long prefill says. */
 export interface LayerLine {
-  /** The layer just finished (0-based) and the model's layers. */
+  /** The layer just finished (0-based). */
   layer: number;
+  /** The model's layers. */
   layers: number;
-  /** The segment running (1-based) and the prompt's segments. */
+  /** The segment running (1-based). */
   segment: number;
+  /** The prompt's segments. */
   segments: number;
-  /** Prompt tokens: through this segment, and in all. */
+  /** Prompt tokens through this segment. */
   tokens: number;
+  /** Prompt tokens in all. */
   total: number;
   /** Bytes read from disk since the prefill started. */
   bytesRead: number;
