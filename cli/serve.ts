@@ -9,7 +9,7 @@
 
 import { basename } from "node:path";
 import { usageError } from "../engine/errors.ts";
-import { Scheduler } from "../engine/generate/scheduler.ts";
+import { Scheduler, SERVE_MAX_STALL_SECONDS } from "../engine/generate/scheduler.ts";
 import { readActivity } from "../engine/native/io.ts";
 import { openModel, readModelConfig } from "../engine/open.ts";
 import { engineEnvironment } from "./environment.ts";
@@ -261,7 +261,12 @@ export async function main(args: string[]): Promise<number> {
   }
   const parallel = opened.plan.state.sequences;
   serverOptions.parallel = parallel;
-  const scheduler = new Scheduler(opened.model, { maxSequences: parallel, cache: stateCache, draft: { mode: draft } });
+  const scheduler = new Scheduler(opened.model, {
+    maxSequences: parallel,
+    cache: stateCache,
+    draft: { mode: draft },
+    maxStallSeconds: SERVE_MAX_STALL_SECONDS,
+  });
   try {
     server.ready({
       stateCache,

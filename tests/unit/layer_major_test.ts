@@ -11,7 +11,7 @@
 
 import assert from "node:assert/strict";
 import { generate } from "../../engine/generate/generate.ts";
-import { Scheduler } from "../../engine/generate/scheduler.ts";
+import { MIN_PREFILL_ROWS, Scheduler } from "../../engine/generate/scheduler.ts";
 import { openModel, type OpenOptions } from "../../engine/open.ts";
 import { releasedK3 } from "../../engine/model/shapes.ts";
 import { segmentRowBytes } from "../../engine/model/scratch.ts";
@@ -169,6 +169,44 @@ Deno.test("layer-major: several prompts prefilled in one pass equal each alone",
     }));
     assert.equal(passes[0], total, "the first pass carries all three prompts");
     runs.forEach((r, i) => assertSameBits(r, alone[i], `prompt ${i} beside the others`));
+  } finally {
+    await opened.close();
+  }
+});
+
+Deno.test("layer-major: beside a running decode, a prompt's rows a pass are bounded by the stall limit, with the same bits", async () => {
+  const late = PROMPT.slice(0, 300);
+  const alone = await greedy({ chunk: 1, threads: 1 }, late, 2);
+  const opened = await openModel(TINY, { capacity: CAPACITY, chunk: PROMPT.length, sequences: 2, threads: 1 });
+  try {
+    const passes: number[] = [];
+    // A limit of 0 s: the fewest rows, MIN_PREFILL_ROWS, whatever the measured rate.
+    const scheduler = new Scheduler(opened.model, {
+      maxSequences: 2,
+      maxStallSeconds: 0,
+      draft: { mode: "off" },
+      onPass: (p) => void passes.push(p.rows),
+    });
+    let lateRun: Promise<Run> | undefined;
+    let decoded = 0;
+    const first = scheduler.submit({
+      prompt: PROMPT.slice(0, 20),
+      maxTokens: 40,
+      onToken: () => {
+        // The long prompt arrives while the first sequence decodes.
+        if (++decoded === 1) {
+          const logits: Float32Array[] = [];
+          lateRun = scheduler.submit({ prompt: late, maxTokens: 2, onToken: (_t, l) => void logits.push(l.slice()) })
+            .then((r) => ({ tokens: r.tokens, logits }));
+        }
+      },
+    });
+    await first;
+    const got = await lateRun!;
+    assertSameBits(got, alone, "a prompt prefilled beside a decode");
+    const beside = passes.slice(1, 1 + Math.ceil(late.length / MIN_PREFILL_ROWS));
+    assert.ok(beside.every((rows) => rows <= 1 + MIN_PREFILL_ROWS), `passes beside the decode: ${beside}`);
+    assert.ok(beside.some((rows) => rows === 1 + MIN_PREFILL_ROWS), "the prompt's rows ran beside the decode");
   } finally {
     await opened.close();
   }
