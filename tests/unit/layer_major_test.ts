@@ -212,6 +212,24 @@ Deno.test("layer-major: beside a running decode, a prompt's rows a pass are boun
   }
 });
 
+Deno.test("layer-major: drafted passes in tiles of 2 rows (the speculation record taken at a segment's first row) keep the plain bits", async () => {
+  const prompt = Array.from({ length: 40 }, (_, i) => [5, 17, 300, 42, 99, 123, 640, 7][i % 8]);
+  const plain = await greedy({ chunk: 1, threads: 1 }, prompt, 16);
+  const opened = await openModel(TINY, { capacity: CAPACITY, chunk: 16, rows: { tileRows: 2 }, threads: 1 });
+  try {
+    const logits: Float32Array[] = [];
+    const r = await new Scheduler(opened.model, { draft: { mode: "lookup", force: true } }).submit({
+      prompt,
+      maxTokens: 16,
+      onToken: (_t, l) => void logits.push(l.slice()),
+    });
+    assert.ok((r.draft?.drafted ?? 0) > 0, "drafts were verified");
+    assertSameBits({ tokens: r.tokens, logits }, plain, "forced drafts, tiles of 2");
+  } finally {
+    await opened.close();
+  }
+});
+
 Deno.test("layer-major: a state restored after 300 ids prefills the other 300 in one pass with the same bits", async () => {
   const want = await reference();
   const opened = await openModel(TINY, { capacity: CAPACITY, chunk: PROMPT.length, threads: 1 });
