@@ -9,9 +9,9 @@
 import type { ChunkRequest } from "../engine/weights/plan_segment.ts";
 import { intFlag } from "./common.ts";
 
-/** The help line of `--chunk`. */
-export const CHUNK_HELP =
-  "--chunk N|auto    prompt tokens per forward pass, each a read of the model (default auto: the whole prompt when the memory holds it)";
+/** The help lines of `--chunk` (the first without its two-space indent). */
+export const CHUNK_HELP = `--chunk N|auto    prompt tokens per forward pass, each a read of the model
+                    (default auto: the whole prompt when the memory holds it)`;
 
 /** `--chunk`'s value: `auto` (also when absent), or a whole number of tokens from 1 to `max`
  * (a usage error otherwise). */
