@@ -121,9 +121,22 @@ Deno.test("layer-major: pinned and at the floor, one segment or three, the resid
       assertSameBits(got, want, `${name}, chunk auto, ${threads} threads`);
     }
   }
-  // A budget too small for one segment: three of 200 rows, each a read of the model.
-  const opened = await openModel(TINY, { capacity: CAPACITY, chunk: 200, memory: floor, threads: 1 });
+  // Memory for 250 rows of segment, not 600: --chunk auto takes three segments of 200,
+  // each a read of the model.
+  const sized = await openModel(TINY, { capacity: CAPACITY, chunk: 250, memory: floor, threads: 1 });
+  const fits250 = sized.plan.totalBytes + sized.plan.overheadBytes;
+  await sized.close();
+  const opened = await openModel(TINY, {
+    capacity: CAPACITY,
+    chunk: "auto",
+    prefillTokens: PROMPT.length,
+    memory: floor,
+    memoryAvailable: { bytes: fits250, source: "test" },
+    threads: 1,
+  });
   try {
+    assert.equal(opened.plan.chunk, 200, "three balanced segments");
+    assert.equal(opened.plan.prefill.segments, 3);
     const io0 = opened.model.weights.ioStats!();
     const logits: Float32Array[] = [];
     const steps = await generate(opened.model, PROMPT, {
