@@ -2,10 +2,13 @@
  * Kimi K3's forward pass: one file for the architecture, reading like the math in
  * docs/math.md (sections 3 to 9).
  *
- * The pass runs T tokens at once (T = 1 when decoding, a chunk when prefilling): every
- * projection is one matrix times T vectors, so each weight is read once per chunk, while
- * the recurrences (KDA state, conv history, MLA cache) advance token by token. A row's dot
- * product has the same bits whatever T is, so chunking never changes a token.
+ * The pass runs T tokens at once (T = 1 when decoding, a segment of the prompt when
+ * prefilling: the whole prompt when the memory holds it, docs/prefill.md), layer by layer:
+ * every projection is one matrix times T vectors, so each weight is read once per pass,
+ * while the recurrences (KDA state, conv history, MLA cache) advance token by token. The
+ * residual stream of all T rows stays in the scratch between layers; the wide temporaries
+ * run in row tiles (scratch.ts). A row's dot product has the same bits whatever T and the
+ * tile are, so neither segments nor tiles ever change a token.
  *
  * Weights come from a `WeightSource` (all resident, or streamed and cached: see
  * ../weights/streamed.ts and ../weights/expert_cache.ts), each layer's dense weights as one
@@ -160,7 +163,8 @@ export class K3Model {
   }
 
   /**
-   * Runs tokens `ids` (at most maxT) at positions state.pos.., advancing the state.
+   * Runs tokens `ids` (at most maxT; with `allLogits`, at most logitRows) at positions
+   * state.pos.., advancing the state.
    * Returns logits of the last token, or of every token when `allLogits`, as a view
    * [T][vocab] into scratch (valid until the next call). The one-segment case of `pass`.
    */
