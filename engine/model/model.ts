@@ -21,7 +21,7 @@
 import type { K3Config } from "./config.ts";
 import type { Kernels } from "../native/ffi.ts";
 import type { Vec } from "../native/memory.ts";
-import { type Compute, serialCompute } from "../native/pool.ts";
+import { type Compute, HEAD_OP, serialCompute } from "../native/pool.ts";
 import { type Expert, type Matrix, settleExpert, verifyMatrix } from "../native/tensors.ts";
 import type { GluWeights, KdaWeights, LayerWeights, MlaWeights, MoeWeights } from "./layer_weights.ts";
 import { type Ledger, newLedger } from "./ledger.ts";
@@ -389,7 +389,17 @@ export class K3Model {
           keep(f, t, rec.alpha, j);
           keep(beta, t, rec.beta, j, H);
         }
-        k.k3_kda_step(st.S.ptr, at(q), at(kk), at(v), beta.at(t * H), at(f), at(o), d, 0, H);
+        // The delta rule, its heads split across the threads.
+        this.compute.heads(
+          {
+            op: HEAD_OP.kda,
+            ptrs: [st.S.ptr, at(q), at(kk), at(v), beta.at(t * H), at(f), at(o)],
+            ints: [d],
+            scale: 0,
+          },
+          H,
+          4 * H * d * d,
+        );
       }
     }
     this.spent("attention", tAttn);
@@ -441,25 +451,38 @@ export class K3Model {
           cfg.rmsNormEps,
         );
         cache.krope.f.set(c.f.subarray(t * cw + dc, (t + 1) * cw), p * dr);
-        k.k3_mla_absorb(kvb.ptr, kvb.wtype, q.at(t * H * dq), qlat.ptr, H, m.nopeDim, dr, m.vDim, dc, 0, H);
-        k.k3_mla_attend(
-          qlat.ptr,
-          cache.latent.ptr,
-          cache.krope.ptr,
-          cache.latent.ptr,
-          olat.ptr,
-          s.scores.ptr,
-          p + 1,
+        // Absorb, attend over positions 0..p, expand: each with its heads split across the
+        // threads.
+        this.compute.heads(
+          {
+            op: HEAD_OP.absorb,
+            ptrs: [kvb.ptr, q.at(t * H * dq), qlat.ptr],
+            ints: [kvb.wtype, H, m.nopeDim, dr, m.vDim, dc],
+            scale: 0,
+          },
           H,
-          1,
-          dc,
-          dr,
-          dc,
-          1 / Math.sqrt(dq),
-          0,
-          H,
+          H * m.nopeDim * dc,
         );
-        k.k3_mla_expand(kvb.ptr, kvb.wtype, olat.ptr, o.at(t * H * m.vDim), H, m.nopeDim, m.vDim, dc, 0, H);
+        this.compute.heads(
+          {
+            op: HEAD_OP.attend,
+            ptrs: [qlat.ptr, cache.latent.ptr, cache.krope.ptr, cache.latent.ptr, olat.ptr, s.scores.ptr],
+            ints: [p + 1, H, 1, dc, dr, dc],
+            scale: 1 / Math.sqrt(dq),
+          },
+          H,
+          H * (p + 1) * (dc + dr),
+        );
+        this.compute.heads(
+          {
+            op: HEAD_OP.expand,
+            ptrs: [kvb.ptr, olat.ptr, o.at(t * H * m.vDim)],
+            ints: [kvb.wtype, H, m.nopeDim, m.vDim, dc],
+            scale: 0,
+          },
+          H,
+          H * m.vDim * dc,
+        );
       }
     }
     this.spent("attention", tAttn);
