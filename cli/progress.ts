@@ -123,7 +123,91 @@ const LOG_INTERVAL_S = 5;
  */
 export function prefillProgress(chunk: number, sink?: PrefillSink): (done: number, total: number) => void {
   if (!sink && verbosity === "quiet") return () => {};
-  const out: PrefillSink = sink ?? {
+  const show = throttledLine(sink ?? stderrSink());
+  return (done, total) => show((elapsed) => prefillLine(done, total, chunk, elapsed), done >= total);
+}
+
+/** Prefill passes of at least this many rows report each layer (a shorter one is quick). */
+export const LAYER_PROGRESS_ROWS = 64;
+
+/** What the layer line of a long prefill says. */
+export interface LayerLine {
+  /** The layer just finished (0-based). */
+  layer: number;
+  /** The model's layers. */
+  layers: number;
+  /** The segment running (1-based). */
+  segment: number;
+  /** The prompt's segments. */
+  segments: number;
+  /** Prompt tokens through this segment. */
+  tokens: number;
+  /** Prompt tokens in all. */
+  total: number;
+  /** Bytes read from disk since the prefill started. */
+  bytesRead: number;
+  /** Seconds since the segment started. */
+  segmentSeconds: number;
+}
+
+/** The layer-major prefill line: layer L of N of segment s of S, tokens, bytes read, ETA
+ * (the segment's pace per layer, carried to the segments left). */
+export function prefillLayerLine(p: LayerLine): string {
+  const done = p.layer + 1;
+  const perLayer = p.segmentSeconds / done;
+  const eta = perLayer * (p.layers - done) + perLayer * p.layers * (p.segments - p.segment);
+  return `prefill: layer ${done}/${p.layers} of segment ${p.segment}/${p.segments} (${p.tokens}/${p.total} tokens), ${
+    fmtBytes(p.bytesRead)
+  } read, ${
+    done < p.layers || p.segment < p.segments ? `ETA ${fmtDuration(eta)}` : `in ${fmtDuration(p.segmentSeconds)}`
+  }`;
+}
+
+/**
+ * A per-layer progress reporter for K3Model.onLayer during a prefill of `total` tokens in
+ * segments of `chunk`: passes of fewer than LAYER_PROGRESS_ROWS rows (decode, short
+ * prompts) say nothing; `bytesRead` is the weight source's bytes read so far.
+ */
+export function layerProgress(
+  total: number,
+  chunk: number,
+  bytesRead: () => number,
+  sink?: PrefillSink,
+): (p: { layer: number; layers: number; rows: number; seconds: number }) => void {
+  if (!sink && verbosity === "quiet") return () => {};
+  const show = throttledLine(sink ?? stderrSink());
+  const segments = Math.max(1, Math.ceil(total / Math.max(chunk, 1)));
+  const bytes0 = bytesRead();
+  let segment = 0, tokens = 0;
+  return (p) => {
+    if (p.rows < LAYER_PROGRESS_ROWS) return;
+    if (p.layer === 0) {
+      segment++;
+      tokens = Math.min(total, tokens + p.rows);
+    }
+    const line: LayerLine = {
+      ...p,
+      segment,
+      segments: Math.max(segments, segment),
+      tokens,
+      total,
+      bytesRead: bytesRead() - bytes0,
+      segmentSeconds: p.seconds,
+    };
+    show(() => prefillLayerLine(line), p.layer + 1 === p.layers && segment >= segments);
+  };
+}
+
+/** Decimal bytes as "12.3 MB" (progress lines). */
+function fmtBytes(n: number): string {
+  if (n >= 1e9) return `${(n / 1e9).toFixed(2)} GB`;
+  if (n >= 1e6) return `${(n / 1e6).toFixed(1)} MB`;
+  return `${(n / 1e3).toFixed(1)} kB`;
+}
+
+/** Progress text on stderr (best effort). */
+function stderrSink(): PrefillSink {
+  return {
     terminal: enabled(),
     write: (t) => {
       try {
@@ -132,22 +216,29 @@ export function prefillProgress(chunk: number, sink?: PrefillSink): (done: numbe
     },
     now: () => performance.now(),
   };
+}
+
+/**
+ * One progress line at a time on `out`: on a terminal a self-overwriting line, ~8 updates a
+ * second; otherwise a plain line every 5 s (and the finished one, if any was printed).
+ * `text` gets the seconds since the first call.
+ */
+function throttledLine(out: PrefillSink): (text: (elapsed: number) => string, finished: boolean) => void {
   const start = out.now();
   let last = start;
   let printed = false;
-  return (done, total) => {
+  return (text, finished) => {
     const now = out.now(), elapsed = (now - start) / 1000;
-    const finished = done >= total;
     if (out.terminal) {
       if (!finished && now - last < MIN_INTERVAL_MS) return;
       last = now;
-      out.write(`\r\x1b[K${prefillLine(done, total, chunk, elapsed)}${finished ? "\n" : ""}`);
+      out.write(`\r\x1b[K${text(elapsed)}${finished ? "\n" : ""}`);
       return;
     }
     if ((now - last) / 1000 >= LOG_INTERVAL_S || (finished && printed)) {
       last = now;
       printed = true;
-      out.write(`k3: ${prefillLine(done, total, chunk, elapsed)}\n`);
+      out.write(`k3: ${text(elapsed)}\n`);
     }
   };
 }

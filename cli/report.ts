@@ -70,8 +70,9 @@ export interface ReportSettings {
   incremental: boolean;
   /** The memory budget: --trunk, --trunk-gb, --cache-gb, --preset (null: not given). */
   budget: { trunk_dir: string | null; trunk_gb: number | null; cache_gb: number | null; preset: string | null };
-  /** Prefill tokens per forward call (--chunk). */
-  chunk: number;
+  /** Prompt tokens per forward pass: the segment the plan chose (run), or --chunk as
+   * asked, `auto` included (batch, recorded before the plan). */
+  chunk: number | "auto";
   /** Compute threads. */
   threads: number;
   /** Prompts generated at once (batch; 1 for run). */
@@ -96,8 +97,8 @@ export interface SettingsInput {
   incremental: boolean;
   /** The memory flags. */
   memory: MemoryOptions;
-  /** Prefill chunk. */
-  chunk: number;
+  /** Prefill segment (see ReportSettings.chunk). */
+  chunk: number | "auto";
   /** Compute threads. */
   threads: number;
   /** Sequences generated at once. */

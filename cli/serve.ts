@@ -8,7 +8,7 @@
  * @module
  */
 
-import { Scheduler } from "../engine/generate/scheduler.ts";
+import { Scheduler, SERVE_MAX_STALL_SECONDS } from "../engine/generate/scheduler.ts";
 import type { StateCache } from "../engine/generate/state_cache.ts";
 import { readActivity } from "../engine/native/io.ts";
 import type { OpenedModel } from "../engine/open.ts";
@@ -33,6 +33,7 @@ async function serveUntilStopped(
     maxSequences: parallel,
     cache: stateCache,
     draft: { mode: o.draft },
+    maxStallSeconds: SERVE_MAX_STALL_SECONDS,
   });
   server.ready({
     stateCache,

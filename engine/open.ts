@@ -27,7 +27,8 @@ import { type Availability, memoryAvailability } from "./native/available.ts";
 import { startCompute } from "./native/pool.ts";
 import { K3Model } from "./model/model.ts";
 import { GUESS_RIGHT } from "./model/expert_stream.ts";
-import { passRows, scratchBytes } from "./model/scratch.ts";
+import { planScratchRows, scratchBytes } from "./model/scratch.ts";
+import type { ChunkRequest } from "./weights/plan_segment.ts";
 import { stateBytes } from "./model/state.ts";
 import type { WeightSource } from "./model/weight_source.ts";
 import { Checkpoint } from "./weights/safetensors.ts";
@@ -91,8 +92,16 @@ export interface OpenOptions extends EngineSwitches {
   layers?: number;
   /** Positions the sequence state must hold (prompt + generated). */
   capacity: number;
-  /** Prompt tokens of one sequence per forward pass during prefill. */
-  chunk?: number;
+  /** Prompt tokens of one sequence per forward pass during prefill (a segment), or `auto`:
+   * the largest segment the memory holds, up to `prefillTokens` (weights/plan_segment.ts).
+   * Default 16. */
+  chunk?: ChunkRequest;
+  /** The prompt length `auto` sizes the segment for and the plan predicts the prefill of
+   * (default: `capacity`). */
+  prefillTokens?: number;
+  /** Rows of the wide temporaries and of the logits, when not the plan's (tests, benches:
+   * a row's bits never depend on either). */
+  rows?: { tileRows?: number; logitRows?: number };
   /** Sequences generated at once (the memory plan holds a state for each). Default 1. */
   sequences?: number;
   /** Take the most sequences up to `sequences` that fit the memory plan. */
@@ -194,7 +203,11 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
     // 4. The plan.
     const chunk = opts.chunk ?? 16, want = opts.sequences ?? 1;
     const state = stateBytes(cfg);
-    const scratch = Array.from({ length: want }, (_, i) => scratchBytes(cfg, passRows(chunk, i + 1), opts.capacity));
+    const scratchRowsFor = (rows: number, sequences: number) => ({
+      ...planScratchRows(rows, sequences, opts.capacity),
+      ...opts.rows,
+    });
+    const scratchFor = (rows: number, sequences: number) => scratchBytes(cfg, scratchRowsFor(rows, sequences));
     const available = opts.memoryAvailable ?? memoryAvailability();
     // The rates of the prediction, measured now: the disk on the trunk's data (or a shard).
     const rates = opts.rates ?? (opts.predict && wantsStreaming(mem)
@@ -218,9 +231,10 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
           ...sizes,
           expertBytes: expertBytes(cfg),
           stateBytes: state,
-          scratchBytes: scratch[sequences - 1],
+          scratchFor,
           capacity: opts.capacity,
           chunk,
+          prefillTokens: opts.prefillTokens,
           sequences,
           mem,
           packed: trunk !== undefined,
@@ -262,7 +276,12 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
     const compute = await startCompute(k, opts.threads ?? navigator.hardwareConcurrency, opts.splitMin);
     closing.push(() => compute.close());
     // 7. The model.
-    const model = new K3Model(k, cfg, weights, plan.passRows, opts.capacity, compute, { readAhead });
+    const rows = scratchRowsFor(plan.passRows, plan.state.sequences);
+    const model = new K3Model(k, cfg, weights, plan.passRows, opts.capacity, compute, {
+      readAhead,
+      tileRows: rows.tileRows,
+      logitRows: rows.logitRows,
+    });
     return { k, cfg, ckpt, model, plan, close };
   } catch (e) {
     await close();

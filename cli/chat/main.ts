@@ -85,7 +85,7 @@ function startSession(opened: OpenedModel, interrupts: Interrupts, o: ChatOption
       thinking: o.thinking,
       vocab: p.config.cfg.vocabSize,
     },
-    scheduler: new Scheduler(opened.model, { chunk: o.model.chunk }),
+    scheduler: new Scheduler(opened.model, { chunk: opened.plan.chunk }),
     tok: p.tok,
     ends: p.ends,
     sampler: (logits) => scripted.length > 0 ? scripted.shift()! : sample(logits),

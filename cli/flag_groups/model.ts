@@ -7,6 +7,8 @@
 
 import type { FlagGroup } from "../flags.ts";
 import { intFlag } from "../common.ts";
+import type { ChunkRequest } from "../../engine/weights/plan_segment.ts";
+import { MAX_PROMPT_IDS } from "../run_options.ts";
 
 /** The model group. */
 export const MODEL_GROUP: FlagGroup = {
@@ -25,7 +27,12 @@ export const MODEL_GROUP: FlagGroup = {
       help: "compute threads (default and most: the cores; never changes a token)",
     },
     layers: { type: "string", value: "N", help: "diagnostics: bind and run only the first N layers" },
-    chunk: { type: "string", value: "N", help: "prefill tokens per forward call (default 16, 1..256)" },
+    chunk: {
+      type: "string",
+      value: "N|auto",
+      help:
+        "prompt tokens per forward pass, each a read of the model\n(default auto: the whole prompt when the memory holds it)",
+    },
   },
 };
 
@@ -37,8 +44,8 @@ export interface ModelFlags {
   threads: number;
   /** Bind and run only the first N layers. */
   layers?: number;
-  /** Prefill tokens per forward call. */
-  chunk: number;
+  /** Prompt tokens per forward pass (a segment), or `auto`: the plan's. */
+  chunk: ChunkRequest;
 }
 
 /** --threads, capped at this machine's cores: more workers than cores only contend (and a
@@ -54,8 +61,16 @@ export function threadCount(value: string | undefined, cores = navigator.hardwar
 export function modelFlags(values: Record<string, unknown>): ModelFlags {
   return {
     layers: values.layers === undefined ? undefined : intFlag("layers", values.layers as string, 0, 1, 100000),
-    chunk: intFlag("chunk", values.chunk as string | undefined, 16, 1, 256),
+    chunk: chunkFlag(values.chunk as string | undefined),
     tokDir: values.tok as string | undefined,
     threads: threadCount(values.threads as string | undefined),
   };
+}
+
+/** `--chunk`'s value: `auto` (also when absent), or a whole number of tokens from 1 to
+ * MAX_PROMPT_IDS (a usage error otherwise). `auto` lets the memory plan choose the segment:
+ * the whole prompt when the memory holds it (engine/weights/plan_segment.ts). */
+export function chunkFlag(value: string | undefined): ChunkRequest {
+  if (value === undefined || value.trim() === "auto") return "auto";
+  return intFlag("chunk", value, 1, 1, MAX_PROMPT_IDS);
 }

@@ -12,7 +12,7 @@ import { ledgerBetween, type LedgerReport, markLedger, readsBetween } from "../.
 import type { OpenedModel } from "../../engine/open.ts";
 import { noIoStats } from "../../engine/model/weight_source.ts";
 import type { Interrupts } from "../interrupt.ts";
-import { info, prefillProgress } from "../progress.ts";
+import { info, layerProgress, prefillProgress } from "../progress.ts";
 import { sequenceConstraint } from "../structured.ts";
 import { Output } from "./output.ts";
 import type { RunOptions } from "./options.ts";
@@ -59,9 +59,14 @@ export async function generate(
     let tLast = t1, stepCount = 0;
     const logitRows: Float32Array[] = [];
     const output = new Output(run.tokenizer, o.gen.stops, o.json);
-    const scheduler = new Scheduler(opened.model, { chunk: o.gen.chunk, draft: { mode: o.draft } });
+    const scheduler = new Scheduler(opened.model, { chunk: opened.plan.chunk, draft: { mode: o.draft } });
     const state = loaded?.state;
     loaded = undefined; // the scheduler owns it now
+    opened.model.onLayer = layerProgress(
+      run.prompt.length,
+      opened.plan.chunk,
+      () => io().trunkBytes + io().expertBytes,
+    );
     const result = await scheduler.submit({
       prompt: run.prompt,
       maxTokens: o.gen.gen,
@@ -72,7 +77,7 @@ export async function generate(
       state,
       keepState: o.saveState !== undefined,
       signal: interrupts.signal,
-      onPrefill: prefillProgress(o.gen.chunk),
+      onPrefill: prefillProgress(opened.plan.chunk),
       onToken: (token, logits) => {
         if (o.logitsTarget) logitRows.push(logits.slice());
         const now = performance.now(), seconds = (now - tLast) / 1000;

@@ -66,6 +66,7 @@ export function runOpenOptions(o: RunOptions, run: PreparedRun): OpenOptions {
   return {
     capacity: run.context,
     chunk: o.gen.chunk,
+    prefillTokens: run.prompt.length,
     threads: o.gen.threads,
     memory: o.memory,
     drafts: o.draft !== "off" && o.gen.incremental,

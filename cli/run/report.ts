@@ -38,7 +38,7 @@ export async function reportRun(
     sampling: o.sampling,
     incremental: o.gen.incremental,
     memory: o.memory,
-    chunk: o.gen.chunk,
+    chunk: opened.plan.chunk,
     threads: o.gen.threads,
     parallel: 1,
   });
@@ -114,6 +114,9 @@ export async function reportRun(
       expert_bytes_per_token: stats.expertBytes / n,
       expert_cache_hits: stats.expertHits,
       expert_cache_misses: stats.expertMisses,
+      // Distinct routed experts summed over the passes' layers (one segment: each
+      // (layer, expert) any row chose, once).
+      experts_routed: opened.model.stats.expertsUsed,
       expert_cache_hit_rate: lookups ? stats.expertHits / lookups : 0,
       // Reads issued on a guess of the next layer's routing (their right guesses are hits).
       expert_reads_ahead: stats.expertPrefetched,

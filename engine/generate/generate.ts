@@ -65,7 +65,8 @@ export async function generate(model: K3Model, prompt: number[], opts: GenerateO
   return steps;
 }
 
-/** Teacher forcing: the argmax of the logits at every position of `ids`. */
+/** Teacher forcing: the argmax of the logits at every position of `ids` (passes of as many
+ * rows as the model returns logits for). */
 export async function teacherForce(
   model: K3Model,
   ids: number[],
@@ -74,9 +75,10 @@ export async function teacherForce(
   const state = model.newState();
   const V = model.cfg.vocabSize;
   const out: number[] = [];
+  const step = Math.min(model.maxT, model.logitRows);
   try {
-    for (let i = 0; i < ids.length; i += model.maxT) {
-      const chunk = ids.slice(i, i + model.maxT);
+    for (let i = 0; i < ids.length; i += step) {
+      const chunk = ids.slice(i, i + step);
       const logits = await model.forward(state, chunk, true);
       for (let t = 0; t < chunk.length; t++) {
         const row = logits.subarray(t * V, (t + 1) * V);

@@ -56,6 +56,9 @@ export interface LedgerReport {
   expert_bytes_read: number;
   /** Prompt tokens restored from the state cache in the span instead of prefilled. */
   cached_tokens: number;
+  /** The passes' seconds and rows split by what they did: prefill (a pass with some prompt
+   * rows) or decode only. Beside the kinds of time above, not part of their sum. */
+  passes: { prefill_seconds: number; prefill_rows: number; decode_seconds: number; decode_rows: number };
   /** Bytes / seconds with a read in flight (null when nothing was read). */
   read_bytes_per_second_in_flight: number | null;
   /** Bytes the trunk read took on disk (fewer than `trunk_bytes_read` when split-coded). */
@@ -112,6 +115,12 @@ export function ledgerBetween(a: LedgerMark, b: LedgerMark): LedgerReport {
     trunk_bytes_read: (b.io?.trunkBytes ?? 0) - (a.io?.trunkBytes ?? 0),
     expert_bytes_read: (b.io?.expertBytes ?? 0) - (a.io?.expertBytes ?? 0),
     cached_tokens: d("cachedTokens"),
+    passes: {
+      prefill_seconds: d("prefillPassSeconds"),
+      prefill_rows: d("prefillPassRows"),
+      decode_seconds: d("decodePassSeconds"),
+      decode_rows: d("decodePassRows"),
+    },
     read_bytes_per_second_in_flight: busy > 0 ? bytes / busy : null,
     trunk_bytes_stored: (b.io?.trunkStoredBytes ?? 0) - (a.io?.trunkStoredBytes ?? 0),
     trunk_decode_cpu: (b.io?.trunkDecodeSeconds ?? 0) - (a.io?.trunkDecodeSeconds ?? 0),
@@ -141,6 +150,12 @@ export function formatLedger(l: LedgerReport): string[] {
   const lines = [`ledger (wall ${l.wall_seconds.toFixed(3)} s):`];
   for (const [name, s] of rows) lines.push(`  ${name.padEnd(22)} ${s.toFixed(3).padStart(9)} s  ${pct(s)}%`);
   const gb = (n: number) => (n / 1e9).toFixed(3);
+  const p = l.passes;
+  lines.push(
+    `  passes: prefill ${p.prefill_seconds.toFixed(3)} s for ${p.prefill_rows} rows, decode ${
+      p.decode_seconds.toFixed(3)
+    } s for ${p.decode_rows} rows`,
+  );
   lines.push(
     `  read ${gb(l.trunk_bytes_read)} GB trunk + ${gb(l.expert_bytes_read)} GB experts` +
       (l.read_bytes_per_second_in_flight === null

@@ -121,6 +121,14 @@ export function checkFinite(logits: Float32Array, step: number): void {
 /** A pass slower than this is not run only to close a reply for the state cache. */
 export const CLOSE_ALONE_SECONDS = 1;
 
+/** The fewest prompt rows a pass beside running decodes carries (the chunk before segments
+ * grew), whatever the stall bound. */
+export const MIN_PREFILL_ROWS = 16;
+
+/** serve's bound on how long a prefill beside running decodes may hold them up, in seconds
+ * (SchedulerOptions.maxStallSeconds). */
+export const SERVE_MAX_STALL_SECONDS = 10;
+
 /** Options of a scheduler. */
 export interface SchedulerOptions {
   /** Sequences in flight at once (each holds a state). Default 1. */
@@ -135,6 +143,11 @@ export interface SchedulerOptions {
   /** Speculative decoding (engine/generate/draft.ts). Default: suffix drafts where the
    * measured cost model says they pay. Tokens are the same in every mode. */
   draft?: DraftOptions;
+  /** While a sequence decodes, the prompt rows of a pass are bounded so that the pass takes
+   * about this many seconds at the measured seconds a prefill row (at least
+   * MIN_PREFILL_ROWS rows); absent: a whole segment (`chunk`) however long. Where a prompt
+   * is cut never changes a bit. */
+  maxStallSeconds?: number;
 }
 
 /** The default speculation: suffix drafts, as many as the cost model says pay. */
@@ -195,6 +208,8 @@ export class Scheduler {
   private loop?: Promise<void>;
   private failure?: unknown;
   private lastPassSeconds = 0;
+  /** Measured seconds a row of a prefill pass (the latest pass's; undefined: none yet). */
+  private prefillRowSeconds?: number;
   private readonly draft: DraftOptions;
   /** The measured cost of drafted rows. */
   private readonly draftCost = new DraftCost();
@@ -450,8 +465,12 @@ export class Scheduler {
     const pass: { seq: Running; seg: Segment }[] = [];
     let rows = 0;
     const decoders = this.running.filter((seq) => seq.decoding);
-    // Drafts share the rows the decode tokens leave, before any prefill chunk.
-    let draftRows = this.model.maxT - decoders.length;
+    // Drafts share the rows the decode tokens leave, before any prefill chunk. A pass
+    // wants a row of logits per decode token and draft and per prompt ending in it: at most
+    // its rows, so only a model holding fewer logit rows than rows (long segments) keeps
+    // one logit row for every running sequence's last row and the rest for drafts.
+    const { maxT, logitRows } = this.model;
+    let draftRows = Math.min(maxT - decoders.length, logitRows >= maxT ? Infinity : logitRows - this.running.length);
     for (const seq of decoders) {
       const ids = seq.pending.splice(0);
       const room = Math.min(
@@ -467,11 +486,14 @@ export class Scheduler {
       pass.push({ seq, seg });
       rows += seg.ids.length;
     }
+    // Prompt rows beside running decodes: as many as the stall bound allows.
+    let prefillRoom = decoders.length > 0 ? this.stallRows() : Infinity;
     for (const seq of this.running) {
       if (seq.decoding || seq.landing) continue;
       // A chunk ends where the state is to be kept (chunking never changes a bit).
       const keep = seq.keepAt.length > 0 ? seq.keepAt[0] - seq.state.pos : Infinity;
-      const n = Math.min(seq.pending.length, this.chunk, this.model.maxT - rows, keep);
+      const n = Math.min(seq.pending.length, this.chunk, this.model.maxT - rows, keep, prefillRoom);
+      prefillRoom -= Math.max(0, n);
       if (n <= 0) continue;
       const ids = seq.pending.splice(0, n);
       const last = seq.pending.length === 0 && seq.req.maxTokens > 0;
@@ -479,6 +501,14 @@ export class Scheduler {
       rows += n;
     }
     return pass;
+  }
+
+  /** Prompt rows a pass beside running decodes may carry (SchedulerOptions.maxStallSeconds). */
+  private stallRows(): number {
+    const limit = this.opts.maxStallSeconds;
+    if (limit === undefined) return Infinity;
+    const perRow = this.prefillRowSeconds;
+    return Math.max(MIN_PREFILL_ROWS, perRow ? Math.floor(limit / perRow) : 0);
   }
 
   /** The pass loop: runs until no sequence is waiting or running. */
@@ -533,7 +563,13 @@ export class Scheduler {
       const rows = pass.reduce((n, p) => n + p.seg.ids.length, 0);
       this.lastPassSeconds = (now - t0) / 1000;
       this.opts.onPass?.({ rows, sequences: pass.length, seconds: (now - t0) / 1000 });
-      if (pass.some((p) => !p.seq.decoding)) this.opts.cache?.notePrefillPass((now - t0) / 1000, rows);
+      const prefilling = pass.some((p) => !p.seq.decoding);
+      if (prefilling) {
+        this.opts.cache?.notePrefillPass((now - t0) / 1000, rows);
+        this.prefillRowSeconds = (now - t0) / 1000 / rows;
+      }
+      this.model.ledger[prefilling ? "prefillPassSeconds" : "decodePassSeconds"] += (now - t0) / 1000;
+      this.model.ledger[prefilling ? "prefillPassRows" : "decodePassRows"] += rows;
       if (pass.every((p) => p.seq.decoding)) this.draftCost.observe((now - t0) / 1000, rows - pass.length);
       pass.forEach(({ seq, seg }, i) => {
         if (seq.done) return;

@@ -33,6 +33,15 @@ export interface Ledger {
   /** Prompt positions restored from the state cache instead of prefilled (a count, not
    * seconds; the scheduler's). */
   cachedTokens: number;
+  /** Seconds of passes that prefilled some prompt (the scheduler's; a split of the pass
+   * time beside the kinds above, not one of them). */
+  prefillPassSeconds: number;
+  /** Rows of those passes. */
+  prefillPassRows: number;
+  /** Seconds of passes that only decoded (the scheduler's). */
+  decodePassSeconds: number;
+  /** Rows of those passes. */
+  decodePassRows: number;
 }
 
 /** A ledger of zeros. */
@@ -47,5 +56,9 @@ export function newLedger(): Ledger {
     sampling: 0,
     stateCache: 0,
     cachedTokens: 0,
+    prefillPassSeconds: 0,
+    prefillPassRows: 0,
+    decodePassSeconds: 0,
+    decodePassRows: 0,
   };
 }

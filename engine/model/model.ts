@@ -2,10 +2,13 @@
  * Kimi K3's forward pass: one file for the architecture, reading like the math in
  * docs/math.md (sections 3 to 9).
  *
- * The pass runs T tokens at once (T = 1 when decoding, a chunk when prefilling): every
- * projection is one matrix times T vectors, so each weight is read once per chunk, while
- * the recurrences (KDA state, conv history, MLA cache) advance token by token. A row's dot
- * product has the same bits whatever T is, so chunking never changes a token.
+ * The pass runs T tokens at once (T = 1 when decoding, a segment of the prompt when
+ * prefilling: the whole prompt when the memory holds it, docs/prefill.md), layer by layer:
+ * every projection is one matrix times T vectors, so each weight is read once per pass,
+ * while the recurrences (KDA state, conv history, MLA cache) advance token by token. The
+ * residual stream of all T rows stays in the scratch between layers; the wide temporaries
+ * run in row tiles (scratch.ts). A row's dot product has the same bits whatever T and the
+ * tile are, so neither segments nor tiles ever change a token.
  *
  * Weights come from a `WeightSource` (all resident, or streamed and cached: see
  * ../weights/streamed.ts and ../weights/expert_cache.ts), each layer's dense weights as one
@@ -18,7 +21,7 @@
 import type { K3Config } from "./config.ts";
 import type { Kernels } from "../native/ffi.ts";
 import type { Vec } from "../native/memory.ts";
-import { type Compute, serialCompute } from "../native/pool.ts";
+import { type Compute, HEAD_OP, serialCompute } from "../native/pool.ts";
 import { type Expert, type Matrix, settleExpert, verifyMatrix } from "../native/tensors.ts";
 import type { GluWeights, KdaWeights, LayerWeights, MlaWeights, MoeWeights } from "./layer_weights.ts";
 import { type Ledger, newLedger } from "./ledger.ts";
@@ -47,6 +50,28 @@ interface RowSpan {
   n: number;
 }
 
+/** A span's rows inside a tile: absolute rows [from, to). */
+interface TileSpan {
+  sp: RowSpan;
+  from: number;
+  to: number;
+}
+
+/** Tiles [t0, t1) of at most `tile` rows over R rows, in ascending order (the recurrences
+ * carry from one tile to the next). */
+export function rowTiles(R: number, tile: number): [number, number][] {
+  const tiles: [number, number][] = [];
+  for (let t0 = 0; t0 < R; t0 += tile) tiles.push([t0, Math.min(R, t0 + tile)]);
+  return tiles;
+}
+
+/** Each span's rows inside the tile [t0, t1), in row order. */
+function tileSpans(spans: RowSpan[], t0: number, t1: number): TileSpan[] {
+  return spans
+    .map((sp) => ({ sp, from: Math.max(t0, sp.r0), to: Math.min(t1, sp.r0 + sp.n) }))
+    .filter((ts) => ts.from < ts.to);
+}
+
 function rowSpans(segments: Segment[]): RowSpan[] {
   let r = 0;
   return segments.map((seg) => {
@@ -65,6 +90,18 @@ export interface ForwardStats {
   layerSeconds: Float64Array;
 }
 
+/** What a pass reports at the end of each layer (progress of a long prefill). */
+export interface LayerProgress {
+  /** The layer just finished (0-based). */
+  layer: number;
+  /** Layers in the model. */
+  layers: number;
+  /** Rows of the pass. */
+  rows: number;
+  /** Seconds since the pass started. */
+  seconds: number;
+}
+
 /** The model: config, kernels, weights and scratch. */
 export class K3Model {
   private readonly s: Scratch;
@@ -77,9 +114,13 @@ export class K3Model {
   readonly stats: ForwardStats;
   /** Seconds by kind of work, over every pass so far. */
   readonly ledger: Ledger = newLedger();
+  /** Called at the end of each layer of every pass (prefill progress); unset: nothing. */
+  onLayer?: (p: LayerProgress) => void;
 
   /** The forward pass over `weights` with the kernels `k` (see openModel); `opts.readAhead`
-   * (default true) reads the next layer's experts ahead on a guess. */
+   * (default true) reads the next layer's experts ahead on a guess; `opts.tileRows`
+   * (default min(maxT, 64)) rows of wide temporaries run at once; `opts.logitRows` (default
+   * maxT) rows of logits a pass can return. */
   constructor(
     readonly k: Kernels,
     readonly cfg: K3Config,
@@ -87,13 +128,23 @@ export class K3Model {
     readonly maxT: number,
     readonly capacity: number,
     compute?: Compute,
-    opts: { readAhead?: boolean } = {},
+    opts: { readAhead?: boolean; tileRows?: number; logitRows?: number } = {},
   ) {
     this.readAheadOn = opts.readAhead ?? true;
-    this.s = new Scratch(k, cfg, maxT, capacity);
+    this.s = new Scratch(k, cfg, { rows: maxT, tileRows: opts.tileRows, logitRows: opts.logitRows, capacity });
     this.stats = { expertsUsed: 0, layerSeconds: new Float64Array(cfg.numLayers) };
     this.nsrc = Math.floor((cfg.numLayers - 1) / cfg.attnResBlock) + 2;
     this.compute = compute ?? serialCompute(k);
+  }
+
+  /** Rows of logits one pass can return. */
+  get logitRows(): number {
+    return this.s.logitRows;
+  }
+
+  /** Rows of a tile of wide temporaries. */
+  get tileRows(): number {
+    return this.s.tileRows;
   }
 
   /** A fresh sequence state able to hold `capacity` positions. */
@@ -112,7 +163,8 @@ export class K3Model {
   }
 
   /**
-   * Runs tokens `ids` (at most maxT) at positions state.pos.., advancing the state.
+   * Runs tokens `ids` (at most maxT; with `allLogits`, at most logitRows) at positions
+   * state.pos.., advancing the state.
    * Returns logits of the last token, or of every token when `allLogits`, as a view
    * [T][vocab] into scratch (valid until the next call). The one-segment case of `pass`.
    */
@@ -165,55 +217,45 @@ export class K3Model {
     }
     let nblocks = 0;
     let partialEmpty = false;
+    const tiles = rowTiles(R, s.tileRows);
+    const passStart = performance.now();
 
     for (let L = 0; L < cfg.numLayers; L++) {
       const layerStart = performance.now();
       const tRead = performance.now();
       const w = await this.weights.layer(L);
       this.spent("trunkReadWait", tRead);
-      // 1. x = AttnRes(blocks + [partial]) when there are snapshots, else the partial.
-      for (let t = 0; t < R; t++) {
-        if (nblocks > 0) {
-          k.k3_attnres(
-            srcRow(t, 0),
-            nblocks + 1,
-            D,
-            w.attnRes.norm.ptr,
-            w.attnRes.proj.ptr,
-            cfg.rmsNormEps,
-            s.x.at(t * D),
-          );
-        } else {
-          s.x.f.set(s.src.f.subarray(t * this.nsrc * D, t * this.nsrc * D + D), t * D);
-        }
-      }
-      // 2. At a block boundary the partial becomes a snapshot.
+      // The sources attention reads: the snapshots so far and the partial.
+      const attnSources = nblocks;
+      // At a block boundary the partial becomes a snapshot.
       if (L % cfg.attnResBlock === 0) {
         nblocks++;
         partialEmpty = true;
       }
-      // 3. Attention on the normed input.
-      k.k3_rmsnorm(s.x.ptr, w.inputNorm.ptr, s.xn.ptr, D, R, cfg.rmsNormEps);
-      if (w.attention.kind === "kda") this.kda(L, w.attention, spans, R);
-      else this.mla(L, w.attention, spans, R);
-      this.weights.doneWithAttention?.(L);
-      // 4. partial = a, or partial + a.
-      for (let t = 0; t < R; t++) {
-        const dst = t * this.nsrc * D + nblocks * D;
-        if (partialEmpty) s.src.f.set(s.a.f.subarray(t * D, t * D + D), dst);
-        else k.k3_add(srcRow(t, nblocks), s.a.at(t * D), D);
+      for (const [t0, t1] of tiles) {
+        // 1. x = AttnRes(blocks + [partial]) when there are snapshots, else the partial.
+        this.attnInput(w, t0, t1, attnSources);
+        // 3. Attention on the normed input.
+        if (w.attention.kind === "kda") this.kda(L, w.attention, spans, t0, t1);
+        else this.mla(L, w.attention, spans, t0, t1);
+        // 4. partial = a, or partial + a.
+        this.addPartial(t0, t1, nblocks, partialEmpty);
       }
+      this.weights.doneWithAttention?.(L);
       partialEmpty = false;
-      // 5. y = AttnRes(blocks + [partial]); 6. MLP of the normed y.
-      this.mlpInput(w, R, nblocks);
-      if (w.mlp.kind === "dense") this.glu(w.mlp, s.xn.ptr, s.a.ptr, R);
-      else await this.moe(L, w.mlp, R);
+      // 5. y = AttnRes(blocks + [partial]); 6. MLP of the normed y; 7. partial += m.
+      if (w.mlp.kind === "dense") {
+        for (const [t0, t1] of tiles) {
+          this.mlpInput(w, t0, t1, nblocks);
+          this.glu(w.mlp, s.xn.ptr, s.a.ptr, t1 - t0);
+          this.addPartial(t0, t1, nblocks, false);
+        }
+      } else await this.moe(L, w, w.mlp, tiles, nblocks);
       this.weights.doneWithLayer?.(L);
-      // 7. partial += m.
-      for (let t = 0; t < R; t++) k.k3_add(srcRow(t, nblocks), s.a.at(t * D), D);
       // The next layer's experts start reading now, behind its attention.
-      this.guessNextExperts(L, R, nblocks);
+      this.guessNextExperts(L, tiles, nblocks);
       this.stats.layerSeconds[L] += (performance.now() - layerStart) / 1000;
+      this.onLayer?.({ layer: L, layers: cfg.numLayers, rows: R, seconds: (performance.now() - passStart) / 1000 });
     }
 
     // Final aggregation, norm and head, for the rows whose logits are wanted.
@@ -221,6 +263,9 @@ export class K3Model {
     for (const sp of spans) {
       const from = sp.seg.logits === "all" ? 0 : sp.seg.logits === "last" ? sp.n - 1 : sp.n;
       for (let j = from; j < sp.n; j++) out.push(sp.r0 + j);
+    }
+    if (out.length > s.logitRows) {
+      throw new Error(`internal: a pass wants ${out.length} rows of logits, the scratch holds ${s.logitRows}`);
     }
     out.forEach((t, i) =>
       k.k3_attnres(
@@ -249,11 +294,52 @@ export class K3Model {
     });
   }
 
-  /** Kimi Delta Attention: projections over all rows, the recurrence row by row per segment. */
-  private kda(L: number, w: KdaWeights, spans: RowSpan[], R: number): void {
+  /** Row t's AttnRes source i (pointer). */
+  private srcRow(t: number, i: number): NonNullable<Deno.PointerValue> {
+    return this.s.src.at((t * this.nsrc + i) * this.cfg.hiddenSize);
+  }
+
+  /** Layer w's attention input for rows [t0, t1): s.x = its AttnRes over `nblocks`
+   * snapshots and the partial (the partial alone before the first snapshot), s.xn = that
+   * normed. Tile rows are indexed from t0. */
+  private attnInput(w: LayerWeights, t0: number, t1: number, nblocks: number): void {
+    const { k, cfg, s } = this;
+    const D = cfg.hiddenSize;
+    for (let t = t0; t < t1; t++) {
+      if (nblocks > 0) {
+        k.k3_attnres(
+          this.srcRow(t, 0),
+          nblocks + 1,
+          D,
+          w.attnRes.norm.ptr,
+          w.attnRes.proj.ptr,
+          cfg.rmsNormEps,
+          s.x.at((t - t0) * D),
+        );
+      } else {
+        s.x.f.set(s.src.f.subarray(t * this.nsrc * D, t * this.nsrc * D + D), (t - t0) * D);
+      }
+    }
+    k.k3_rmsnorm(s.x.ptr, w.inputNorm.ptr, s.xn.ptr, D, t1 - t0, cfg.rmsNormEps);
+  }
+
+  /** Rows [t0, t1)'s partial (source `nblocks`) = the tile's s.a, or += it. */
+  private addPartial(t0: number, t1: number, nblocks: number, replace: boolean): void {
+    const { k, s } = this;
+    const D = this.cfg.hiddenSize;
+    for (let t = t0; t < t1; t++) {
+      if (replace) s.src.f.set(s.a.f.subarray((t - t0) * D, (t - t0 + 1) * D), (t * this.nsrc + nblocks) * D);
+      else k.k3_add(this.srcRow(t, nblocks), s.a.at((t - t0) * D), D);
+    }
+  }
+
+  /** Kimi Delta Attention on the tile [t0, t1): projections over its rows, the recurrence
+   * row by row per segment (carried from the tile before), into s.a. */
+  private kda(L: number, w: KdaWeights, spans: RowSpan[], t0: number, t1: number): void {
     const { k, cfg, s } = this;
     const { numHeads: H, headDim: d, gateLowerBound } = cfg.kda;
     const C = H * d;
+    const R = t1 - t0;
     const { q, k: kk, v, f, o, g } = s.wide.kda;
     this.mm(w.q, s.xn.ptr, q.ptr, R);
     this.mm(w.k, s.xn.ptr, kk.ptr, R);
@@ -266,11 +352,12 @@ export class K3Model {
     this.mm(w.beta, s.xn.ptr, beta.ptr, R);
     k.k3_sigmoid(beta.ptr, beta.ptr, R * H);
     const tAttn = performance.now();
-    for (const sp of spans) {
+    for (const { sp, from, to } of tileSpans(spans, t0, t1)) {
       const st = sp.seg.state.kda.get(L)!;
-      // A draft being verified: the state before it, and below each row's inputs.
+      // A draft being verified: the state before it (at its first row), and below each
+      // row's inputs.
       const rec = sp.seg.speculative ? sp.seg.state.spec!.kda.get(L)! : undefined;
-      if (rec) {
+      if (rec && from === sp.r0) {
         rec.S.f.set(st.S.f);
         rec.convQ.f.set(st.convQ.f);
         rec.convK.f.set(st.convK.f);
@@ -278,9 +365,10 @@ export class K3Model {
       }
       const keep = (from: Vec, t: number, to: Vec, j: number, n = C) =>
         to.f.set(from.f.subarray(t * n, (t + 1) * n), j * n);
-      for (let t = sp.r0; t < sp.r0 + sp.n; t++) {
+      for (let r = from; r < to; r++) {
+        // t: the row in the tile's buffers; j: the row in the segment.
+        const t = r - t0, j = r - sp.r0;
         const at = (b: Vec) => b.at(t * C);
-        const j = t - sp.r0;
         if (rec) {
           keep(q, t, rec.rawQ, j);
           keep(kk, t, rec.rawK, j);
@@ -301,7 +389,17 @@ export class K3Model {
           keep(f, t, rec.alpha, j);
           keep(beta, t, rec.beta, j, H);
         }
-        k.k3_kda_step(st.S.ptr, at(q), at(kk), at(v), beta.at(t * H), at(f), at(o), d, 0, H);
+        // The delta rule, its heads split across the threads.
+        this.compute.heads(
+          {
+            op: HEAD_OP.kda,
+            ptrs: [st.S.ptr, at(q), at(kk), at(v), beta.at(t * H), at(f), at(o)],
+            ints: [d],
+            scale: 0,
+          },
+          H,
+          4 * H * d * d,
+        );
       }
     }
     this.spent("attention", tAttn);
@@ -318,14 +416,16 @@ export class K3Model {
    * up-projection, attention runs over the shared latents, and each head's value
    * up-projection is applied to the attended latent. Same math as expanding keys and
    * values per position, with a 576-float cache row instead of 96 x 256 + 64. Each row
-   * attends over its own segment's cache.
+   * attends over its own segment's cache. On the tile [t0, t1), into s.a.
    */
-  private mla(L: number, w: MlaWeights, spans: RowSpan[], R: number): void {
+  private mla(L: number, w: MlaWeights, spans: RowSpan[], t0: number, t1: number): void {
     const { k, cfg, s } = this;
     const m = cfg.mla;
     const H = m.numHeads, dc = m.kvLoraRank, dr = m.ropeDim;
     const dq = m.nopeDim + dr;
-    const { qa, q, c, qlat, olat, o, g } = s.wide.mla;
+    const R = t1 - t0;
+    const { qa, q, c, o, g } = s.wide.mla;
+    const { qlat, olat } = s;
     // q = q_b(RMSNorm(q_a x)).
     this.mm(w.qA, s.xn.ptr, qa.ptr, R);
     k.k3_rmsnorm(qa.ptr, w.qANorm.ptr, qa.ptr, m.qLoraRank, R, cfg.rmsNormEps);
@@ -337,10 +437,11 @@ export class K3Model {
     verifyMatrix(k, kvb); // read by absorb and expand, not by a product that checks it
     // q_a's output is consumed: o [R][H][vDim] takes its place.
     const tAttn = performance.now();
-    for (const sp of spans) {
+    for (const { sp, from, to } of tileSpans(spans, t0, t1)) {
       const cache = sp.seg.state.mla.get(L)!;
-      for (let j = 0; j < sp.n; j++) {
-        const t = sp.r0 + j, p = sp.seg.state.pos + j;
+      for (let r = from; r < to; r++) {
+        // t: the row in the tile's buffers; p: its position in the sequence.
+        const t = r - t0, p = sp.seg.state.pos + (r - sp.r0);
         k.k3_rmsnorm(
           c.at(t * cw),
           w.kvANorm.ptr,
@@ -350,25 +451,38 @@ export class K3Model {
           cfg.rmsNormEps,
         );
         cache.krope.f.set(c.f.subarray(t * cw + dc, (t + 1) * cw), p * dr);
-        k.k3_mla_absorb(kvb.ptr, kvb.wtype, q.at(t * H * dq), qlat.ptr, H, m.nopeDim, dr, m.vDim, dc, 0, H);
-        k.k3_mla_attend(
-          qlat.ptr,
-          cache.latent.ptr,
-          cache.krope.ptr,
-          cache.latent.ptr,
-          olat.ptr,
-          s.scores.ptr,
-          p + 1,
+        // Absorb, attend over positions 0..p, expand: each with its heads split across the
+        // threads.
+        this.compute.heads(
+          {
+            op: HEAD_OP.absorb,
+            ptrs: [kvb.ptr, q.at(t * H * dq), qlat.ptr],
+            ints: [kvb.wtype, H, m.nopeDim, dr, m.vDim, dc],
+            scale: 0,
+          },
           H,
-          1,
-          dc,
-          dr,
-          dc,
-          1 / Math.sqrt(dq),
-          0,
-          H,
+          H * m.nopeDim * dc,
         );
-        k.k3_mla_expand(kvb.ptr, kvb.wtype, olat.ptr, o.at(t * H * m.vDim), H, m.nopeDim, m.vDim, dc, 0, H);
+        this.compute.heads(
+          {
+            op: HEAD_OP.attend,
+            ptrs: [qlat.ptr, cache.latent.ptr, cache.krope.ptr, cache.latent.ptr, olat.ptr, s.scores.ptr],
+            ints: [p + 1, H, 1, dc, dr, dc],
+            scale: 1 / Math.sqrt(dq),
+          },
+          H,
+          H * (p + 1) * (dc + dr),
+        );
+        this.compute.heads(
+          {
+            op: HEAD_OP.expand,
+            ptrs: [kvb.ptr, olat.ptr, o.at(t * H * m.vDim)],
+            ints: [kvb.wtype, H, m.nopeDim, m.vDim, dc],
+            scale: 0,
+          },
+          H,
+          H * m.vDim * dc,
+        );
       }
     }
     this.spent("attention", tAttn);
@@ -378,27 +492,30 @@ export class K3Model {
     this.mm(w.o, o.ptr, s.a.ptr, R);
   }
 
-  /** One routed expert on the rows that chose it; each output lands at [row][router slot]. */
-  private runExpert(ex: Expert, users: { t: number; slot: number }[], z: Vec): void {
+  /** One routed expert on the rows that chose it, a tile of them at a time; each output
+   * lands at [row][router slot]. */
+  private runExpert(ex: Expert, users: { t: number; slot: number }[]): void {
     const { k, cfg, s } = this;
     const { latent, topK, intermediate: I } = cfg.moe;
-    for (let j = 0; j < users.length; j++) {
-      s.expertIn.f.set(z.f.subarray(users[j].t * latent, (users[j].t + 1) * latent), j * latent);
-    }
-    const nt = users.length;
-    // An expert fresh from the shards is verified by this run: its products add up its
-    // tensor checks, compared with the expert table before its output is used.
+    const { gate, up, out } = s.wide.glu;
+    // An expert fresh from the shards is verified by its first run: its products add up
+    // its tensor checks (over the weights, whatever the rows), compared with the expert
+    // table before any output is used.
     const c = ex.check && !ex.check.verified ? ex.check : undefined;
     c?.words.fill(0n);
-    const { gate, up, out } = s.wide.glu;
-    this.compute.mxfp4(ex.w1, s.expertIn.ptr, gate.ptr, nt, c?.words.subarray(0, 2));
-    this.compute.mxfp4(ex.w3, s.expertIn.ptr, up.ptr, nt, c?.words.subarray(2, 4));
-    k.k3_situ_glu(gate.ptr, up.ptr, gate.ptr, nt * I, cfg.situBeta, cfg.situLinearBeta);
-    this.compute.mxfp4(ex.w2, gate.ptr, out.ptr, nt, c?.words.subarray(4, 6));
-    if (c) settleExpert(c);
-    for (let j = 0; j < nt; j++) {
-      const { t, slot } = users[j];
-      s.expertOut.f.set(out.f.subarray(j * latent, (j + 1) * latent), (t * topK + slot) * latent);
+    for (let u0 = 0; u0 < users.length; u0 += s.tileRows) {
+      const run = users.slice(u0, u0 + s.tileRows);
+      const nt = run.length;
+      run.forEach(({ t }, j) => s.expertIn.f.set(s.z.f.subarray(t * latent, (t + 1) * latent), j * latent));
+      const words = u0 === 0 ? c?.words : undefined;
+      this.compute.mxfp4(ex.w1, s.expertIn.ptr, gate.ptr, nt, words?.subarray(0, 2));
+      this.compute.mxfp4(ex.w3, s.expertIn.ptr, up.ptr, nt, words?.subarray(2, 4));
+      k.k3_situ_glu(gate.ptr, up.ptr, gate.ptr, nt * I, cfg.situBeta, cfg.situLinearBeta);
+      this.compute.mxfp4(ex.w2, gate.ptr, out.ptr, nt, words?.subarray(4, 6));
+      if (c && u0 === 0) settleExpert(c);
+      run.forEach(({ t, slot }, j) =>
+        s.expertOut.f.set(out.f.subarray(j * latent, (j + 1) * latent), (t * topK + slot) * latent)
+      );
     }
   }
 
@@ -424,16 +541,16 @@ export class K3Model {
     this.mm(w.down, gate.ptr, out, T);
   }
 
-  /** Each row's top-k experts and weights by layer `w`'s router on the normed rows in s.xn. */
-  private route(w: MoeWeights, T: number): { ids: number[]; weights: number[] }[] {
+  /** Rows [t0, t0 + n)'s top-k experts and weights by layer `w`'s router on the tile's
+   * normed rows in s.xn, into s.routeIds and s.routeWts. */
+  private route(w: MoeWeights, t0: number, n: number): void {
     const { k, cfg, s } = this;
     const { numExperts, topK } = cfg.moe;
     const logits = s.wide.moe.routerLogits;
-    this.mm(w.router, s.xn.ptr, logits.ptr, T);
-    const chosen: { ids: number[]; weights: number[] }[] = [];
-    for (let t = 0; t < T; t++) {
+    this.mm(w.router, s.xn.ptr, logits.ptr, n);
+    for (let i = 0; i < n; i++) {
       k.k3_router_topk(
-        logits.at(t * numExperts),
+        logits.at(i * numExperts),
         w.routerBias.ptr,
         numExperts,
         topK,
@@ -441,35 +558,48 @@ export class K3Model {
         s.idsPtr,
         s.wtsPtr,
       );
-      chosen.push({ ids: Array.from(s.ids), weights: Array.from(s.wts) });
+      s.routeIds.set(s.ids, (t0 + i) * topK);
+      s.routeWts.set(s.wts, (t0 + i) * topK);
     }
-    return chosen;
   }
 
-  /** Layer w's MLP input for T rows: s.x = its MLP AttnRes over the sources (nblocks
-   * snapshots and the partial), s.xn = that normed. */
-  private mlpInput(w: LayerWeights, T: number, nblocks: number): void {
+  /** Layer w's MLP input for rows [t0, t1): s.x = its MLP AttnRes over the sources
+   * (nblocks snapshots and the partial), s.xn = that normed. Tile rows are indexed from t0. */
+  private mlpInput(w: LayerWeights, t0: number, t1: number, nblocks: number): void {
     const { k, cfg, s } = this;
     const D = cfg.hiddenSize;
-    for (let t = 0; t < T; t++) {
-      const src = s.src.at(t * this.nsrc * D);
-      k.k3_attnres(src, nblocks + 1, D, w.mlpRes.norm.ptr, w.mlpRes.proj.ptr, cfg.rmsNormEps, s.x.at(t * D));
+    for (let t = t0; t < t1; t++) {
+      k.k3_attnres(
+        this.srcRow(t, 0),
+        nblocks + 1,
+        D,
+        w.mlpRes.norm.ptr,
+        w.mlpRes.proj.ptr,
+        cfg.rmsNormEps,
+        s.x.at((t - t0) * D),
+      );
     }
-    k.k3_rmsnorm(s.x.ptr, w.postAttentionNorm.ptr, s.xn.ptr, D, T, cfg.rmsNormEps);
+    k.k3_rmsnorm(s.x.ptr, w.postAttentionNorm.ptr, s.xn.ptr, D, t1 - t0, cfg.rmsNormEps);
+  }
+
+  /** The experts rows [0, R) chose (s.routeIds), ascending. */
+  private routedUnion(R: number): number[] {
+    return [...new Set(this.s.routeIds.subarray(0, R * this.cfg.moe.topK))].sort((a, b) => a - b);
   }
 
   /**
    * Reads layer L+1's likely experts ahead, at the end of layer L, so that they land while
    * layer L+1's attention runs instead of after its routing. The guess is layer L+1's router
    * on the input its MLP would get if attention added nothing: its MLP AttnRes over the
-   * sources as they stand, normed with its MLP norm (s.x, s.xn and the router logits are free
-   * between layers). On the real-width slice 9 guesses in 10 were right (the earlier guess,
-   * from layer L's own MLP input at its routing, 2 in 3). Only when layer L+1 is an MoE layer
-   * in memory for good (a streamed layer is not waited for) and the source reads experts, and
-   * while it pays (readAheadPays: most guesses right, and the cache alone not serving 95%).
-   * A wrong guess costs a read, never a bit: the pass runs what the real routing chose.
+   * sources as they stand, normed with its MLP norm (s.x, s.xn, the router logits and the
+   * routing are free between layers). On the real-width slice 9 guesses in 10 were right
+   * (the earlier guess, from layer L's own MLP input at its routing, 2 in 3). Only when
+   * layer L+1 is an MoE layer in memory for good (a streamed layer is not waited for) and
+   * the source reads experts, and while it pays (readAheadPays: most guesses right, and the
+   * cache alone not serving 95%). A wrong guess costs a read, never a bit: the pass runs
+   * what the real routing chose.
    */
-  private guessNextExperts(L: number, T: number, nblocks: number): void {
+  private guessNextExperts(L: number, tiles: [number, number][], nblocks: number): void {
     const { cfg } = this;
     const next = L + 1;
     if (!this.readAheadOn || next >= cfg.numLayers || !this.weights.prefetchExperts) return;
@@ -477,60 +607,92 @@ export class K3Model {
     if (io && !readAheadPays(io, cfg.moe.topK)) return;
     const w = this.weights.heldLayer?.(next);
     if (!w || w.mlp.kind !== "moe") return;
-    this.mlpInput(w, T, nblocks);
-    this.weights.prefetchExperts(next, [...new Set(this.route(w.mlp, T).flatMap((c) => c.ids))]);
+    for (const [t0, t1] of tiles) {
+      this.mlpInput(w, t0, t1, nblocks);
+      this.route(w.mlp, t0, t1 - t0);
+    }
+    this.weights.prefetchExperts(next, this.routedUnion(tiles[tiles.length - 1][1]));
   }
 
   /**
-   * Stable LatentMoE for T tokens. The experts chosen by any token of the chunk are fetched
-   * once (chunk union), their reads issued the moment the routing is known, before the
-   * latent projection and the shared experts run; each expert runs on the tokens that chose
-   * it as soon as it lands (expert_stream.ts); each token then sums its own experts in its
-   * router's order, so the order they land in never changes a bit.
+   * Stable LatentMoE for the pass's rows, then partial += its output. The experts chosen by
+   * any row are fetched once (the union), their reads issued the moment the routing is
+   * known; each expert runs on the rows that chose it as soon as it lands
+   * (expert_stream.ts), in ascending row order; each row then sums its own experts in its
+   * router's order, so neither the order they land in nor the tiles change a bit. In three
+   * phases: routing and the latent input by tile; the experts; the sums, the up-projection
+   * and the shared experts by tile. A pass of one tile (decode, small chunks) runs the
+   * shared experts while the reads are in flight; a pass of more recomputes each tile's MLP
+   * input for them afterwards (the same inputs, so the same bits).
    */
-  private async moe(L: number, w: MoeWeights, T: number): Promise<void> {
+  private async moe(
+    L: number,
+    lw: LayerWeights,
+    w: MoeWeights,
+    tiles: [number, number][],
+    nblocks: number,
+  ): Promise<void> {
     const { k, cfg, s } = this;
     const { latent, topK } = cfg.moe;
     const D = cfg.hiddenSize;
-    const { acc, z } = s.wide.moe;
-    // Route each token, then claim the experts any row chose and start their reads.
-    const chosen = this.route(w, T);
+    const { acc } = s.wide.moe;
+    const R = tiles[tiles.length - 1][1];
+    const oneTile = tiles.length === 1;
+    // A. Route each row (and, over several tiles, its latent input z).
+    for (const [t0, t1] of tiles) {
+      this.mlpInput(lw, t0, t1, nblocks);
+      this.route(w, t0, t1 - t0);
+      if (!oneTile) this.mm(w.latentDown, s.xn.ptr, s.z.at(t0 * latent), t1 - t0);
+    }
+    // B. Claim the experts any row chose and start their reads; run each as it lands.
     const users = new Map<number, { t: number; slot: number }[]>();
-    chosen.forEach(({ ids }, t) =>
-      ids.forEach((e, slot) => {
+    for (let t = 0; t < R; t++) {
+      for (let slot = 0; slot < topK; slot++) {
+        const e = s.routeIds[t * topK + slot];
         const list = users.get(e) ?? [];
         list.push({ t, slot });
         users.set(e, list);
-      })
-    );
+      }
+    }
     const union = [...users.keys()].sort((a, b) => a - b);
     this.stats.expertsUsed += union.length;
     const stream = new ExpertStream(this.weights, L, union);
-    // z = routed_expert_down_proj x, once per token; the shared experts at full width (into
-    // s.x); both while the reads are in flight.
-    this.mm(w.latentDown, s.xn.ptr, z.ptr, T);
-    if (w.shared) this.glu(w.shared, s.xn.ptr, s.x.ptr, T);
+    // One tile: z = routed_expert_down_proj x and the shared experts at full width (into
+    // s.x), both while the reads are in flight.
+    if (oneTile) {
+      this.mm(w.latentDown, s.xn.ptr, s.z.ptr, R);
+      if (w.shared) this.glu(w.shared, s.xn.ptr, s.x.ptr, R);
+    }
     await stream.run(
       (E, ex) => {
         const tExpert = performance.now();
-        this.runExpert(ex, users.get(E)!, z);
+        this.runExpert(ex, users.get(E)!);
         this.spent("expertCompute", tExpert);
       },
       (t0) => this.spent("expertReadWait", t0),
     );
     this.weights.doneWithExperts?.(L);
-    // acc = sum_j w_j e_j in router order; RMSNorm; up-projection.
-    // The router's logits are consumed: acc takes their place.
-    for (let t = 0; t < T; t++) {
-      const row = acc.f.subarray(t * latent, (t + 1) * latent);
-      row.fill(0);
-      for (let j = 0; j < topK; j++) {
-        k.k3_axpy(acc.at(t * latent), chosen[t].weights[j], s.expertOut.at((t * topK + j) * latent), latent);
+    // C. acc = sum_j w_j e_j in router order; RMSNorm; up-projection; the shared experts
+    // added with no weight. The router's logits are consumed: acc takes their place.
+    for (const [t0, t1] of tiles) {
+      const n = t1 - t0;
+      for (let i = 0; i < n; i++) {
+        const t = t0 + i;
+        acc.f.subarray(i * latent, (i + 1) * latent).fill(0);
+        for (let j = 0; j < topK; j++) {
+          k.k3_axpy(acc.at(i * latent), s.routeWts[t * topK + j], s.expertOut.at((t * topK + j) * latent), latent);
+        }
       }
+      k.k3_rmsnorm(acc.ptr, w.latentNorm.ptr, acc.ptr, latent, n, cfg.rmsNormEps);
+      this.mm(w.latentUp, acc.ptr, s.a.ptr, n);
+      if (w.shared) {
+        if (!oneTile) {
+          this.mlpInput(lw, t0, t1, nblocks);
+          this.glu(w.shared, s.xn.ptr, s.x.ptr, n);
+        }
+        k.k3_add(s.a.ptr, s.x.ptr, n * D);
+      }
+      this.addPartial(t0, t1, nblocks, false);
     }
-    k.k3_rmsnorm(acc.ptr, w.latentNorm.ptr, acc.ptr, latent, T, cfg.rmsNormEps);
-    this.mm(w.latentUp, acc.ptr, s.a.ptr, T);
-    // Shared experts (computed above), added with no weight.
-    if (w.shared) k.k3_add(s.a.ptr, s.x.ptr, T * D);
   }
 }

@@ -9,7 +9,8 @@ import type { K3Config } from "./config.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { Vec } from "../native/memory.ts";
 
-/** Widths the scratch buffers are sized by. */
+/** Widths the scratch buffers are sized by. MLA's latent query and attended latent have
+ * their own one-row buffers (`Scratch.qlat`, `Scratch.olat`), so they do not widen `wide`. */
 function scratchShape(cfg: K3Config) {
   const m = cfg.mla;
   const wide = Math.max(
@@ -23,7 +24,6 @@ function scratchShape(cfg: K3Config) {
     m.qLoraRank,
     m.kvLoraRank + m.ropeDim,
     m.numHeads * (m.nopeDim + m.ropeDim),
-    m.numHeads * (m.kvLoraRank + m.ropeDim),
     m.numHeads * m.vDim,
   );
   return {
@@ -39,17 +39,80 @@ export function passRows(chunk: number, sequences: number): number {
   return chunk + sequences - 1;
 }
 
-/** Bytes of the forward pass's scratch for chunks of `maxT` tokens (for the memory plan). */
-export function scratchBytes(cfg: K3Config, maxT: number, capacity: number): number {
-  const { D, nsrc, wide, small } = scratchShape(cfg);
-  const { latent, topK } = cfg.moe;
-  const floats = maxT * nsrc * D + 3 * maxT * D + 5 * maxT * wide + maxT * small +
-    Math.max(cfg.mla.numHeads, 1) * capacity + maxT * latent + maxT * topK * latent + maxT * cfg.vocabSize;
-  return 4 * floats + 8 * topK;
+/**
+ * Rows of the wide temporaries by default: a pass of more rows runs its projections, MLPs
+ * and experts in tiles of this many rows. 64 rows are past the products' 16-row superblock
+ * and keep a tile near 50 MB at the released widths.
+ */
+export const DEFAULT_TILE_ROWS = 64;
+
+/** The rows a scratch is sized for (see Scratch). */
+export interface ScratchRows {
+  /** Rows of a pass (the segment and the decode rows beside it). */
+  rows: number;
+  /** Rows of a tile of wide temporaries (default min(rows, DEFAULT_TILE_ROWS)). */
+  tileRows?: number;
+  /** Rows whose logits a pass can return (default `rows`). */
+  logitRows?: number;
+  /** Positions MLA attends over (its scores). */
+  capacity: number;
+}
+
+/** `rows` with its defaults filled in. */
+export function scratchRows(r: ScratchRows): Required<ScratchRows> {
+  return {
+    rows: r.rows,
+    tileRows: Math.max(1, Math.min(r.rows, r.tileRows ?? DEFAULT_TILE_ROWS)),
+    logitRows: Math.max(1, Math.min(r.rows, r.logitRows ?? r.rows)),
+    capacity: r.capacity,
+  };
 }
 
 /**
- * The wide buffers [maxT][wide] by role: the one liveness table. The roles of a stage are
+ * Bytes a segment row holds for the whole pass: its AttnRes sources (the residual stream),
+ * its experts' latent input, its experts' outputs by router slot, and its routing.
+ */
+export function segmentRowBytes(cfg: K3Config): number {
+  const { D, nsrc } = scratchShape(cfg);
+  const { latent, topK } = cfg.moe;
+  return 4 * (nsrc * D + latent + topK * latent) + 8 * topK;
+}
+
+/** Bytes of the scratch that do not grow with the segment: the tiles, one MLA row, the
+ * MLA scores and the logits. */
+export function scratchFixedBytes(cfg: K3Config, tileRows: number, logitRows: number, capacity: number): number {
+  const { D, wide, small } = scratchShape(cfg);
+  const m = cfg.mla;
+  const H = Math.max(m.numHeads, 1);
+  const floats = 2 * Math.max(tileRows, logitRows) * D + tileRows * D + 5 * tileRows * wide + tileRows * small +
+    tileRows * cfg.moe.latent + H * (m.kvLoraRank + m.ropeDim) + H * m.kvLoraRank + H * capacity +
+    logitRows * cfg.vocabSize;
+  return 4 * floats + 8 * cfg.moe.topK;
+}
+
+/**
+ * Rows of logits a pass of `sequences` sequences returns at most in generation: one row
+ * per sequence and the drafts of the decoding ones (the scheduler caps the drafts to fit),
+ * as many as a 16-token chunk held before segments grew.
+ */
+export function logitRowsFor(sequences: number): number {
+  return passRows(16, sequences);
+}
+
+/** The scratch rows of a planned pass (openModel's model and the memory plan): `rows` rows,
+ * default tiles, and logits for `sequences` sequences. */
+export function planScratchRows(rows: number, sequences: number, capacity: number): ScratchRows {
+  return { rows, tileRows: DEFAULT_TILE_ROWS, logitRows: logitRowsFor(sequences), capacity };
+}
+
+/** Bytes of the forward pass's scratch for these rows (for the memory plan). */
+export function scratchBytes(cfg: K3Config, rows: ScratchRows): number {
+  const r = scratchRows(rows);
+  return r.rows * segmentRowBytes(cfg) + scratchFixedBytes(cfg, r.tileRows, r.logitRows, r.capacity);
+}
+
+/**
+ * The wide buffers [tileRows][wide] by role: the one liveness table. The roles of a stage are
  * live together; a buffer under two names of one stage takes the second once the first is
  * consumed (the stage's comment says when). A layer runs its stages one after another, and
  * a GLU runs inside the MoE stage only on buffers the MoE stage leaves free.
@@ -59,12 +122,12 @@ export interface WideRoles {
    * the gate g takes f's place once the decay is consumed (beta is in `small`). */
   kda: { q: Vec; k: Vec; v: Vec; f: Vec; o: Vec; g: Vec };
   /** MLA: qa (q_a's output), then the attended output o in its place; q; c (kv_a's
-   * output), then the gate g in its place; qlat and olat, one row's latent query and
-   * attended latent. */
-  mla: { qa: Vec; o: Vec; q: Vec; c: Vec; g: Vec; qlat: Vec; olat: Vec };
-  /** LatentMoE: the router's logits, then acc (the experts' weighted sum) in their place;
-   * z (the experts' latent input) lives through every expert. */
-  moe: { routerLogits: Vec; acc: Vec; z: Vec };
+   * output), then the gate g in its place (one row's latent query and attended latent
+   * are Scratch.qlat and Scratch.olat). */
+  mla: { qa: Vec; o: Vec; q: Vec; c: Vec; g: Vec };
+  /** LatentMoE: the router's logits, then acc (the experts' weighted sum) in their place
+   * (z, the experts' latent input, lives through every expert: Scratch.z). */
+  moe: { routerLogits: Vec; acc: Vec };
   /** A GLU (dense MLP, shared experts, a routed expert): gate and up, SiTU into gate; a
    * routed expert's output in `out`. */
   glu: { gate: Vec; up: Vec; out: Vec };
@@ -74,26 +137,51 @@ export interface WideRoles {
 function wideRoles([w0, w1, w2, w3, w4]: readonly Vec[]): WideRoles {
   return {
     kda: { q: w0, k: w1, v: w2, f: w3, o: w4, g: w3 },
-    mla: { qa: w0, o: w0, q: w1, c: w2, g: w2, qlat: w3, olat: w4 },
-    moe: { routerLogits: w2, acc: w2, z: w3 },
+    mla: { qa: w0, o: w0, q: w1, c: w2, g: w2 },
+    moe: { routerLogits: w2, acc: w2 },
     glu: { gate: w0, up: w1, out: w4 },
   };
 }
 
-/** Scratch buffers, allocated once for up to `maxT` tokens per call. */
+/**
+ * Scratch buffers, allocated once, by lifetime: the segment's rows (live across the
+ * layers, or across one MoE stage), a tile's wide temporaries, one MLA row, and the
+ * logits of the rows that want them. A pass of more rows than a tile runs its
+ * projections in tiles (model.ts); a row's bits do not depend on the tile.
+ */
 export class Scratch {
-  /** AttnRes sources: [maxT][nsrc][D]. */
+  /** Rows of a pass. */
+  readonly rows: number;
+  /** Rows of a tile. */
+  readonly tileRows: number;
+  /** Rows of logits. */
+  readonly logitRows: number;
+  /** AttnRes sources: [rows][nsrc][D]. */
   readonly src: Vec;
-  /** [maxT][D] sub-layer input. */
+  /** The experts' latent input: [rows][latent]. */
+  readonly z: Vec;
+  /** Per row, per chosen slot: [rows][topK][latent]. */
+  readonly expertOut: Vec;
+  /** Per row, the router's chosen expert ids: [rows][topK]. */
+  readonly routeIds: Int32Array;
+  /** Per row, the chosen experts' weights: [rows][topK]. */
+  readonly routeWts: Float32Array;
+  /** [max(tileRows, logitRows)][D] sub-layer input (the head's rows too). */
   readonly x: Vec;
-  /** [maxT][D] normed input. */
+  /** [max(tileRows, logitRows)][D] normed input. */
   readonly xn: Vec;
-  /** [maxT][D] sub-layer output. */
+  /** [tileRows][D] sub-layer output. */
   readonly a: Vec;
-  /** The wide temporaries by role (wideRoles). */
+  /** The wide temporaries by role (wideRoles), [tileRows][wide] each. */
   readonly wide: WideRoles;
-  /** [maxT][small]. */
+  /** [tileRows][small]. */
   readonly small: Vec;
+  /** Gathered latent inputs of one expert: [tileRows][latent]. */
+  readonly expertIn: Vec;
+  /** MLA: one row's latent query [heads][kvLoraRank + ropeDim]. */
+  readonly qlat: Vec;
+  /** MLA: one row's attended latent [heads][kvLoraRank]. */
+  readonly olat: Vec;
   /** MLA scores [heads][capacity]. */
   readonly scores: Vec;
   /** Router: the chosen expert ids of one row. */
@@ -104,30 +192,38 @@ export class Scratch {
   readonly wts: Float32Array;
   /** Its native pointer. */
   readonly wtsPtr: NonNullable<Deno.PointerValue>;
-  /** Gathered latent inputs [maxT][latent]. */
-  readonly expertIn: Vec;
-  /** Per token, per chosen slot: [maxT][topK][latent]. */
-  readonly expertOut: Vec;
-  /** [maxT][vocab]. */
+  /** [logitRows][vocab]. */
   readonly logits: Vec;
 
-  /** Scratch for passes of up to `maxT` rows, MLA scores over `capacity` positions. */
-  constructor(k: Kernels, cfg: K3Config, readonly maxT: number, capacity: number) {
+  /** Scratch for passes of up to `shape.rows` rows (see ScratchRows). */
+  constructor(k: Kernels, cfg: K3Config, shape: ScratchRows) {
+    const { rows, tileRows, logitRows, capacity } = scratchRows(shape);
+    this.rows = rows;
+    this.tileRows = tileRows;
+    this.logitRows = logitRows;
     const { D, nsrc, wide, small } = scratchShape(cfg);
     const m = cfg.mla;
-    this.src = new Vec(k, maxT * nsrc * D, "attnres sources");
-    this.x = new Vec(k, maxT * D);
-    this.xn = new Vec(k, maxT * D);
-    this.a = new Vec(k, maxT * D);
-    this.wide = wideRoles(Array.from({ length: 5 }, () => new Vec(k, maxT * wide)));
-    this.small = new Vec(k, maxT * small);
-    this.scores = new Vec(k, Math.max(m.numHeads, 1) * capacity);
-    this.ids = new Int32Array(cfg.moe.topK);
+    const { latent, topK } = cfg.moe;
+    const H = Math.max(m.numHeads, 1);
+    this.src = new Vec(k, rows * nsrc * D, "attnres sources");
+    this.z = new Vec(k, rows * latent);
+    this.expertOut = new Vec(k, rows * topK * latent);
+    this.routeIds = new Int32Array(rows * topK);
+    this.routeWts = new Float32Array(rows * topK);
+    const xRows = Math.max(tileRows, logitRows);
+    this.x = new Vec(k, xRows * D);
+    this.xn = new Vec(k, xRows * D);
+    this.a = new Vec(k, tileRows * D);
+    this.wide = wideRoles(Array.from({ length: 5 }, () => new Vec(k, tileRows * wide)));
+    this.small = new Vec(k, tileRows * small);
+    this.expertIn = new Vec(k, tileRows * latent);
+    this.qlat = new Vec(k, H * (m.kvLoraRank + m.ropeDim));
+    this.olat = new Vec(k, H * m.kvLoraRank);
+    this.scores = new Vec(k, H * capacity);
+    this.ids = new Int32Array(topK);
     this.idsPtr = Deno.UnsafePointer.of(this.ids)!;
-    this.wts = new Float32Array(cfg.moe.topK);
+    this.wts = new Float32Array(topK);
     this.wtsPtr = Deno.UnsafePointer.of(this.wts)!;
-    this.expertIn = new Vec(k, maxT * cfg.moe.latent);
-    this.expertOut = new Vec(k, maxT * cfg.moe.topK * cfg.moe.latent);
-    this.logits = new Vec(k, maxT * cfg.vocabSize, "logits");
+    this.logits = new Vec(k, logitRows * cfg.vocabSize, "logits");
   }
 }

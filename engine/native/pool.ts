@@ -1,5 +1,5 @@
 /**
- * Parallel matrix products over Web Workers.
+ * Parallel matrix products and attention heads over Web Workers.
  *
  * Each worker dlopens the same kernel library, so native pointers (weights, activations)
  * are valid in every thread and nothing is copied. A job is posted through a
@@ -9,7 +9,9 @@
  * thread count never changes a token. A matrix with a check still to settle (a streamed
  * one, tensors.ts) is multiplied by k3_matmul_checked, and an expert fresh from the
  * shards by k3_matmul_mxfp4_checked: each thread adds its rows' checks into its own words,
- * and the words' sums go to the manifest's or the expert table's comparison.
+ * and the words' sums go to the manifest's or the expert table's comparison. The attention
+ * kernels (KDA's step, MLA's absorb, attend and expand) split the same way by head ranges:
+ * each head's result does not depend on the range (kernels/k3.h).
  *
  * @module
  */
@@ -32,8 +34,56 @@ export interface Compute {
   /** The same with an MXFP4 matrix; with `sums`, adds the checks of its packed and scale
    * rows (kernels/k3.h contract 5) to sums[0] and sums[1]. */
   mxfp4(m: Mxfp4, x: Ptr, y: Ptr, ntok: number, sums?: BigUint64Array): void;
+  /** Heads [0, H) of one attention kernel call (see HeadCall), split across the threads
+   * when its `work` (about the floats it touches) is worth it. */
+  heads(call: HeadCall, H: number, work: number): void;
   /** Stops the workers. */
   close(): void;
+}
+
+/** The attention kernels that split by heads. */
+export const HEAD_OP = { kda: 3, absorb: 4, attend: 5, expand: 6 } as const;
+
+/**
+ * One call of a per-head kernel, less its head range: `ptrs` and `ints` in the kernel's
+ * order (the pointers first, then the integers, each group as the kernel takes them),
+ * `scale` for attend.
+ *   kda:    k3_kda_step(S, q, k, v, beta, alpha, o | d)
+ *   absorb: k3_mla_absorb(kvb, q, qlat | wtype, H, dn, dr, dv, dc)
+ *   attend: k3_mla_attend(q, knope, krope, v, out, scores | npos, H, kvheads, dn, dr, dv; scale)
+ *   expand: k3_mla_expand(kvb, olat, out | wtype, H, dn, dv, dc)
+ */
+export interface HeadCall {
+  /** Which kernel (HEAD_OP). */
+  op: number;
+  /** Its pointer arguments. */
+  ptrs: Ptr[];
+  /** Its integer arguments. */
+  ints: number[];
+  /** Attend's score scale (0 for the others). */
+  scale: number;
+}
+
+/** Runs heads [h0, h1) of `c` on this thread. */
+export function runHeads(
+  k: Kernels,
+  c: { op: number; ptrs: Deno.PointerValue[]; ints: number[]; scale: number },
+  h0: number,
+  h1: number,
+): void {
+  const p = c.ptrs, n = c.ints;
+  switch (c.op) {
+    case HEAD_OP.kda:
+      return k.k3_kda_step(p[0], p[1], p[2], p[3], p[4], p[5], p[6], n[0], h0, h1);
+    case HEAD_OP.absorb:
+      return k.k3_mla_absorb(p[0], n[0], p[1], p[2], n[1], n[2], n[3], n[4], n[5], h0, h1);
+    case HEAD_OP.attend:
+      return k.k3_mla_attend(p[0], p[1], p[2], p[3], p[4], p[5], n[0], n[1], n[2], n[3], n[4], n[5], c.scale, h0, h1);
+    case HEAD_OP.expand:
+      return k.k3_mla_expand(p[0], n[0], p[1], p[2], n[1], n[2], n[3], n[4], h0, h1);
+    default:
+      throw new Error(`internal: head op ${c.op}`);
+  }
 }
 
 /** Rows [r0, r1) of a product. */
@@ -71,6 +121,9 @@ export function serialCompute(k: Kernels): Compute {
       k.k3_matmul_mxfp4_checked(m.packed, m.scales, x, y, ntok, m.rows, m.cols, 0, m.rows, sums ? sumPtr : null);
       if (sums) addWords(sums, sum, 1);
     },
+    heads(call, H) {
+      runHeads(k, call, 0, H);
+    },
     close() {},
   };
 }
@@ -82,16 +135,20 @@ export const CTRL = {
   /** Last finished job sequence; the main thread waits on it. */
   done: 1,
   op: 2,
-  /** i32 arguments: wtype, ntok, rows, cols, r0, r1. */
+  /** i32 arguments: a product's wtype, ntok, rows, cols, r0, r1; a head call's integers,
+   * with h0 and h1 in the last two. */
   args: 3,
-  nargs: 6,
-  /** Byte offset of the BigUint64 pointer slots: w (or packed), scales, x, y, check word. */
+  nargs: 12,
+  /** The f32 slot of a head call's scale. */
+  scale: 15,
+  /** Byte offset of the BigUint64 pointer slots: a product's w (or packed), scales, x, y,
+   * check word; a head call's pointers. */
   ptrBytes: 64,
-  nptr: 5,
-  bytes: 104,
+  nptr: 8,
+  bytes: 128,
 } as const;
 
-/** Operation codes of a job in the control block. */
+/** Operation codes of a job in the control block (and HEAD_OP's). */
 export const OP = { matmul: 1, mxfp4: 2 } as const;
 
 /** Products smaller than this many weight elements stay on the main thread by default. */
@@ -100,6 +157,8 @@ export const SPLIT_MIN_ELEMS = 1 << 18;
 interface WorkerSlot {
   worker: Worker;
   ctrl: Int32Array;
+  /** The control block as f32 (a head call's scale). */
+  f32: Float32Array;
   ptrs: BigUint64Array;
   seq: number;
 }
@@ -141,6 +200,7 @@ export class WorkerPool implements Compute {
       slots.push({
         worker,
         ctrl: new Int32Array(sab),
+        f32: new Float32Array(sab),
         ptrs: new BigUint64Array(sab, CTRL.ptrBytes, CTRL.nptr),
         seq: 0,
       });
@@ -177,6 +237,40 @@ export class WorkerPool implements Compute {
     if (sums) addWords(sums, this.sumWords, this.slots.length + 1);
   }
 
+  heads(call: HeadCall, H: number, work: number): void {
+    const n = this.slots.length + 1;
+    if (n === 1 || work < this.splitMin || H < n) {
+      runHeads(this.k, call, 0, H);
+      return;
+    }
+    const bound = (i: number) => Math.floor((H * i) / n);
+    this.dispatch((s, i) => {
+      const c = s.ctrl;
+      c[CTRL.op] = call.op;
+      call.ints.forEach((v, j) => (c[CTRL.args + j] = v));
+      c[CTRL.args + CTRL.nargs - 2] = bound(i + 1);
+      c[CTRL.args + CTRL.nargs - 1] = bound(i + 2);
+      s.f32[CTRL.scale] = call.scale;
+      call.ptrs.forEach((p, j) => (s.ptrs[j] = BigInt(Deno.UnsafePointer.value(p))));
+    }, () => runHeads(this.k, call, 0, bound(1)));
+  }
+
+  /** Fills each worker's control block (`fill`), wakes them, runs the calling thread's
+   * share (`own`), then waits for every worker. */
+  private dispatch(fill: (s: WorkerSlot, i: number) => void, own: () => void): void {
+    for (let i = 0; i < this.slots.length; i++) {
+      const s = this.slots[i];
+      fill(s, i);
+      s.seq++;
+      Atomics.store(s.ctrl, CTRL.seq, s.seq);
+      Atomics.notify(s.ctrl, CTRL.seq);
+    }
+    own();
+    for (const s of this.slots) {
+      while (Atomics.load(s.ctrl, CTRL.done) !== s.seq) Atomics.wait(s.ctrl, CTRL.done, s.seq - 1, 50);
+    }
+  }
+
   /** Splits rows [r0, r1) (all by default; `rows` is the output's stride) evenly; the main
    * thread takes the first share, workers the rest. */
   private run(
@@ -207,8 +301,7 @@ export class WorkerPool implements Compute {
     const bound = (i: number) => r0 + Math.floor((share * i) / n);
     const pw = Deno.UnsafePointer.value(w), ps = scales ? Deno.UnsafePointer.value(scales) : 0n;
     const px = Deno.UnsafePointer.value(x), py = Deno.UnsafePointer.value(y);
-    for (let i = 0; i < this.slots.length; i++) {
-      const s = this.slots[i];
+    this.dispatch((s, i) => {
       const c = s.ctrl;
       c[CTRL.op] = op;
       c[CTRL.args] = wtype;
@@ -222,14 +315,7 @@ export class WorkerPool implements Compute {
       s.ptrs[2] = BigInt(px);
       s.ptrs[3] = BigInt(py);
       s.ptrs[4] = check ? BigInt(Deno.UnsafePointer.value(sum(i + 1))) : 0n;
-      s.seq++;
-      Atomics.store(c, CTRL.seq, s.seq);
-      Atomics.notify(c, CTRL.seq);
-    }
-    call(r0, bound(1));
-    for (const s of this.slots) {
-      while (Atomics.load(s.ctrl, CTRL.done) !== s.seq) Atomics.wait(s.ctrl, CTRL.done, s.seq - 1, 50);
-    }
+    }, () => call(r0, bound(1)));
   }
 
   /** Stops the workers. */

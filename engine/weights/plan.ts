@@ -13,7 +13,8 @@
  *   finals      the final vectors
  *   state       KDA state + KV per position x positions, per sequence (plan_state.ts)
  *   drafts      a speculation record per sequence, when sequences may draft (plan_state.ts)
- *   scratch     the forward pass's buffers for a prefill chunk (model/scratch.ts, sized by the caller)
+ *   scratch     the forward pass's buffers for a prefill segment (model/scratch.ts, sized by the
+ *               caller; the segment by the memory with `--chunk auto`: plan_segment.ts)
  *   state cache (serve, batch) kept conversation states, by default what the plan leaves
  *               (plan_state.ts)
  *
@@ -33,13 +34,14 @@
 import type { K3Config } from "../model/config.ts";
 import { EXIT, K3Error, usageError } from "../errors.ts";
 import { bytesText } from "../native/available.ts";
-import { passRows, scratchBytes } from "../model/scratch.ts";
+import { passRows, planScratchRows, scratchBytes } from "../model/scratch.ts";
 import { stateBytes } from "../model/state.ts";
 import { alignUp, FIXED_OVERHEAD_BYTES, type MemoryOptions, type PlanInput, wantsStreaming } from "./plan_input.ts";
 import { planBudgets } from "./plan_auto.ts";
 import { type EmbedHeadPlan, planEmbedHead } from "./plan_embed_head.ts";
 import { expertBytesOf, type ExpertsPlan, planExperts } from "./plan_experts.ts";
 import { type PlanPrediction, planPrediction } from "./plan_predict.ts";
+import { autoSegment, type ChunkRequest, predictPrefill, type PrefillPrediction } from "./plan_segment.ts";
 import {
   type DraftsPlan,
   planDrafts,
@@ -48,7 +50,7 @@ import {
   type StateCachePlan,
   type StatePlan,
 } from "./plan_state.ts";
-import { estimatedLayerBytes, planTrunk, type TrunkPlan } from "./plan_trunk.ts";
+import { estimatedLayerBytes, planTrunk, trunkBytes, type TrunkPlan } from "./plan_trunk.ts";
 
 /** The memory plan. Every size in bytes. */
 export interface MemoryPlan {
@@ -68,14 +70,21 @@ export interface MemoryPlan {
   state: StatePlan;
   /** Bytes of scratch buffers. */
   scratchBytes: number;
+  /** Of those, the bytes each more row of a pass adds (a segment row: scratch.ts). */
+  scratchRowBytes: number;
   /** Speculation records: one per sequence when sequences may draft (null: they do not). */
   speculation: DraftsPlan | null;
   /** Predicted decode tokens/s with every sequence decoding (null: no rates given). */
   prediction: PlanPrediction | null;
   /** The conversation state cache's RAM budget (null: no cache planned). */
   stateCache: StateCachePlan | null;
-  /** The prefill chunk. A pass whose experts exceed the cache runs them in waves. */
+  /** The prefill segment: prompt tokens one pass runs. A pass whose experts exceed the
+   * cache runs them in waves. */
   chunk: number;
+  /** The segment was chosen by the plan (`--chunk auto`). */
+  chunkAuto: boolean;
+  /** What a prompt of `prefill.tokens` is predicted to read and cost in these segments. */
+  prefill: PrefillPrediction;
   /** Rows one forward pass holds: a prefill chunk plus one decode token of each other sequence. */
   passRows: number;
   /** Bytes of the whole plan. */
@@ -95,7 +104,7 @@ export function estimatedInput(
   cfg: K3Config,
   mem: MemoryOptions,
   capacity: number,
-  chunk = 16,
+  chunk: ChunkRequest = 16,
 ): PlanInput {
   const VD = cfg.vocabSize * cfg.hiddenSize;
   return {
@@ -110,27 +119,55 @@ export function estimatedInput(
     finalsBytes: alignUp(3 * cfg.hiddenSize * 4),
     expertBytes: expertBytesOf(cfg),
     stateBytes: stateBytes(cfg),
-    scratchBytes: scratchBytes(cfg, passRows(chunk, 1), capacity),
+    scratchFor: (rows, sequences) => scratchBytes(cfg, planScratchRows(rows, sequences, capacity)),
   };
 }
 
-/** Makes the plan; throws K3Error (exit 1) when it cannot be met. Pure: everything it weighs is in `input`. */
+/**
+ * Makes the plan; throws K3Error (exit 1) when it cannot be met. Pure: everything it weighs
+ * is in `input`. With `chunk: "auto"` the segment is the largest that fits the available
+ * memory, up to the whole prompt, decided before the pins and the cache share the rest
+ * (plan_segment.ts).
+ */
 export function makePlan(input: PlanInput): MemoryPlan {
+  if (input.chunk !== "auto") return planWithSegment(input, input.chunk, false);
+  const tokens = prefillTokens(input);
+  const fits = input.available === undefined ? undefined : (rows: number) => {
+    try {
+      checkFits(planWithSegment(input, rows, true));
+      return true;
+    } catch (e) {
+      if (e instanceof K3Error) return false;
+      throw e;
+    }
+  };
+  return planWithSegment(input, autoSegment(tokens, fits).rows, true);
+}
+
+/** The prompt tokens a plan's prefill is sized and predicted for. */
+function prefillTokens(input: PlanInput): number {
+  return Math.max(1, Math.min(input.prefillTokens ?? input.capacity, input.capacity));
+}
+
+/** The plan with prefill segments of `chunk` tokens. */
+function planWithSegment(input: PlanInput, chunk: number, chunkAuto: boolean): MemoryPlan {
   const notes: string[] = [];
   const streaming = wantsStreaming(input.mem);
   const sequences = Math.max(1, input.sequences ?? 1);
-  const rows = passRows(input.chunk, sequences);
+  const rows = passRows(chunk, sequences);
+  const scratch = input.scratchFor(rows, sequences);
   const state = planState(input, sequences);
   const drafts = planDrafts(input, sequences, rows);
   const budgets = planBudgets(input, streaming, sequences, {
     stateBytes: state.bytes,
     draftBytes: drafts?.bytes ?? 0,
+    scratchBytes: scratch,
   }, notes);
   const trunk = planTrunk(input, streaming, budgets.trunk, notes);
   const experts = planExperts(input, streaming, budgets.cache, notes);
   const embedHead = planEmbedHead(input, budgets.streamEmbed);
   const planned = trunk.bytes + experts.bytes + embedHead.bytes + input.finalsBytes + state.bytes +
-    (drafts?.bytes ?? 0) + input.scratchBytes;
+    (drafts?.bytes ?? 0) + scratch;
   const stateCache = planStateCache(input, planned);
   const streamed = streaming
     ? { pinned: trunk.pinned, ringBytes: trunk.ringBytes, slots: experts.slots, headStreamed: embedHead.streamed }
@@ -143,11 +180,29 @@ export function makePlan(input: PlanInput): MemoryPlan {
     embedHead,
     finalsBytes: input.finalsBytes,
     state,
-    scratchBytes: input.scratchBytes,
+    scratchBytes: scratch,
+    scratchRowBytes: input.scratchFor(rows + 1, sequences) - scratch,
     speculation: drafts,
     prediction: planPrediction(input, sequences, streamed, experts.total),
     stateCache,
-    chunk: input.chunk,
+    chunk,
+    chunkAuto,
+    prefill: predictPrefill(
+      {
+        streamedBytes: streaming
+          ? (input.layerStreamBytes ?? input.layerBytes).reduce((a, b, L) => a + (trunk.pinned.includes(L) ? 0 : b), 0)
+          : 0,
+        trunkBytes: trunkBytes(input.layerBytes),
+        moeLayers: Math.max(0, input.cfg.numLayers - input.cfg.firstKDense),
+        experts: input.cfg.moe.numExperts,
+        topK: input.cfg.moe.topK,
+        expertBytes: input.expertBytes,
+        expertsResident: experts.resident,
+      },
+      prefillTokens(input),
+      chunk,
+      input.rates,
+    ),
     passRows: rows,
     totalBytes: planned + (stateCache?.bytes ?? 0),
     overheadBytes: FIXED_OVERHEAD_BYTES,

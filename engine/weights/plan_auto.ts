@@ -35,7 +35,7 @@ export function planBudgets(
   input: PlanInput,
   streaming: boolean,
   sequences: number,
-  fixed: { stateBytes: number; draftBytes: number },
+  fixed: { stateBytes: number; draftBytes: number; scratchBytes: number },
   notes: string[],
 ): PlanBudgets {
   const mem = input.mem;
@@ -61,7 +61,7 @@ export function planBudgets(
     0.9 *
     (avail -
       (embedHeadBytes(input, se) + input.finalsBytes + fixed.stateBytes + fixed.draftBytes +
-        input.scratchBytes + FIXED_OVERHEAD_BYTES));
+        fixed.scratchBytes + FIXED_OVERHEAD_BYTES));
   const trunkMin = input.packed ? Math.min(trunkTotal, 2 * largest) : trunkTotal;
   if (!streamEmbed && usableWith(false) < trunkMin + minCache) streamEmbed = true;
   const usable = usableWith(streamEmbed);

@@ -7,6 +7,7 @@
  */
 
 import type { K3Config } from "../model/config.ts";
+import type { ChunkRequest } from "./plan_segment.ts";
 import type { PassRates } from "./throughput.ts";
 
 /** What the memory flags asked for (undefined: everything resident, no trunk file). */
@@ -67,14 +68,17 @@ export interface PlanInput {
   expertBytes: number;
   /** Positions the state holds. */
   capacity: number;
-  /** Requested prefill chunk. */
-  chunk: number;
+  /** Requested prefill segment: tokens a pass, or `auto` (plan_segment.ts). */
+  chunk: ChunkRequest;
+  /** Prompt tokens `auto` sizes the segment for (default: `capacity`). */
+  prefillTokens?: number;
   /** Sequences in flight at once, each with its own state (default 1). */
   sequences?: number;
   /** Bytes of one sequence's state (state.ts's stateBytes). */
   stateBytes: { fixed: number; perPosition: number };
-  /** Bytes of the forward pass's scratch for `passRows(chunk, sequences)` rows (scratch.ts). */
-  scratchBytes: number;
+  /** Bytes of the forward pass's scratch for passes of `rows` rows with `sequences`
+   * sequences (scratch.ts scratchBytes of planScratchRows). */
+  scratchFor: (rows: number, sequences: number) => number;
   /** The memory flags. */
   mem: MemoryOptions;
   /** A packed trunk is given (--trunk). */

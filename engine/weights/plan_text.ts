@@ -9,6 +9,7 @@ import { bytesText } from "../native/available.ts";
 import type { MemoryPlan } from "./plan.ts";
 import { GB } from "./plan_input.ts";
 import type { PlanPrediction } from "./plan_predict.ts";
+import type { PrefillPrediction } from "./plan_segment.ts";
 import { STATE_CACHE_DEFAULT_CAP } from "./plan_state.ts";
 
 /** The plan as lines for stderr. */
@@ -53,9 +54,9 @@ export function formatPlan(p: MemoryPlan): string[] {
   row(
     "scratch",
     p.scratchBytes,
-    `forward buffers for ${p.passRows} rows a pass (a ${p.chunk}-token chunk${
+    `forward buffers for ${p.passRows} rows a pass (a ${p.chunk}-token segment${p.chunkAuto ? ", --chunk auto" : ""}${
       p.passRows > p.chunk ? ` + ${p.passRows - p.chunk} decode tokens` : ""
-    })`,
+    }; ${bytesText(p.scratchRowBytes)} a row)`,
   );
   if (p.speculation) {
     const d = p.speculation;
@@ -89,8 +90,28 @@ export function formatPlan(p: MemoryPlan): string[] {
     }`,
   );
   if (p.prediction) lines.push(`  ${predictionText(p.prediction)}`);
+  if (p.mode === "streamed") lines.push(`  ${prefillText(p.prefill)}`);
   for (const n of p.notes) lines.push(`  note: ${n}`);
   return lines;
+}
+
+/** What a prompt's prefill reads (and, with rates, costs) as one line. */
+export function prefillText(p: PrefillPrediction): string {
+  const cost = p.seconds === null
+    ? ""
+    : `: ${durationText(p.seconds)} = max(read ${durationText(p.ioSeconds!)}, compute ${
+      durationText(p.computeSeconds!)
+    }) predicted`;
+  return `prefill: a ${p.tokens}-token prompt in ${p.segments} ${
+    p.segments === 1 ? "segment" : "segments"
+  } of ${p.rows} reads ${bytesText(p.readBytes)}${cost}`;
+}
+
+/** Seconds as "12.3 s", "4.5 min" or "1.2 h". */
+function durationText(s: number): string {
+  if (s < 120) return `${s.toPrecision(3)} s`;
+  if (s < 7200) return `${(s / 60).toPrecision(3)} min`;
+  return `${(s / 3600).toPrecision(3)} h`;
 }
 
 /** The plan's prediction as one line. */

@@ -128,7 +128,7 @@ Deno.test("k3 run: usage errors exit 2 with one line naming the problem", async 
     [["run", TINY, "--ids", "1", "--gen", "5000"], /--gen: 5000 is out of range 1\.\.4096/],
     [["run", TINY, "--ids", "1", "--gen", "0"], /--gen: 0 is out of range/],
     [["run", TINY, "--ids", "1", "--gen", "many"], /--gen: expected an integer, got "many"/],
-    [["run", TINY, "--ids", "1", "--chunk", "0"], /--chunk: 0 is out of range 1\.\.256/],
+    [["run", TINY, "--ids", "1", "--chunk", "0"], /--chunk: 0 is out of range 1\.\.8192/],
     [["run", TINY, "--ids", "1", "--layers", "14"], /--layers: 14 is out of range 1\.\.13/],
     [["run", TINY, "--ids", "1,x"], /--ids: expected comma-separated token ids/],
     [["run", TINY, "--ids", "1,99999"], /--ids: id 99999 is outside the vocabulary \(0\.\.1023\)/],

@@ -7,7 +7,7 @@
 
 import assert from "node:assert/strict";
 import { VERSION } from "../../cli/version.ts";
-import { prefillLine, prefillProgress } from "../../cli/progress.ts";
+import { layerProgress, prefillLayerLine, prefillLine, prefillProgress } from "../../cli/progress.ts";
 import { settingsDiff, snakeKeys, snakeName } from "../../cli/report.ts";
 import { k3, tempDir, TINY } from "../helpers.ts";
 
@@ -168,4 +168,31 @@ Deno.test("prefill progress: tokens, chunks, tokens/s, ETA; a line every 5 s off
   assert.equal(tty.length, 2);
   assert.ok(tty[0].startsWith("\r\x1b[Kprefill: 16/32 tokens (chunk 1/2)"), tty[0]);
   assert.match(tty[1], /in 0\.4 s\n$/);
+});
+
+Deno.test("prefill progress by layer: layer L of N, segment, tokens, bytes read, ETA; short passes say nothing", () => {
+  const line = { layer: 36, layers: 93, segment: 1, segments: 2, tokens: 4096, total: 8192, bytesRead: 41.2e9 };
+  // 37 layers in 74 s: 2 s a layer, 56 layers left here and 93 in the next segment: 298 s.
+  assert.equal(
+    prefillLayerLine({ ...line, segmentSeconds: 74 }),
+    "prefill: layer 37/93 of segment 1/2 (4096/8192 tokens), 41.20 GB read, ETA 4 min 58 s",
+  );
+  assert.match(
+    prefillLayerLine({ ...line, layer: 92, segment: 2, segmentSeconds: 10 }),
+    /layer 93\/93 of segment 2\/2 .*, in 10 s$/,
+  );
+  let t = 0, bytes = 1000;
+  const log: string[] = [];
+  const report = layerProgress(600, 600, () => bytes, { terminal: false, write: (s) => log.push(s), now: () => t });
+  report({ layer: 0, layers: 13, rows: 16, seconds: 1 });
+  for (let layer = 0; layer < 13; layer++) {
+    t += 1000; // a layer a second
+    bytes += 1e6;
+    report({ layer, layers: 13, rows: 600, seconds: layer + 1 });
+  }
+  assert.deepEqual(log, [
+    "k3: prefill: layer 5/13 of segment 1/1 (600/600 tokens), 5.0 MB read, ETA 8.0 s\n",
+    "k3: prefill: layer 10/13 of segment 1/1 (600/600 tokens), 10.0 MB read, ETA 3.0 s\n",
+    "k3: prefill: layer 13/13 of segment 1/1 (600/600 tokens), 13.0 MB read, in 13 s\n",
+  ]);
 });

@@ -36,6 +36,7 @@ function recording(inner: Compute): Compute & { rows: [number, number][] } {
       inner.matmul(m, x, y, ntok, range);
     },
     mxfp4: (m, x, y, ntok, sums) => inner.mxfp4(m, x, y, ntok, sums),
+    heads: (call, H, work) => inner.heads(call, H, work),
     close() {},
   };
 }

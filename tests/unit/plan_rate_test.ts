@@ -22,7 +22,6 @@ import {
 import { SPEC_RECORD_ROWS, speculationBytes, SpeculationRecord } from "../../engine/model/state.ts";
 import { loadConfig } from "../../engine/model/config.ts";
 import { kernels } from "../../engine/native/ffi.ts";
-import { passRows, scratchBytes } from "../../engine/model/scratch.ts";
 import { DEFAULT_MAX_DRAFT } from "../../engine/generate/draft.ts";
 
 const cfg = releasedK3();
@@ -32,14 +31,14 @@ const CAPACITY = 4096;
 /** One layer-size list for every plan (the plan keeps what it works out per list). */
 const LAYERS = estimatedInput(cfg, AUTO, CAPACITY).layerBytes;
 
-/** The plan input for `n` sequences of the released model (scratch sized for them). */
+/** The plan input for `n` sequences of the released model (its scratchFor sizes the scratch
+ * for them). */
 function input(n: number, mem: MemoryOptions, extra: Partial<PlanInput> = {}): PlanInput {
   const base = estimatedInput(cfg, mem, CAPACITY);
   return {
     ...base,
     layerBytes: LAYERS,
     sequences: n,
-    scratchBytes: scratchBytes(cfg, passRows(base.chunk, n), CAPACITY),
     drafts: true,
     rates,
     ...extra,

@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { kernels, WTYPE } from "../../engine/native/ffi.ts";
 import { NativeBuffer } from "../../engine/native/memory.ts";
-import { type Compute, serialCompute, startCompute } from "../../engine/native/pool.ts";
+import { type Compute, HEAD_OP, serialCompute, startCompute } from "../../engine/native/pool.ts";
 import { type Matrix, tensorCheck } from "../../engine/native/tensors.ts";
 import { EXIT, K3Error } from "../../engine/errors.ts";
 
@@ -76,5 +76,52 @@ Deno.test("checked products: serial and over 3 threads, any token count; mismatc
   } finally {
     pool.close();
     for (const b of [w, x, y0, y1]) b.free();
+  }
+});
+
+Deno.test("attention heads over 3 threads: the KDA step and MLA attend give the serial bits", async () => {
+  const k = kernels();
+  const H = 7, d = 16, npos = 9, dc = 24, dr = 8;
+  const buf = (n: number, seed: number) => {
+    const b = NativeBuffer.alloc(k, n * 4, "heads test");
+    new Float32Array(b.u8.buffer, b.u8.byteOffset, n).forEach((_, i, a) => (a[i] = Math.sin(i * 0.37 + seed) * 0.5));
+    return b;
+  };
+  const f32 = (b: NativeBuffer, n: number) => new Float32Array(b.u8.buffer, b.u8.byteOffset, n).slice();
+  const pool = await startCompute(k, 3, 1);
+  const all: NativeBuffer[] = [];
+  try {
+    const run = (c: Compute) => {
+      // Fresh inputs per run: the KDA step updates its state in place.
+      const S = buf(H * d * d, 1), q = buf(H * d, 2), kk = buf(H * d, 3), v = buf(H * d, 4);
+      const beta = buf(H, 5), alpha = buf(H * d, 6), o = buf(H * d, 7);
+      const ql = buf(H * (dc + dr), 8), lat = buf(npos * dc, 9), kr = buf(npos * dr, 10);
+      const out = buf(H * dc, 11), scores = buf(H * npos, 12);
+      all.push(S, q, kk, v, beta, alpha, o, ql, lat, kr, out, scores);
+      c.heads(
+        { op: HEAD_OP.kda, ptrs: [S.ptr, q.ptr, kk.ptr, v.ptr, beta.ptr, alpha.ptr, o.ptr], ints: [d], scale: 0 },
+        H,
+        1,
+      );
+      c.heads(
+        {
+          op: HEAD_OP.attend,
+          ptrs: [ql.ptr, lat.ptr, kr.ptr, lat.ptr, out.ptr, scores.ptr],
+          ints: [npos, H, 1, dc, dr, dc],
+          scale: 0.25,
+        },
+        H,
+        1,
+      );
+      return [f32(S, H * d * d), f32(o, H * d), f32(out, H * dc)];
+    };
+    const serial = run(serialCompute(k)), split = run(pool);
+    serial.forEach((want, i) =>
+      assert.deepEqual(new Uint8Array(split[i].buffer), new Uint8Array(want.buffer), `output ${i} bit-identical`)
+    );
+    assert.ok(serial[1].some((x) => x !== 0), "the KDA step wrote its output");
+  } finally {
+    pool.close();
+    all.forEach((b) => b.free());
   }
 });
