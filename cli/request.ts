@@ -13,7 +13,7 @@
 
 import { K3Error, usageError } from "../engine/errors.ts";
 import { CHAT_DEFAULTS, checkSampling, GREEDY, type SamplingParams } from "../engine/generate/sampling.ts";
-import { chatPrompt, stopIds as chatStopIds } from "../engine/text/chat.ts";
+import { type ChatOptions, chatPrompt, stopIds as chatStopIds } from "../engine/text/chat.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { ApiError, type ChatRequest, type CompletionRequest, type RequestSampling } from "./openai.ts";
 import type { GrammarSpec } from "../engine/generate/grammar/forms.ts";
@@ -110,16 +110,29 @@ export function stopStrings(stops: string[] | undefined): string[] {
 function openaiPrompt(r: ChatRequest | CompletionRequest, tokenizer: Tokenizer | undefined): number[] {
   if (r.kind === "chat") {
     if (!tokenizer) throw new ApiError(400, "chat requests need a tokenizer: pass --tok DIR", "messages");
-    return chatPrompt(tokenizer, r.messages, {
-      thinking: r.thinking,
-      effort: r.effort,
-      tools: r.tools,
-      toolChoice: r.toolChoice,
-    });
+    return chatPrompt(tokenizer, r.messages, chatOptions(r));
   }
   if (typeof r.prompt !== "string") return r.prompt;
   if (!tokenizer) throw new ApiError(400, "a text prompt needs a tokenizer: pass --tok DIR (or send ids)", "prompt");
   return tokenizer.encode(r.prompt, { allowSpecial: false });
+}
+
+/** The rendering options of a validated chat request (the prompt the released encoder
+ * writes for it). */
+export function chatOptions(r: ChatRequest, addGenerationPrompt = true): ChatOptions {
+  const f = r.responseFormat;
+  return {
+    thinking: r.thinking,
+    effort: r.effort,
+    tools: r.tools,
+    toolChoice: r.toolChoice,
+    responseFormat: f === undefined
+      ? undefined
+      : f.type === "json_object"
+      ? { type: "json_object" }
+      : { type: "json_schema", schema: f.schema },
+    addGenerationPrompt,
+  };
 }
 
 /** What an OpenAI request's task takes from the command that runs it. */

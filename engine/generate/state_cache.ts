@@ -38,7 +38,7 @@ import {
   type StateFile,
   writeStatePayload,
 } from "./state_file.ts";
-import { type ChatMessage, chatPrompt, messageBoundaries, replyCloser } from "../text/chat.ts";
+import { type ChatMessage, chatPrompt, generationPromptIds, messageBoundaries, replyCloser } from "../text/chat.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 
 /** How a state cache is set up. */
@@ -124,8 +124,8 @@ export function prefixKey(tokens: readonly number[]): string {
  * prompt (then no state of the prompt continues into it).
  */
 export function historyReplyIds(tok: Tokenizer, message: ChatMessage, thinking: boolean): number[] | undefined {
-  const generationPrompt = chatPrompt(tok, [], { thinking });
-  const rendered = chatPrompt(tok, [message], { thinking }).slice(0, -generationPrompt.length);
+  const generationPrompt = generationPromptIds(tok, thinking);
+  const rendered = chatPrompt(tok, [message], { thinking, effort: null, addGenerationPrompt: false });
   if (!generationPrompt.every((t, i) => rendered[i] === t)) return undefined;
   return rendered.slice(generationPrompt.length);
 }

@@ -16,7 +16,13 @@ const OPEN = tok.specialId("<|open|>"), CLOSE = tok.specialId("<|close|>"), SEP 
 const EOM = tok.specialId("<|end_of_msg|>"), EOS = tok.specialId("[EOS]");
 /** Ordinary tokens (never control ids, whatever the text looks like). */
 const t = (s: string) => tok.encode(s, { allowSpecial: false });
-const open = (header: string) => [OPEN, ...t(header), SEP];
+/** `<|open|>header<|sep|>`, the header's tag and each attribute's four parts (` key`,
+ * `="`, value, `"`) encoded apart, as the released encoder encodes them. */
+const open = (header: string) => {
+  const [tag] = header.split(" ", 1);
+  const attrs = [...header.slice(tag.length).matchAll(/( [^=]+)="([^"]*)"/g)].flatMap((m) => [m[1], '="', m[2], '"']);
+  return [OPEN, ...[tag, ...attrs].flatMap((s) => t(s)), SEP];
+};
 const close = (tag: string) => [CLOSE, ...t(tag), SEP];
 const esc = (v: string) => v.replaceAll("&", "&amp;").replaceAll('"', "&quot;");
 const ids = (n: number) => (i: number) => `call_${n}_${i}`;
@@ -195,7 +201,7 @@ Deno.test("template: tool declarations, calls and results render to the ids the 
     // Out of order: rendered in call order, each with its call's index.
     { role: "tool", toolCallId: "b", content: "second" },
     { role: "tool", toolCallId: "a", content: "first" },
-  ], { tools, toolChoice: "required" });
+  ], { tools, toolChoice: "required", effort: null });
   const want = [
     ...msg(
       'message role="system" type="tool-declare"',
@@ -216,7 +222,8 @@ Deno.test("template: tool declarations, calls and results render to the ids the 
     ...data("Paris"),
     ...close("argument"),
     ...open('argument key="n" type="array"'),
-    ...data("[1, 2]"),
+    // The argument's literal text as the client sent it (the encoder keeps it byte for byte).
+    ...data("[1,2]"),
     ...close("argument"),
     ...close("call"),
     ...open('call tool="get_weather" index="2"'),
