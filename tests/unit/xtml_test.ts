@@ -121,12 +121,26 @@ Deno.test("reader: a malformed tools channel is content and no call (as vLLM rep
     assert.ok(!r.content.includes("<|close|>message"), "the turn still ends at its boundary");
     assert.ok(r.ended);
   }
-  // Cut by the token limit inside a call: no call, the markup is content.
-  const cut = readReply(tok, [...close("response"), ...open("tools"), ...open('call tool="f" index="1"')], {
-    thinking: false,
-    tools: true,
+  // Cut by the token limit inside the tools channel: the complete calls stand, the
+  // unfinished one is dropped, and no markup becomes content (inside a call, between
+  // calls, inside a header).
+  const first = [...open('call tool="f" index="1"'), ...open('argument key="a" type="string"'), ...t("x")];
+  const done = [...first, ...close("argument"), ...close("call")];
+  const cuts = [
+    first,
+    [...done, ...open('call tool="g" index="2"'), ...open('argument key="n" type="number"'), ...t("1")],
+    [...done, OPEN, ...t('call tool="g"')],
+    done,
+  ];
+  cuts.forEach((rest, i) => {
+    const ids = [...close("response"), ...open("tools"), ...rest];
+    const cut = readReply(tok, ids, { thinking: false, tools: true, callId: (k) => `c${k}` });
+    assert.deepEqual(
+      [cut.malformed, cut.content, cut.ended, cut.calls],
+      [false, "", false, i === 0 ? [] : [{ id: "c0", name: "f", arguments: '{"a":"x"}' }]],
+      `cut ${i}`,
+    );
   });
-  assert.deepEqual([cut.malformed, cut.calls.length, cut.ended], [true, 0, false]);
 });
 
 /** Arbitrary JSON argument values: strings with escapes, markup and unicode. */
