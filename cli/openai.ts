@@ -94,6 +94,8 @@ export interface ChatRequest extends CommonRequest {
   toolChoice?: ToolChoice;
   /** parallel_tool_calls (default true; false: one call at most). */
   parallelToolCalls?: boolean;
+  /** max_reasoning_tokens: the think channel is closed after this many tokens. */
+  maxReasoningTokens?: number;
 }
 
 /** A validated `/v1/completions` request. */
@@ -323,6 +325,7 @@ export function parseChatRequest(body: unknown): ChatRequest {
     throw bad("top_logprobs", "'top_logprobs' needs 'logprobs' to be true");
   }
   const { thinking, effort } = reasoningSwitches(f);
+  const maxReasoningTokens = f.int("max_reasoning_tokens", 0, Number.MAX_SAFE_INTEGER);
   const responseFormat = parseResponseFormat(f);
   return {
     kind: "chat",
@@ -330,6 +333,7 @@ export function parseChatRequest(body: unknown): ChatRequest {
     messages,
     thinking,
     ...(effort !== undefined ? { effort } : {}),
+    ...(maxReasoningTokens !== undefined ? { maxReasoningTokens } : {}),
     ...(tools ? { tools } : {}),
     ...(choice !== undefined ? { toolChoice: choice } : {}),
     ...(parallelToolCalls !== undefined ? { parallelToolCalls } : {}),

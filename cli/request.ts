@@ -41,6 +41,9 @@ export interface Task {
   ignoreEos?: boolean;
   /** Constrains the reply (response_format, a forced tool call, `k3 run --grammar`): cli/structured.ts. */
   grammar?: GrammarSpec;
+  /** A thinking chat: reasoning tokens before the think channel is closed for the reply
+   * (engine/generate/reasoning_budget.ts); undefined: no budget. */
+  reasoningBudget?: number;
 }
 
 /** OpenAI's sampling defaults (temperature 1 over all tokens), for `/v1/completions`. */
@@ -145,6 +148,23 @@ export interface OpenAIContext {
   capacity: number;
   /** A chat's tokens when the request gives no max_tokens (batch: --gen; default: what fits). */
   chatMaxTokens?: number;
+  /** The reasoning budget when the request gives no max_reasoning_tokens (--reasoning-budget). */
+  reasoningBudget?: number;
+}
+
+/**
+ * The reasoning budget of a thinking reply: the request's (else the command's default);
+ * with a grammar (a forced call, a response format) at most half of its max tokens, so
+ * the constrained part has room after the reasoning. Undefined: no budget.
+ */
+export function reasoningBudget(
+  given: number | undefined,
+  constrained: boolean,
+  maxTokens: number,
+): number | undefined {
+  if (!constrained) return given;
+  const half = Math.floor(maxTokens / 2);
+  return given === undefined ? half : Math.min(given, half);
 }
 
 /**
@@ -173,10 +193,14 @@ export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContex
       "ignore_eos",
     );
   }
+  const maxTokens = r.maxTokens ??
+    (chat ? ctx.chatMaxTokens ?? room : Math.min(DEFAULTS.openaiCompletion.maxTokens, room));
+  const budget = chat && r.thinking
+    ? reasoningBudget(r.maxReasoningTokens ?? ctx.reasoningBudget, grammar !== undefined, maxTokens)
+    : undefined;
   return {
     promptIds,
-    maxTokens: r.maxTokens ??
-      (chat ? ctx.chatMaxTokens ?? room : Math.min(DEFAULTS.openaiCompletion.maxTokens, room)),
+    maxTokens,
     sampling,
     stopIds: r.ignoreEos || !ctx.tokenizer ? [] : chatStopIds(ctx.tokenizer),
     stops: r.stop,
@@ -184,5 +208,6 @@ export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContex
     ...(r.logprobs ? { logprobs: { top: r.topLogprobs ?? 0 } } : {}),
     ...(r.ignoreEos ? { ignoreEos: true } : {}),
     ...(grammar ? { grammar } : {}),
+    ...(budget !== undefined ? { reasoningBudget: budget } : {}),
   };
 }

@@ -15,6 +15,8 @@ import { readInputJson } from "../engine/native/files.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { ApiError, type ChatRequest, schemaApiError } from "./openai.ts";
 import type { FlagGroup } from "./flags.ts";
+import type { TokenFilter } from "../engine/generate/scheduler.ts";
+import { ReasoningBudget } from "../engine/generate/reasoning_budget.ts";
 
 /**
  * The grammar of a validated chat request: a forced tool call when `tool_choice` is
@@ -93,6 +95,23 @@ export function sequenceConstraint(
   maskAll = false,
 ): TokenConstraint {
   return new TokenConstraint(tokenSymbols(tokenizer, vocab), startState(grammar, tokenizer, ends), maskAll);
+}
+
+/**
+ * What constrains one sequence of a task (cli/request.ts): its grammar ({@link sequenceConstraint}) and its
+ * reasoning budget (engine/generate/reasoning_budget.ts), either, both or neither.
+ */
+export function taskFilter(
+  task: { grammar?: GrammarSpec; reasoningBudget?: number; chat?: { thinking: boolean } },
+  tokenizer: Tokenizer,
+  vocab: number,
+  ends: readonly number[],
+  maskAll = false,
+): TokenFilter | undefined {
+  const grammar = task.grammar && sequenceConstraint(task.grammar, tokenizer, vocab, ends, maskAll);
+  if (task.reasoningBudget === undefined || !task.chat?.thinking) return grammar;
+  const closing = tokenizer.encode("<|close|>think<|sep|><|open|>response<|sep|>", { allowSpecial: true });
+  return new ReasoningBudget(task.reasoningBudget, closing, tokenizer.specialId("<|close|>"), grammar);
 }
 
 /** The flags of `k3 run` that constrain its output. */
