@@ -132,8 +132,10 @@ export function historyReplyIds(tok: Tokenizer, message: ChatMessage, thinking: 
 
 /**
  * Where a request's states are kept (`k3 serve`): after its first message (a system prompt
- * other conversations share) and its last complete message (where the next turn of a
- * chat continues), and, for a chat, after the reply closed as it was generated (found
+ * other conversations share), after its last complete message (where the next turn of a
+ * chat continues) and, when notes follow the messages (a forced tool choice, a response
+ * format), at `messagesEnd`, the end of the messages before them (where the next step of
+ * a forced-tool loop continues, its notes coming after its new messages), and, for a chat, after the reply closed as it was generated (found
  * when the client sends the reply back as generated, reasoning included) and after the
  * reply as the client was shown it, `shown(tokens)`, rendered without its reasoning
  * (found when the client sends back only the content and tool calls, as most do). A
@@ -145,6 +147,7 @@ export function chatCachePoints(
   promptIds: readonly number[],
   chat?: { thinking: boolean },
   shown?: (tokens: readonly number[]) => ChatMessage,
+  messagesEnd?: number,
 ): {
   cacheAt: number[];
   replyTail?: (tokens: readonly number[]) => number[] | undefined;
@@ -152,7 +155,15 @@ export function chatCachePoints(
 } {
   const bounds = messageBoundaries(tok, promptIds);
   return {
-    cacheAt: bounds.length > 0 ? [...new Set([bounds[0], bounds[bounds.length - 1]])] : [],
+    cacheAt: bounds.length > 0
+      ? [
+        ...new Set([
+          bounds[0],
+          ...(messagesEnd !== undefined && bounds.includes(messagesEnd) ? [messagesEnd] : []),
+          bounds[bounds.length - 1],
+        ]),
+      ]
+      : [],
     replyTail: chat ? (tokens) => replyCloser(tok, tokens, chat.thinking) : undefined,
     historyReply: chat && shown ? (tokens) => historyReplyIds(tok, shown(tokens), chat.thinking) : undefined,
   };

@@ -472,6 +472,14 @@ function effortOf(options: ChatOptions): string | undefined {
  * cannot be named.
  */
 export function chatSegments(messages: readonly ChatMessage[], options: ChatOptions = {}): Segment[] {
+  return renderChat(messages, options).segments;
+}
+
+/** {@link chatSegments}, and how many of them hold the messages (and what precedes them). */
+function renderChat(
+  messages: readonly ChatMessage[],
+  options: ChatOptions,
+): { segments: Segment[]; messagesEnd: number } {
   const s = new Segments();
   const thinking = options.thinking !== false;
   if (options.bos) s.control("[BOS]");
@@ -486,15 +494,34 @@ export function chatSegments(messages: readonly ChatMessage[], options: ChatOpti
     );
   }
   renderMessages(s, messages, thinking);
+  const messagesEnd = s.list.length;
   renderToolChoice(s, options.toolChoice);
   renderResponseFormat(s, options.responseFormat);
   if (options.addGenerationPrompt !== false) renderGenerationPrompt(s, thinking);
-  return s.list;
+  return { segments: s.list, messagesEnd };
 }
 
 /** Ids of a chat prompt ({@link chatSegments}, each segment encoded on its own). */
 export function chatPrompt(tok: Tokenizer, messages: readonly ChatMessage[], options: ChatOptions = {}): number[] {
   return encodeSegments(tok, chatSegments(messages, options));
+}
+
+/**
+ * Ids of a chat prompt and where its messages end: the last message boundary before the
+ * notes rendered after the messages (tool choice, response format). The next step of a
+ * conversation continues from there (its notes come after its new messages), so that is
+ * where a state worth keeping is.
+ */
+export function chatPromptParts(
+  tok: Tokenizer,
+  messages: readonly ChatMessage[],
+  options: ChatOptions = {},
+): { ids: number[]; messagesEnd: number } {
+  const { segments, messagesEnd } = renderChat(messages, options);
+  const head = encodeSegments(tok, segments.slice(0, messagesEnd));
+  const tail = encodeSegments(tok, segments.slice(messagesEnd));
+  for (const id of tail) head.push(id);
+  return { ids: head, messagesEnd: head.length - tail.length };
 }
 
 /** Ids of the generation prompt alone: what follows a rendered history for the reply. */
