@@ -17,6 +17,9 @@ import { parseChatRequest } from "../../cli/openai.ts";
 import { openaiTask, type Task } from "../../cli/request.ts";
 import { taskFilter } from "../../cli/structured.ts";
 import { chatBodyOfResponses } from "../../cli/server/responses.ts";
+import { serveOptions } from "../../cli/serve/options.ts";
+import { batchOptions } from "../../cli/batch/options.ts";
+import { K3Error } from "../../engine/errors.ts";
 
 const tok = Tokenizer.load(TINY);
 const CLOSING = tok.encode("<|close|>think<|sep|><|open|>response<|sep|>", { allowSpecial: true });
@@ -105,4 +108,25 @@ Deno.test("reasoning switches: /v1/responses' reasoning.effort maps as chat's re
   assert.deepEqual([chat("low").thinking, chat("low").effort], [true, "low"]);
   assert.equal(chat("medium").effort, "high");
   assert.equal(chat("high").effort, "high");
+});
+
+Deno.test("reasoning budget: --reasoning-budget of k3 serve and k3 batch; a bad value is a usage error", () => {
+  assert.equal(serveOptions(["tests/fixtures/tiny", "--reasoning-budget", "64"])!.reasoningBudget, 64);
+  assert.equal(serveOptions(["tests/fixtures/tiny"])!.reasoningBudget, undefined);
+  const batch = batchOptions([
+    "tests/fixtures/tiny",
+    "--input",
+    "in.jsonl",
+    "--output",
+    "out.jsonl",
+    "--reasoning-budget",
+    "0",
+  ]);
+  assert.equal(batch!.reasoningBudget, 0);
+  for (const bad of ["-1", "x", "1.5"]) {
+    assert.throws(
+      () => serveOptions(["tests/fixtures/tiny", "--reasoning-budget", bad]),
+      (e) => e instanceof K3Error && e.exitCode === 2 && /--reasoning-budget/.test(e.message),
+    );
+  }
 });
