@@ -13,7 +13,7 @@
 
 import { K3Error, usageError } from "../engine/errors.ts";
 import { CHAT_DEFAULTS, checkSampling, GREEDY, type SamplingParams } from "../engine/generate/sampling.ts";
-import { type ChatOptions, chatPromptParts, stopIds as chatStopIds } from "../engine/text/chat.ts";
+import { type ChatOptions, chatPromptParts, type MessageSpan, stopIds as chatStopIds } from "../engine/text/chat.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { ApiError, type ChatRequest, type CompletionRequest, type RequestSampling } from "./openai.ts";
 import type { GrammarSpec } from "../engine/generate/grammar/forms.ts";
@@ -41,9 +41,9 @@ export interface Task {
   ignoreEos?: boolean;
   /** Constrains the reply (response_format, a forced tool call, `k3 run --grammar`): cli/structured.ts. */
   grammar?: GrammarSpec;
-  /** A chat: prompt ids up to the end of its messages, before the notes rendered after
-   * them (where the next step of the conversation continues; the state cache keeps it). */
-  messagesEnd?: number;
+  /** A chat: where its messages lie in the prompt ids (the state cache keeps states at
+   * their boundaries). */
+  messages?: MessageSpan;
   /** A thinking chat: reasoning tokens before the think channel is closed for the reply
    * (engine/generate/reasoning_budget.ts); undefined: no budget. */
   reasoningBudget?: number;
@@ -116,7 +116,7 @@ export function stopStrings(stops: string[] | undefined): string[] {
 function openaiPrompt(
   r: ChatRequest | CompletionRequest,
   tokenizer: Tokenizer | undefined,
-): { ids: number[]; messagesEnd?: number } {
+): { ids: number[]; messages?: MessageSpan } {
   if (r.kind === "chat") {
     if (!tokenizer) throw new ApiError(400, "chat requests need a tokenizer: pass --tok DIR", "messages");
     return chatPromptParts(tokenizer, r.messages, chatOptions(r));
@@ -180,7 +180,7 @@ export function reasoningBudget(
  * sampler refuses is the client's error (400).
  */
 export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContext): Task {
-  const { ids: promptIds, messagesEnd } = openaiPrompt(r, ctx.tokenizer);
+  const { ids: promptIds, messages } = openaiPrompt(r, ctx.tokenizer);
   const chat = r.kind === "chat";
   const row = chat ? DEFAULTS.openaiChat : DEFAULTS.openaiCompletion;
   let sampling: SamplingParams;
@@ -215,6 +215,6 @@ export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContex
     ...(r.ignoreEos ? { ignoreEos: true } : {}),
     ...(grammar ? { grammar } : {}),
     ...(budget !== undefined ? { reasoningBudget: budget } : {}),
-    ...(messagesEnd !== undefined ? { messagesEnd } : {}),
+    ...(messages !== undefined ? { messages } : {}),
   };
 }

@@ -152,7 +152,7 @@ export async function runTask(
         task.promptIds,
         task.chat,
         (tokens) => shownMessage(e.tokenizer, replyShape(task), tokens),
-        task.messagesEnd,
+        task.messages,
       )
       : {}),
     onToken: (token, logits) => {

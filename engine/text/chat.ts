@@ -475,11 +475,11 @@ export function chatSegments(messages: readonly ChatMessage[], options: ChatOpti
   return renderChat(messages, options).segments;
 }
 
-/** {@link chatSegments}, and how many of them hold the messages (and what precedes them). */
+/** {@link chatSegments}, and which of them hold the messages (`start` up to `end`). */
 function renderChat(
   messages: readonly ChatMessage[],
   options: ChatOptions,
-): { segments: Segment[]; messagesEnd: number } {
+): { segments: Segment[]; start: number; end: number } {
   const s = new Segments();
   const thinking = options.thinking !== false;
   if (options.bos) s.control("[BOS]");
@@ -493,12 +493,13 @@ function renderChat(
         `Now the system is invoked with \`thinking_effort=${effort}\`.`,
     );
   }
+  const start = s.list.length;
   renderMessages(s, messages, thinking);
-  const messagesEnd = s.list.length;
+  const end = s.list.length;
   renderToolChoice(s, options.toolChoice);
   renderResponseFormat(s, options.responseFormat);
   if (options.addGenerationPrompt !== false) renderGenerationPrompt(s, thinking);
-  return { segments: s.list, messagesEnd };
+  return { segments: s.list, start, end };
 }
 
 /** Ids of a chat prompt ({@link chatSegments}, each segment encoded on its own). */
@@ -506,22 +507,29 @@ export function chatPrompt(tok: Tokenizer, messages: readonly ChatMessage[], opt
   return encodeSegments(tok, chatSegments(messages, options));
 }
 
-/**
- * Ids of a chat prompt and where its messages end: the last message boundary before the
- * notes rendered after the messages (tool choice, response format). The next step of a
- * conversation continues from there (its notes come after its new messages), so that is
- * where a state worth keeping is.
- */
+/** Where a prompt's messages lie in its ids. */
+export interface MessageSpan {
+  /** After the notes rendered before the messages (tool declaration, effort). */
+  start: number;
+  /** Before the notes rendered after them (tool choice, response format), which the next
+   * step of a conversation renders after its new messages: a state kept here is a prefix
+   * of that step. */
+  end: number;
+}
+
+/** Ids of a chat prompt and where its messages lie. */
 export function chatPromptParts(
   tok: Tokenizer,
   messages: readonly ChatMessage[],
   options: ChatOptions = {},
-): { ids: number[]; messagesEnd: number } {
-  const { segments, messagesEnd } = renderChat(messages, options);
-  const head = encodeSegments(tok, segments.slice(0, messagesEnd));
-  const tail = encodeSegments(tok, segments.slice(messagesEnd));
-  for (const id of tail) head.push(id);
-  return { ids: head, messagesEnd: head.length - tail.length };
+): { ids: number[]; messages: MessageSpan } {
+  const { segments, start, end } = renderChat(messages, options);
+  const ids = encodeSegments(tok, segments.slice(0, start));
+  const span = { start: ids.length, end: 0 };
+  for (const id of encodeSegments(tok, segments.slice(start, end))) ids.push(id);
+  span.end = ids.length;
+  for (const id of encodeSegments(tok, segments.slice(end))) ids.push(id);
+  return { ids, messages: span };
 }
 
 /** Ids of the generation prompt alone: what follows a rendered history for the reply. */

@@ -10,9 +10,9 @@ import assert from "node:assert/strict";
 import { TINY } from "../helpers.ts";
 import { openModel } from "../../engine/open.ts";
 import { Scheduler } from "../../engine/generate/scheduler.ts";
-import { StateCache } from "../../engine/generate/state_cache.ts";
+import { chatCachePoints, StateCache } from "../../engine/generate/state_cache.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
-import { chatPromptParts } from "../../engine/text/chat.ts";
+import { chatPromptParts, messageBoundaries } from "../../engine/text/chat.ts";
 import { parseChatRequest } from "../../cli/openai.ts";
 import { chatOptions } from "../../cli/request.ts";
 import { runTask, serveTask } from "../../cli/server/tasks.ts";
@@ -56,13 +56,14 @@ Deno.test("forced-tool loop: each step's cached tokens cover all but its new mes
         chat_template_kwargs: { thinking: false },
       };
       const { task } = serveTask(engine, "chat", body, "tiny");
-      const { ids, messagesEnd } = chatPromptParts(
+      const { ids, messages: span } = chatPromptParts(
         tok,
         parseChatRequest(body).messages,
         chatOptions(parseChatRequest(body)),
       );
       assert.deepEqual(task.promptIds, ids);
-      assert.equal(task.messagesEnd, messagesEnd);
+      assert.deepEqual(task.messages, span);
+      const messagesEnd = span.end;
       // The note and the generation prompt come after the messages.
       assert.ok(tok.decode(ids.slice(messagesEnd)).startsWith('<|open|>message role="system" type="tool-choice"'));
       const o = await runTask(engine, task, new AbortController().signal, () => {}, () => {});
@@ -92,4 +93,20 @@ Deno.test("forced-tool loop: each step's cached tokens cover all but its new mes
   } finally {
     await opened.close();
   }
+});
+
+Deno.test("state cache points: after the first message (not the notes before it), at the end of the messages", () => {
+  const body = {
+    messages: [{ role: "system", content: "Be brief." }, { role: "user", content: "Hi" }],
+    tools: TOOLS,
+    tool_choice: "required",
+  };
+  const r = parseChatRequest(body);
+  const { ids, messages } = chatPromptParts(tok, r.messages, chatOptions(r));
+  const bounds = messageBoundaries(tok, ids);
+  // The tool declaration, the effort note, the system and user messages, the tool-choice note.
+  assert.equal(bounds.length, 5);
+  assert.deepEqual(messages, { start: bounds[1], end: bounds[3] });
+  const points = chatCachePoints(tok, ids, { thinking: true }, undefined, messages);
+  assert.deepEqual(points.cacheAt, [bounds[2], bounds[3], bounds[4]]);
 });
