@@ -10,8 +10,9 @@
  * channel (or the response channel when thinking is off); the forced form lets reasoning
  * run freely to `<|close|>think<|sep|>`, allows an empty response channel, then requires
  * the tools channel with one call (or, when parallel calls are allowed, one or more) of an
- * allowed name whose arguments follow that tool's parameters schema, then the end of the
- * message and an end id.
+ * allowed name, then the end of the message and an end id. Calls are in the form the model
+ * was trained on, the one the released encoder renders a history's calls in: indexes from
+ * 1, one argument element per argument ({@link CallArguments}).
  *
  * @module
  */
