@@ -88,7 +88,8 @@ export const SERVE_FLAGS: CommandFlags = commandFlags({
   head: `usage: k3 serve <model_dir> [options]
 
 An OpenAI-compatible API: POST /v1/chat/completions, POST /v1/completions, POST
-/v1/responses, GET /v1/models, GET /v1/models/{id}, GET /health (no key needed), GET
+/v1/responses, GET /v1/models, GET /v1/models/{id}, POST /tokenize, POST /detokenize,
+POST /apply-template (a request's prompt), GET /health (no key needed), GET
 /metrics (Prometheus text). One log line per request on
 stderr. SIGTERM or SIGINT: stop accepting, let requests in flight finish within --grace,
 cancel the rest, exit 0.`,
