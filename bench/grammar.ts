@@ -3,8 +3,10 @@
  * ids): a synthetic tokenizer made of the tiny model's 768 ranks plus generated ranks
  * (words of the test corpus with and without a leading space, numbers, JSON punctuation,
  * whitespace runs, CJK characters) and 256 added tokens. Per step of a JSON reply, once
- * following a schema and once as any JSON (`json_object`: free keys), each mode with its
- * own constraint (so its state table and mask cache start cold every round):
+ * following a schema and once as any JSON (`json_object`: free keys), and per step of the
+ * same document as a forced tool call in the trained form (`tool_call`: argument elements,
+ * strings raw), each mode with its own constraint (so its state table and mask cache
+ * start cold every round):
  *
  * - greedy, the argmax allowed (the common case: one token checked);
  * - greedy, the three best tokens refused (re-takes of the argmax);
@@ -33,7 +35,8 @@
 import { benchArgs } from "./args.ts";
 import { parseAddedTokens, parseTiktokenModel, Tokenizer } from "../engine/text/tokenizer.ts";
 import { compileSchema } from "../engine/generate/grammar/schema.ts";
-import { startState } from "../engine/generate/grammar/forms.ts";
+import { type GrammarSpec, startState, TOOL_MARKUP } from "../engine/generate/grammar/forms.ts";
+import { argumentElements, pythonJson } from "../engine/text/chat.ts";
 import { TokenConstraint, tokenSymbols } from "../engine/generate/grammar/mask.ts";
 import { argmax, makeSampler } from "../engine/generate/sampling.ts";
 import { openModel } from "../engine/open.ts";
@@ -172,9 +175,29 @@ const symbols = tokenSymbols(tok, VOCAB);
 const buildSeconds = (performance.now() - tBuild) / 1000;
 const eos = tok.specialId("[EOS]");
 const target = [...tok.encode(JSON.stringify(DOC, null, 2)), eos];
-const GRAMMARS = {
-  schema: { kind: "value" as const, value: compileSchema(SCHEMA) },
-  json_object: { kind: "value" as const, value: compileSchema({}) },
+/** The forced call of a tool whose parameters are SCHEMA, in the trained form (argument
+ * elements, strings raw, other values as the encoder writes them), after an empty
+ * response channel. */
+const callTarget = (() => {
+  const m = TOOL_MARKUP;
+  const args = argumentElements(pythonJson(DOC))!.map((e) => m.openArgument(e.key, e.type) + e.text + m.closeArgument);
+  const text = m.closeResponse + m.openTools + m.openCall("get_record", 1) + args.join("") + m.closeCall +
+    m.closeTools + m.closeMessage;
+  return [...tok.encode(text, { allowSpecial: true }), eos];
+})();
+const GRAMMARS: Record<string, { spec: GrammarSpec; target: number[] }> = {
+  schema: { spec: { kind: "value", value: compileSchema(SCHEMA) }, target },
+  json_object: { spec: { kind: "value", value: compileSchema({}) }, target },
+  // tool_choice named, the trained form (the floor token is the same reference).
+  tool_call: {
+    spec: {
+      kind: "tools",
+      tools: [{ name: "get_record", args: compileSchema(SCHEMA) }],
+      parallel: false,
+      reply: "response",
+    },
+    target: callTarget,
+  },
 };
 type GrammarName = keyof typeof GRAMMARS;
 
@@ -211,16 +234,17 @@ const wholeMask: Record<string, { kind: string; seconds: number[] }> = {};
 const roundMax: number[] = []; // the largest whole mask of each round
 const chooseSeconds: Record<string, number[]> = { greedy: [], sampled: [] };
 const sampler = () => makeSampler({ temperature: 1, topP: 0.95, topK: 0, minP: 0, seed: 1 });
-const steps = Math.min(STEPS, target.length);
+const stepsOf = (g: GrammarName) => Math.min(STEPS, GRAMMARS[g].target.length);
+const steps = Math.max(...Object.keys(GRAMMARS).map(stepsOf));
 
 /** One pass over the reply in every mode, each with a fresh constraint. */
 function maskRound(): void {
   let worst = 0;
   for (const g of Object.keys(GRAMMARS) as GrammarName[]) {
-    const state0 = startState(GRAMMARS[g], tok, [eos]);
+    const state0 = startState(GRAMMARS[g].spec, tok, [eos]);
     const runs = Object.fromEntries(MODES.map((m) => [m, new TokenConstraint(symbols, state0, m === "full_mask")]));
-    for (let i = 0; i < steps; i++) {
-      const want = target[i];
+    for (let i = 0; i < stepsOf(g); i++) {
+      const want = GRAMMARS[g].target[i];
       // Three tokens the grammar refuses here (to sit above the wanted one).
       const refused: number[] = [];
       for (let id = 1000; refused.length < 3; id += 7919) {
@@ -318,7 +342,11 @@ try {
       sliceTokens.push(await slice.token());
       sliceLoads.push(load());
     }
-    log(`round ${r + 1} of ${ROUNDS}: the masks (${steps} steps x ${MODES.length} modes x 2 grammars)`);
+    log(
+      `round ${r + 1} of ${ROUNDS}: the masks (up to ${steps} steps x ${MODES.length} modes x ${
+        Object.keys(GRAMMARS).length
+      } grammars)`,
+    );
     maskRound();
   }
 } finally {
@@ -457,7 +485,9 @@ console.log(
     buildSeconds.toFixed(2)
   } s`,
 );
-console.log(`${ROUNDS} rounds of ${steps} steps of a ${target.length}-token reply; load ${load()}`);
+console.log(
+  `${ROUNDS} rounds of up to ${steps} steps of a ${target.length}-token reply (tool_call: ${callTarget.length}); load ${load()}`,
+);
 console.log(
   `sampler alone: greedy ${(median(chooseSeconds.greedy) * 1000).toFixed(3)} ms, sampled ${
     (median(chooseSeconds.sampled) * 1000).toFixed(3)

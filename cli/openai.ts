@@ -14,8 +14,8 @@
  * @module
  */
 
-import type { ChatMessage, HistoryToolCall, ToolChoice, ToolDecl } from "../engine/text/chat.ts";
-import { EFFORTS } from "../engine/text/chat.ts";
+import type { ChatMessage, Effort, HistoryToolCall, ToolChoice, ToolDecl } from "../engine/text/chat.ts";
+import { EFFORTS, pythonJson } from "../engine/text/chat.ts";
 import { MAX_TOP_LOGPROBS } from "../engine/generate/logprobs.ts";
 import type { GNode } from "../engine/generate/grammar/automaton.ts";
 import { ANY_OBJECT, compileSchema, SchemaError } from "../engine/generate/grammar/schema.ts";
@@ -71,6 +71,8 @@ export interface ResponseFormat {
   name?: string;
   /** The grammar of the reply's content. */
   value: GNode;
+  /** json_schema: the schema as the encoder's response-format note shows it. */
+  schema?: unknown;
 }
 
 /** A validated `/v1/chat/completions` request. */
@@ -81,8 +83,9 @@ export interface ChatRequest extends CommonRequest {
   messages: ChatMessage[];
   /** chat_template_kwargs.thinking (default true: the think channel opens first). */
   thinking: boolean;
-  /** chat_template_kwargs.thinking_effort. */
-  effort?: string;
+  /** The thinking effort (chat_template_kwargs.thinking_effort, else reasoning_effort);
+   * undefined: the encoder's default, null: no effort note. */
+  effort?: Effort | null;
   /** response_format json_object or json_schema (text: undefined). */
   responseFormat?: ResponseFormat;
   /** Function tools the reply may call (absent or empty: none). */
@@ -91,6 +94,8 @@ export interface ChatRequest extends CommonRequest {
   toolChoice?: ToolChoice;
   /** parallel_tool_calls (default true; false: one call at most). */
   parallelToolCalls?: boolean;
+  /** max_reasoning_tokens: the think channel is closed after this many tokens. */
+  maxReasoningTokens?: number;
 }
 
 /** A validated `/v1/completions` request. */
@@ -159,21 +164,23 @@ function common(f: JsonFields): CommonRequest {
   };
 }
 
-/** The text of a message's content: a string, or an array of text parts (images refused). */
-function messageText(m: JsonFields): string {
+/** A message's content: a string, or an array of text parts (images refused), kept as
+ * parts since the encoder tokenizes each on its own. */
+function messageContent(m: JsonFields): { content: string; parts?: string[] } {
   const content = m.get("content");
-  if (typeof content === "string") return content;
+  if (typeof content === "string") return { content };
   const expected = "a string or an array of content parts";
-  const parts = need(m, "content", Array.isArray(content) ? m.array("content") : undefined, expected);
-  return Array.from({ length: parts.length }, (_, j) => {
-    const part = need(parts, j, parts.object(j), "an object");
+  const list = need(m, "content", Array.isArray(content) ? m.array("content") : undefined, expected);
+  const parts = Array.from({ length: list.length }, (_, j) => {
+    const part = need(list, j, list.object(j), "an object");
     const type = part.get("type");
     if (type === "text") return need(part, "text", part.string("text"), "a string");
     if (type === "image_url" || type === "input_image" || type === "image") {
       throw bad(part.path, `'${part.path}' is an image: k3 serve takes text only`, "unsupported_parameter");
     }
     throw bad(part.name("type"), `'${part.name("type")}' must be "text", got ${JSON.stringify(type ?? null)}`);
-  }).join("");
+  });
+  return { content: parts.join(""), parts };
 }
 
 const ROLES = ["system", "developer", "user", "assistant", "tool"];
@@ -193,18 +200,26 @@ function message(list: JsonFields, i: number): ChatMessage {
   }
   refuse(f, "function_call", "the deprecated function calling is not supported: use tool_calls");
   if (!f.has("content") && role !== "assistant") throw requestError(f.problemOf("content", "a string"));
-  const text = f.has("content") ? messageText(f) : "";
-  const msg: ChatMessage = { role: role === "developer" ? "system" : role as ChatMessage["role"], content: text };
+  const msg: ChatMessage = {
+    role: role === "developer" ? "system" : role as ChatMessage["role"],
+    ...(f.has("content") ? messageContent(f) : { content: "" }),
+  };
+  const name = f.string("name");
+  if (name !== undefined) msg.name = name;
   if (role === "tool") {
     msg.toolCallId = need(f, "tool_call_id", f.string("tool_call_id"), "a string, for a tool message");
-    const name = f.string("name");
-    if (name !== undefined) msg.name = name;
+  }
+  if (role === "system" || role === "developer") {
+    // A system message with tools declares them mid-conversation (the encoder's dynamic declaration).
+    const tools = toolDecls(f);
+    if (tools && tools.length > 0) msg.tools = tools;
   }
   if (role === "assistant") {
     const calls = historyCalls(f);
     if (calls.length > 0) msg.toolCalls = calls;
-    // vLLM's name for the think channel; `reasoning` is what some clients send back.
-    const reasoning = f.string("reasoning_content") ?? f.string("reasoning");
+    // vLLM's name for the think channel; `reasoning` is what some clients send back (the
+    // encoder takes `reasoning_content or reasoning`, so an empty one falls back).
+    const reasoning = f.string("reasoning_content") || f.string("reasoning");
     if (reasoning !== undefined) msg.reasoning = reasoning;
   }
   return msg;
@@ -220,8 +235,9 @@ function historyCalls(m: JsonFields): HistoryToolCall[] {
     const fn = need(f, "function", f.object("function"), "an object");
     const name = need(fn, "name", fn.string("name"), "a string");
     const args = fn.get("arguments");
-    // Arguments are JSON text in OpenAI's shape; an object as sent by some clients is accepted.
-    const text = typeof args === "string" ? args : fn.has("arguments") ? JSON.stringify(args) : "{}";
+    // Arguments are JSON text in OpenAI's shape; an object as sent by some clients is
+    // accepted and written as the encoder writes a dict's values (Python's json.dumps).
+    const text = typeof args === "string" ? args : fn.has("arguments") ? pythonJson(args) : "{}";
     const id = f.string("id");
     return id === undefined ? { name, arguments: text } : { id, name, arguments: text };
   });
@@ -308,26 +324,69 @@ export function parseChatRequest(body: unknown): ChatRequest {
   if (topLogprobs !== undefined && logprobs !== true) {
     throw bad("top_logprobs", "'top_logprobs' needs 'logprobs' to be true");
   }
-  const kw = f.object("chat_template_kwargs");
-  const thinking = kw?.boolean("thinking") ?? kw?.boolean("enable_thinking") ?? true;
-  const effortParam = kw?.has("thinking_effort") ? kw.name("thinking_effort") : "reasoning_effort";
-  const effort = kw?.string("thinking_effort") ?? f.string("reasoning_effort");
-  if (effort !== undefined && !(EFFORTS as readonly string[]).includes(effort)) {
-    throw bad(effortParam, `'${effortParam}' must be one of ${EFFORTS.join(", ")}, got ${JSON.stringify(effort)}`);
-  }
+  const { thinking, effort } = reasoningSwitches(f);
+  const maxReasoningTokens = f.int("max_reasoning_tokens", 0, Number.MAX_SAFE_INTEGER);
   const responseFormat = parseResponseFormat(f);
   return {
     kind: "chat",
     ...common(f),
     messages,
     thinking,
-    effort,
+    ...(effort !== undefined ? { effort } : {}),
+    ...(maxReasoningTokens !== undefined ? { maxReasoningTokens } : {}),
     ...(tools ? { tools } : {}),
     ...(choice !== undefined ? { toolChoice: choice } : {}),
     ...(parallelToolCalls !== undefined ? { parallelToolCalls } : {}),
     ...(logprobs ? { logprobs: true, topLogprobs: topLogprobs ?? 0 } : {}),
     ...(responseFormat ? { responseFormat } : {}),
   };
+}
+
+/**
+ * OpenAI's `reasoning_effort` (and the Responses API's `reasoning.effort`) on K3's
+ * switches: `none` and `minimal` turn thinking off; `low` is K3's low, `medium` and `high`
+ * K3's high (the encoder has no medium; rounding toward K3's default `max` is the smaller
+ * departure), `xhigh` and K3's own `max` are max.
+ */
+export const REASONING_EFFORTS: Readonly<Record<string, Effort | "off">> = Object.freeze({
+  none: "off",
+  minimal: "off",
+  low: "low",
+  medium: "high",
+  high: "high",
+  xhigh: "max",
+  max: "max",
+});
+
+/**
+ * Thinking and its effort: `chat_template_kwargs` (`thinking` or `enable_thinking`, and
+ * K3's `thinking_effort`: low, high, max, or null for no effort note) win over OpenAI's
+ * `reasoning_effort` ({@link REASONING_EFFORTS}). No effort: the encoder's default.
+ */
+function reasoningSwitches(f: JsonFields): { thinking: boolean; effort?: Effort | null } {
+  const kw = f.object("chat_template_kwargs");
+  let thinking = kw?.boolean("thinking") ?? kw?.boolean("enable_thinking");
+  let effort: Effort | null | undefined;
+  const openai = f.string("reasoning_effort");
+  if (openai !== undefined) {
+    const mapped = REASONING_EFFORTS[openai];
+    if (mapped === undefined) {
+      const values = Object.keys(REASONING_EFFORTS).join(", ");
+      throw bad("reasoning_effort", `'reasoning_effort' must be one of ${values}, got ${JSON.stringify(openai)}`);
+    }
+    if (mapped === "off") thinking ??= false;
+    else effort = mapped;
+  }
+  if (kw?.get("thinking_effort") === null) effort = null;
+  const native = kw?.string("thinking_effort");
+  if (native !== undefined) {
+    if (!(EFFORTS as readonly string[]).includes(native)) {
+      const param = kw!.name("thinking_effort");
+      throw bad(param, `'${param}' must be one of ${EFFORTS.join(", ")}, got ${JSON.stringify(native)}`);
+    }
+    effort = native as Effort;
+  }
+  return { thinking: thinking ?? true, ...(effort !== undefined ? { effort } : {}) };
 }
 
 /** Wraps a schema the grammar cannot enforce as a 400 naming the keyword under `param`. */
@@ -351,7 +410,10 @@ function parseResponseFormat(f: JsonFields): ResponseFormat | undefined {
   const name = need(js, "name", js.string("name"), "a string");
   js.boolean("strict");
   try {
-    return { type, name, value: compileSchema(js.get("schema") ?? {}) };
+    // The note shows `schema`, else `json_schema`, else the object itself (the encoder's
+    // extract_response_schema); the grammar enforces `schema`.
+    const schema = js.get("schema") ?? js.get("json_schema") ?? js.value;
+    return { type, name, value: compileSchema(js.get("schema") ?? {}), schema };
   } catch (e) {
     if (e instanceof SchemaError) throw schemaApiError(e, js.name("schema"));
     throw e;

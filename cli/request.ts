@@ -13,7 +13,7 @@
 
 import { K3Error, usageError } from "../engine/errors.ts";
 import { CHAT_DEFAULTS, checkSampling, GREEDY, type SamplingParams } from "../engine/generate/sampling.ts";
-import { chatPrompt, stopIds as chatStopIds } from "../engine/text/chat.ts";
+import { type ChatOptions, chatPromptParts, type MessageSpan, stopIds as chatStopIds } from "../engine/text/chat.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { ApiError, type ChatRequest, type CompletionRequest, type RequestSampling } from "./openai.ts";
 import type { GrammarSpec } from "../engine/generate/grammar/forms.ts";
@@ -41,6 +41,12 @@ export interface Task {
   ignoreEos?: boolean;
   /** Constrains the reply (response_format, a forced tool call, `k3 run --grammar`): cli/structured.ts. */
   grammar?: GrammarSpec;
+  /** A chat: where its messages lie in the prompt ids (the state cache keeps states at
+   * their boundaries). */
+  messages?: MessageSpan;
+  /** A thinking chat: reasoning tokens before the think channel is closed for the reply
+   * (engine/generate/reasoning_budget.ts); undefined: no budget. */
+  reasoningBudget?: number;
 }
 
 /** OpenAI's sampling defaults (temperature 1 over all tokens), for `/v1/completions`. */
@@ -107,19 +113,35 @@ export function stopStrings(stops: string[] | undefined): string[] {
  * be given (400 otherwise); a tokenizer that refuses throws K3Error (the caller says how
  * that is answered).
  */
-function openaiPrompt(r: ChatRequest | CompletionRequest, tokenizer: Tokenizer | undefined): number[] {
+function openaiPrompt(
+  r: ChatRequest | CompletionRequest,
+  tokenizer: Tokenizer | undefined,
+): { ids: number[]; messages?: MessageSpan } {
   if (r.kind === "chat") {
     if (!tokenizer) throw new ApiError(400, "chat requests need a tokenizer: pass --tok DIR", "messages");
-    return chatPrompt(tokenizer, r.messages, {
-      thinking: r.thinking,
-      effort: r.effort,
-      tools: r.tools,
-      toolChoice: r.toolChoice,
-    });
+    return chatPromptParts(tokenizer, r.messages, chatOptions(r));
   }
-  if (typeof r.prompt !== "string") return r.prompt;
+  if (typeof r.prompt !== "string") return { ids: r.prompt };
   if (!tokenizer) throw new ApiError(400, "a text prompt needs a tokenizer: pass --tok DIR (or send ids)", "prompt");
-  return tokenizer.encode(r.prompt, { allowSpecial: false });
+  return { ids: tokenizer.encode(r.prompt, { allowSpecial: false }) };
+}
+
+/** The rendering options of a validated chat request (the prompt the released encoder
+ * writes for it). */
+export function chatOptions(r: ChatRequest, addGenerationPrompt = true): ChatOptions {
+  const f = r.responseFormat;
+  return {
+    thinking: r.thinking,
+    effort: r.effort,
+    tools: r.tools,
+    toolChoice: r.toolChoice,
+    responseFormat: f === undefined
+      ? undefined
+      : f.type === "json_object"
+      ? { type: "json_object" }
+      : { type: "json_schema", schema: f.schema },
+    addGenerationPrompt,
+  };
 }
 
 /** What an OpenAI request's task takes from the command that runs it. */
@@ -132,6 +154,23 @@ export interface OpenAIContext {
   capacity: number;
   /** A chat's tokens when the request gives no max_tokens (batch: --gen; default: what fits). */
   chatMaxTokens?: number;
+  /** The reasoning budget when the request gives no max_reasoning_tokens (--reasoning-budget). */
+  reasoningBudget?: number;
+}
+
+/**
+ * The reasoning budget of a thinking reply: the request's (else the command's default);
+ * with a grammar (a forced call, a response format) at most half of its max tokens, so
+ * the constrained part has room after the reasoning. Undefined: no budget.
+ */
+export function reasoningBudget(
+  given: number | undefined,
+  constrained: boolean,
+  maxTokens: number,
+): number | undefined {
+  if (!constrained) return given;
+  const half = Math.floor(maxTokens / 2);
+  return given === undefined ? half : Math.min(given, half);
 }
 
 /**
@@ -141,7 +180,7 @@ export interface OpenAIContext {
  * sampler refuses is the client's error (400).
  */
 export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContext): Task {
-  const promptIds = openaiPrompt(r, ctx.tokenizer);
+  const { ids: promptIds, messages } = openaiPrompt(r, ctx.tokenizer);
   const chat = r.kind === "chat";
   const row = chat ? DEFAULTS.openaiChat : DEFAULTS.openaiCompletion;
   let sampling: SamplingParams;
@@ -160,10 +199,14 @@ export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContex
       "ignore_eos",
     );
   }
+  const maxTokens = r.maxTokens ??
+    (chat ? ctx.chatMaxTokens ?? room : Math.min(DEFAULTS.openaiCompletion.maxTokens, room));
+  const budget = chat && r.thinking
+    ? reasoningBudget(r.maxReasoningTokens ?? ctx.reasoningBudget, grammar !== undefined, maxTokens)
+    : undefined;
   return {
     promptIds,
-    maxTokens: r.maxTokens ??
-      (chat ? ctx.chatMaxTokens ?? room : Math.min(DEFAULTS.openaiCompletion.maxTokens, room)),
+    maxTokens,
     sampling,
     stopIds: r.ignoreEos || !ctx.tokenizer ? [] : chatStopIds(ctx.tokenizer),
     stops: r.stop,
@@ -171,5 +214,7 @@ export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContex
     ...(r.logprobs ? { logprobs: { top: r.topLogprobs ?? 0 } } : {}),
     ...(r.ignoreEos ? { ignoreEos: true } : {}),
     ...(grammar ? { grammar } : {}),
+    ...(budget !== undefined ? { reasoningBudget: budget } : {}),
+    ...(messages !== undefined ? { messages } : {}),
   };
 }

@@ -15,6 +15,8 @@ import { readInputJson } from "../engine/native/files.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { ApiError, type ChatRequest, schemaApiError } from "./openai.ts";
 import type { FlagGroup } from "./flags.ts";
+import type { TokenFilter } from "../engine/generate/scheduler.ts";
+import { ReasoningBudget } from "../engine/generate/reasoning_budget.ts";
 
 /**
  * The grammar of a validated chat request: a forced tool call when `tool_choice` is
@@ -42,16 +44,42 @@ export function chatGrammar(r: ChatRequest): GrammarSpec | undefined {
     const tools = chosen.map((t) => {
       const i = declared.indexOf(t);
       try {
-        return { name: t.name, args: compileToolParameters(t.parameters) };
+        return { name: t.name, args: compileToolParameters(strictDefaults(t.parameters)) };
       } catch (e) {
         if (e instanceof SchemaError) throw schemaApiError(e, `tools[${i}].function.parameters`);
         throw e;
       }
     });
-    return { kind: "tools", tools, parallel: r.parallelToolCalls !== false, reply };
+    // A named choice is one call of that function; "required" one or more (unless
+    // parallel_tool_calls is false).
+    return { kind: "tools", tools, parallel: named === undefined && r.parallelToolCalls !== false, reply };
   }
   if (r.responseFormat) return { kind: "value", value: r.responseFormat.value, reply };
   return undefined;
+}
+
+/**
+ * A tool's parameters schema with OpenAI's strict semantics as the default: an object
+ * schema that declares `properties` and says nothing of `additionalProperties` takes no
+ * other keys (at every depth). A schema that allows them says so; one without
+ * `properties` stays any object.
+ */
+export function strictDefaults(schema: unknown): unknown {
+  if (Array.isArray(schema)) return schema.map(strictDefaults);
+  if (typeof schema !== "object" || schema === null) return schema;
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(schema)) {
+    // Keywords whose values are schemas (or maps or lists of them); `enum`, `const` and
+    // `default` hold data and are kept as given.
+    if (k === "properties" || k === "$defs" || k === "definitions") {
+      out[k] = typeof v === "object" && v !== null
+        ? Object.fromEntries(Object.entries(v).map(([name, sub]) => [name, strictDefaults(sub)]))
+        : v;
+    } else if (k === "items" || k === "anyOf" || k === "oneOf" || k === "allOf") out[k] = strictDefaults(v);
+    else out[k] = v;
+  }
+  if ("properties" in out && !("additionalProperties" in out)) out.additionalProperties = false;
+  return out;
 }
 
 /**
@@ -67,6 +95,23 @@ export function sequenceConstraint(
   maskAll = false,
 ): TokenConstraint {
   return new TokenConstraint(tokenSymbols(tokenizer, vocab), startState(grammar, tokenizer, ends), maskAll);
+}
+
+/**
+ * What constrains one sequence of a task (cli/request.ts): its grammar ({@link sequenceConstraint}) and its
+ * reasoning budget (engine/generate/reasoning_budget.ts), either, both or neither.
+ */
+export function taskFilter(
+  task: { grammar?: GrammarSpec; reasoningBudget?: number; chat?: { thinking: boolean } },
+  tokenizer: Tokenizer,
+  vocab: number,
+  ends: readonly number[],
+  maskAll = false,
+): TokenFilter | undefined {
+  const grammar = task.grammar && sequenceConstraint(task.grammar, tokenizer, vocab, ends, maskAll);
+  if (task.reasoningBudget === undefined || !task.chat?.thinking) return grammar;
+  const closing = tokenizer.encode("<|close|>think<|sep|><|open|>response<|sep|>", { allowSpecial: true });
+  return new ReasoningBudget(task.reasoningBudget, closing, tokenizer.specialId("<|close|>"), grammar);
 }
 
 /** The flags of `k3 run` that constrain its output. */

@@ -1,5 +1,7 @@
 /**
- * `k3 tokenize --tok DIR (--text TEXT | --file PATH) [--json]`: prints the ids of a text.
+ * `k3 tokenize --tok DIR (--text TEXT | --file PATH | --chat REQUEST.json) [--json]`:
+ * prints the ids of a text, or of an OpenAI chat request's prompt as the released encoder
+ * renders it (cli/chat_render.ts).
  *
  * The text is user data, so added tokens such as `<|open|>` are encoded as plain bytes.
  *
@@ -11,6 +13,8 @@ import { Tokenizer } from "../engine/text/tokenizer.ts";
 import { decodeUtf8Strict } from "../engine/text/utf8.ts";
 import { readInput } from "../engine/native/files.ts";
 import { type CommandFlags, commandFlags, type Flag } from "./flags.ts";
+import { renderChatBody } from "./chat_render.ts";
+import { ApiError } from "./openai_error.ts";
 
 /** `--tok DIR`, as tokenize and detokenize take it. */
 export const TOKENIZER_DIR_FLAG: Flag = {
@@ -22,10 +26,13 @@ export const TOKENIZER_DIR_FLAG: Flag = {
 /** `k3 tokenize`'s flags and help. */
 export const TOKENIZE_FLAGS: CommandFlags = commandFlags({
   name: "tokenize",
-  head: `usage: k3 tokenize --tok DIR (--text TEXT | --file PATH) [--json]
+  head: `usage: k3 tokenize --tok DIR (--text TEXT | --file PATH | --chat REQUEST.json) [--json]
 
 Prints the token ids of a text, comma-separated (or a JSON array with --json).
-Special tokens in the text are not recognised: they are encoded as ordinary text.`,
+Special tokens in the text are not recognised: they are encoded as ordinary text.
+With --chat, the ids of an OpenAI chat request's prompt (messages, tools, tool_choice,
+response_format, reasoning_effort, chat_template_kwargs, add_generation_prompt) as
+k3 serve renders it, the released encoder's rendering.`,
   groups: [{
     name: "tokenize",
     title: "",
@@ -34,12 +41,14 @@ Special tokens in the text are not recognised: they are encoded as ordinary text
       tok: TOKENIZER_DIR_FLAG,
       text: { type: "string", value: "TEXT", help: "the text to encode" },
       file: { type: "string", value: "PATH", help: "read the text from a file, verbatim (must be valid UTF-8)" },
+      chat: { type: "string", value: "PATH", help: "an OpenAI chat request (JSON; - for stdin): its prompt's ids" },
       json: { type: "boolean", help: "print a JSON array" },
     },
   }],
   tail: `examples:
   k3 tokenize --tok tests/fixtures/tiny --text "The capital of France is"
-  k3 tokenize --tok /data/kimi-k3 --file prompt.txt --json`,
+  k3 tokenize --tok /data/kimi-k3 --file prompt.txt --json
+  k3 tokenize --tok /data/kimi-k3 --chat request.json`,
 });
 
 /** Where a command writes its output; stdout unless a test passes its own. */
@@ -59,21 +68,49 @@ export const stdout: Output = {
 /** Runs `k3 tokenize`; returns the exit code, throws K3Error on failure. */
 export function main(args: string[], out: Output = stdout): Promise<number> {
   const flags = TOKENIZE_FLAGS.parse(args, false);
-  const opts = { tok: flags.str("tok"), text: flags.str("text"), file: flags.str("file"), json: flags.bool("json") };
+  const opts = {
+    tok: flags.str("tok"),
+    text: flags.str("text"),
+    file: flags.str("file"),
+    chat: flags.str("chat"),
+    json: flags.bool("json"),
+  };
   if (flags.bool("help")) {
     out.write(TOKENIZE_FLAGS.usage());
     return Promise.resolve(0);
   }
   if (opts.tok === undefined) throw usageError("tokenize: --tok DIR is required");
-  if ((opts.text === undefined) === (opts.file === undefined)) {
-    throw usageError("tokenize: give exactly one of --text and --file");
+  if ([opts.text, opts.file, opts.chat].filter((x) => x !== undefined).length !== 1) {
+    throw usageError("tokenize: give exactly one of --text, --file and --chat");
   }
-  let text = opts.text;
-  if (opts.file !== undefined) {
-    const bytes = readInput(opts.file, { what: "--file", maxBytes: 1 << 30, allowStdin: true, exitCode: EXIT.usage });
-    text = decodeUtf8Strict(bytes, opts.file === "-" ? "stdin" : opts.file);
+  const read = (path: string, what: string) =>
+    decodeUtf8Strict(
+      readInput(path, { what, maxBytes: 1 << 30, allowStdin: true, exitCode: EXIT.usage }),
+      path === "-" ? "stdin" : path,
+    );
+  const tok = Tokenizer.load(opts.tok);
+  let ids: number[];
+  if (opts.chat !== undefined) ids = chatIds(tok, read(opts.chat, "--chat"), opts.chat);
+  else {
+    const text = opts.file !== undefined ? read(opts.file, "--file") : opts.text!;
+    ids = tok.encode(text, { allowSpecial: false });
   }
-  const ids = Tokenizer.load(opts.tok).encode(text!, { allowSpecial: false });
   out.write((opts.json ? JSON.stringify(ids) : ids.join(",")) + "\n");
   return Promise.resolve(0);
+}
+
+/** The prompt ids of a chat request file; a bad request is a usage error (exit 2) naming it. */
+function chatIds(tok: Tokenizer, text: string, path: string): number[] {
+  let body: unknown;
+  try {
+    body = JSON.parse(text);
+  } catch (e) {
+    throw usageError(`--chat ${path}: not JSON (${(e as Error).message})`);
+  }
+  try {
+    return renderChatBody(tok, body).ids;
+  } catch (e) {
+    if (e instanceof ApiError) throw usageError(`--chat ${path}: ${e.message}`);
+    throw e;
+  }
 }

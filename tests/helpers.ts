@@ -374,3 +374,47 @@ export async function serveTiny(
     },
   };
 }
+
+/** One call of a forced tools channel, as {@link forcedCalls} reads it. */
+export interface ForcedCall {
+  /** The tool's name (attribute unescaped). */
+  name: string;
+  /** The call's `index` attribute. */
+  index: number;
+  /** The arguments: each element's value, a string raw and any other type parsed as JSON. */
+  args: Record<string, unknown>;
+  /** Each element's `type` attribute, by key. */
+  types: Record<string, string>;
+}
+
+/**
+ * The calls of a reply's tools channel in the released encoder's trained form
+ * (`<|open|>call tool="N" index="I"<|sep|>` then `<|open|>argument key="K" type="T"<|sep|>`
+ * elements then `<|close|>call<|sep|>`); throws when the channel holds anything else.
+ */
+export function forcedCalls(text: string): ForcedCall[] {
+  const unescape = (s: string) => s.replaceAll("&quot;", '"').replaceAll("&amp;", "&");
+  const start = text.indexOf("<|open|>tools<|sep|>");
+  if (start < 0) throw new Error(`no tools channel in ${text}`);
+  let rest = text.slice(start + "<|open|>tools<|sep|>".length);
+  const calls: ForcedCall[] = [];
+  const call = /^<\|open\|>call tool="([^"]*)" index="(\d+)"<\|sep\|>/;
+  const arg = /^<\|open\|>argument key="([^"]*)" type="([a-z]+)"<\|sep\|>([\s\S]*?)<\|close\|>argument<\|sep\|>/;
+  for (let m = call.exec(rest); m !== null; m = call.exec(rest)) {
+    rest = rest.slice(m[0].length);
+    const c: ForcedCall = { name: unescape(m[1]), index: Number(m[2]), args: {}, types: {} };
+    for (let a = arg.exec(rest); a !== null; a = arg.exec(rest)) {
+      rest = rest.slice(a[0].length);
+      const key = unescape(a[1]);
+      c.types[key] = a[2];
+      c.args[key] = a[2] === "string" ? a[3] : JSON.parse(a[3]);
+    }
+    if (!rest.startsWith("<|close|>call<|sep|>")) throw new Error(`a call does not close: ${rest}`);
+    rest = rest.slice("<|close|>call<|sep|>".length);
+    calls.push(c);
+  }
+  if (!/^<\|close\|>tools<\|sep\|><\|close\|>message<\|sep\|>(<\|end_of_msg\|>|\[EOS\])$/.test(rest)) {
+    throw new Error(`the tools channel does not end as it must: ${rest}`);
+  }
+  return calls;
+}

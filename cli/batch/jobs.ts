@@ -69,6 +69,8 @@ export interface JobDefaults {
   stops?: string[];
   /** The model name an OpenAI response echoes when its body names none. */
   modelName?: string;
+  /** --reasoning-budget: the budget of thinking chat lines that give none. */
+  reasoningBudget?: number;
 }
 
 /** What a job line may hold. */
@@ -140,6 +142,7 @@ function openaiJob(o: Record<string, unknown>, line: number, opts: JobDefaults, 
     seed: base.seed,
     modelName: opts.modelName ?? "kimi-k3",
     tokenizer: opts.tokenizer,
+    reasoningBudget: opts.reasoningBudget,
   });
   const customId = "result" in r ? r.customId : r.request.customId;
   const key = `custom_id:${JSON.stringify(customId)}`;

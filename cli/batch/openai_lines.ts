@@ -58,7 +58,14 @@ export function openaiErrorLine(customId: string, e: ApiError): Record<string, u
  */
 export function parseOpenAILine(
   o: Record<string, unknown>,
-  opts: { vocab: number; gen: number; seed: number; modelName: string; tokenizer: () => Tokenizer | undefined },
+  opts: {
+    vocab: number;
+    gen: number;
+    seed: number;
+    modelName: string;
+    tokenizer: () => Tokenizer | undefined;
+    reasoningBudget?: number;
+  },
 ): OpenAILine {
   const allowed = new Set(["custom_id", "method", "url", "body"]);
   const unknown = Object.keys(o).find((k) => !allowed.has(k));
@@ -80,6 +87,7 @@ export function parseOpenAILine(
       seed: opts.seed,
       capacity: Infinity,
       chatMaxTokens: opts.gen,
+      reasoningBudget: opts.reasoningBudget,
     });
     const promptIds = task.promptIds;
     const bad = promptIds.find((x) => x >= opts.vocab);

@@ -16,6 +16,7 @@ import { MODEL_GROUP } from "../flag_groups/model.ts";
 import { MEMORY_GROUP, memoryOptions } from "../flag_groups/memory.ts";
 import { samplingGroup, samplingOptions } from "../flag_groups/sampling.ts";
 import { draftOption, SPECULATION_GROUP } from "../flag_groups/speculation.ts";
+import { REASONING_GROUP, reasoningBudgetOption } from "../flag_groups/reasoning.ts";
 import { STATE_CACHE_GROUP, type StateCacheFlags, stateCacheFlags } from "../state_cache_flags.ts";
 
 /** The files of a batch and how it runs them. */
@@ -82,6 +83,7 @@ run stops there, results already written are kept.`,
     MODEL_GROUP,
     samplingGroup("default: greedy; a line's own fields override"),
     SPECULATION_GROUP,
+    REASONING_GROUP,
     MEMORY_GROUP,
     STATE_CACHE_GROUP,
   ],
@@ -111,6 +113,8 @@ export interface BatchOptions {
   parallel?: number;
   /** Speculation. */
   draft: DraftMode;
+  /** --reasoning-budget: the default budget of thinking chat lines. */
+  reasoningBudget?: number;
   /** The memory budget. */
   memory: MemoryOptions;
   /** The state cache flags. */
@@ -157,6 +161,7 @@ export function batchOptions(args: string[]): BatchOptions | undefined {
     sampling: samplingOptions(values),
     parallel: parallelOption(flags.str("parallel")),
     draft: draftOption(flags.str("draft")),
+    reasoningBudget: reasoningBudgetOption(flags.str("reasoning-budget")),
     memory: memoryOptions(tokens),
     stateCache: stateCacheFlags(values),
   };

@@ -50,6 +50,7 @@ export async function prepareBatch(o: BatchOptions): Promise<PreparedBatch> {
     sampling: o.sampling,
     stops: o.gen.stops,
     modelName: o.dir.replace(/\/+$/, "").split("/").pop() || "kimi-k3",
+    reasoningBudget: o.reasoningBudget,
   });
 
   // Resume only from a regular file: stdout, a FIFO or a device is written, never read.

@@ -19,7 +19,7 @@ import type { AppendLog } from "./append_log.ts";
 import type { Job } from "./jobs.ts";
 import { openaiResultLine } from "./openai_lines.ts";
 import { ReplyStream } from "../reply.ts";
-import { sequenceConstraint } from "../structured.ts";
+import { taskFilter } from "../structured.ts";
 import { sharedPrefixes } from "./shared_prefix.ts";
 import type { StateCache } from "../../engine/generate/state_cache.ts";
 import type { DraftMode } from "../../engine/generate/draft.ts";
@@ -172,8 +172,8 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
         maxTokens: job.maxTokens,
         stopIds: job.stopIds,
         choose: makeSampler(job.sampling),
-        grammar: job.grammar && tokenizer &&
-          sequenceConstraint(job.grammar, tokenizer, model.cfg.vocabSize, job.stopIds, job.logprobs !== undefined),
+        grammar: tokenizer &&
+          taskFilter(job, tokenizer, model.cfg.vocabSize, job.stopIds, job.logprobs !== undefined),
         onToken: (token, logits) => {
           if (!reply) return;
           const chat = job.chat || task?.chat;

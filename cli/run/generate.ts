@@ -58,7 +58,7 @@ export async function generate(
     const mark0 = markLedger(opened.model);
     let tLast = t1, stepCount = 0;
     const logitRows: Float32Array[] = [];
-    const output = new Output(run.tokenizer, o.gen.stops, o.json);
+    const output = new Output(run.tokenizer, o.gen.stops, o.json, run.stopIds);
     const scheduler = new Scheduler(opened.model, { chunk: opened.plan.chunk, draft: { mode: o.draft } });
     const state = loaded?.state;
     loaded = undefined; // the scheduler owns it now

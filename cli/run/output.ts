@@ -17,14 +17,21 @@ export class Output {
   text = "";
   #n = 0;
 
-  /** Matches `stops` with `tokenizer` (none: ids are written); `json`: JSON lines. */
-  constructor(tokenizer: Tokenizer | undefined, stops: string[], readonly json: boolean) {
+  /** Matches `stops` with `tokenizer` (none: ids are written); `json`: JSON lines; `ends`:
+   * the stop ids, whose text (`[EOS]`, `<|end_of_msg|>`) is never written. */
+  constructor(
+    tokenizer: Tokenizer | undefined,
+    stops: string[],
+    readonly json: boolean,
+    readonly ends: readonly number[] = [],
+  ) {
     if (tokenizer) this.#matcher = new StopMatcher(tokenizer, stops);
   }
 
   /** Emits one token; true when a stop string matched. */
   token(id: number, seconds: number, logits: Float32Array): boolean {
-    const r = this.#matcher?.push(id);
+    // A stop id ends the text; it is not part of it.
+    const r = this.#matcher && this.ends.includes(id) ? { text: "", stopped: false } : this.#matcher?.push(id);
     if (r) this.text += r.text;
     if (this.json) {
       const logprob = tokenLogprob(logits, id, 0).logprob;

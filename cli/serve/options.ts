@@ -13,6 +13,7 @@ import { intFlag, numFlag } from "../common.ts";
 import { MODEL_GROUP, type ModelFlags, modelFlags } from "../flag_groups/model.ts";
 import { MEMORY_GROUP, memoryOptions } from "../flag_groups/memory.ts";
 import { draftOption, SPECULATION_GROUP } from "../flag_groups/speculation.ts";
+import { REASONING_GROUP, reasoningBudgetOption } from "../flag_groups/reasoning.ts";
 import { STATE_CACHE_GROUP, type StateCacheFlags, stateCacheFlags } from "../state_cache_flags.ts";
 import { DEFAULT_LIMITS } from "../server/http.ts";
 
@@ -87,11 +88,12 @@ export const SERVE_FLAGS: CommandFlags = commandFlags({
   head: `usage: k3 serve <model_dir> [options]
 
 An OpenAI-compatible API: POST /v1/chat/completions, POST /v1/completions, POST
-/v1/responses, GET /v1/models, GET /v1/models/{id}, GET /health (no key needed), GET
+/v1/responses, GET /v1/models, GET /v1/models/{id}, POST /tokenize, POST /detokenize,
+POST /apply-template (a request's prompt), GET /health (no key needed), GET
 /metrics (Prometheus text). One log line per request on
 stderr. SIGTERM or SIGINT: stop accepting, let requests in flight finish within --grace,
 cancel the rest, exit 0.`,
-  groups: [SERVER_GROUP, MODEL_GROUP, SPECULATION_GROUP, MEMORY_GROUP, STATE_CACHE_GROUP],
+  groups: [SERVER_GROUP, MODEL_GROUP, SPECULATION_GROUP, REASONING_GROUP, MEMORY_GROUP, STATE_CACHE_GROUP],
   tail: `examples:
   k3 serve tests/fixtures/tiny --port 8000
   k3 serve /data/kimi-k3 --trunk /data/k3-trunk --preset auto --served-model-name kimi-k3 --api-key-file ~/.k3-key
@@ -117,6 +119,8 @@ export interface ServeOptions {
   parallel: number;
   /** Speculation. */
   draft: DraftMode;
+  /** --reasoning-budget: the default budget of thinking chat requests. */
+  reasoningBudget?: number;
   /** Requests waiting at most. */
   maxQueue: number;
   /** Positions per sequence. */
@@ -169,6 +173,7 @@ export function serveOptions(args: string[]): ServeOptions | undefined {
     autoParallel,
     parallel: autoParallel ? MAX_AUTO_PARALLEL : intFlag("parallel", flags.str("parallel"), 4, 1, 256),
     draft: draftOption(flags.str("draft")),
+    reasoningBudget: reasoningBudgetOption(flags.str("reasoning-budget")),
     maxQueue: intFlag("max-queue", flags.str("max-queue"), 16, 0, 100000),
     context: intFlag("context", flags.str("context"), 4096, 2, 262144),
     maxBodyBytes: 1024 * intFlag("max-body-kb", flags.str("max-body-kb"), 1024, 1, 1 << 20),

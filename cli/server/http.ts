@@ -21,6 +21,7 @@ import { ApiError, errorBody } from "../openai_error.ts";
 import { type Emit, type Outcome, runTask, type ServeEngine, serveTask } from "./tasks.ts";
 import { ChunkWriter, completionBody, EventStream } from "./stream.ts";
 import { ClientGone, type Http1Limits, Http1Server } from "./http1.ts";
+import { applyTemplateBody, detokenizeBody, tokenizeBody } from "../chat_render.ts";
 import { acceptedHosts, checkHost, checkOrigin, corsHeaders, logSafe } from "./guard.ts";
 import { CLIENT_GONE, endpointLabel, Metrics } from "./metrics.ts";
 import {
@@ -148,6 +149,16 @@ async function readBody(req: Request, cap: number): Promise<string> {
     return new TextDecoder("utf-8", { fatal: true }).decode(all);
   } catch {
     throw new ApiError(400, "the request body is not valid UTF-8");
+  }
+}
+
+/** A request body parsed as JSON; a 400 when it is not. */
+async function readJsonBody(req: Request, cap: number): Promise<unknown> {
+  const body = await readBody(req, cap);
+  try {
+    return JSON.parse(body);
+  } catch {
+    throw new ApiError(400, "the request body is not valid JSON");
   }
 }
 
@@ -284,19 +295,25 @@ class HttpServer implements RunningServer {
     };
   }
 
+  /** The render API (cli/chat_render.ts): vLLM's /tokenize and /detokenize, llama-server's
+   * /apply-template. The tokenizer only: nothing is admitted or run. */
+  async #render(req: Request, path: string): Promise<Response> {
+    const e = this.#engine;
+    if (!e) throw new ApiError(503, "the model is still loading", null, "model_loading");
+    checkOrigin(req, this.#guard());
+    const body = await readJsonBody(req, this.#opts.maxBodyBytes);
+    if (path === "/tokenize") return this.#json(200, tokenizeBody(e.tokenizer, body, e.capacity));
+    if (path === "/detokenize") return this.#json(200, detokenizeBody(e.tokenizer, body, e.vocabSize));
+    return this.#json(200, applyTemplateBody(e.tokenizer, body));
+  }
+
   /** A generation endpoint: validate, admit, run, answer (JSON or SSE). */
   async #completions(req: Request, kind: Endpoint, note: LogNote, gone: AbortSignal): Promise<Response> {
     const opts = this.#opts, metrics = this.#metrics;
     const e = this.#engine;
     if (!e) throw new ApiError(503, "the model is still loading", null, "model_loading");
     checkOrigin(req, this.#guard());
-    const body = await readBody(req, opts.maxBodyBytes);
-    let parsed: unknown;
-    try {
-      parsed = JSON.parse(body);
-    } catch {
-      throw new ApiError(400, "the request body is not valid JSON");
-    }
+    const parsed = await readJsonBody(req, opts.maxBodyBytes);
     const { request: r, task } = kind === "responses"
       ? serveTask(e, "chat", chatBodyOfResponses(parsed), opts.modelName)
       : serveTask(e, kind, parsed, opts.modelName);
@@ -467,6 +484,11 @@ class HttpServer implements RunningServer {
       case "/v1/responses":
         want("POST");
         return await this.#completions(req, "responses", note, gone);
+      case "/tokenize":
+      case "/detokenize":
+      case "/apply-template":
+        want("POST");
+        return await this.#render(req, path);
     }
     if (path.startsWith("/v1/models/")) {
       want("GET");

@@ -17,6 +17,9 @@ const ENDPOINTS = [
   "/v1/chat/completions",
   "/v1/completions",
   "/v1/responses",
+  "/tokenize",
+  "/detokenize",
+  "/apply-template",
 ] as const;
 
 /** The /metrics label of a path: itself when known, else "other". */

@@ -19,7 +19,7 @@ import { type ChatRequest, type CompletionRequest, parseChatRequest, parseComple
 import { ApiError } from "../openai_error.ts";
 import { openaiTask, type Task } from "../request.ts";
 import { type ReplyShape, ReplyStream, shownMessage } from "../reply.ts";
-import { sequenceConstraint } from "../structured.ts";
+import { taskFilter } from "../structured.ts";
 
 /** What the server generates with, available once the model is loaded. */
 export interface ServeEngine {
@@ -35,6 +35,8 @@ export interface ServeEngine {
   bytesRead: () => number;
   /** The conversation state cache the scheduler continues from (undefined: off). */
   stateCache?: Pick<StateCache, "stats">;
+  /** The reasoning budget of chat requests that give none (--reasoning-budget). */
+  reasoningBudget?: number;
 }
 
 /** A validated request and the task it runs. */
@@ -115,6 +117,7 @@ export function serveTask(e: ServeEngine, kind: "chat" | "completion", body: unk
       tokenizer: e.tokenizer,
       seed: crypto.getRandomValues(new Uint32Array(1))[0],
       capacity: e.capacity,
+      reasoningBudget: e.reasoningBudget,
     });
   } catch (err) {
     if (err instanceof K3Error) throw new ApiError(400, err.message, r.kind === "chat" ? "messages" : "prompt");
@@ -141,8 +144,7 @@ export async function runTask(
     maxTokens: task.maxTokens,
     stopIds: ends,
     choose,
-    grammar: task.grammar &&
-      sequenceConstraint(task.grammar, e.tokenizer, e.vocabSize, ends, task.logprobs !== undefined),
+    grammar: taskFilter(task, e.tokenizer, e.vocabSize, ends, task.logprobs !== undefined),
     signal,
     ...(e.stateCache
       ? chatCachePoints(
@@ -150,6 +152,7 @@ export async function runTask(
         task.promptIds,
         task.chat,
         (tokens) => shownMessage(e.tokenizer, replyShape(task), tokens),
+        task.messages,
       )
       : {}),
     onToken: (token, logits) => {

@@ -38,7 +38,14 @@ import {
   type StateFile,
   writeStatePayload,
 } from "./state_file.ts";
-import { type ChatMessage, chatPrompt, messageBoundaries, replyCloser } from "../text/chat.ts";
+import {
+  type ChatMessage,
+  chatPrompt,
+  generationPromptIds,
+  messageBoundaries,
+  type MessageSpan,
+  replyCloser,
+} from "../text/chat.ts";
 import type { Tokenizer } from "../text/tokenizer.ts";
 
 /** How a state cache is set up. */
@@ -124,35 +131,46 @@ export function prefixKey(tokens: readonly number[]): string {
  * prompt (then no state of the prompt continues into it).
  */
 export function historyReplyIds(tok: Tokenizer, message: ChatMessage, thinking: boolean): number[] | undefined {
-  const generationPrompt = chatPrompt(tok, [], { thinking });
-  const rendered = chatPrompt(tok, [message], { thinking }).slice(0, -generationPrompt.length);
+  const generationPrompt = generationPromptIds(tok, thinking);
+  const rendered = chatPrompt(tok, [message], { thinking, effort: null, addGenerationPrompt: false });
   if (!generationPrompt.every((t, i) => rendered[i] === t)) return undefined;
   return rendered.slice(generationPrompt.length);
 }
 
 /**
  * Where a request's states are kept (`k3 serve`): after its first message (a system prompt
- * other conversations share) and its last complete message (where the next turn of a
- * chat continues), and, for a chat, after the reply closed as it was generated (found
- * when the client sends the reply back as generated, reasoning included) and after the
- * reply as the client was shown it, `shown(tokens)`, rendered without its reasoning
- * (found when the client sends back only the content and tool calls, as most do). A
- * KDA state cannot drop the reasoning it has read, so that last state is prefilled anew
- * from the prompt's, after the reply, in a slot no request wants.
+ * other conversations share; after the notes rendered before the messages, the tool
+ * declaration and the effort, when `messages` says where they end), after its last
+ * complete message (where the next turn of a chat continues), at the end of its messages
+ * when notes follow them (a forced tool choice, a response format: the next step of a
+ * forced-tool loop continues there, its notes coming after its new messages), and, for a
+ * chat, after the reply closed as it was generated (found when the client sends the reply
+ * back as generated, reasoning included) and after the reply as the client was shown it,
+ * `shown(tokens)`, rendered without its reasoning (found when the client sends back only
+ * the content and tool calls, as most do). A KDA state cannot drop the reasoning it has
+ * read, so that last state is prefilled anew from the prompt's, after the reply, in a slot
+ * no request wants.
  */
 export function chatCachePoints(
   tok: Tokenizer,
   promptIds: readonly number[],
   chat?: { thinking: boolean },
   shown?: (tokens: readonly number[]) => ChatMessage,
+  messages?: MessageSpan,
 ): {
   cacheAt: number[];
   replyTail?: (tokens: readonly number[]) => number[] | undefined;
   historyReply?: (tokens: readonly number[]) => number[] | undefined;
 } {
   const bounds = messageBoundaries(tok, promptIds);
+  const cacheAt: number[] = [];
+  if (bounds.length > 0) {
+    cacheAt.push(bounds.find((b) => b > (messages?.start ?? 0)) ?? bounds[0]);
+    if (messages !== undefined && bounds.includes(messages.end)) cacheAt.push(messages.end);
+    cacheAt.push(bounds[bounds.length - 1]);
+  }
   return {
-    cacheAt: bounds.length > 0 ? [...new Set([bounds[0], bounds[bounds.length - 1]])] : [],
+    cacheAt: [...new Set(cacheAt)],
     replyTail: chat ? (tokens) => replyCloser(tok, tokens, chat.thinking) : undefined,
     historyReply: chat && shown ? (tokens) => historyReplyIds(tok, shown(tokens), chat.thinking) : undefined,
   };

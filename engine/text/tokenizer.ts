@@ -31,6 +31,47 @@ export function unnamedIdText(id: number): string {
   return `<|id:${id}|>`;
 }
 
+/** The reference tokenizer encodes text in chunks of this many characters at most. */
+const MAX_CHUNK = 400_000;
+/** ... and cuts every run of more consecutive whitespace or non-whitespace characters. */
+const MAX_RUN = 25_000;
+
+/** Python's `str.isspace` for one code point (the reference's whitespace test). */
+function pythonSpace(c: number): boolean {
+  return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c === 0x85 || c === 0xa0 || c === 0x1680 ||
+    (c >= 0x2000 && c <= 0x200a) || c === 0x2028 || c === 0x2029 || c === 0x202f || c === 0x205f ||
+    c === 0x3000;
+}
+
+/**
+ * The pieces the released tokenizer (`tokenization_kimi.py`) BPE-encodes separately:
+ * chunks of 400,000 characters, each cut so that no piece holds a run of more than 25,000
+ * consecutive whitespace or non-whitespace characters (`_split_whitespaces_or_nonwhitespaces`).
+ * Characters are code points, as Python counts them.
+ */
+export function referenceChunks(text: string): string[] {
+  const points = Array.from(text);
+  const out: string[] = [];
+  for (let c = 0; c < points.length; c += MAX_CHUNK) {
+    const chunk = points.slice(c, c + MAX_CHUNK);
+    let start = 0, run = 0;
+    let space = chunk.length > 0 && pythonSpace(chunk[0].codePointAt(0)!);
+    for (let i = 0; i < chunk.length; i++) {
+      const now = pythonSpace(chunk[i].codePointAt(0)!);
+      if (now !== space) {
+        run = 1;
+        space = now;
+      } else if (++run > MAX_RUN) {
+        out.push(chunk.slice(start, i).join(""));
+        start = i;
+        run = 1;
+      }
+    }
+    out.push(chunk.slice(start).join(""));
+  }
+  return out;
+}
+
 /** Options of {@link Tokenizer.encode}. */
 export interface EncodeOptions {
   /**
@@ -462,6 +503,16 @@ export class Tokenizer {
    */
   encode(text: string, options: EncodeOptions = {}): number[] {
     if (!text.isWellFormed()) text = text.toWellFormed();
+    if (text.length <= MAX_RUN) return this.#encodeChunk(text, options);
+    const out: number[] = [];
+    for (const chunk of referenceChunks(text)) {
+      for (const id of this.#encodeChunk(chunk, options)) out.push(id);
+    }
+    return out;
+  }
+
+  /** Encodes one chunk of {@link referenceChunks}: added tokens, then ordinary text. */
+  #encodeChunk(text: string, options: EncodeOptions): number[] {
     const out: number[] = [];
     const re = this.#specialRe;
     if (!options.allowSpecial || re === null) {

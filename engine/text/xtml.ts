@@ -431,16 +431,22 @@ export class ReplyReader {
     return tag === "tools";
   }
 
-  /** Ends the reply (generation stopped): the text still held, and an unfinished call
-   * (cut by the token limit) reported as malformed. */
+  /** Ends the reply (generation stopped): the text still held. A reply cut by the token
+   * limit inside its tools channel keeps its complete calls and drops an unfinished one:
+   * the channel's markup never becomes content (a call announced in a stream stays a
+   * call, and the finish reason says the reply was cut). */
   finish(): ReplyEvent[] {
     const out: ReplyEvent[] = [];
     if (this.#ended) return out;
+    if (this.#inTools() && this.#opts.tools && !this.#raw) {
+      this.#header = undefined;
+      this.#call = undefined;
+      this.#value = undefined;
+      this.#toolIds = undefined;
+      return out;
+    }
     this.#flushText(out);
     if (this.#header) this.#headerAsText(out);
-    if (this.#inTools() && this.#opts.tools && !this.#raw && (this.#call || this.#calls.length === 0)) {
-      this.#fail(out, false);
-    }
     return out;
   }
 }

@@ -52,13 +52,19 @@ Deno.test("k3 run --json-schema / --grammar json: same tokens resident and at th
       for (const other of ids.slice(1)) assert.deepEqual(other, ids[0]);
       const s = summary(runs[0].stdout);
       if (s.finish_reason === "stop") {
-        const value = JSON.parse(s.generated_text.replace(/\[EOS\]$/, ""));
+        // The end id ends the text without being part of it.
+        const value = JSON.parse(s.generated_text);
         assert.ok(ajv.validate(schema, value), `${s.generated_text}: ${ajv.errorsText()}`);
         validated++;
       }
     }
   }
   assert.ok(validated >= 2, `only ${validated} of 4 runs finished within 300 tokens`);
+  // Plain text output: the value, a newline, no end id.
+  const plain = await k3(["run", TINY, "--prompt", "x", "--gen", "300", "--grammar", "json"]);
+  assert.equal(plain.code, 0, plain.stderr);
+  assert.doesNotMatch(plain.stdout, /\[EOS\]|<\|end_of_msg\|>/);
+  JSON.parse(plain.stdout);
 });
 
 Deno.test("k3 run: a schema outside the subset is a usage error naming the keyword (exit 2)", async () => {

@@ -11,7 +11,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import OpenAI from "openai";
-import { type ChatMessage, chatPrompt } from "../../engine/text/chat.ts";
+import { type ChatMessage, chatPrompt, generationPromptIds } from "../../engine/text/chat.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { K3_PERMISSIONS } from "../../cli/permissions.ts";
 import { ROOT, tempDir, TINY } from "../helpers.ts";
@@ -62,7 +62,7 @@ async function serve(args: string[]) {
 type Server = Awaited<ReturnType<typeof serve>>;
 const tok = Tokenizer.load(TINY);
 /** Ids of the generation prompt (what follows the last complete message). */
-const GENERATION_PROMPT = chatPrompt(tok, []).length;
+const GENERATION_PROMPT = generationPromptIds(tok, true).length;
 
 /** One turn: the reply's text, and its usage. */
 async function turn(s: Server, messages: ChatMessage[]) {

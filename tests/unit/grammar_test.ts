@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import fc from "fast-check";
 import { Ajv } from "ajv";
-import { TINY } from "../helpers.ts";
+import { forcedCalls, TINY } from "../helpers.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { compileSchema, compileToolParameters, SchemaError } from "../../engine/generate/grammar/schema.ts";
 import { type GrammarSpec, startState, TOOL_MARKUP } from "../../engine/generate/grammar/forms.ts";
@@ -254,25 +254,6 @@ Deno.test("soundness: every finished random walk of allowed tokens is JSON the s
   assert.ok(finished >= total * 0.8, `only ${finished} of ${total} walks finished`);
 });
 
-/** Parses the forced tools channel of a reply (markup from TOOL_MARKUP) into calls. */
-function parseCalls(text: string): { name: string; index: number; args: unknown }[] {
-  const start = text.indexOf(TOOL_MARKUP.openTools);
-  assert.ok(start >= 0, `no tools channel in ${text}`);
-  const body = text.slice(start + TOOL_MARKUP.openTools.length);
-  assert.match(body, /<\|close\|>tools<\|sep\|><\|close\|>message<\|sep\|>(<\|end_of_msg\|>|\[EOS\])$/);
-  const calls = [];
-  const re =
-    /<\|open\|>call tool="([^"]*)" index="(\d+)"<\|sep\|><\|open\|>json type="object"<\|sep\|>([\s\S]*?)<\|close\|>json<\|sep\|><\|close\|>call<\|sep\|>/g;
-  for (const m of body.matchAll(re)) {
-    const name = m[1].replace(
-      /&quot;|&#39;|&lt;|&gt;|&amp;/g,
-      (e) => ({ "&quot;": '"', "&#39;": "'", "&lt;": "<", "&gt;": ">", "&amp;": "&" })[e]!,
-    );
-    calls.push({ name, index: Number(m[2]), args: JSON.parse(m[3]) });
-  }
-  return calls;
-}
-
 Deno.test("forced tool calls: a walk yields calls of allowed names whose arguments validate; parallel false allows one", () => {
   const objSchema = schemaArb(1).map((s) => ({
     type: "object",
@@ -306,10 +287,11 @@ Deno.test("forced tool calls: a walk yields calls of allowed names whose argumen
         if (ids === null) return;
         finished++;
         const text = tok.decode(ids);
-        const calls = parseCalls(text);
-        assert.ok(calls.length >= 1 && (parallel || calls.length === 1), text);
+        const calls = forcedCalls(text);
+        // A named choice is exactly one call; "required" one or more (one without parallel calls).
+        assert.ok(calls.length >= 1 && ((parallel && !named) || calls.length === 1), text);
         calls.forEach((c, i) => {
-          assert.equal(c.index, i);
+          assert.equal(c.index, i + 1);
           const decl = r.tools.find((t) => t.name === c.name);
           assert.ok(decl && (!named || c.name === "other"), `call of ${c.name}`);
           assert.ok(ajv.validate(decl.parameters, c.args), `${JSON.stringify(c.args)}: ${ajv.errorsText()}`);

@@ -61,7 +61,7 @@ Deno.test("chat request: defaults, field mapping, unknown fields ignored", () =>
     n: 1,
   });
   assert.deepEqual(s.messages, [
-    { role: "system", content: "be brief" },
+    { role: "system", content: "be brief", parts: ["be ", "brief"] },
     { role: "user", content: "q" },
     { role: "assistant", content: "", reasoning: "r" },
   ]);

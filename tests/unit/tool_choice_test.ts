@@ -6,7 +6,7 @@
 
 import assert from "node:assert/strict";
 import { Ajv } from "ajv";
-import { TINY } from "../helpers.ts";
+import { forcedCalls, TINY } from "../helpers.ts";
 import { openModel } from "../../engine/open.ts";
 import { Scheduler, type SequenceRequest } from "../../engine/generate/scheduler.ts";
 import { makeSampler } from "../../engine/generate/sampling.ts";
@@ -97,15 +97,14 @@ Deno.test("tool_choice required / named: calls of allowed names with valid argum
       finished++;
       const text = tok.decode(ids);
       assert.ok(text.startsWith(TOOL_MARKUP.closeResponse + TOOL_MARKUP.openTools), text);
-      const re =
-        /<\|open\|>call tool="([^"]*)" index="(\d+)"<\|sep\|><\|open\|>json type="object"<\|sep\|>([\s\S]*?)<\|close\|>json<\|sep\|><\|close\|>call<\|sep\|>/g;
-      const calls = [...text.matchAll(re)];
-      assert.ok(calls.length >= 1 && (c.parallel || calls.length === 1), text);
-      calls.forEach((m, k) => {
-        assert.equal(Number(m[2]), k);
-        const tool = TOOLS.find((t) => t.name === m[1]);
-        assert.ok(tool && (c.choice === "required" || c.choice.name === tool.name), m[1]);
-        assert.ok(ajv.validate(tool.parameters, JSON.parse(m[3])), `${m[3]}: ${ajv.errorsText()}`);
+      const calls = forcedCalls(text);
+      // A named choice is exactly one call; "required" one or more (one without parallel calls).
+      assert.ok(calls.length >= 1 && ((c.parallel && c.choice === "required") || calls.length === 1), text);
+      calls.forEach((call, k) => {
+        assert.equal(call.index, k + 1);
+        const tool = TOOLS.find((t) => t.name === call.name);
+        assert.ok(tool && (c.choice === "required" || c.choice.name === tool.name), call.name);
+        assert.ok(ajv.validate(tool.parameters, call.args), `${JSON.stringify(call.args)}: ${ajv.errorsText()}`);
       });
       assert.match(text, /<\|close\|>tools<\|sep\|><\|close\|>message<\|sep\|>(<\|end_of_msg\|>|\[EOS\])$/);
     });

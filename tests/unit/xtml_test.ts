@@ -16,7 +16,13 @@ const OPEN = tok.specialId("<|open|>"), CLOSE = tok.specialId("<|close|>"), SEP 
 const EOM = tok.specialId("<|end_of_msg|>"), EOS = tok.specialId("[EOS]");
 /** Ordinary tokens (never control ids, whatever the text looks like). */
 const t = (s: string) => tok.encode(s, { allowSpecial: false });
-const open = (header: string) => [OPEN, ...t(header), SEP];
+/** `<|open|>header<|sep|>`, the header's tag and each attribute's four parts (` key`,
+ * `="`, value, `"`) encoded apart, as the released encoder encodes them. */
+const open = (header: string) => {
+  const [tag] = header.split(" ", 1);
+  const attrs = [...header.slice(tag.length).matchAll(/( [^=]+)="([^"]*)"/g)].flatMap((m) => [m[1], '="', m[2], '"']);
+  return [OPEN, ...[tag, ...attrs].flatMap((s) => t(s)), SEP];
+};
 const close = (tag: string) => [CLOSE, ...t(tag), SEP];
 const esc = (v: string) => v.replaceAll("&", "&amp;").replaceAll('"', "&quot;");
 const ids = (n: number) => (i: number) => `call_${n}_${i}`;
@@ -115,12 +121,26 @@ Deno.test("reader: a malformed tools channel is content and no call (as vLLM rep
     assert.ok(!r.content.includes("<|close|>message"), "the turn still ends at its boundary");
     assert.ok(r.ended);
   }
-  // Cut by the token limit inside a call: no call, the markup is content.
-  const cut = readReply(tok, [...close("response"), ...open("tools"), ...open('call tool="f" index="1"')], {
-    thinking: false,
-    tools: true,
+  // Cut by the token limit inside the tools channel: the complete calls stand, the
+  // unfinished one is dropped, and no markup becomes content (inside a call, between
+  // calls, inside a header).
+  const first = [...open('call tool="f" index="1"'), ...open('argument key="a" type="string"'), ...t("x")];
+  const done = [...first, ...close("argument"), ...close("call")];
+  const cuts = [
+    first,
+    [...done, ...open('call tool="g" index="2"'), ...open('argument key="n" type="number"'), ...t("1")],
+    [...done, OPEN, ...t('call tool="g"')],
+    done,
+  ];
+  cuts.forEach((rest, i) => {
+    const ids = [...close("response"), ...open("tools"), ...rest];
+    const cut = readReply(tok, ids, { thinking: false, tools: true, callId: (k) => `c${k}` });
+    assert.deepEqual(
+      [cut.malformed, cut.content, cut.ended, cut.calls],
+      [false, "", false, i === 0 ? [] : [{ id: "c0", name: "f", arguments: '{"a":"x"}' }]],
+      `cut ${i}`,
+    );
   });
-  assert.deepEqual([cut.malformed, cut.calls.length, cut.ended], [true, 0, false]);
 });
 
 /** Arbitrary JSON argument values: strings with escapes, markup and unicode. */
@@ -195,7 +215,7 @@ Deno.test("template: tool declarations, calls and results render to the ids the 
     // Out of order: rendered in call order, each with its call's index.
     { role: "tool", toolCallId: "b", content: "second" },
     { role: "tool", toolCallId: "a", content: "first" },
-  ], { tools, toolChoice: "required" });
+  ], { tools, toolChoice: "required", effort: null });
   const want = [
     ...msg(
       'message role="system" type="tool-declare"',
@@ -216,7 +236,8 @@ Deno.test("template: tool declarations, calls and results render to the ids the 
     ...data("Paris"),
     ...close("argument"),
     ...open('argument key="n" type="array"'),
-    ...data("[1, 2]"),
+    // The argument's literal text as the client sent it (the encoder keeps it byte for byte).
+    ...data("[1,2]"),
     ...close("argument"),
     ...close("call"),
     ...open('call tool="get_weather" index="2"'),

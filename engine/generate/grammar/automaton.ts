@@ -20,15 +20,20 @@
 /** Symbols from here up are special tokens: `SPECIAL_BASE + token id`. */
 export const SPECIAL_BASE = 256;
 
-/** A JSON value the grammar accepts. */
+/** A JSON value the grammar accepts. `tight`: whitespace between its tokens (and before
+ * it) is at most one space per gap, as in the canonical `json.dumps` text the model was
+ * trained on (the forced tool-call arguments); otherwise up to {@link MAX_WS} bytes. */
 export type GNode =
-  | { readonly k: "obj"; props: readonly ObjProp[]; additional: GNode | null }
-  | { readonly k: "arr"; items: GNode; min: number; max: number }
-  | { readonly k: "str"; min: number; max: number }
-  | { readonly k: "num"; integer: boolean }
-  | { readonly k: "lit"; syms: readonly number[] }
-  | { readonly k: "alt"; of: GNode[] }
-  | { readonly k: "ref"; target: GNode | null; name: string };
+  & (
+    | { readonly k: "obj"; props: readonly ObjProp[]; additional: GNode | null }
+    | { readonly k: "arr"; items: GNode; min: number; max: number }
+    | { readonly k: "str"; min: number; max: number }
+    | { readonly k: "num"; integer: boolean }
+    | { readonly k: "lit"; syms: readonly number[] }
+    | { readonly k: "alt"; of: GNode[] }
+    | { readonly k: "ref"; target: GNode | null; name: string }
+  )
+  & { readonly tight?: boolean };
 
 /** One declared property of an object node. */
 export interface ObjProp {
@@ -117,6 +122,10 @@ const MINUS = 0x2d, PLUS = 0x2b, DOT = 0x2e, ZERO = 0x30, NINE = 0x39;
 function isWs(b: number): boolean {
   return b === 0x20 || b === 0x0a || b === 0x0d || b === 0x09;
 }
+/** Whether whitespace `sym` may follow `ws` whitespace bytes in a gap of `node`. */
+function wsRoom(node: GNode, ws: number, sym: number): boolean {
+  return node.tight ? ws < 1 && sym === 0x20 : ws < MAX_WS;
+}
 function isDigit(b: number): boolean {
   return b >= ZERO && b <= NINE;
 }
@@ -196,7 +205,7 @@ export class Value implements Frame {
   /** See {@link Frame.step}. */
   step(sym: number, below: Stack | null, out: Stack[]): void {
     if (isWs(sym)) {
-      if (this.ws < MAX_WS) out.push(push(new Value(this.node, this.ws + 1), below));
+      if (wsRoom(this.node, this.ws, sym)) out.push(push(new Value(this.node, this.ws + 1), below));
       return;
     }
     startValue(this.node, sym, below, out, 0);
@@ -374,6 +383,45 @@ export class Str implements Frame {
   }
 }
 
+/**
+ * A string written raw (not JSON-quoted), as a tool call's string argument is: `min`..`max`
+ * characters of valid UTF-8 (quotes, backslashes and newlines are plain text), ended by
+ * the special symbol `until` (consumed). Other special tokens are refused.
+ */
+export class RawStr implements Frame {
+  /** `n` characters read; `cont`, `lo`, `hi`: the UTF-8 continuation sub-state of strByte. */
+  constructor(
+    readonly until: number,
+    readonly min: number,
+    readonly max: number,
+    readonly n = 0,
+    readonly cont = 0,
+    readonly lo = 0,
+    readonly hi = 0,
+  ) {}
+  /** See {@link Frame.step}. */
+  step(sym: number, below: Stack | null, out: Stack[]): void {
+    if (sym === this.until) {
+      if (this.cont === 0 && this.n >= this.min) out.push(below ?? DONE);
+      return;
+    }
+    if (sym >= SPECIAL_BASE) return;
+    // ASCII is any text here; other bytes go through the JSON string's UTF-8 check.
+    const r = sym < 0x80 && this.cont === 0
+      ? { cont: 0, lo: 0, hi: 0, char: true }
+      : strByte(sym, 0, this.cont, this.lo, this.hi, false, false);
+    if (r === null) return;
+    const n = this.n + (r.char ? 1 : 0);
+    if (n > this.max) return;
+    out.push(push(new RawStr(this.until, this.min, this.max, n, r.cont, r.lo, r.hi), below));
+  }
+  /** See {@link Frame.signature}: the length only as `step` reads it. */
+  signature(): string {
+    const { min, max, n } = this;
+    return `R${this.until},${Math.min(n, min)},${min},${max - n},${this.cont},${this.lo},${this.hi}`;
+  }
+}
+
 const O_FIRST = 0, O_KEY = 1, O_IN_KEY = 2, O_COLON = 3, O_VALUE = 4, O_AFTER = 5;
 
 /**
@@ -419,7 +467,7 @@ export class Obj implements Frame {
     if (sym >= SPECIAL_BASE) return;
     const ws = isWs(sym);
     const again = () => {
-      if (this.ws < MAX_WS) out.push(push(this.#with(this.phase, this.ws + 1), below));
+      if (wsRoom(this.node, this.ws, sym)) out.push(push(this.#with(this.phase, this.ws + 1), below));
     };
     switch (this.phase) {
       case O_FIRST:
@@ -515,7 +563,7 @@ export class Arr implements Frame {
     if (sym >= SPECIAL_BASE) return;
     const { node, phase, count } = this;
     if (isWs(sym)) {
-      if (this.ws < MAX_WS) out.push(push(new Arr(node, phase, count, this.ws + 1), below));
+      if (wsRoom(node, this.ws, sym)) out.push(push(new Arr(node, phase, count, this.ws + 1), below));
       return;
     }
     if (phase === A_AFTER) {

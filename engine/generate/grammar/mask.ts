@@ -285,6 +285,14 @@ export class TokenConstraint implements TokenFilter {
     return n;
   }
 
+  /** Advances past `token`, chosen outside the constraint (a reasoning budget's forced
+   * markup); throws when the grammar refuses it. */
+  advance(token: number): void {
+    const next = this.symbols.step(this.#state, token);
+    if (next.length === 0) throw new Error(`internal: forced token ${token} is refused by the grammar`);
+    this.#state = next;
+  }
+
   /** See {@link TokenFilter.pick}. Throws K3Error when the grammar allows no token at all. */
   pick(logits: Float32Array, choose: (logits: Float32Array) => number): number {
     if (!this.maskAll) {
