@@ -27,6 +27,10 @@ const COMMANDS: Record<string, { about: string; load: () => Promise<Command> }> 
     about: "an OpenAI-compatible HTTP server (chat and completions)",
     load: async () => (await import("./serve.ts")).main,
   },
+  pull: {
+    about: "download a model from the Hugging Face Hub (verified, resumable)",
+    load: async () => (await import("./pull/main.ts")).main,
+  },
   pack: {
     about: "pack a checkpoint's trunk into one aligned file",
     load: async () => (await import("./pack.ts")).main,

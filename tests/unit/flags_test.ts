@@ -13,6 +13,7 @@ import { CHAT_FLAGS } from "../../cli/chat/options.ts";
 import { BATCH_FLAGS } from "../../cli/batch/options.ts";
 import { SERVE_FLAGS } from "../../cli/serve/options.ts";
 import { PACK_FLAGS } from "../../cli/pack.ts";
+import { PULL_FLAGS } from "../../cli/pull/main.ts";
 import { main as tokenizeMain, TOKENIZE_FLAGS } from "../../cli/tokenize.ts";
 import { DETOKENIZE_FLAGS, main as detokenizeMain } from "../../cli/detokenize.ts";
 import { DOCTOR_FLAGS } from "../../cli/doctor/options.ts";
@@ -28,6 +29,7 @@ const COMMANDS: Record<string, CommandFlags> = {
   batch: BATCH_FLAGS,
   serve: SERVE_FLAGS,
   pack: PACK_FLAGS,
+  pull: PULL_FLAGS,
   tokenize: TOKENIZE_FLAGS,
   detokenize: DETOKENIZE_FLAGS,
   doctor: DOCTOR_FLAGS,
