@@ -71,9 +71,10 @@ export function holdsCheckpoint(dir: string): boolean {
   return false;
 }
 
-/** Bytes of disk the model still needs at --dir. */
-export function diskNeeded(hasCheckpoint: boolean): number {
-  return (hasCheckpoint ? 0 : CHECKPOINT_BYTES) + TRUNK_BYTES;
+/** Bytes of disk the model still needs at --dir: the checkpoint unless it is there, and its
+ * trunk (`trunkBytes`: the checkpoint's own, from doctor --checkpoint; default the released one). */
+export function diskNeeded(hasCheckpoint: boolean, trunkBytes = TRUNK_BYTES): number {
+  return (hasCheckpoint ? 0 : CHECKPOINT_BYTES) + trunkBytes;
 }
 
 /** Reasons the model cannot run here at all (empty: it can). */

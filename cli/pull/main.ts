@@ -14,6 +14,7 @@
 
 import { statfsSync } from "node:fs";
 import { EXIT, K3Error, usageError } from "../../engine/errors.ts";
+import { isRegularFile } from "../../engine/native/files.ts";
 import { packTrunk } from "../../pack/pack.ts";
 import { CHECKPOINT_BYTES, TRUNK_BYTES } from "../doctor/facts.ts";
 import { type CommandFlags, commandFlags } from "../flags.ts";
@@ -150,6 +151,7 @@ function checkSpace(dir: string, need: number, trunk?: { dir: string; bytes: num
 
 /** Reads the index's tensor-to-shard map (after it is downloaded). */
 function readWeightMap(dir: string): Record<string, string> | undefined {
+  if (!isRegularFile(`${dir}/${INDEX}`)) return undefined;
   try {
     const j = JSON.parse(Deno.readTextFileSync(`${dir}/${INDEX}`));
     return typeof j?.weight_map === "object" && j.weight_map !== null ? j.weight_map : undefined;
