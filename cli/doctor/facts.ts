@@ -10,6 +10,7 @@ import { fmtBytes } from "../common.ts";
 import { releasedPlan } from "../presets.ts";
 import { defaultLibraryPath } from "../../engine/native/ffi.ts";
 import { cpuFlags } from "../../engine/native/libpath.ts";
+import { readSmallFile } from "../../engine/native/io.ts";
 
 /** The real checkpoint: 96 shards. */
 export const CHECKPOINT_BYTES = 1_560_936_091_448;
@@ -114,14 +115,27 @@ export function memTotal(): number | undefined {
 
 /** CPU model and the feature flags the kernels care about. */
 export function cpuInfo(): { model: string; flags: Set<string> } {
-  try {
-    const t = Deno.readTextFileSync("/proc/cpuinfo");
+  const t = procCpuinfo();
+  if (t !== undefined) {
     const model = t.match(/^(?:model name|Model|Hardware)\s*:\s*(.+)$/m)?.[1] ?? "unknown";
     const flags = new Set((t.match(/^(?:flags|Features)\s*:\s*(.+)$/m)?.[1] ?? "").split(/\s+/));
     return { model, flags };
+  }
+  // No /proc/cpuinfo at all: ask the kernel library instead (cpuid).
+  const flags = cpuFlags(() => defaultLibraryPath());
+  return { model: `${Deno.build.arch} (model unknown: no /proc/cpuinfo)`, flags };
+}
+
+/** /proc/cpuinfo's text: the runtime reads /proc only with --allow-all, so under k3's own
+ * permissions the kernel library reads it (k3io_read_small). */
+function procCpuinfo(): string | undefined {
+  try {
+    return Deno.readTextFileSync("/proc/cpuinfo");
   } catch {
-    // Deno reads /proc only with --allow-all: ask the kernel library instead (cpuid).
-    const flags = cpuFlags(() => defaultLibraryPath());
-    return { model: `${Deno.build.arch} (model unknown: /proc/cpuinfo needs --allow-all)`, flags };
+    try {
+      return readSmallFile("/proc/cpuinfo", 1 << 22);
+    } catch {
+      return undefined; // no kernel library either
+    }
   }
 }

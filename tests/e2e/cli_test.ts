@@ -522,3 +522,13 @@ Deno.test("paths of the wrong kind: one line saying what was expected, exit 2", 
     assert.doesNotMatch(out.stderr, /os error|readfile|internal error/, args.join(" "));
   }
 });
+
+Deno.test("doctor names the CPU model under k3's own permissions (no --allow-all)", async () => {
+  const out = await k3(["doctor", "--no-read"]);
+  const cpuinfo = (await runCmd("cat", ["/proc/cpuinfo"])).stdout;
+  const model = cpuinfo.match(/^(?:model name|Model|Hardware)\s*:\s*(.+)$/m)?.[1];
+  assert.ok(model, "this machine's /proc/cpuinfo names a model");
+  const line = out.stdout.match(/^cpu +(.*)$/m)?.[1] ?? "";
+  assert.ok(line.startsWith(`${model};`), line);
+  assert.doesNotMatch(line, /model unknown/);
+});

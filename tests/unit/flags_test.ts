@@ -151,4 +151,9 @@ Deno.test("flags: a typo names the nearest flag; a llama.cpp habit names k3's", 
   assert.throws(() => RUN_FLAGS.parse(["--promt", "x"]), /unknown option --promt \(did you mean --prompt\?\)/);
   assert.throws(() => CHAT_FLAGS.parse(["--temp", "1"]), /unknown option --temp \(k3 calls it --temperature\)/);
   assert.throws(() => SERVE_FLAGS.parse(["--ctx-size", "8"]), /k3 calls it --context/);
+  // llama.cpp's -ngl is a memory question on a CPU, not -n (--gen); -cnv is k3 chat; --think=false is --no-think.
+  assert.throws(() => RUN_FLAGS.parse(["-ngl", "99"]), /unknown option -ngl \(k3 runs on the CPU: .*--trunk-gb/);
+  assert.throws(() => SERVE_FLAGS.parse(["--n-gpu-layers", "99"]), /--preset NAME .*--cache-gb/);
+  assert.throws(() => RUN_FLAGS.parse(["-cnv"]), /unknown option -cnv \(a conversation is its own command: k3 chat/);
+  assert.throws(() => CHAT_FLAGS.parse(["--think=false"]), /unknown option --think \(k3 calls it --no-think\)/);
 });
