@@ -120,6 +120,7 @@ function checkMemory(f: Findings, positions: number): { name: string; bytes: num
 function checkDisk(f: Findings, o: DoctorOptions, trunkBytes?: number): void {
   const { facts } = f;
   facts.hasCheckpoint = o.checkpoint !== undefined || holdsCheckpoint(o.dir);
+  facts.trunkBytes = trunkBytes;
   try {
     const s = statfsSync(o.dir);
     facts.diskFree = Number(s.bavail) * Number(s.bsize);

@@ -37,6 +37,8 @@ export interface Facts {
   minNeed?: number;
   /** Free bytes on the disk measured. */
   diskFree?: number;
+  /** The trunk still to pack: the checkpoint's own (doctor --checkpoint), else the released one's. */
+  trunkBytes?: number;
   /** --dir already holds a checkpoint (model.safetensors.index.json). */
   hasCheckpoint: boolean;
   /** Why the kernel library could not be loaded, if it could not. */
@@ -91,11 +93,11 @@ export function problems(f: Facts): string[] {
       }`,
     );
   }
-  if (f.diskFree !== undefined && f.diskFree < diskNeeded(f.hasCheckpoint)) {
+  if (f.diskFree !== undefined && f.diskFree < diskNeeded(f.hasCheckpoint, f.trunkBytes)) {
     out.push(
       `${fmtBytes(f.diskFree)} free on the disk of --dir; ` +
         (f.hasCheckpoint
-          ? `packing the trunk needs ${fmtBytes(TRUNK_BYTES)}`
+          ? `packing the trunk needs ${fmtBytes(f.trunkBytes ?? TRUNK_BYTES)}`
           : `the checkpoint (${fmtBytes(CHECKPOINT_BYTES)}) and its packed trunk (${fmtBytes(TRUNK_BYTES)}) need ${
             fmtBytes(diskNeeded(false))
           }`),
