@@ -139,7 +139,10 @@ export async function transferFile(
       f.seekSync(have, Deno.SeekMode.Start);
       let failures = 0;
       while (have < file.size) {
-        const res = await hubGet(hub, url, file.path, have > 0 ? { range: `bytes=${have}-` } : {});
+        // The bytes as stored (no transparent compression: a Range counts stored bytes).
+        const headers: Record<string, string> = { "accept-encoding": "identity" };
+        if (have > 0) headers.range = `bytes=${have}-`;
+        const res = await hubGet(hub, url, file.path, headers);
         const from = res.status === 206 ? Number(res.headers.get("content-range")?.match(/^bytes (\d+)-/)?.[1]) : 0;
         if (from !== have) {
           // The server would not continue where the part ends: start the file over.
