@@ -35,9 +35,10 @@ async function run(cmd: string, args: string[]): Promise<{ ok: boolean; stdout: 
   return { ok: out.success, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
 }
 
-/** The deno run command line documented for the bundle (narrow permissions). */
+/** The deno run command line documented for the bundle (narrow permissions), through the
+ * checkout's launcher: after `npm ci` alone no `deno` is on PATH. */
 export function bundleCommand(file: string): string {
-  return `deno run ${K3_PERMISSIONS.join(" ")} ${file}`;
+  return `tools/deno run ${K3_PERMISSIONS.join(" ")} ${file}`;
 }
 
 async function main(args: string[]): Promise<number> {

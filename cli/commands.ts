@@ -27,6 +27,10 @@ const COMMANDS: Record<string, { about: string; load: () => Promise<Command> }> 
     about: "an OpenAI-compatible HTTP server (chat and completions)",
     load: async () => (await import("./serve.ts")).main,
   },
+  pull: {
+    about: "download a model from the Hugging Face Hub (verified, resumable)",
+    load: async () => (await import("./pull/main.ts")).main,
+  },
   pack: {
     about: "pack a checkpoint's trunk into one aligned file",
     load: async () => (await import("./pack.ts")).main,
@@ -73,8 +77,18 @@ environment: K3_LIB=PATH  kernel library to load instead of the built-in one
              NO_COLOR=1   no colours (as --color never)
 
 exit codes: 0 ok, 1 runtime failure, 2 usage, unreadable config or a path of the wrong
-            kind, 4 output unsound, 130 interrupted (docs/troubleshooting.md: each error)
+            kind, 4 output unsound, 130 interrupted, 141 stdout closed early (k3 ... | head:
+            quietly, as a shell's SIGPIPE) (docs/troubleshooting.md: each error)
 `;
+
+/** The exit code when the reader of stdout went away (`k3 run ... | head`): 128 + SIGPIPE,
+ * what a shell reports for a program the closed pipe ended. Nothing is printed. */
+export const EXIT_CLOSED_STDOUT = 141;
+
+/** True for the error a write to a closed pipe gives (EPIPE), however it was wrapped. */
+export function isClosedPipe(e: unknown): boolean {
+  return e instanceof Deno.errors.BrokenPipe || /Broken pipe|os error 32\b|EPIPE/.test(String((e as Error)?.message));
+}
 
 function isDirectory(path: string): boolean {
   try {
@@ -144,6 +158,7 @@ export async function cli(args: string[]): Promise<number> {
     }
     return await command(rest);
   } catch (e) {
+    if (isClosedPipe(e)) return EXIT_CLOSED_STDOUT;
     if (e instanceof K3Error) {
       console.error(`k3: ${e.message}`);
       return e.exitCode;

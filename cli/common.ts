@@ -46,6 +46,10 @@ export function didYouMean(word: string, candidates: Iterable<string>, prefix = 
   return n === undefined ? "" : ` (did you mean ${prefix}${n}?)`;
 }
 
+/** What -ngl and its kin mean on a CPU: the memory budget. */
+const MEMORY_HINT =
+  "k3 runs on the CPU: the memory it uses is --preset NAME (k3 presets), or --trunk-gb and --cache-gb";
+
 /**
  * Flags people bring from llama.cpp and ollama, and what k3 calls them: an unknown one gets
  * this as its suggestion. `-p`, `-n` and `-t` are also k3's own short aliases (of --prompt,
@@ -66,6 +70,13 @@ export const HABITS: Record<string, { flag: string; hint?: string }> = {
   "--file": { flag: "prompt-file" },
   "--system-prompt": { flag: "system" },
   "--num-ctx": { flag: "context" },
+  "-ngl": { flag: "", hint: MEMORY_HINT },
+  "--n-gpu-layers": { flag: "", hint: MEMORY_HINT },
+  "--gpu-layers": { flag: "", hint: MEMORY_HINT },
+  "-cnv": { flag: "", hint: "a conversation is its own command: k3 chat MODEL_DIR" },
+  "--conversation": { flag: "", hint: "a conversation is its own command: k3 chat MODEL_DIR" },
+  "--think": { flag: "no-think" },
+  "--reasoning-budget": { flag: "thinking-effort" },
 };
 
 /** The habit suggestion for an unknown flag `arg` of a command with `flags`, or "". */
@@ -112,7 +123,9 @@ export function parseFlags<T extends ParseArgsConfig["options"]>(
       throw usageError(`${cmd}: unknown option --${long[1]}${hint}; ${help}`);
     }
     if (!long && /^-[^-\d]/.test(a) && !name) {
-      throw usageError(`${cmd}: unknown option ${a}${habitHint(a.slice(0, 2), Object.keys(opts))}; ${help}`);
+      // `-ngl` is llama.cpp's own flag, not -n with "gl": the whole word's habit first.
+      const hint = habitHint(a, Object.keys(opts)) || habitHint(a.slice(0, 2), Object.keys(opts));
+      throw usageError(`${cmd}: unknown option ${a}${hint}; ${help}`);
     }
     // A string flag followed by a negative number: pass it as --flag=-1 so that the value
     // reaches the flag's own range check.

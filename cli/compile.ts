@@ -130,7 +130,7 @@ async function main(args: string[]): Promise<number> {
       console.error(
         `compile: deno compile needs Deno's runtime "denort" ${v}, and downloading it failed (offline?).\n` +
           `  Get denort-${Deno.build.target}.zip for v${v} from a machine with access (Deno's release downloads),\n` +
-          `  unzip it here, and run:  DENORT_BIN=$PWD/denort deno task compile`,
+          `  unzip it here, and run:  DENORT_BIN=$PWD/denort npm run compile`,
       );
       const first = stderr.split("\n").find((l) => /error/i.test(l));
       // deno-lint-ignore no-control-regex

@@ -117,9 +117,10 @@ function checkMemory(f: Findings, positions: number): { name: string; bytes: num
 
 /** Disk: count only what still has to be written. A checkpoint named by --checkpoint, or
  * found at --dir, is already on disk; only its packed trunk is still to come. */
-function checkDisk(f: Findings, o: DoctorOptions): void {
+function checkDisk(f: Findings, o: DoctorOptions, trunkBytes?: number): void {
   const { facts } = f;
   facts.hasCheckpoint = o.checkpoint !== undefined || holdsCheckpoint(o.dir);
+  facts.trunkBytes = trunkBytes;
   try {
     const s = statfsSync(o.dir);
     facts.diskFree = Number(s.bavail) * Number(s.bsize);
@@ -129,7 +130,7 @@ function checkDisk(f: Findings, o: DoctorOptions): void {
         facts.hasCheckpoint
           ? `the checkpoint is already on disk${o.checkpoint ? ` (${o.checkpoint})` : ""}; packing its trunk needs`
           : "the checkpoint and its packed trunk need"
-      } ${fmtBytes(diskNeeded(facts.hasCheckpoint))}`,
+      } ${fmtBytes(diskNeeded(facts.hasCheckpoint, trunkBytes))}`,
     );
   } catch (e) {
     f.line("disk", `cannot read free space at ${o.dir}: ${(e as Error).message}`);
@@ -200,12 +201,11 @@ function verdict(f: Findings, bad: string[], fit: { name: string } | undefined):
   console.log(`\nverdict: this machine can run Kimi K3 with --preset ${preset}${ctx}. Next:`);
   if (!f.facts.hasCheckpoint) {
     console.log(
-      `  download the checkpoint (96 shards, ${
+      `  k3 pull moonshotai/Kimi-K3 MODEL_DIR --pack TRUNK_DIR   (96 shards, ${
         CHECKPOINT_BYTES.toLocaleString("en-US")
-      } bytes) into a directory on this disk, then`,
+      } bytes, on this disk)`,
     );
-  }
-  console.log(`  k3 pack MODEL_DIR TRUNK_DIR`);
+  } else console.log(`  k3 pack MODEL_DIR TRUNK_DIR`);
   console.log(`  k3 run MODEL_DIR --trunk TRUNK_DIR --preset ${preset} --prompt "Hello"`);
   return EXIT.ok;
 }
@@ -221,12 +221,13 @@ export async function main(args: string[]): Promise<number> {
   };
   const k = checkCpu(f);
   const fit = checkMemory(f, o.positions);
-  checkDisk(f, o);
+  // The checkpoint first: its own trunk is what the disk still has to hold.
+  const found = o.checkpoint === undefined ? undefined : await verifyCheckpoint(o.checkpoint);
+  checkDisk(f, o, found?.trunkBytes);
   const diskRate = await checkReads(f, o, k);
   if (k) await codecLine(k, diskRate, f.line);
   const bad = problems(f.facts);
-  if (o.checkpoint !== undefined) {
-    const found = await verifyCheckpoint(o.checkpoint);
+  if (found) {
     found.lines.forEach((l, i) => f.line(i === 0 ? "model" : "", l));
     bad.push(...found.problems);
   }

@@ -25,6 +25,8 @@ export interface Terminal {
   write(text: string): void;
   /** Raw mode on or off. */
   setRaw(on: boolean): void;
+  /** The terminal's width in columns (default 80), for input that wraps. */
+  columns?(): number;
 }
 
 /** The process's own terminal (stdin keys, stdout echo). */
@@ -44,7 +46,43 @@ export function stdinTerminal(): Terminal {
     setRaw(on) {
       Deno.stdin.setRaw(on);
     },
+    columns() {
+      try {
+        return Deno.consoleSize().columns;
+      } catch {
+        return 80;
+      }
+    },
   };
+}
+
+/**
+ * The escape text that redraws `prompt` + `text` with the cursor at `cursor` (an index into
+ * `text`'s characters), on a terminal `cols` wide whose cursor is now `row` rows below the
+ * prompt's first row; and the row the cursor ends on. Input longer than a row wraps: the
+ * redraw goes up to the first row, rewrites every row and clears what is below, so no
+ * copy of a row is left behind. (One column per character: wide characters are not measured.)
+ */
+export function redraw(
+  prompt: string,
+  text: string[],
+  cursor: number,
+  cols: number,
+  row: number,
+): { out: string; row: number } {
+  // deno-lint-ignore no-control-regex
+  const promptWidth = [...prompt.replace(/\x1b\[[0-9;]*m/g, "")].length;
+  const total = promptWidth + text.length;
+  let out = `${row > 0 ? `\x1b[${row}A` : ""}\r${prompt}${text.join("")}`;
+  // At an exact multiple of the width the cursor waits past the last column: a newline
+  // puts it where the end is, the start of the next row.
+  if (total > 0 && total % cols === 0) out += "\r\n";
+  out += "\x1b[J";
+  const end = Math.floor(total / cols), at = promptWidth + cursor;
+  const target = Math.floor(at / cols), col = at % cols;
+  if (end > target) out += `\x1b[${end - target}A`;
+  if (end > target || col !== total % cols) out += `\r${col > 0 ? `\x1b[${col}C` : ""}`;
+  return { out, row: target };
 }
 
 /** The most entries kept in the history file. */
@@ -133,9 +171,16 @@ export class LineEditor {
 
   async #read(prompt: string): Promise<LineResult> {
     let line: string[] = [], cursor = 0, index = this.history.length, draft: string[] = [];
+    let row = 0; // rows between the prompt's first row and the cursor (input that wraps)
     const render = () => {
-      const back = line.length - cursor;
-      this.term.write(`\r${prompt}${line.join("")}\x1b[K${back > 0 ? `\x1b[${back}D` : ""}`);
+      const r = redraw(prompt, line, cursor, Math.max(1, this.term.columns?.() ?? 80), row);
+      row = r.row;
+      this.term.write(r.out);
+    };
+    // Before leaving the line, the cursor goes to its end, so what follows starts below it.
+    const toEnd = () => {
+      cursor = line.length;
+      render();
     };
     const recall = (to: number) => {
       if (to < 0 || to > this.history.length) return;
@@ -148,15 +193,18 @@ export class LineEditor {
     for (;;) {
       const b = await this.#byte();
       if (b === null) {
+        toEnd();
         this.term.write("\r\n");
         return line.length ? { kind: "line", text: line.join("") } : { kind: "eof" };
       }
       switch (b) {
         case Key.Enter:
         case 10:
+          toEnd();
           this.term.write("\r\n");
           return { kind: "line", text: line.join("") };
         case Key.CtrlC:
+          toEnd();
           this.term.write("^C\r\n");
           return { kind: "interrupt" };
         case Key.CtrlD:
@@ -205,6 +253,7 @@ export class LineEditor {
           break;
         case Key.CtrlL:
           this.term.write("\x1b[2J\x1b[H");
+          row = 0;
           break;
         case Key.Esc:
           await this.#escape({

@@ -26,6 +26,11 @@ export function setProgressEnabled(on: boolean | undefined): void {
   enabledOverride = on;
 }
 
+/** Whether progress lines are on (forced, or stderr is a terminal). */
+export function isProgressEnabled(): boolean {
+  return enabled();
+}
+
 function enabled(): boolean {
   if (enabledOverride !== undefined) return enabledOverride;
   try {
@@ -310,4 +315,28 @@ export function outputMode(
     stepTable: v === "verbose" || (v === "normal" && !where.stderr),
     color: when === "always" || (when === "auto" && where.stdout && !noColor),
   };
+}
+
+/** Bytes as "1.56 TB", "113.5 GB", "3.1 MB" (decimal units, as disks are sold). */
+export function fmtSize(n: number): string {
+  if (Math.abs(n) >= 1e12) return `${(n / 1e12).toFixed(2)} TB`;
+  if (Math.abs(n) >= 1e9) return `${(n / 1e9).toFixed(1)} GB`;
+  if (Math.abs(n) >= 1e6) return `${(n / 1e6).toFixed(1)} MB`;
+  if (Math.abs(n) >= 1e3) return `${(n / 1e3).toFixed(1)} kB`;
+  return `${n} B`;
+}
+
+/**
+ * One line of a byte transfer: `label: done / total (pct), rate, ETA`. `rate` is bytes a
+ * second over the network (undefined or 0 before there is one); the ETA is what is left at
+ * that rate.
+ */
+export function transferLine(label: string, done: number, total: number, rate?: number): string {
+  const pct = total > 0 ? (100 * done) / total : 100;
+  const parts = [`${label}: ${fmtSize(done)} / ${fmtSize(total)} (${pct.toFixed(pct < 10 ? 1 : 0)}%)`];
+  if (rate && rate > 0) {
+    parts.push(`${fmtSize(rate)}/s`);
+    if (done < total) parts.push(`ETA ${fmtDuration((total - done) / rate)}`);
+  }
+  return parts.join(", ");
 }

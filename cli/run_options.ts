@@ -47,19 +47,38 @@ export type PromptSource = { kind: "ids"; text: string } | { kind: "text"; text:
   path: string;
 };
 
-/** The prompt flags, checked for exactly one. */
-export function promptSource(values: Record<string, unknown>): PromptSource {
+/** The prompt flags, checked for exactly one; with none, text piped to stdin (`stdin`, for tests). */
+export function promptSource(
+  values: Record<string, unknown>,
+  stdin: () => string | undefined = pipedStdin,
+): PromptSource {
   const given = (["prompt", "prompt-file", "ids"] as const).filter((k) => values[k] !== undefined);
+  if (given.length === 0) {
+    // `echo text | k3 run MODEL`: piped text is the prompt when no flag names one.
+    const text = stdin();
+    if (text) return { kind: "text", text };
+  }
   if (given.length !== 1) {
     throw usageError(
       given.length === 0
-        ? "a prompt is required: one of --prompt, --prompt-file, --ids (text on stdin: --prompt-file -)"
+        ? "a prompt is required: one of --prompt, --prompt-file, --ids, or text piped to stdin"
         : `only one prompt source is allowed, got ${given.map((g) => "--" + g).join(" and ")}`,
     );
   }
   if (values.ids !== undefined) return { kind: "ids", text: values.ids as string };
   if (values.prompt !== undefined) return { kind: "text", text: values.prompt as string };
   return { kind: "file", path: values["prompt-file"] as string };
+}
+
+/** The text piped to stdin (read now, before the model loads), or undefined on a terminal. */
+function pipedStdin(): string | undefined {
+  try {
+    if (Deno.stdin.isTerminal()) return undefined;
+  } catch {
+    return undefined;
+  }
+  const bytes = readInput("-", { what: "stdin", maxBytes: MAX_PROMPT_FILE, allowStdin: true, exitCode: EXIT.usage });
+  return decodeUtf8Strict(bytes, "stdin");
 }
 
 /** The tokenizer directory: --tok, else the model dir when it holds tiktoken.model. */

@@ -16,6 +16,7 @@
  * @module
  */
 
+import { statfsSync } from "node:fs";
 import { configFingerprint, loadConfig } from "../engine/model/config.ts";
 import { EXIT, K3Error } from "../engine/errors.ts";
 import { isRegularFile, specialKind, writeFailure, writeFileDurable } from "../engine/native/files.ts";
@@ -79,11 +80,38 @@ async function exists(path: string): Promise<boolean> {
   }
 }
 
-/** Packs the trunk of `modelDir` into `trunkDir`. */
+/**
+ * Packs the trunk of `modelDir` into `trunkDir`. A trunk directory this call created is
+ * removed again when the pack fails (left empty, it would look like a trunk to come).
+ */
 export async function packTrunk(
   modelDir: string,
   trunkDir: string,
   opts: PackOptions = {},
+): Promise<PackResult> {
+  const existed = await exists(trunkDir);
+  try {
+    return await packInto(modelDir, trunkDir, opts);
+  } catch (e) {
+    if (!existed) await Deno.remove(trunkDir).catch(() => {}); // only when empty
+    throw e;
+  }
+}
+
+/** Free bytes on the filesystem of `dir`, or undefined when it cannot be read. */
+function freeBytes(dir: string): number | undefined {
+  try {
+    const s = statfsSync(dir);
+    return Number(s.bavail) * Number(s.bsize);
+  } catch {
+    return undefined;
+  }
+}
+
+async function packInto(
+  modelDir: string,
+  trunkDir: string,
+  opts: PackOptions,
 ): Promise<PackResult> {
   const log = opts.log === undefined ? (s: string) => console.error(s) : opts.log ?? (() => {});
   const stage = opts.stageBytes ?? 64 * 1024 * 1024;
@@ -148,6 +176,15 @@ export async function packTrunk(
       }
     }
 
+    // A full disk is found now, not hours in (the raw size bounds a coded trunk's).
+    const free = freeBytes(trunkDir);
+    if (free !== undefined && free < layout.bytes) {
+      throw new K3Error(
+        `pack: the trunk needs ${(layout.bytes / 1e9).toFixed(3)} GB in ${trunkDir}, its disk has ${
+          (free / 1e9).toFixed(3)
+        } GB free; free space or choose another directory (nothing was written)`,
+      );
+    }
     const k = kernels();
     const codec = opts.codec === "auto" ? await chooseCodec(k, ckpt.shards[0], log) : opts.codec ?? "raw";
     const t0 = performance.now();

@@ -92,7 +92,10 @@ Commands: /help, /reset (start over), /save FILE (the history as JSONL, and the 
 FILE.k3state with --state), /exit.`,
   groups: [
     CONVERSATION_GROUP,
-    samplingGroup("default: temperature 1.0, top-p 0.95, the vendor's guidance"),
+    samplingGroup(
+      "default: temperature 1.0, top-p 0.95, the vendor's guidance",
+      "a fresh one per session, printed at the start",
+    ),
     MODEL_GROUP,
     MEMORY_GROUP,
     TERMINAL_GROUP,
@@ -171,7 +174,8 @@ export function chatOptions(args: string[]): ChatOptions | undefined {
     effort,
     gen,
     context,
-    sampling: samplingOptions(values, DEFAULTS.chat.sampling),
+    // A fresh seed per session (printed, so a reply can be repeated with --seed).
+    sampling: samplingOptions(values, { ...DEFAULTS.chat.sampling, seed: freshSeed() }),
     stops: stopStrings(flags.list("stop")),
     system: flags.str("system"),
     history: flags.str("history"),
@@ -186,4 +190,9 @@ export function chatOptions(args: string[]): ChatOptions | undefined {
     model,
     memory: memoryOptions(tokens),
   };
+}
+
+/** A random seed for a chat session without --seed (32 bits, as the generator is seeded). */
+export function freshSeed(): number {
+  return crypto.getRandomValues(new Uint32Array(1))[0];
 }

@@ -9,9 +9,12 @@ import { LineEditor, type LineResult, readMessage, stdinTerminal } from "../line
 import { EXIT_INTERRUPTED, writeStdout } from "../interrupt.ts";
 import { saveConversation } from "./conversation.ts";
 import { type ChatSession, takeTurn } from "./turn.ts";
+import { loadCommand, setCommand, SETTINGS_HELP, showCommand } from "./settings.ts";
+import { K3Error } from "../../engine/errors.ts";
 
 /** The REPL's /help. */
 const REPL_HELP = `commands: /help  /reset (start over)  /save FILE  /exit (or Ctrl-D)
+${SETTINGS_HELP}
 several lines: start with """ and end with """, or end a line with \\
 keys: left/right, Home/End, Ctrl-A/E, Ctrl-K/U/W, up/down (history); Ctrl-C stops a reply`;
 
@@ -49,7 +52,16 @@ async function command(s: ChatSession, line: string): Promise<boolean> {
   const trimmed = line.trim();
   if (trimmed === "/help" || trimmed === "/?") {
     writeStdout(REPL_HELP + "\n");
-  } else if (trimmed === "/reset") {
+  } else if (/^\/(set|show|load)(\s|$)/.test(trimmed)) {
+    const [name] = trimmed.split(/\s/, 1), args = trimmed.slice(name.length).trim();
+    try {
+      if (name === "/show") writeStdout(showCommand(s, args) + "\n");
+      else console.error(`k3: chat: ${name === "/set" ? setCommand(s, args) : await loadCommand(s, args)}`);
+    } catch (e) {
+      if (!(e instanceof K3Error)) throw e;
+      console.error(`k3: chat: ${e.message}`);
+    }
+  } else if (trimmed === "/reset" || trimmed === "/clear") {
     s.conv.reset();
     console.error("k3: chat: conversation reset");
   } else if (line.startsWith("/save")) {
@@ -66,7 +78,9 @@ async function command(s: ChatSession, line: string): Promise<boolean> {
       console.error(`k3: chat: /save: ${(e as Error).message}`);
     }
   } else if (line.startsWith("/")) {
-    console.error(`k3: chat: unknown command ${line.split(/\s/, 1)[0]} (/help, /reset, /save FILE, /exit)`);
+    console.error(
+      `k3: chat: unknown command ${line.split(/\s/, 1)[0]} (/help, /set, /show, /clear, /load FILE, /save FILE, /exit)`,
+    );
   } else return false;
   return true;
 }

@@ -10,6 +10,7 @@ import { fmtBytes } from "../common.ts";
 import { releasedPlan } from "../presets.ts";
 import { defaultLibraryPath } from "../../engine/native/ffi.ts";
 import { cpuFlags } from "../../engine/native/libpath.ts";
+import { readSmallFile } from "../../engine/native/io.ts";
 
 /** The real checkpoint: 96 shards. */
 export const CHECKPOINT_BYTES = 1_560_936_091_448;
@@ -36,6 +37,8 @@ export interface Facts {
   minNeed?: number;
   /** Free bytes on the disk measured. */
   diskFree?: number;
+  /** The trunk still to pack: the checkpoint's own (doctor --checkpoint), else the released one's. */
+  trunkBytes?: number;
   /** --dir already holds a checkpoint (model.safetensors.index.json). */
   hasCheckpoint: boolean;
   /** Why the kernel library could not be loaded, if it could not. */
@@ -71,9 +74,10 @@ export function holdsCheckpoint(dir: string): boolean {
   return false;
 }
 
-/** Bytes of disk the model still needs at --dir. */
-export function diskNeeded(hasCheckpoint: boolean): number {
-  return (hasCheckpoint ? 0 : CHECKPOINT_BYTES) + TRUNK_BYTES;
+/** Bytes of disk the model still needs at --dir: the checkpoint unless it is there, and its
+ * trunk (`trunkBytes`: the checkpoint's own, from doctor --checkpoint; default the released one). */
+export function diskNeeded(hasCheckpoint: boolean, trunkBytes = TRUNK_BYTES): number {
+  return (hasCheckpoint ? 0 : CHECKPOINT_BYTES) + trunkBytes;
 }
 
 /** Reasons the model cannot run here at all (empty: it can). */
@@ -89,11 +93,11 @@ export function problems(f: Facts): string[] {
       }`,
     );
   }
-  if (f.diskFree !== undefined && f.diskFree < diskNeeded(f.hasCheckpoint)) {
+  if (f.diskFree !== undefined && f.diskFree < diskNeeded(f.hasCheckpoint, f.trunkBytes)) {
     out.push(
       `${fmtBytes(f.diskFree)} free on the disk of --dir; ` +
         (f.hasCheckpoint
-          ? `packing the trunk needs ${fmtBytes(TRUNK_BYTES)}`
+          ? `packing the trunk needs ${fmtBytes(f.trunkBytes ?? TRUNK_BYTES)}`
           : `the checkpoint (${fmtBytes(CHECKPOINT_BYTES)}) and its packed trunk (${fmtBytes(TRUNK_BYTES)}) need ${
             fmtBytes(diskNeeded(false))
           }`),
@@ -113,14 +117,27 @@ export function memTotal(): number | undefined {
 
 /** CPU model and the feature flags the kernels care about. */
 export function cpuInfo(): { model: string; flags: Set<string> } {
-  try {
-    const t = Deno.readTextFileSync("/proc/cpuinfo");
+  const t = procCpuinfo();
+  if (t !== undefined) {
     const model = t.match(/^(?:model name|Model|Hardware)\s*:\s*(.+)$/m)?.[1] ?? "unknown";
     const flags = new Set((t.match(/^(?:flags|Features)\s*:\s*(.+)$/m)?.[1] ?? "").split(/\s+/));
     return { model, flags };
+  }
+  // No /proc/cpuinfo at all: ask the kernel library instead (cpuid).
+  const flags = cpuFlags(() => defaultLibraryPath());
+  return { model: `${Deno.build.arch} (model unknown: no /proc/cpuinfo)`, flags };
+}
+
+/** /proc/cpuinfo's text: the runtime reads /proc only with --allow-all, so under k3's own
+ * permissions the kernel library reads it (k3io_read_small). */
+function procCpuinfo(): string | undefined {
+  try {
+    return Deno.readTextFileSync("/proc/cpuinfo");
   } catch {
-    // Deno reads /proc only with --allow-all: ask the kernel library instead (cpuid).
-    const flags = cpuFlags(() => defaultLibraryPath());
-    return { model: `${Deno.build.arch} (model unknown: /proc/cpuinfo needs --allow-all)`, flags };
+    try {
+      return readSmallFile("/proc/cpuinfo", 1 << 22);
+    } catch {
+      return undefined; // no kernel library either
+    }
   }
 }

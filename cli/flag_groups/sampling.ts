@@ -10,8 +10,9 @@ import type { FlagGroup } from "../flags.ts";
 import { intFlag, numFlag } from "../common.ts";
 import { DEFAULTS, resolveSampling } from "../request.ts";
 
-/** The sampling group; `dflt` says what applies without the flags (it differs by command). */
-export function samplingGroup(dflt: string): FlagGroup {
+/** The sampling group; `dflt` says what applies without the flags (it differs by command),
+ * `seedDefault` the seed without --seed. */
+export function samplingGroup(dflt: string, seedDefault = "0"): FlagGroup {
   return {
     name: "sampling",
     title: `sampling (${dflt}; engine/generate/sampling.ts documents the arithmetic)`,
@@ -28,7 +29,11 @@ export function samplingGroup(dflt: string): FlagGroup {
       },
       "top-k": { type: "string", value: "K", help: "keep the K most likely tokens (0 = off)" },
       "min-p": { type: "string", value: "P", help: "drop tokens less likely than P times the most likely (0 = off)" },
-      seed: { type: "string", value: "N", help: "seed of the generator (xoshiro128**, one per sequence; default 0)" },
+      seed: {
+        type: "string",
+        value: "N",
+        help: `seed of the generator (xoshiro128**, one per sequence; default ${seedDefault})`,
+      },
     },
   };
 }

@@ -85,7 +85,7 @@ export const RUN_FLAGS: CommandFlags = commandFlags({
   name: "run",
   head: `usage: k3 run <model_dir> (--prompt TEXT | --prompt-file PATH | --ids 1,2,3) [options]
 
-Generation from one prompt. The text goes to stdout as tokens arrive (the ids, without a
+Generation from one prompt (with no prompt flag, the text piped to stdin). The text goes to stdout as tokens arrive (the ids, without a
 tokenizer); the plan, progress and the summary go to stderr, and the per-step table too
 when stderr is not a terminal (or with --verbose). Ctrl-C (SIGINT) or SIGTERM stops
 cleanly: what was generated is printed, --out is written with finish_reason
@@ -106,7 +106,7 @@ cleanly: what was generated is printed, --out is written with finish_reason
   tail: `examples:
   k3 run tests/fixtures/tiny --prompt "Once upon a time" --gen 8
   k3 run tests/fixtures/tiny -p "Once upon a time" -n 32 --temperature 0.8 --seed 7
-  echo "Once upon a time" | k3 run tests/fixtures/tiny --prompt-file - --quiet
+  echo "Once upon a time" | k3 run tests/fixtures/tiny --quiet
   k3 run tests/fixtures/tiny --ids 5,17,300 --gen 20 --out report.json
   k3 run /data/kimi-k3 --trunk /data/k3-trunk --preset laptop --prompt-file q.txt`,
 });

@@ -66,7 +66,7 @@ export async function reportRun(
   );
   if (result.draft && result.draft.passes > 0) {
     const d = result.draft;
-    console.error(
+    info(
       `k3: speculation (${o.draft}): ${d.accepted} of ${d.drafted} draft tokens accepted over ${d.passes} ${
         plural(d.passes, "pass", "passes")
       } (${(d.accepted / d.passes).toFixed(2)} per drafted pass)` +

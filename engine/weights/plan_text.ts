@@ -75,19 +75,23 @@ export function formatPlan(p: MemoryPlan): string[] {
       c.bytes,
       c.bytes === 0
         ? "off (--state-cache-gb 0)"
-        : `kept conversation states: KDA ${bytesText(c.fixedBytes)} + KV ${bytesText(c.perPosition)}/position each (${
+        : `a ceiling, filled as conversations are kept (not allocated up front): kept conversation states: KDA ${
+          bytesText(c.fixedBytes)
+        } + KV ${bytesText(c.perPosition)}/position each (${
           c.source === "flag"
             ? "--state-cache-gb"
             : `default: what the plan leaves less 10%, at most ${bytesText(STATE_CACHE_DEFAULT_CAP)}`
         })`,
     );
   }
+  // The state cache is a ceiling: what is allocated at the start is the rest.
+  const ceiling = p.stateCache?.bytes ?? 0;
   row(
-    "total",
-    p.totalBytes,
+    ceiling > 0 ? "allocated" : "total",
+    p.totalBytes - ceiling,
     `+ ${bytesText(p.overheadBytes)} fixed runtime overhead${
-      p.availableBytes !== null ? `; ${bytesText(p.availableBytes)} available` : ""
-    }`,
+      ceiling > 0 ? `; up to ${bytesText(p.totalBytes)} with the state cache full` : ""
+    }${p.availableBytes !== null ? `; ${bytesText(p.availableBytes)} available` : ""}`,
   );
   if (p.prediction) lines.push(`  ${predictionText(p.prediction)}`);
   if (p.mode === "streamed") lines.push(`  ${prefillText(p.prefill)}`);

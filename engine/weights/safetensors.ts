@@ -10,7 +10,7 @@
  */
 
 import { K3Error } from "../errors.ts";
-import { requireRegular } from "../native/files.ts";
+import { isRegularFile, requireRegular } from "../native/files.ts";
 import type { Kernels } from "../native/ffi.ts";
 import { alignDown, alignUp, IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
@@ -123,7 +123,12 @@ export function parseShardHeader(file: string, bytes: Uint8Array, fileSize: numb
       }
       const [begin, end] = offs as number[];
       if (end < begin) bad(`data_offsets end ${end} before begin ${begin}`);
-      if (end > dataSize) bad(`data_offsets [${begin}, ${end}) run past the end of the file (${dataSize} data bytes)`);
+      if (end > dataSize) {
+        fail(
+          `shorter than its header says: ${fileSize} bytes, but tensor ${name} ends at byte ${dataStart + end} ` +
+            `(data_offsets [${begin}, ${end}) run past the end of the file); an incomplete download? fetch it again (k3 pull)`,
+        );
+      }
       const numel = (shape as number[]).reduce((a, b) => a * b, 1);
       const want = numel * DTYPE_BYTES[e.dtype as string];
       if (end - begin !== want) bad(`holds ${end - begin} bytes but ${e.dtype} ${JSON.stringify(shape)} needs ${want}`);
@@ -231,8 +236,25 @@ export class Checkpoint {
   /** The tensor's info, or a K3Error naming what is missing. */
   get(name: string): TensorInfo {
     const t = this.tensors.get(name);
-    if (!t) throw new K3Error(`${this.dir}: missing tensor ${name}`);
+    if (!t) throw new K3Error(`${this.dir}: missing tensor ${name}${this.#whereIndexed(name)}`);
     return t;
+  }
+
+  /** Where model.safetensors.index.json puts a missing tensor, as the end of the message. */
+  #whereIndexed(name: string): string {
+    const index = `${this.dir}/model.safetensors.index.json`;
+    if (!isRegularFile(index)) return "";
+    let shard: unknown;
+    try {
+      shard = JSON.parse(Deno.readTextFileSync(index))?.weight_map?.[name];
+    } catch {
+      return "";
+    }
+    if (typeof shard !== "string") return "";
+    const there = this.shards.some((f) => f.endsWith(`/${shard}`));
+    return there
+      ? ` (model.safetensors.index.json puts it in ${shard}, which does not hold it: fetch that shard again with k3 pull)`
+      : ` (model.safetensors.index.json puts it in ${shard}, which is missing: fetch it with k3 pull)`;
   }
 
   /** True when the checkpoint has a tensor `name`. */

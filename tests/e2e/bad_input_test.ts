@@ -14,7 +14,22 @@ Deno.test("truncated shard: exit 1 naming the file", async () => {
     const size = (await Deno.stat(file)).size;
     await Deno.truncate(file, size - 1000);
   });
-  assertRefused(out, 1, /model-00002-of-00003\.safetensors: tensor .* past the end of the file/);
+  assertRefused(
+    out,
+    1,
+    /model-00002-of-00003\.safetensors: shorter than its header says: .* fetch it again \(k3 pull\)/,
+  );
+});
+
+Deno.test("missing shard: the missing tensor names the shard the index puts it in", async () => {
+  const out = await runDamaged(async (dir) => {
+    await Deno.remove((await shards(dir))[2]);
+  });
+  assertRefused(
+    out,
+    1,
+    /missing tensor .* \(model\.safetensors\.index\.json puts it in model-00003-of-00003\.safetensors, which is missing: fetch it with k3 pull\)/,
+  );
 });
 
 Deno.test("header pointing past the end of the file: exit 1 naming file and tensor", async () => {

@@ -243,7 +243,7 @@ Deno.test("deno task compile without denort: a clear message naming DENORT_BIN, 
   assert.equal(res.code, 1, res.stderr);
   assert.match(
     res.stderr,
-    /deno compile needs Deno's runtime "denort" \d+\.\d+\.\d+.*\n.*\n.*DENORT_BIN=\$PWD\/denort deno task compile/,
+    /deno compile needs Deno's runtime "denort" \d+\.\d+\.\d+.*\n.*\n.*DENORT_BIN=\$PWD\/denort npm run compile/,
   );
   const bad = await compileTask(`${dir.path}/k3`, { DENORT_BIN: `${dir.path}/nope` });
   assert.equal(bad.code, 1);

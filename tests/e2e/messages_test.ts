@@ -28,7 +28,8 @@ Deno.test("habits: aliases run, other llama.cpp/ollama flags are named as k3 cal
   await fails(["run", TINY, "-p", "hi", "--ctx-size", "64"], 2, /--ctx-size \(k3 calls it --context\)/);
   await fails(["run", "-m", TINY, "-p", "hi"], 2, /the model directory is the first argument/);
   await fails(["run", TINY, "Hello"], 2, /to give it as the prompt: k3 run \S+ --prompt "Hello"/);
-  await fails(["run", TINY], 2, /--prompt-file -/, "piped text\n");
+  // No prompt flag and nothing piped: what to give (piped text would be the prompt).
+  await fails(["run", TINY], 2, /a prompt is required: .* or text piped to stdin/, "");
   await fails(["run", TINY, "-p", "hi", "-n", "8", "--context", "4"], 2, /needs \d+ positions .*raise --context/);
   const ctx = await k3(["run", TINY, "-p", "hi", "-n", "2", "--context", "64"]);
   assert.equal(ctx.code, 0, ctx.stderr);

@@ -219,3 +219,25 @@ Deno.test("a damaged or foreign trunk is refused with exit 1: flipped byte, trun
   await Deno.writeTextFile(`${partial}/${MANIFEST_FILE}`, '{"format":"k3-trunk","version":99}');
   await assertRejectsLast(run(partial), 1, /version 99/);
 });
+
+Deno.test("pack: a disk too small is refused before the first byte, and no empty trunk directory is left", async () => {
+  await using tmp = await tempDir();
+  const mount = await new Deno.Command("mount", { args: ["-t", "tmpfs", "-o", "size=256k", "tmpfs", tmp.path] })
+    .output();
+  if (mount.code !== 0) {
+    console.error("pack_test: tmpfs mount failed (not root?); the free-space refusal is not checked here");
+    return;
+  }
+  try {
+    const trunk = `${tmp.path}/trunk`;
+    const out = await k3(["pack", TINY, trunk]);
+    assert.equal(out.code, 1, out.stderr);
+    assert.match(
+      out.stderr,
+      /^k3: pack: the trunk needs [\d.]+ GB in \S+\/trunk, its disk has 0\.000 GB free; free space or choose another directory \(nothing was written\)$/m,
+    );
+    assert.throws(() => Deno.statSync(trunk), Deno.errors.NotFound);
+  } finally {
+    await new Deno.Command("umount", { args: [tmp.path] }).output();
+  }
+});

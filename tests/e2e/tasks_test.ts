@@ -87,6 +87,10 @@ Deno.test("deno task bundle: dist/k3.js alone in an empty directory runs the tin
   ]);
   assert.equal(build.code, 0, build.stderr);
   assert.match(build.stderr, /libk3\.so.*and the worker embedded; --version prints k3 /);
+  // Its hint names a Deno that exists after `npm ci` alone (no `deno` on PATH then).
+  const launcher = build.stderr.match(/run it: (\S+) run /)?.[1] ?? "";
+  assert.equal(launcher, "tools/deno");
+  assert.ok(Deno.statSync(`${ROOT}/${launcher}`).isFile);
   // Alone: nothing beside it, run from yet another directory, narrow permissions, a fresh
   // cache for the extracted library, no K3_LIB.
   await Deno.mkdir(`${dir.path}/alone`);

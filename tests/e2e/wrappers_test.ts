@@ -75,3 +75,18 @@ for (
     });
   }
 }
+
+Deno.test("tools/k3 linked onto PATH runs this checkout with only the npm Deno (no deno on PATH)", async () => {
+  const bin = await Deno.makeTempDir();
+  try {
+    await Deno.symlink(`${ROOT}/tools/k3`, `${bin}/k3`);
+    const env = { PATH: `${bin}:${PATH_NO_NPM_DENO}` };
+    const which = await runCmd("sh", ["-c", "command -v deno || echo none"], { env });
+    assert.equal(which.stdout.trim(), "none", "no deno on this PATH");
+    const out = await runCmd("k3", ["run", TINY, "--prompt", "Hello", "--gen", "2", "--quiet"], { env, cwd: bin });
+    assert.equal(out.code, 0, out.stderr);
+    assert.ok(out.stdout.length > 0);
+  } finally {
+    await Deno.remove(bin, { recursive: true });
+  }
+});

@@ -13,6 +13,7 @@ import { CHAT_FLAGS } from "../../cli/chat/options.ts";
 import { BATCH_FLAGS } from "../../cli/batch/options.ts";
 import { SERVE_FLAGS } from "../../cli/serve/options.ts";
 import { PACK_FLAGS } from "../../cli/pack.ts";
+import { PULL_FLAGS } from "../../cli/pull/main.ts";
 import { main as tokenizeMain, TOKENIZE_FLAGS } from "../../cli/tokenize.ts";
 import { DETOKENIZE_FLAGS, main as detokenizeMain } from "../../cli/detokenize.ts";
 import { DOCTOR_FLAGS } from "../../cli/doctor/options.ts";
@@ -28,6 +29,7 @@ const COMMANDS: Record<string, CommandFlags> = {
   batch: BATCH_FLAGS,
   serve: SERVE_FLAGS,
   pack: PACK_FLAGS,
+  pull: PULL_FLAGS,
   tokenize: TOKENIZE_FLAGS,
   detokenize: DETOKENIZE_FLAGS,
   doctor: DOCTOR_FLAGS,
@@ -149,6 +151,11 @@ Deno.test("flags: a typo names the nearest flag; a llama.cpp habit names k3's", 
   assert.throws(() => RUN_FLAGS.parse(["--promt", "x"]), /unknown option --promt \(did you mean --prompt\?\)/);
   assert.throws(() => CHAT_FLAGS.parse(["--temp", "1"]), /unknown option --temp \(k3 calls it --temperature\)/);
   assert.throws(() => SERVE_FLAGS.parse(["--ctx-size", "8"]), /k3 calls it --context/);
+  // llama.cpp's -ngl is a memory question on a CPU, not -n (--gen); -cnv is k3 chat; --think=false is --no-think.
+  assert.throws(() => RUN_FLAGS.parse(["-ngl", "99"]), /unknown option -ngl \(k3 runs on the CPU: .*--trunk-gb/);
+  assert.throws(() => SERVE_FLAGS.parse(["--n-gpu-layers", "99"]), /--preset NAME .*--cache-gb/);
+  assert.throws(() => RUN_FLAGS.parse(["-cnv"]), /unknown option -cnv \(a conversation is its own command: k3 chat/);
+  assert.throws(() => CHAT_FLAGS.parse(["--think=false"]), /unknown option --think \(k3 calls it --no-think\)/);
 });
 
 Deno.test("flags: across every command no flag is declared twice, and a group name is one set of flags", () => {

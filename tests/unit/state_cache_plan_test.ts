@@ -3,6 +3,7 @@
 import assert from "node:assert/strict";
 import { estimatedInput, makePlan } from "../../engine/weights/plan.ts";
 import { formatPlan } from "../../engine/weights/plan_text.ts";
+import { bytesText } from "../../engine/native/available.ts";
 import { releasedK3 } from "../../engine/model/shapes.ts";
 import { STATE_CACHE_DEFAULT_CAP, stateCacheDefault } from "../../engine/weights/plan_state.ts";
 
@@ -21,8 +22,22 @@ Deno.test("plan: --state-cache-gb is planned and counted in the total", () => {
   assert.equal(p.stateCache!.bytes, 2.5e9);
   assert.equal(p.totalBytes, base.totalBytes + 2.5e9);
   assert.equal(p.stateCache!.perPosition, 55296);
-  assert.match(formatPlan(p).join("\n"), /state cache +2\.50 GB +kept conversation states: KDA 464\.6 MB/);
+  assert.match(
+    formatPlan(p).join("\n"),
+    /state cache +2\.50 GB +a ceiling, filled as conversations are kept \(not allocated up front\): kept conversation states: KDA 464\.6 MB/,
+  );
   assert.match(formatPlan(makePlan({ ...floor, stateCache: { gb: 0 } })).join("\n"), /state cache .*off/);
+  // The total apart from the ceiling: what is allocated at the start, then what it may grow to.
+  const allocated = formatPlan(p).find((l) => l.trimStart().startsWith("allocated")) ?? "";
+  assert.match(
+    allocated,
+    new RegExp(
+      `allocated +${bytesText(base.totalBytes).replace(".", "\\.")} +\\+ .*; up to ${
+        bytesText(p.totalBytes).replace(".", "\\.")
+      } with the state cache full`,
+    ),
+  );
+  assert.ok(!formatPlan(p).some((l) => l.trimStart().startsWith("total")));
 });
 
 Deno.test("plan: the default is what the plan leaves after trunk, experts and state, less 10%, at most the cap", () => {
