@@ -11,12 +11,14 @@ const $ = (id) => document.getElementById(id);
 const STORE = "k3.conversations";
 const SETTINGS = "k3.settings";
 const KEY = "k3.apiKey";
+const CURRENT = "k3.current";
 const SETTING_IDS = ["system", "thinking", "effort", "temperature", "top_p", "top_k", "max_tokens", "seed", "tools"]
   .concat(["tool_choice", "schema"]);
 
 /** { id, title, messages: [{ role, content, reasoning?, tool_calls?, usage?, finish?, error? }] }[] */
 let conversations = load(STORE, []);
-let current = conversations[0]?.id ?? newConversation().id;
+let current = conversations.find((c) => c.id === localStorage.getItem(CURRENT))?.id ?? conversations[0]?.id ??
+  newConversation().id;
 /** The reply being generated: its AbortController. */
 let generation = null;
 
@@ -30,6 +32,7 @@ function load(key, fallback) {
 
 function save() {
   localStorage.setItem(STORE, JSON.stringify(conversations));
+  if (current) localStorage.setItem(CURRENT, current);
 }
 
 function newConversation() {
@@ -39,7 +42,6 @@ function newConversation() {
     messages: [],
   };
   conversations.unshift(c);
-  save();
   return c;
 }
 
@@ -359,6 +361,7 @@ function wire() {
   $("new-chat").addEventListener("click", () => {
     if (generation) return;
     current = newConversation().id;
+    save();
     renderAll();
     $("prompt").focus();
   });
@@ -372,12 +375,14 @@ function wire() {
   $("conversations").addEventListener("change", (e) => {
     if (generation) return;
     current = e.target.value;
+    save();
     renderAll();
   });
   $("settings").addEventListener("change", () => localStorage.setItem(SETTINGS, JSON.stringify(readSettings())));
 }
 
 async function main() {
+  save();
   restoreSettings();
   wire();
   renderAll();

@@ -9,7 +9,13 @@ const SVG = "http://www.w3.org/2000/svg";
 const PASSES_SHOWN = 60;
 
 const $ = (id) => document.getElementById(id);
-const gb = (bytes) => (bytes / 1e9).toFixed(bytes >= 1e10 ? 0 : 2);
+/** Bytes in the unit that reads best (GB = 1e9 bytes, as k3's plan prints them). */
+const size = (bytes) =>
+  bytes >= 1e9
+    ? `${(bytes / 1e9).toFixed(bytes >= 1e10 ? 0 : 2)} GB`
+    : bytes >= 1e6
+    ? `${(bytes / 1e6).toFixed(1)} MB`
+    : `${(bytes / 1e3).toFixed(1)} kB`;
 const ms = (seconds) => (seconds * 1000).toFixed(1);
 
 function svgRect(attrs, title) {
@@ -32,7 +38,7 @@ function drawPlan(plan) {
   let x = 0;
   plan.parts.forEach((part, i) => {
     const w = (300 * part.bytes) / whole;
-    const text = `${part.name} ${gb(part.bytes)} GB`;
+    const text = `${part.name} ${size(part.bytes)}`;
     if (w > 0) bar.append(svgRect({ x, y: 0, width: w, height: 16, class: `mem-${i}` }, text));
     x += w;
     const li = document.createElement("li");
@@ -44,7 +50,7 @@ function drawPlan(plan) {
   });
   bar.setAttribute(
     "aria-label",
-    `memory plan, ${plan.mode}: ${plan.parts.map((p) => `${p.name} ${gb(p.bytes)} GB`).join(", ")}`,
+    `memory plan, ${plan.mode}: ${plan.parts.map((p) => `${p.name} ${size(p.bytes)}`).join(", ")}`,
   );
 }
 
@@ -78,7 +84,7 @@ function drawStatus(s, lastPrefill) {
   $("state-cache").textContent = c === null
     ? "off"
     : `${c.hits} hits (${c.diskHits} from disk), ${c.misses} misses; ${c.cachedTokens} tokens not prefilled; ` +
-      `${c.entries} kept, ${gb(c.bytes)} GB`;
+      `${c.entries} kept, ${size(c.bytes)}`;
 }
 
 function prefillBar(done, total, id) {
@@ -104,8 +110,8 @@ function drawPasses(passes) {
     const hCompute = (80 * Math.min(p.compute_seconds, p.seconds - Math.min(read, p.seconds))) / top;
     const title =
       `pass ${p.pass}: ${ms(p.seconds)} ms, read wait ${ms(read)} ms, compute ${ms(p.compute_seconds)} ms, ${
-        gb(p.trunk_bytes + p.expert_bytes)
-      } GB read, ${p.expert_hits} expert hits, ${p.expert_misses} misses` +
+        size(p.trunk_bytes + p.expert_bytes)
+      } read, ${p.expert_hits} expert hits, ${p.expert_misses} misses` +
       (p.tokens.length > 0 ? `; token ${p.tokens.map((t) => `${t.index} of ${t.id}`).join(", ")}` : "") +
       (p.prefill.length > 0 ? "; prompt" : "");
     const g = document.createElementNS(SVG, "g");
@@ -130,7 +136,7 @@ function drawPasses(passes) {
       ` read wait ${ms(p.trunk_read_wait_seconds + p.expert_read_wait_seconds)} ms `,
       span("compute"),
       ` compute ${ms(p.compute_seconds)} ms of ${ms(p.seconds)} ms; ` +
-        `${gb(p.trunk_bytes + p.expert_bytes)} GB read, ${p.expert_hits} expert hits`,
+        `${size(p.trunk_bytes + p.expert_bytes)} read, ${p.expert_hits} expert hits`,
     );
   }
 }

@@ -190,6 +190,8 @@ Deno.test({
     const following = await followStatus(url, KEY, passes);
     try {
       const page = await b.ctx.newPage();
+      const pageErrors: string[] = [];
+      page.on("pageerror", (e) => pageErrors.push(e.message));
       const t0 = performance.now();
       const step = (what: string) => console.error(`${((performance.now() - t0) / 1000).toFixed(1)} s: ${what}`);
       await page.goto(url);
@@ -333,6 +335,7 @@ Deno.test({
       assert.equal(await page.locator("#log .msg").count(), messages);
       assert.equal(await page.locator("#conversations option").count(), options);
       assert.equal(await page.locator("#key-dialog").evaluate((d) => (d as HTMLDialogElement).open), false);
+      assert.deepEqual(pageErrors, [], "no script error on the page");
     } finally {
       await following.stop();
       await b.close();
@@ -345,6 +348,9 @@ Deno.test({
 async function screenshots(page: Page): Promise<void> {
   const dir = Deno.env.get("K3_SCREENSHOTS");
   const out = dir ? (dir.startsWith("/") ? dir : `${ROOT}/${dir}`) : await Deno.makeTempDir({ prefix: "k3-shots-" });
+  // The conversation with a reasoning block and a tool call, the settings folded.
+  await page.selectOption("#conversations", { index: 1 });
+  await page.click("#settings summary");
   await page.screenshot({ path: `${out}/web-light.png` });
   await page.emulateMedia({ colorScheme: "dark" });
   await page.screenshot({ path: `${out}/web-dark.png` });
