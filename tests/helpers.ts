@@ -341,3 +341,7 @@ export async function serveTiny(
     },
   };
 }
+
+/** Where Debian's chromium package puts the browser the chat page's tests drive
+ * (tests/browser/web_page.ts). */
+export const CHROMIUM = "/usr/bin/chromium";

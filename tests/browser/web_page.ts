@@ -16,10 +16,7 @@
 
 import assert from "node:assert/strict";
 import { type BrowserContext, chromium, type Page } from "playwright-core";
-import { K3Process, ROOT, TINY } from "../helpers.ts";
-
-/** Where Debian's chromium package puts the browser. */
-export const CHROMIUM = "/usr/bin/chromium";
+import { CHROMIUM, K3Process, ROOT, TINY } from "../helpers.ts";
 const KEY = "web-test-key-0123456789";
 const READY = /k3: ready: (http:\/\/127\.0\.0\.1:\d+)\/v1/;
 /** The log line of a chat request its client left (499) and the server interrupted. */

@@ -6,8 +6,7 @@
  */
 
 import assert from "node:assert/strict";
-import { ROOT } from "../helpers.ts";
-import { CHROMIUM } from "../browser/web_page.ts";
+import { CHROMIUM, ROOT } from "../helpers.ts";
 
 Deno.test("the chat page in headless Chromium (tests/browser/web_page.ts)", async () => {
   try {
