@@ -91,6 +91,9 @@ export const DEFAULT_LIMITS: Http1Limits = {
   maxHeadBytes: 16384,
 };
 
+/** Status events a client may leave unread before its status stream is ended. */
+const STATUS_BACKLOG = 4096;
+
 /** The generation endpoints. */
 type Endpoint = "chat" | "completion" | "responses";
 
@@ -286,9 +289,15 @@ class HttpServer implements RunningServer {
       note.done();
     };
     const events = new EventStream(end);
-    unsubscribe = hub.subscribe(this.#owner(req), (type, data) => events.sendEvent(type, data));
+    // A client that stops reading is let go rather than queued for without end (the page
+    // reconnects); one that keeps up has no backlog.
+    unsubscribe = hub.subscribe(this.#owner(req), (type, data) => {
+      if (events.backlog > STATUS_BACKLOG) return end();
+      events.sendEvent(type, data);
+    });
     this.#statusStreams.add(end);
     gone.addEventListener("abort", end);
+    if (gone.aborted) end();
     note.streaming = true;
     return new Response(events.body, {
       status: 200,

@@ -3,7 +3,7 @@
 
 /**
  * Calls `onEvent(type, data)` for every event of `response` ("message" when unnamed; `data`
- * is the raw text of its data lines) until the body ends or `signal` aborts.
+ * is the raw text of its data lines) until the body ends (an aborted fetch rejects).
  */
 export async function readEvents(response, onEvent) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();

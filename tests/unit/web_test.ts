@@ -11,7 +11,7 @@ import { renderMarkdown } from "../../cli/web/markdown.js";
 import { PAGE_HEADERS, WEB_ASSETS } from "../../cli/server/web.ts";
 import { memoryParts, type PassEvent, type StatusEvent, StatusHub } from "../../cli/server/status.ts";
 import { checkSameOrigin } from "../../cli/server/guard.ts";
-import { startServer } from "../../cli/server/http.ts";
+import { type ServeEngine, startServer } from "../../cli/server/http.ts";
 import { newLedger } from "../../engine/model/ledger.ts";
 import type { LedgerMark } from "../../engine/generate/ledger.ts";
 import type { MemoryPlan } from "../../engine/weights/plan.ts";
@@ -189,6 +189,46 @@ Deno.test("k3 serve answers the page without a key, even while loading; the stat
     const loading = await fetch(`${base}/v1/status/stream`, { headers: { authorization: "Bearer k" } });
     assert.equal(loading.status, 503);
     await loading.body?.cancel();
+  } finally {
+    await server.shutdown(0);
+  }
+});
+
+Deno.test("the status stream lets go of a client that stops reading (no unbounded queue)", async () => {
+  const mark: LedgerMark = { at: 0, ledger: newLedger(), io: noIoStats(), readBytes: 0, readBusySeconds: 0 };
+  const hub = new StatusHub({ plan: PLAN, mark: () => mark, queue: () => ({ queued: 0, active: 0 }) });
+  const server = startServer({
+    hostname: "127.0.0.1",
+    port: 0,
+    modelName: "m",
+    parallel: 1,
+    maxQueue: 0,
+    maxBodyBytes: 1024,
+    log: () => {},
+  });
+  server.ready({ status: hub } as unknown as ServeEngine);
+  const passes = 20_000;
+  try {
+    const res = await fetch(`http://127.0.0.1:${server.addr.port}/v1/status/stream`);
+    assert.equal(res.status, 200);
+    // Not read while the engine runs: its events pile up.
+    for (let i = 0; i < passes; i++) {
+      hub.onPass({ rows: 1, sequences: 1, seconds: 0.001 });
+      await Promise.resolve();
+    }
+    // Read now: either the server ended the stream early, or every event is there.
+    let sent = 0, buffered = "";
+    const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
+    while (sent < passes) {
+      const r = await reader.read();
+      if (r.done) break;
+      buffered += r.value;
+      const blocks = buffered.split("\n\n");
+      buffered = blocks.pop()!;
+      sent += blocks.filter((b) => b.startsWith("event: pass\n")).length;
+    }
+    await reader.cancel();
+    assert.ok(sent > 0 && sent < passes, `${sent} of ${passes} pass events sent before the stream was ended`);
   } finally {
     await server.shutdown(0);
   }
