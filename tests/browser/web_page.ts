@@ -125,9 +125,12 @@ async function replyDone(page: Page): Promise<string> {
 /** Records, in the page, every value a prefill progress bar and the last reply's content took. */
 async function watchPage(page: Page): Promise<void> {
   await page.evaluate(() => {
-    const w = globalThis as unknown as { seen: { prefill: [number, number][]; lengths: number[]; open: boolean[] } };
-    w.seen = { prefill: [], lengths: [], open: [] };
+    const w = globalThis as unknown as { seen: Seen };
+    w.seen = { prefill: [], lengths: [], open: [], tops: [] };
     new MutationObserver(() => {
+      // Where the message box and the pass bars are: the same all along (no layout shift).
+      const top = (id: string) => Math.round(document.getElementById(id)!.getBoundingClientRect().top);
+      w.seen.tops.push(`${top("composer")} ${top("pass-bars")}`);
       for (const p of document.querySelectorAll<HTMLProgressElement>("#sequences progress.prefill")) {
         w.seen.prefill.push([p.value, p.max]);
       }
@@ -144,7 +147,16 @@ async function watchPage(page: Page): Promise<void> {
   });
 }
 
-async function seen(page: Page): Promise<{ prefill: [number, number][]; lengths: number[]; open: boolean[] }> {
+/** What {@link watchPage} recorded: prefill bars' [value, max], the reply's length, whether its
+ * reasoning block was open, and where the message box and the pass bars were. */
+interface Seen {
+  prefill: [number, number][];
+  lengths: number[];
+  open: boolean[];
+  tops: string[];
+}
+
+async function seen(page: Page): Promise<Seen> {
   return await page.evaluate(() => (globalThis as unknown as { seen: never }).seen);
 }
 
@@ -215,6 +227,7 @@ Deno.test({
       let s = await seen(page);
       const grew = new Set(s.lengths.filter((n) => n > 0));
       assert.ok(grew.size >= 2, `the reply's text grew while streaming: ${[...grew]}`);
+      assert.equal(new Set(s.tops).size, 1, `nothing moved while the reply streamed: ${[...new Set(s.tops)]}`);
       assert.ok((await page.locator("#log .msg.assistant .content").last().innerText()).length > 0);
       assert.equal(await page.locator("#log .msg.assistant .reasoning").last().isHidden(), true);
 
@@ -226,6 +239,7 @@ Deno.test({
       meta = await replyDone(page);
       s = await seen(page);
       assert.ok(s.open.includes(true), "the reasoning block was open while streaming");
+      assert.equal(new Set(s.tops).size, 1, `nothing moved while the reply streamed: ${[...new Set(s.tops)]}`);
       const reasoning = page.locator("#log .msg.assistant .reasoning").last();
       assert.equal(await reasoning.isVisible(), true);
       assert.match(await reasoning.locator("summary").innerText(), /^Reasoning \(\d+ characters\)$/);
