@@ -11,6 +11,8 @@
 import { Scheduler, SERVE_MAX_STALL_SECONDS } from "../engine/generate/scheduler.ts";
 import type { StateCache } from "../engine/generate/state_cache.ts";
 import { readActivity } from "../engine/native/io.ts";
+import { markLedger } from "../engine/generate/ledger.ts";
+import { StatusHub } from "./server/status.ts";
 import type { OpenedModel } from "../engine/open.ts";
 import { openStateCache } from "./state_cache_flags.ts";
 import { withOpenModel } from "./model_session.ts";
@@ -29,13 +31,22 @@ async function serveUntilStopped(
 ): Promise<void> {
   const parallel = opened.plan.state.sequences;
   serverOptions.parallel = parallel;
-  const scheduler = new Scheduler(opened.model, {
+  // The status stream's hub: the scheduler calls it after every pass, it reads the queue.
+  const status = new StatusHub({
+    plan: opened.plan,
+    mark: () => markLedger(opened.model),
+    queue: () => ({ queued: scheduler.queued, active: scheduler.active }),
+    stateCache: stateCache && (() => stateCache.stats),
+  });
+  const scheduler: Scheduler = new Scheduler(opened.model, {
+    onPass: status.onPass,
     maxSequences: parallel,
     cache: stateCache,
     draft: { mode: o.draft },
     maxStallSeconds: SERVE_MAX_STALL_SECONDS,
   });
   server.ready({
+    status,
     stateCache,
     scheduler,
     tokenizer: p.tokenizer,

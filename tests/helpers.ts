@@ -418,3 +418,7 @@ export function forcedCalls(text: string): ForcedCall[] {
   }
   return calls;
 }
+
+/** Where Debian's chromium package puts the browser the chat page's tests drive
+ * (tests/browser/web_page.ts). */
+export const CHROMIUM = "/usr/bin/chromium";

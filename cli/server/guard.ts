@@ -70,6 +70,15 @@ export function checkOrigin(req: Request, o: GuardOptions): void {
   if (SIMPLE_TYPES.includes(type)) {
     throw new ApiError(415, `the body must be application/json, not ${type}`, null, "unsupported_media_type");
   }
+  checkSameOrigin(req, o);
+}
+
+/**
+ * Throws 403 for a request another origin's page sent (its `Origin`, or `Sec-Fetch-Site`
+ * cross-site or same-site) unless `--cors` allows that origin. POSTs are checked this way,
+ * and so is the status stream, whatever its method.
+ */
+export function checkSameOrigin(req: Request, o: GuardOptions): void {
   const origin = req.headers.get("origin");
   const site = req.headers.get("sec-fetch-site");
   if (origin === null && (site === null || site === "same-origin" || site === "none")) return;

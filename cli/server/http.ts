@@ -22,7 +22,7 @@ import { type Emit, type Outcome, runTask, type ServeEngine, serveTask } from ".
 import { ChunkWriter, completionBody, EventStream } from "./stream.ts";
 import { ClientGone, type Http1Limits, Http1Server } from "./http1.ts";
 import { applyTemplateBody, detokenizeBody, tokenizeBody } from "../chat_render.ts";
-import { acceptedHosts, checkHost, checkOrigin, corsHeaders, logSafe } from "./guard.ts";
+import { acceptedHosts, checkHost, checkOrigin, checkSameOrigin, corsHeaders, logSafe } from "./guard.ts";
 import { CLIENT_GONE, endpointLabel, Metrics } from "./metrics.ts";
 import {
   chatBodyOfResponses,
@@ -32,6 +32,7 @@ import {
   responseObject,
   type ResponsesHead,
 } from "./responses.ts";
+import { isWebPath, webAsset } from "./web.ts";
 
 export type { ServeEngine } from "./tasks.ts";
 
@@ -90,6 +91,9 @@ export const DEFAULT_LIMITS: Http1Limits = {
   maxConnections: 256,
   maxHeadBytes: 16384,
 };
+
+/** Status events a client may leave unread before its status stream is ended. */
+const STATUS_BACKLOG = 4096;
 
 /** The generation endpoints. */
 type Endpoint = "chat" | "completion" | "responses";
@@ -207,6 +211,8 @@ class HttpServer implements RunningServer {
   readonly #created = Math.floor(Date.now() / 1000);
   /** Requests admitted and not yet answered, each with the controller that cancels it. */
   readonly #inFlight = new Set<AbortController>();
+  /** Open status streams, each with the function that ends it (at shutdown). */
+  readonly #statusStreams = new Set<() => void>();
   #idle: { promise: Promise<void>; resolve: () => void } | undefined;
   #engine: ServeEngine | undefined;
   #accepting = true;
@@ -249,6 +255,7 @@ class HttpServer implements RunningServer {
 
   async shutdown(graceSeconds: number): Promise<void> {
     this.#accepting = false;
+    for (const end of this.#statusStreams) end();
     const stopped = this.#server.shutdown();
     const timer = setTimeout(() => {
       for (const ac of this.#inFlight) ac.abort(new Error("server shutting down"));
@@ -269,6 +276,44 @@ class HttpServer implements RunningServer {
     // The scheme is case-insensitive (RFC 9110); the key is compared by digest.
     const m = /^bearer +(\S{1,4096}) *$/i.exec(req.headers.get("authorization") ?? "");
     return m !== null && timingSafeEqual(digest(m[1]), this.#apiKey);
+  }
+
+  /** Who sent an authorized request, for the status stream: a digest of its API key ("" without
+   * `--api-key`: then every client is the same one). */
+  #owner(req: Request): string {
+    if (!this.#apiKey) return "";
+    const key = /^bearer +(\S{1,4096}) *$/i.exec(req.headers.get("authorization") ?? "")?.[1] ?? "";
+    return Array.from(digest(key), (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  /** `GET /v1/status/stream`: the engine, live, as server-sent events (cli/server/status.ts). */
+  #statusStream(req: Request, note: LogNote, gone: AbortSignal): Response {
+    checkSameOrigin(req, this.#guard());
+    const hub = this.#engine?.status;
+    if (!hub) throw new ApiError(503, "the model is still loading", null, "model_loading");
+    let unsubscribe = () => {};
+    const end = () => {
+      if (!this.#statusStreams.delete(end)) return;
+      unsubscribe();
+      gone.removeEventListener("abort", end);
+      events.end();
+      note.done();
+    };
+    const events = new EventStream(end);
+    // A client that stops reading is let go rather than queued for without end (the page
+    // reconnects); one that keeps up has no backlog.
+    unsubscribe = hub.subscribe(this.#owner(req), (type, data) => {
+      if (events.backlog > STATUS_BACKLOG) return end();
+      events.sendEvent(type, data);
+    });
+    this.#statusStreams.add(end);
+    gone.addEventListener("abort", end);
+    if (gone.aborted) end();
+    note.streaming = true;
+    return new Response(events.body, {
+      status: 200,
+      headers: { "content-type": "text/event-stream", "cache-control": "no-cache" },
+    });
   }
 
   /** Admits a request (503 while shutting down, 429 beyond the queue); `release` frees its place. */
@@ -322,6 +367,7 @@ class HttpServer implements RunningServer {
 
     const id = randomId(kind === "chat" ? "chatcmpl-" : kind === "responses" ? "resp_" : "cmpl-");
     note.id = id;
+    const watch = e.status?.watch(id, this.#owner(req), prompt.length);
     const head: ResponseHead = {
       id,
       created: Math.floor(Date.now() / 1000),
@@ -339,6 +385,7 @@ class HttpServer implements RunningServer {
     let firstAt = 0;
     const finish = (o: Outcome | undefined) => {
       release();
+      watch?.end();
       gone.removeEventListener("abort", onGone);
       if (!o) return;
       const n = o.result.tokens.length;
@@ -349,7 +396,7 @@ class HttpServer implements RunningServer {
     };
     const markFirst = () => (firstAt = performance.now());
     const run = async (emit: Emit): Promise<Outcome> => {
-      const o = await runTask(e, task, ac.signal, emit, markFirst);
+      const o = await runTask(e, task, ac.signal, emit, markFirst, watch);
       if (r.kind === "chat") o.reasoningTokens = reasoningTokens(o.result.tokens, r.thinking, this.#thinkEnd(e));
       return o;
     };
@@ -455,6 +502,10 @@ class HttpServer implements RunningServer {
         );
       }
     };
+    if (isWebPath(path)) {
+      want("GET");
+      return webAsset(req, path);
+    }
     if (path === "/health") {
       want("GET");
       return this.#engine
@@ -489,6 +540,9 @@ class HttpServer implements RunningServer {
       case "/apply-template":
         want("POST");
         return await this.#render(req, path);
+      case "/v1/status/stream":
+        want("GET");
+        return this.#statusStream(req, note, gone);
     }
     if (path.startsWith("/v1/models/")) {
       want("GET");

@@ -101,6 +101,11 @@ export class EventStream {
     }
   }
 
+  /** Events queued and not yet taken by the client (0 while it keeps up). */
+  get backlog(): number {
+    return this.#open ? Math.max(0, -(this.#ctl.desiredSize ?? 0)) : 0;
+  }
+
   /** Sends `[DONE]` and ends the stream. */
   close(): void {
     this.send("[DONE]");

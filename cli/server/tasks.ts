@@ -20,6 +20,7 @@ import { ApiError } from "../openai_error.ts";
 import { openaiTask, type Task } from "../request.ts";
 import { type ReplyShape, ReplyStream, shownMessage } from "../reply.ts";
 import { taskFilter } from "../structured.ts";
+import type { SequenceWatch, StatusHub } from "./status.ts";
 
 /** What the server generates with, available once the model is loaded. */
 export interface ServeEngine {
@@ -37,6 +38,8 @@ export interface ServeEngine {
   stateCache?: Pick<StateCache, "stats">;
   /** The reasoning budget of chat requests that give none (--reasoning-budget). */
   reasoningBudget?: number;
+  /** The status stream's hub (cli/server/status.ts; undefined: no status stream). */
+  status?: StatusHub;
 }
 
 /** A validated request and the task it runs. */
@@ -127,13 +130,15 @@ export function serveTask(e: ServeEngine, kind: "chat" | "completion", body: unk
   return { request: r, task };
 }
 
-/** Runs a task as one scheduler sequence; `emit` gets events as they become safe to send. */
+/** Runs a task as one scheduler sequence; `emit` gets events as they become safe to send,
+ * `watch` (the status stream's) its admission, prefill progress and tokens. */
 export async function runTask(
   e: ServeEngine,
   task: Task,
   signal: AbortSignal,
   emit: Emit,
   onFirstToken: () => void,
+  watch?: SequenceWatch,
 ): Promise<Outcome> {
   const ends = task.stopIds;
   const reply = taskReply(e.tokenizer, task);
@@ -146,6 +151,8 @@ export async function runTask(
     choose,
     grammar: taskFilter(task, e.tokenizer, e.vocabSize, ends, task.logprobs !== undefined),
     signal,
+    onAdmit: watch?.admitted,
+    onPrefill: watch?.prefill,
     ...(e.stateCache
       ? chatCachePoints(
         e.tokenizer,
@@ -157,6 +164,7 @@ export async function runTask(
       : {}),
     onToken: (token, logits) => {
       if (first) (first = false, onFirstToken());
+      watch?.token();
       // A completion's end ids are not text; a chat's reader reads them as the turn's end.
       if (!task.chat && ends.includes(token)) return;
       const step = reply.token(token, logits);
