@@ -28,7 +28,12 @@ export type GNode =
   | { readonly k: "num"; integer: boolean }
   | { readonly k: "lit"; syms: readonly number[] }
   | { readonly k: "alt"; of: GNode[] }
-  | { readonly k: "ref"; target: GNode | null; name: string };
+  | { readonly k: "ref"; target: GNode | null; name: string }
+  | {
+    /** A value another module reads (bounded numbers, patterned strings): `start` steps its first symbol like {@link startValue}. */
+    readonly k: "ext";
+    readonly start: (sym: number, below: Stack | null, out: Stack[]) => void;
+  };
 
 /** One declared property of an object node. */
 export interface ObjProp {
@@ -106,7 +111,7 @@ export function stepState(state: State, sym: number): Stack[] {
 }
 
 /** Pushes `s` unless it is too deep. */
-function emit(s: Stack, out: Stack[]): void {
+export function emit(s: Stack, out: Stack[]): void {
   if (s.depth <= MAX_DEPTH) out.push(s);
 }
 
@@ -229,6 +234,9 @@ export function startValue(node: GNode, sym: number, below: Stack | null, out: S
       return;
     case "alt":
       for (const n of node.of) startValue(n, sym, below, out, hops + 1);
+      return;
+    case "ext":
+      node.start(sym, below, out);
       return;
     case "ref":
       // A reference cycle that reads nothing is refused when the schema is compiled; the
@@ -425,7 +433,9 @@ export class Obj implements Frame {
       case O_FIRST:
       case O_KEY:
         if (ws) return again();
-        if (sym === QUOTE) out.push(push(this.#with(O_IN_KEY, 0, "", -1, 0), below));
+        // A key only when one can still be written: `{"` of an object with no keys left would
+        // be a dead end (the mask would then allow no token at all).
+        if (sym === QUOTE && this.#moreKeys()) out.push(push(this.#with(O_IN_KEY, 0, "", -1, 0), below));
         else if (sym === RBRACE && this.phase === O_FIRST && this.#allRequired()) out.push(below ?? DONE);
         return;
       case O_IN_KEY:
