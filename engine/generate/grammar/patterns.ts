@@ -29,6 +29,7 @@ import { DONE, emit, type Frame, type GNode, identity, push, SPECIAL_BASE, type 
 
 /** A pattern outside the subset, or too large. */
 export class PatternError extends Error {
+  /** `message`: what is wrong, without the schema path (the caller adds it). */
   constructor(message: string) {
     super(message);
     this.name = "PatternError";
@@ -298,16 +299,18 @@ class Parser {
 // Automata over classes of code points
 
 /** The code points cut into classes that every set of the patterns either holds or misses. */
-class Alphabet {
+export class Alphabet {
   /** Class `c` is code points starts[c]..starts[c + 1] - 1. */
   readonly starts: number[];
 
+  /** Cut so that every one of `sets` (code point ranges) is a union of classes. */
   constructor(sets: [number, number][][]) {
     const cuts = new Set<number>([0, 0xd800, 0xe000, MAX_CODE_POINT + 1]);
     for (const set of sets) for (const [lo, hi] of set) (cuts.add(lo), cuts.add(hi + 1));
     this.starts = [...cuts].sort((a, b) => a - b);
   }
 
+  /** Classes. */
   get size(): number {
     return this.starts.length - 1;
   }
@@ -411,8 +414,10 @@ class Nfa {
 }
 
 /** A complete deterministic automaton over an alphabet's classes (state 0: the start). */
-interface Table {
-  next: Int32Array[]; // per state, per class: the next state
+export interface Table {
+  /** Per state, per class: the next state. */
+  next: Int32Array[];
+  /** Whether each state accepts. */
   accept: boolean[];
 }
 
@@ -486,6 +491,7 @@ export class Dfa {
   /** Lengths tracked: a string that can finish in some length >= l can finish in one <= l + states. */
   readonly horizon: number;
 
+  /** Prunes `table` over `alphabet` and tabulates its finishing lengths for strings of `minLength..maxLength`. */
   constructor(readonly alphabet: Alphabet, table: Table, readonly minLength: number, readonly maxLength: number) {
     const n = table.next.length;
     // Co-reachable states: those from which an accepting state is reachable.
