@@ -698,3 +698,22 @@ Deno.test("zod 4 schemas: every kind of field compiles, and every finished walk 
   }
   assert.ok(finished >= 3, `only ${finished} walks finished`);
 });
+
+Deno.test("pydantic v2 schema (tests/fixtures/pydantic_order.py): compiles, accepts what pydantic writes, masks exact", () => {
+  const schema = JSON.parse(Deno.readTextFileSync(new URL("../fixtures/pydantic_order.schema.json", import.meta.url)));
+  const spec: GrammarSpec = { kind: "value", value: compileSchema(schema) };
+  // Order(...).model_dump_json() of a full order.
+  const dumped =
+    '{"id":"123e4567-e89b-12d3-a456-426614174000","created":"2024-02-29T12:00:00Z","day":"2023-12-31","at":"23:59:59",' +
+    '"email":"a@b","site":"https://example.com/x?y=1","color":"red","items":[{"name":"pen","price":1.5,"qty":2,' +
+    '"tags":["a"]}],"meta":{"k":1},"note":null,"pet":{"kind":"cat","lives":9},"either":"x","code":"ABC",' +
+    '"ip":"10.0.0.1","ip6":"::1","ratio":0.25,"lit":2,"empty":{"z":[1]}}';
+  assert.ok(ajv.validate(schema, JSON.parse(dumped)), ajv.errorsText());
+  for (const text of [dumped, JSON.stringify(JSON.parse(dumped), null, 2)]) {
+    assert.ok(acceptsIds(startState(spec, tok, [EOS]), [...tok.encode(text), EOS]), text);
+  }
+  for (const bad of [dumped.replace('"lives":9', '"lives":10'), dumped.replace('"ratio":0.25', '"ratio":1')]) {
+    assert.ok(!acceptsIds(startState(spec, tok, [EOS]), [...tok.encode(bad), EOS]), bad);
+  }
+  for (const seed of [1, 2]) masksMatchPerToken(symbols, spec, [EOS], seed, 60);
+});
