@@ -285,8 +285,9 @@ function toolChoice(f: JsonFields, tools: ToolDecl[] | undefined): ToolChoice | 
   } else {
     throw requestError(f.problemOf("tool_choice", '"none", "auto", "required" or {"type": "function", ...}'));
   }
-  if (choice === "required" && !(tools && tools.length > 0)) {
-    throw bad("tool_choice", "'tool_choice' is \"required\" but 'tools' declares none");
+  // As OpenAI and vLLM answer: a tool_choice (even "none" or "auto") wants tools.
+  if (!(tools && tools.length > 0)) {
+    throw bad("tool_choice", `'tool_choice' is ${JSON.stringify(choice)} but 'tools' declares none`);
   }
   return choice;
 }

@@ -42,6 +42,8 @@ export interface ServerOptions {
   port: number;
   /** The model name answered in responses and /v1/models. */
   modelName: string;
+  /** Other names a request may send, listed in /v1/models after the first. */
+  modelAliases?: string[];
   /** When set, every endpoint but /health wants `Authorization: Bearer <apiKey>`. */
   apiKey?: string;
   /** Sequences generating at once (the scheduler's batch). */
@@ -298,8 +300,8 @@ class HttpServer implements RunningServer {
       throw new ApiError(400, "the request body is not valid JSON");
     }
     const { request: r, task } = kind === "responses"
-      ? serveTask(e, "chat", chatBodyOfResponses(parsed), opts.modelName)
-      : serveTask(e, kind, parsed, opts.modelName);
+      ? serveTask(e, "chat", chatBodyOfResponses(parsed), this.#names)
+      : serveTask(e, kind, parsed, this.#names);
     const prompt = task.promptIds;
     const { ac, release } = this.#admit();
 
@@ -423,6 +425,11 @@ class HttpServer implements RunningServer {
     return e;
   }
 
+  /** Every name this server answers to, the first one first. */
+  get #names(): string[] {
+    return [this.#opts.modelName, ...(this.#opts.modelAliases ?? [])];
+  }
+
   async #route(req: Request, path: string, note: LogNote, gone: AbortSignal): Promise<Response> {
     checkHost(req, this.#hosts);
     if (req.method === "OPTIONS" && this.#opts.cors) return new Response(null, { status: 204 });
@@ -452,7 +459,7 @@ class HttpServer implements RunningServer {
     switch (path) {
       case "/v1/models":
         want("GET");
-        return this.#json(200, modelList(this.#opts.modelName, this.#created));
+        return this.#json(200, modelList(this.#names, this.#created));
       case "/metrics":
         want("GET");
         return new Response(this.#metrics.text(this.#engine, this.#inFlight.size, this.#server.connections), {
@@ -474,10 +481,10 @@ class HttpServer implements RunningServer {
       try {
         id = decodeURIComponent(id);
       } catch { /* kept as sent: it names no model */ }
-      if (id !== this.#opts.modelName) {
+      if (!this.#names.includes(id)) {
         throw new ApiError(404, `the model '${logSafe(id, 100)}' does not exist`, "model", "model_not_found");
       }
-      return this.#json(200, modelObject(this.#opts.modelName, this.#created));
+      return this.#json(200, modelObject(id, this.#created));
     }
     throw new ApiError(404, `no endpoint ${logSafe(path, 100)}`, null, "not_found");
   }
@@ -485,9 +492,12 @@ class HttpServer implements RunningServer {
   /** Answers one request and writes its log line (a stream's when it ends). */
   async #handle(req: Request, gone: AbortSignal): Promise<Response> {
     const t0 = performance.now();
-    const path = new URL(req.url).pathname;
+    const sent = new URL(req.url).pathname;
+    // Every /v1/... route is served without /v1 too, as llama-server serves them and
+    // clients configured with a bare base URL send them.
+    const path = /^\/(chat\/completions|completions|responses|models)(\/|$)/.test(sent) ? `/v1${sent}` : sent;
     const note: LogNote = {
-      path,
+      path: sent,
       endpoint: endpointLabel(path),
       id: "-",
       status: 0,
@@ -497,7 +507,7 @@ class HttpServer implements RunningServer {
       streaming: false,
       done: () =>
         this.#log(
-          `k3: ${note.id} ${req.method} ${logSafe(path)} ${note.status} tokens ${note.tokensIn}/${note.tokensOut} ${
+          `k3: ${note.id} ${req.method} ${logSafe(sent)} ${note.status} tokens ${note.tokensIn}/${note.tokensOut} ${
             ((performance.now() - t0) / 1000).toFixed(3)
           } s finish ${note.finish}`,
         ),

@@ -24,7 +24,7 @@ export type Json = Record<string, unknown>;
 
 /** One model of `GET /v1/models/{id}` (the same object the list holds). */
 export function modelObject(name: string, created: number): ModelList["data"][number] {
-  return modelList(name, created).data[0];
+  return modelList([name], created).data[0];
 }
 
 function bad(param: string, message: string, code: string | null = null): ApiError {

@@ -2,7 +2,7 @@
  * The writers of `k3 serve`'s answers: a whole JSON body at the end
  * ({@link completionBody}), or server-sent events as text becomes safe to send
  * ({@link EventStream} carrying a {@link ChunkWriter}'s chunks, `[DONE]` last). A chat's
- * reply, read by cli/reply.ts, goes out as `reasoning_content`, `content` and
+ * reply, read by cli/reply.ts, goes out as `reasoning_content` (and `reasoning`), `content` and
  * `tool_calls`, with log probabilities when asked.
  *
  * @module
@@ -142,8 +142,9 @@ export class ChunkWriter {
         continue;
       }
       let d: ChatDelta;
-      if (e.type === "text") d = e.channel === "think" ? { reasoning_content: e.text } : { content: e.text };
-      else if (e.type === "call") {
+      if (e.type === "text") {
+        d = e.channel === "think" ? { reasoning_content: e.text, reasoning: e.text } : { content: e.text };
+      } else if (e.type === "call") {
         d = { tool_calls: [{ index: e.index, id: e.id, type: "function", function: { name: e.name, arguments: "" } }] };
       } else d = { tool_calls: [{ index: e.index, function: { arguments: e.text } }] };
       const lp = r.logprobs && e.type === "text" && e.channel === "response" && this.#pending.length > 0

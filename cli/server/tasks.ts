@@ -99,12 +99,17 @@ function checkFits(e: ServeEngine, r: ChatRequest | CompletionRequest, prompt: n
  * task that fits one sequence; throws ApiError (400, 404) naming what is wrong. A request
  * without a seed gets a random one.
  */
-export function serveTask(e: ServeEngine, kind: "chat" | "completion", body: unknown, modelName: string): ServeTask {
+export function serveTask(
+  e: ServeEngine,
+  kind: "chat" | "completion",
+  body: unknown,
+  modelNames: readonly string[],
+): ServeTask {
   const r = kind === "chat" ? parseChatRequest(body) : parseCompletionRequest(body, e.vocabSize);
-  if (r.model !== undefined && r.model !== modelName) {
+  if (r.model !== undefined && !modelNames.includes(r.model)) {
     throw new ApiError(
       404,
-      `the model '${r.model}' does not exist (this server has '${modelName}')`,
+      `the model '${r.model}' does not exist (this server has ${modelNames.map((n) => `'${n}'`).join(", ")})`,
       "model",
       "model_not_found",
     );
