@@ -21,6 +21,7 @@ import type { GNode } from "../engine/generate/grammar/automaton.ts";
 import { ANY_OBJECT, compileSchema, SchemaError } from "../engine/generate/grammar/schema.ts";
 import { JsonFields, type JsonKey } from "../engine/json_fields.ts";
 import { ApiError, bad, need, refuse, REQUEST, requestError } from "./openai_error.ts";
+import type { Penalties } from "../engine/generate/penalties.ts";
 
 // cli/chat.ts reads `k3 chat --tools` with parseTools and catches its ApiError from here.
 export { ApiError };
@@ -51,6 +52,8 @@ export interface CommonRequest {
   sampling: RequestSampling;
   /** Stop strings (never emitted). */
   stop: string[];
+  /** presence/frequency/repetition penalties and logit_bias (neutral when not given). */
+  penalties: Penalties;
   /** Answer as server-sent events. */
   stream: boolean;
   /** stream_options.include_usage. */
@@ -123,6 +126,26 @@ function stopString(f: JsonFields, k: JsonKey): string {
   return s;
 }
 
+/** presence_penalty, frequency_penalty, repetition_penalty and logit_bias (engine/generate/penalties.ts). */
+function penalties(f: JsonFields): Penalties {
+  const bias = new Map<number, number>();
+  const b = f.object("logit_bias");
+  if (b) {
+    for (const key of Object.keys(b.value)) {
+      if (!/^(0|[1-9]\d{0,9})$/.test(key)) {
+        throw bad(b.name(key), `'logit_bias' keys must be token ids, got ${JSON.stringify(key.slice(0, 40))}`);
+      }
+      bias.set(Number(key), need(b, key, b.number(key, { min: -100, max: 100 }), "a number in -100..100"));
+    }
+  }
+  return {
+    presence: f.number("presence_penalty", { min: -2, max: 2 }) ?? 0,
+    frequency: f.number("frequency_penalty", { min: -2, max: 2 }) ?? 0,
+    repetition: f.number("repetition_penalty", { min: 0, max: 2, minOpen: true }) ?? 1,
+    bias,
+  };
+}
+
 /** The fields chat and completions share, validated. */
 function common(f: JsonFields): CommonRequest {
   const model = f.string("model");
@@ -134,10 +157,6 @@ function common(f: JsonFields): CommonRequest {
   const opts = f.object("stream_options");
   if (opts && !stream) throw bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
   const includeUsage = opts?.boolean("include_usage") ?? false;
-  refuse(f, "logit_bias", "logit biases are not applied", [{}]);
-  refuse(f, "presence_penalty", "penalties are not applied", [0]);
-  refuse(f, "frequency_penalty", "penalties are not applied", [0]);
-  refuse(f, "repetition_penalty", "penalties are not applied", [1]);
   const topK = f.int("top_k", -1, 1e9);
   return {
     model,
@@ -152,6 +171,7 @@ function common(f: JsonFields): CommonRequest {
       minP: f.number("min_p", { min: 0, max: 1 - Number.EPSILON }),
       seed: f.int("seed", 0, Number.MAX_SAFE_INTEGER),
     },
+    penalties: penalties(f),
     stop: stops(f),
     stream,
     includeUsage,

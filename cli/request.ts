@@ -17,6 +17,7 @@ import { chatPrompt, stopIds as chatStopIds } from "../engine/text/chat.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { ApiError, type ChatRequest, type CompletionRequest, type RequestSampling } from "./openai.ts";
 import type { GrammarSpec } from "../engine/generate/grammar/forms.ts";
+import { neutral, type Penalties } from "../engine/generate/penalties.ts";
 import { chatGrammar } from "./structured.ts";
 
 /** What one request asks the scheduler to run, whichever command it came from. */
@@ -41,6 +42,8 @@ export interface Task {
   ignoreEos?: boolean;
   /** Constrains the reply (response_format, a forced tool call, `k3 run --grammar`): cli/structured.ts. */
   grammar?: GrammarSpec;
+  /** Logit adjustments applied before each pick (engine/generate/penalties.ts). */
+  penalties?: Penalties;
 }
 
 /** OpenAI's sampling defaults (temperature 1 over all tokens), for `/v1/completions`. */
@@ -171,5 +174,6 @@ export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContex
     ...(r.logprobs ? { logprobs: { top: r.topLogprobs ?? 0 } } : {}),
     ...(r.ignoreEos ? { ignoreEos: true } : {}),
     ...(grammar ? { grammar } : {}),
+    ...(neutral(r.penalties) ? {} : { penalties: r.penalties }),
   };
 }

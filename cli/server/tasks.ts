@@ -8,6 +8,7 @@
  * @module
  */
 
+import { withPenalties } from "../../engine/generate/penalties.ts";
 import type { Scheduler, SequenceResult } from "../../engine/generate/scheduler.ts";
 import { makeSampler } from "../../engine/generate/sampling.ts";
 import type { TokenLogprob } from "../../engine/generate/logprobs.ts";
@@ -146,8 +147,11 @@ export async function runTask(
     maxTokens: task.maxTokens,
     stopIds: ends,
     choose,
-    grammar: task.grammar &&
-      sequenceConstraint(task.grammar, e.tokenizer, e.vocabSize, ends, task.logprobs !== undefined),
+    grammar: withPenalties(
+      task.grammar && sequenceConstraint(task.grammar, e.tokenizer, e.vocabSize, ends, task.logprobs !== undefined),
+      task.penalties,
+      task.promptIds,
+    ),
     signal,
     ...(e.stateCache
       ? chatCachePoints(

@@ -126,7 +126,8 @@ Deno.test("chat request: each bad field is a 400 naming it", () => {
   rejects({ messages: MSG, logprobs: "yes" }, "logprobs", /boolean/);
   rejects({ messages: MSG, top_logprobs: 3 }, "top_logprobs", /needs 'logprobs'/);
   rejects({ messages: MSG, logprobs: true, top_logprobs: 21 }, "top_logprobs", /integer in 0\.\.20,/);
-  rejects({ messages: MSG, presence_penalty: 0.5 }, "presence_penalty", /not supported/);
+  rejects({ messages: MSG, presence_penalty: 2.5 }, "presence_penalty", /-2, 2/);
+  rejects({ messages: MSG, tool_choice: "auto" }, "tool_choice", /declares none/);
   rejects({ messages: MSG, response_format: { type: "json_schema" } }, "response_format.json_schema", /required/);
   rejects({ messages: MSG, chat_template_kwargs: { thinking: "on" } }, "chat_template_kwargs.thinking", /boolean/);
   rejects(
