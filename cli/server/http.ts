@@ -25,12 +25,14 @@ import { acceptedHosts, checkHost, checkOrigin, corsHeaders, logSafe } from "./g
 import { CLIENT_GONE, endpointLabel, Metrics } from "./metrics.ts";
 import {
   chatBodyOfResponses,
+  inputMessages,
   modelObject,
   outputItems,
   ResponseEventWriter,
   responseObject,
   type ResponsesHead,
 } from "./responses.ts";
+import { ResponseStore } from "./response_store.ts";
 
 export type { ServeEngine } from "./tasks.ts";
 
@@ -196,6 +198,8 @@ class HttpServer implements RunningServer {
   readonly #apiKey: Uint8Array | undefined;
   readonly #hosts: Set<string> | undefined;
   readonly #created = Math.floor(Date.now() / 1000);
+  /** Stored responses (`store`, `previous_response_id`, `item_reference`). */
+  readonly #stored = new ResponseStore();
   /** Requests admitted and not yet answered, each with the controller that cancels it. */
   readonly #inFlight = new Set<AbortController>();
   #idle: { promise: Promise<void>; resolve: () => void } | undefined;
@@ -299,8 +303,12 @@ class HttpServer implements RunningServer {
     } catch {
       throw new ApiError(400, "the request body is not valid JSON");
     }
+    // Responses are stored per API key (the Authorization header) unless `store` is false.
+    const storeKey = req.headers.get("authorization") ?? "";
+    const chatBody = kind === "responses" ? chatBodyOfResponses(parsed, this.#stored.lookup(storeKey)) : undefined;
+    const storing = chatBody !== undefined && (parsed as Record<string, unknown>).store !== false;
     const { request: r, task } = kind === "responses"
-      ? serveTask(e, "chat", chatBodyOfResponses(parsed), this.#names)
+      ? serveTask(e, "chat", chatBody, this.#names)
       : serveTask(e, kind, parsed, this.#names);
     const prompt = task.promptIds;
     const { ac, release } = this.#admit();
@@ -313,7 +321,12 @@ class HttpServer implements RunningServer {
       model: opts.modelName,
       system_fingerprint: opts.fingerprint,
     };
-    const rhead: ResponsesHead = { ...head, maxOutputTokens: r.maxTokens ?? null };
+    const rhead: ResponsesHead = {
+      ...head,
+      maxOutputTokens: r.maxTokens ?? null,
+      store: storing,
+      previousResponseId: ((parsed as Record<string, unknown>).previous_response_id as string | undefined) ?? null,
+    };
     const itemIds = { reasoning: randomId("rs_"), message: randomId("msg_") };
     const onGone = () => ac.abort(new ClientGone("closed"));
     // The HTTP layer aborts `gone` the moment the client's side of the connection ends,
@@ -330,6 +343,13 @@ class HttpServer implements RunningServer {
       note.tokensIn = prompt.length;
       note.tokensOut = n;
       note.finish = o.result.finishReason;
+      if (storing && r.kind === "chat" && o.result.finishReason !== "interrupted") {
+        const items = outputItems(r, o, itemIds);
+        // The conversation goes on without this request's instructions, as OpenAI's does.
+        const asked = (chatBody.messages as Record<string, unknown>[])
+          .slice(typeof (parsed as Record<string, unknown>).instructions === "string" ? 1 : 0);
+        this.#stored.put(storeKey, id, [...asked, ...inputMessages(items, "output")], items);
+      }
       metrics.generated(prompt.length, n, (firstAt - t0) / 1000, (performance.now() - firstAt) / 1000);
     };
     const markFirst = () => (firstAt = performance.now());

@@ -515,7 +515,7 @@ Deno.test({
           // the subset is still a 400.
           response_format: {
             type: "json_schema",
-            json_schema: { name: "x", schema: { type: "string", pattern: "^a" } },
+            json_schema: { name: "x", schema: { type: "array", uniqueItems: true } },
           },
         }),
       (e: unknown) => e instanceof OpenAI.BadRequestError,
@@ -572,7 +572,8 @@ Deno.test({
     );
     await assert.rejects(
       () => client.responses.create({ model: "tiny", input: "x", previous_response_id: "resp_1" }),
-      (e: unknown) => e instanceof OpenAI.BadRequestError,
+      // No stored response of that id: 404, as OpenAI answers.
+      (e: unknown) => e instanceof OpenAI.NotFoundError,
     );
   },
 });
