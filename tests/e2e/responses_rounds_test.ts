@@ -2,7 +2,8 @@
  * Responses round trips through openai-node's `responses.stream()` (its accumulator reads
  * every event): a three-turn conversation continued by `previous_response_id`, then by
  * feeding `response.output` back (reasoning items among them) with an `item_reference`;
- * stored responses are per API key and `store: false` stores nothing.
+ * stored responses are per API key and `store: false` stores nothing. The AI SDK's default
+ * responses provider (store on) sends a second turn's history as `item_reference` items.
  *
  * The server is the real one on loopback; its scheduler plays scripted replies that think
  * first (the tiny model has random weights), recording each prompt.
@@ -10,6 +11,8 @@
 
 import assert from "node:assert/strict";
 import OpenAI from "openai";
+import { generateText } from "ai";
+import { createOpenAI } from "@ai-sdk/openai";
 import type { SequenceRequest, SequenceResult } from "../../engine/generate/scheduler.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { type ServeEngine, startServer } from "../../cli/server/http.ts";
@@ -140,6 +143,52 @@ Deno.test("responses.stream(): three turns by previous_response_id, then output 
       client.responses.create({ model: "tiny", input: "y", previous_response_id: unstored.id }),
       (e: { status: number }) => e.status === 404,
     );
+  } finally {
+    await server.shutdown(0);
+  }
+});
+
+Deno.test("AI SDK responses provider: a second turn sends the first's output as item_reference items, resolved", async () => {
+  const s = new ScriptedScheduler();
+  const server = startServer({
+    hostname: "127.0.0.1",
+    port: 0,
+    modelName: "tiny",
+    parallel: 1,
+    maxQueue: 4,
+    maxBodyBytes: 1 << 20,
+    log: () => {},
+  });
+  const engine: ServeEngine = { scheduler: s, tokenizer: tok, capacity: 4096, vocabSize: VOCAB, bytesRead: () => 0 };
+  server.ready(engine);
+  try {
+    const bodies: Record<string, unknown>[] = [];
+    const openai = createOpenAI({
+      baseURL: `http://127.0.0.1:${server.addr.port}/v1`,
+      apiKey: "none",
+      fetch: (input, init) => {
+        if (typeof init?.body === "string") bodies.push(JSON.parse(init.body));
+        return fetch(input, init);
+      },
+    });
+    const model = openai.responses("tiny");
+    s.scripts.push(thinkingReply("Think one.", "Answer one."));
+    const first = await generateText({ model, prompt: "Question one?" });
+    assert.equal(first.text, "Answer one.");
+    s.scripts.push(thinkingReply("Think two.", "Answer two."));
+    const second = await generateText({
+      model,
+      messages: [
+        { role: "user", content: "Question one?" },
+        ...first.response.messages,
+        { role: "user", content: "Question two?" },
+      ],
+    });
+    assert.equal(second.text, "Answer two.");
+    const input = bodies[1].input as { type?: string }[];
+    assert.ok(input.some((i) => i.type === "item_reference"), JSON.stringify(input));
+    const p2 = s.prompts[1];
+    for (const want of ["Question one?", "Answer one.", "Question two?"]) assert.ok(p2.includes(want), p2);
   } finally {
     await server.shutdown(0);
   }
