@@ -551,8 +551,24 @@ export class Dfa {
   }
 }
 
+/** Automata compiled lately, by their inputs: a client sends the same schema request after request. */
+const compiled = new Map<string, Dfa>();
+/** Automata kept at most. */
+const COMPILED_KEPT = 64;
+
 /** Compiles `pattern` and/or `format` with string lengths `min..max` (throws PatternError). */
 export function compilePattern(pattern: string | undefined, format: string | undefined, min: number, max: number): Dfa {
+  const key = JSON.stringify([pattern, format, min, max === Infinity ? null : max]);
+  let dfa = compiled.get(key);
+  if (dfa === undefined) {
+    dfa = compileAnew(pattern, format, min, max);
+    if (compiled.size >= COMPILED_KEPT) compiled.delete(compiled.keys().next().value!);
+  } else compiled.delete(key);
+  compiled.set(key, dfa);
+  return dfa;
+}
+
+function compileAnew(pattern: string | undefined, format: string | undefined, min: number, max: number): Dfa {
   const asts: { ast: Ast; negate: boolean }[] = [];
   const take = (src: string) => {
     try {
