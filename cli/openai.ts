@@ -44,6 +44,8 @@ export interface RequestSampling {
 export interface CommonRequest {
   /** The requested model name, when given. */
   model?: string;
+  /** Choices to generate (1..128; more than one only unstreamed). */
+  n: number;
   /** Tokens to generate at most; undefined: the endpoint's default. */
   maxTokens?: number;
   /** Which field set maxTokens (for a 400 that names it). */
@@ -149,17 +151,20 @@ function penalties(f: JsonFields): Penalties {
 /** The fields chat and completions share, validated. */
 function common(f: JsonFields): CommonRequest {
   const model = f.string("model");
-  const n = f.int("n", 1, 128);
-  if (n !== undefined && n !== 1) throw bad("n", `'n' must be 1: k3 serve generates one choice per request, got ${n}`);
+  const n = f.int("n", 1, 128) ?? 1;
   const maxTokens = f.int("max_tokens", 1, Number.MAX_SAFE_INTEGER);
   const maxCompletion = f.int("max_completion_tokens", 1, Number.MAX_SAFE_INTEGER);
   const stream = f.boolean("stream") ?? false;
   const opts = f.object("stream_options");
   if (opts && !stream) throw bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
   const includeUsage = opts?.boolean("include_usage") ?? false;
+  if (n > 1 && stream) {
+    throw bad("n", `'n' must be 1 when 'stream' is true: streamed replies carry one choice, got ${n}`);
+  }
   const topK = f.int("top_k", -1, 1e9);
   return {
     model,
+    n,
     // max_completion_tokens is the newer name; when both are given it wins, as in OpenAI.
     maxTokens: maxCompletion ?? maxTokens,
     maxTokensParam: maxCompletion !== undefined ? "max_completion_tokens" : "max_tokens",

@@ -18,8 +18,8 @@ import { createHash, timingSafeEqual } from "node:crypto";
 import { K3Error } from "../../engine/errors.ts";
 import { modelList, type ResponseHead } from "../openai_response.ts";
 import { ApiError, errorBody } from "../openai_error.ts";
-import { type Emit, type Outcome, runTask, type ServeEngine, serveTask } from "./tasks.ts";
-import { ChunkWriter, completionBody, EventStream } from "./stream.ts";
+import { type Emit, type Outcome, runTask, type ServeEngine, type ServeTask, serveTask } from "./tasks.ts";
+import { ChunkWriter, completionBody, EventStream, mergedChoices } from "./stream.ts";
 import { ClientGone, type Http1Limits, Http1Server } from "./http1.ts";
 import { acceptedHosts, checkHost, checkOrigin, corsHeaders, logSafe } from "./guard.ts";
 import { CLIENT_GONE, endpointLabel, Metrics } from "./metrics.ts";
@@ -353,12 +353,28 @@ class HttpServer implements RunningServer {
       metrics.generated(prompt.length, n, (firstAt - t0) / 1000, (performance.now() - firstAt) / 1000);
     };
     const markFirst = () => (firstAt = performance.now());
-    const run = async (emit: Emit): Promise<Outcome> => {
-      const o = await runTask(e, task, ac.signal, emit, markFirst);
+    const run = async (emit: Emit, t = task): Promise<Outcome> => {
+      const o = await runTask(e, t, ac.signal, emit, markFirst);
       if (r.kind === "chat") o.reasoningTokens = reasoningTokens(o.result.tokens, r.thinking, this.#thinkEnd(e));
       return o;
     };
 
+    if (!r.stream && r.n > 1) {
+      // n choices: n sequences of the prompt, choice i sampled from seed + i (the state
+      // cache, when on, prefills the prompt once for all of them).
+      const outs: Outcome[] = [];
+      try {
+        outs.push(...await Promise.all(Array.from({ length: r.n }, (_, i) => run(() => {}, choiceTask(task, i)))));
+      } finally {
+        if (outs.length === 0) finish(undefined);
+        for (const o of outs) finish(o);
+      }
+      if (outs.some((o) => o.result.finishReason === "interrupted")) {
+        if (gone.aborted) throw new ClientGone("closed");
+        throw new ApiError(503, "the request was cancelled: the server is shutting down", null, "cancelled");
+      }
+      return this.#json(200, mergedChoices(outs.map((o) => completionBody(r, head, o, prompt.length))));
+    }
     if (!r.stream) {
       let o: Outcome | undefined;
       try {
@@ -550,6 +566,11 @@ class HttpServer implements RunningServer {
     if (!note.streaming) note.done();
     return res;
   }
+}
+
+/** Choice `i` of a request of several: its task sampled from seed + i (wrapping below 2^53). */
+function choiceTask(task: ServeTask["task"], i: number): ServeTask["task"] {
+  return i === 0 ? task : { ...task, sampling: { ...task.sampling, seed: (task.sampling.seed + i) % 2 ** 53 } };
 }
 
 /** Starts the server; it answers 503 to generation requests until `ready(engine)`. */

@@ -62,6 +62,27 @@ export function completionBody(
     logprobs: r.logprobs ? reply.chatLogprobs() : null,
   });
 }
+/**
+ * The bodies of the `n` choices of one request as one body: the choices in order (choice
+ * `i` at index `i`), the prompt counted once, the completion tokens of all added up.
+ */
+export function mergedChoices(bodies: (ChatCompletion | Completion)[]): ChatCompletion | Completion {
+  const [first] = bodies;
+  const completion = bodies.reduce((sum, b) => sum + (b.usage?.completion_tokens ?? 0), 0);
+  const reasoning = bodies.reduce((sum, b) => sum + (b.usage?.completion_tokens_details?.reasoning_tokens ?? 0), 0);
+  const u = first.usage!;
+  return {
+    ...first,
+    choices: bodies.map((b, i) => ({ ...b.choices[0], index: i })),
+    usage: {
+      ...u,
+      completion_tokens: completion,
+      total_tokens: u.prompt_tokens + completion,
+      ...(u.completion_tokens_details ? { completion_tokens_details: { reasoning_tokens: reasoning } } : {}),
+    },
+  } as ChatCompletion | Completion;
+}
+
 /** A server-sent event stream: events are sent while the client listens, then it closes. */
 export class EventStream {
   /** The response body. */

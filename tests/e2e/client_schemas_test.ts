@@ -4,7 +4,7 @@
  * SDK's `generateObject`; every object the client hands back validates with ajv against
  * the schema the client sent. Also what the issue's clients send besides: a model alias,
  * routes without `/v1`, a body without a JSON type (415), `tool_choice` without tools
- * (400), `reasoning` beside `reasoning_content`.
+ * (400), `reasoning` beside `reasoning_content`, `n` > 1 and the penalties.
  *
  * The server is the real one on loopback (routing, validation, the schema compiler, the
  * constraint, the reply reader); its scheduler draws each token from made-up logits
@@ -226,4 +226,88 @@ Deno.test("names and routes: aliases, routes without /v1, 415 without a JSON typ
     assert.ok(thinking.length > 0, "the reply starts in the think channel");
     for (const d of thinking) assert.equal(d.reasoning, d.reasoning_content);
   });
+});
+
+/** Logits that depend only on the prompt and the step, picked as the engine picks (the request's sampler, its filter). */
+class KnobScheduler {
+  queued = 0;
+  active = 0;
+  submit(req: SequenceRequest): Promise<SequenceResult> {
+    const tokens: number[] = [];
+    const choose = req.choose ?? argmax;
+    let finishReason: SequenceResult["finishReason"] = "length";
+    while (tokens.length < req.maxTokens) {
+      const step = tokens.length, salt = req.prompt.length;
+      // Printable byte tokens only (ids 40..199), so every token is text.
+      const logits = Float32Array.from(
+        { length: VOCAB },
+        (_, k) => (k >= 40 && k < 200 ? Math.sin(k * 12.9898 + step * 78.233 + salt) * 3 : -1e9),
+      );
+      const id = req.grammar ? req.grammar.pick(logits, choose) : choose(logits);
+      tokens.push(id);
+      if (req.onToken?.(id, logits) === true || req.stopIds?.includes(id)) {
+        finishReason = "stop";
+        break;
+      }
+    }
+    return Promise.resolve({
+      tokens,
+      finishReason,
+      promptTokens: req.prompt.length,
+      prefillSeconds: 0,
+      decodeSeconds: 0,
+      stepSeconds: tokens.map(() => 0),
+      cachedTokens: 0,
+    });
+  }
+}
+
+Deno.test("n > 1 and penalties: choice i is the single request of seed + i; runs repeat; logit_bias applies", async () => {
+  const server = startServer({
+    hostname: "127.0.0.1",
+    port: 0,
+    modelName: "tiny",
+    parallel: 4,
+    maxQueue: 16,
+    maxBodyBytes: 1 << 20,
+    log: () => {},
+  });
+  server.ready({
+    scheduler: new KnobScheduler(),
+    tokenizer: tok,
+    capacity: 4096,
+    vocabSize: VOCAB,
+    bytesRead: () => 0,
+  });
+  const url = `http://127.0.0.1:${server.addr.port}/v1/completions`;
+  const complete = async (body: Record<string, unknown>) => {
+    const r = await fetch(url, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt: "Once upon", max_tokens: 12, temperature: 1, ...body }),
+    });
+    const json = await r.json();
+    assert.equal(r.status, 200, JSON.stringify(json));
+    return json as { choices: { index: number; text: string }[]; usage: { completion_tokens: number } };
+  };
+  try {
+    const knobs = { presence_penalty: 0.8, frequency_penalty: 0.4, repetition_penalty: 1.3 };
+    const three = await complete({ n: 3, seed: 7, ...knobs });
+    assert.deepEqual(three.choices.map((c) => c.index), [0, 1, 2]);
+    assert.equal(three.usage.completion_tokens, 36);
+    assert.deepEqual((await complete({ n: 3, seed: 7, ...knobs })).choices, three.choices, "the same choices again");
+    for (let i = 0; i < 3; i++) {
+      const alone = await complete({ seed: 7 + i, ...knobs });
+      assert.equal(alone.choices[0].text, three.choices[i].text, `choice ${i} is the request of seed ${7 + i}`);
+    }
+    assert.ok(new Set(three.choices.map((c) => c.text)).size > 1, "different seeds sample differently");
+    const plain = await complete({ seed: 7 });
+    assert.notEqual(plain.choices[0].text, three.choices[0].text, "the penalties change the sample");
+    // A bias of 100 on one token makes it every pick, greedy or sampled.
+    const id = tok.encode("Z")[0];
+    const biased = await complete({ seed: 3, logit_bias: { [String(id)]: 100 } });
+    assert.equal(biased.choices[0].text, "Z".repeat(12));
+  } finally {
+    await server.shutdown(0);
+  }
 });
