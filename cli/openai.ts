@@ -397,7 +397,7 @@ export function parseCompletionRequest(body: unknown, vocab: number): Completion
     throw bad("prompt", "'prompt' must not be empty");
   }
   if (Array.isArray(raw) && raw.every((x) => typeof x === "string" || Array.isArray(x))) {
-    throw bad("prompt", `'prompt' holds ${raw.length} prompts: k3 serve takes one per request`);
+    throw bad("prompt", `'prompt' holds ${raw.length} prompts: a batch line takes one`);
   }
   if (typeof raw !== "string" && !Array.isArray(raw)) throw requestError(f.problemOf("prompt", expected));
   const expectedId = `a token id in 0..${vocab - 1}`;

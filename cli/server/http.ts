@@ -18,7 +18,15 @@ import { createHash, timingSafeEqual } from "node:crypto";
 import { K3Error } from "../../engine/errors.ts";
 import { modelList, type ResponseHead } from "../openai_response.ts";
 import { ApiError, errorBody } from "../openai_error.ts";
-import { type Emit, type Outcome, runTask, type ServeEngine, type ServeTask, serveTask } from "./tasks.ts";
+import {
+  type Emit,
+  type Outcome,
+  promptBodies,
+  runTask,
+  type ServeEngine,
+  type ServeTask,
+  serveTask,
+} from "./tasks.ts";
 import { ChunkWriter, completionBody, EventStream, mergedChoices } from "./stream.ts";
 import { ClientGone, type Http1Limits, Http1Server } from "./http1.ts";
 import { acceptedHosts, checkHost, checkOrigin, corsHeaders, logSafe } from "./guard.ts";
@@ -307,9 +315,11 @@ class HttpServer implements RunningServer {
     const storeKey = req.headers.get("authorization") ?? "";
     const chatBody = kind === "responses" ? chatBodyOfResponses(parsed, this.#stored.lookup(storeKey)) : undefined;
     const storing = chatBody !== undefined && (parsed as Record<string, unknown>).store !== false;
-    const { request: r, task } = kind === "responses"
-      ? serveTask(e, "chat", chatBody, this.#names)
-      : serveTask(e, kind, parsed, this.#names);
+    // Several prompts in one completions request: one task each, answered as one body.
+    const served = kind === "responses"
+      ? [serveTask(e, "chat", chatBody, this.#names)]
+      : (kind === "completion" ? promptBodies(parsed) : [parsed]).map((b) => serveTask(e, kind, b, this.#names));
+    const { request: r, task } = served[0];
     const prompt = task.promptIds;
     const { ac, release } = this.#admit();
 
@@ -359,12 +369,14 @@ class HttpServer implements RunningServer {
       return o;
     };
 
-    if (!r.stream && r.n > 1) {
-      // n choices: n sequences of the prompt, choice i sampled from seed + i (the state
-      // cache, when on, prefills the prompt once for all of them).
+    if (!r.stream && (r.n > 1 || served.length > 1)) {
+      // n choices of each prompt: n sequences of it, choice i sampled from seed + i (the
+      // state cache, when on, prefills the prompt once for all of them); choice i of
+      // prompt j answers at index j * n + i, as OpenAI's.
+      const tasks = served.flatMap((s) => Array.from({ length: r.n }, (_, i) => choiceTask(s.task, i)));
       const outs: Outcome[] = [];
       try {
-        outs.push(...await Promise.all(Array.from({ length: r.n }, (_, i) => run(() => {}, choiceTask(task, i)))));
+        outs.push(...await Promise.all(tasks.map((t) => run(() => {}, t))));
       } finally {
         if (outs.length === 0) finish(undefined);
         for (const o of outs) finish(o);
@@ -373,7 +385,8 @@ class HttpServer implements RunningServer {
         if (gone.aborted) throw new ClientGone("closed");
         throw new ApiError(503, "the request was cancelled: the server is shutting down", null, "cancelled");
       }
-      return this.#json(200, mergedChoices(outs.map((o) => completionBody(r, head, o, prompt.length))));
+      const bodies = outs.map((o, k) => completionBody(r, head, o, tasks[k].promptIds.length));
+      return this.#json(200, mergedChoices(bodies, served.reduce((sum, s) => sum + s.task.promptIds.length, 0)));
     }
     if (!r.stream) {
       let o: Outcome | undefined;

@@ -63,10 +63,14 @@ export function completionBody(
   });
 }
 /**
- * The bodies of the `n` choices of one request as one body: the choices in order (choice
- * `i` at index `i`), the prompt counted once, the completion tokens of all added up.
+ * The bodies of the choices of one request as one body: the choices in order (body `i` at
+ * index `i`), `promptTokens` (each prompt counted once), the completion tokens of all
+ * added up.
  */
-export function mergedChoices(bodies: (ChatCompletion | Completion)[]): ChatCompletion | Completion {
+export function mergedChoices(
+  bodies: (ChatCompletion | Completion)[],
+  promptTokens: number,
+): ChatCompletion | Completion {
   const [first] = bodies;
   const completion = bodies.reduce((sum, b) => sum + (b.usage?.completion_tokens ?? 0), 0);
   const reasoning = bodies.reduce((sum, b) => sum + (b.usage?.completion_tokens_details?.reasoning_tokens ?? 0), 0);
@@ -76,8 +80,9 @@ export function mergedChoices(bodies: (ChatCompletion | Completion)[]): ChatComp
     choices: bodies.map((b, i) => ({ ...b.choices[0], index: i })),
     usage: {
       ...u,
+      prompt_tokens: promptTokens,
       completion_tokens: completion,
-      total_tokens: u.prompt_tokens + completion,
+      total_tokens: promptTokens + completion,
       ...(u.completion_tokens_details ? { completion_tokens_details: { reasoning_tokens: reasoning } } : {}),
     },
   } as ChatCompletion | Completion;

@@ -130,6 +130,29 @@ export function serveTask(
   return { request: r, task };
 }
 
+/** Prompts in one completions request at most. */
+export const MAX_PROMPTS = 128;
+
+/**
+ * A completions body whose `prompt` lists several prompts (texts, or lists of ids) as one
+ * body per prompt, as OpenAI and vLLM serve them (unstreamed); any other body as itself.
+ */
+export function promptBodies(body: unknown): unknown[] {
+  if (typeof body !== "object" || body === null || Array.isArray(body)) return [body];
+  const b = body as Record<string, unknown>;
+  const list = b.prompt;
+  if (!Array.isArray(list) || list.length < 2 || !list.every((p) => typeof p === "string" || Array.isArray(p))) {
+    return [body];
+  }
+  if (list.length > MAX_PROMPTS) {
+    throw new ApiError(400, `'prompt' holds ${list.length} prompts, at most ${MAX_PROMPTS}`, "prompt");
+  }
+  if (b.stream === true) {
+    throw new ApiError(400, "'prompt' must be one prompt when 'stream' is true", "prompt");
+  }
+  return list.map((prompt) => ({ ...b, prompt }));
+}
+
 /** Runs a task as one scheduler sequence; `emit` gets events as they become safe to send. */
 export async function runTask(
   e: ServeEngine,

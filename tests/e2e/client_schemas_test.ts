@@ -262,7 +262,7 @@ class KnobScheduler {
   }
 }
 
-Deno.test("n > 1 and penalties: choice i is the single request of seed + i; runs repeat; logit_bias applies", async () => {
+Deno.test("n > 1, several prompts and penalties: choice i is the single request of seed + i; runs repeat; logit_bias applies", async () => {
   const server = startServer({
     hostname: "127.0.0.1",
     port: 0,
@@ -303,6 +303,18 @@ Deno.test("n > 1 and penalties: choice i is the single request of seed + i; runs
     assert.ok(new Set(three.choices.map((c) => c.text)).size > 1, "different seeds sample differently");
     const plain = await complete({ seed: 7 });
     assert.notEqual(plain.choices[0].text, three.choices[0].text, "the penalties change the sample");
+    // Several prompts: each one's n choices, in prompt order, each equal to its request alone.
+    const prompts = ["Once upon", "A long time ago in a"];
+    const both = await complete({ prompt: prompts, n: 2, seed: 11 });
+    assert.deepEqual(both.choices.map((c) => c.index), [0, 1, 2, 3]);
+    for (const [j, p] of prompts.entries()) {
+      for (let i = 0; i < 2; i++) {
+        const alone = await complete({ prompt: p, seed: 11 + i });
+        assert.equal(both.choices[j * 2 + i].text, alone.choices[0].text, `prompt ${j} choice ${i}`);
+      }
+    }
+    const usage = (both as unknown as { usage: { prompt_tokens: number } }).usage;
+    assert.equal(usage.prompt_tokens, tok.encode(prompts[0]).length + tok.encode(prompts[1]).length);
     // A bias of 100 on one token makes it every pick, greedy or sampled.
     const id = tok.encode("Z")[0];
     const biased = await complete({ seed: 3, logit_bias: { [String(id)]: 100 } });
