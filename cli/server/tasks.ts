@@ -115,6 +115,10 @@ export function serveTask(
       "model_not_found",
     );
   }
+  const outside = [...r.penalties.bias.keys()].find((id) => id >= e.vocabSize);
+  if (outside !== undefined) {
+    throw new ApiError(400, `'logit_bias' names token ${outside}, outside the vocabulary`, `logit_bias.${outside}`);
+  }
   let task: Task;
   try {
     task = openaiTask(r, {

@@ -319,6 +319,13 @@ Deno.test("n > 1, several prompts and penalties: choice i is the single request 
     const id = tok.encode("Z")[0];
     const biased = await complete({ seed: 3, logit_bias: { [String(id)]: 100 } });
     assert.equal(biased.choices[0].text, "Z".repeat(12));
+    const outside = await fetch(url, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt: "x", logit_bias: { [String(VOCAB)]: 1 } }),
+    });
+    assert.equal(outside.status, 400);
+    assert.equal((await outside.json()).error.param, `logit_bias.${VOCAB}`);
   } finally {
     await server.shutdown(0);
   }
