@@ -3,10 +3,11 @@
  * ids): a synthetic tokenizer made of the tiny model's 768 ranks plus generated ranks
  * (words of the test corpus with and without a leading space, numbers, JSON punctuation,
  * whitespace runs, CJK characters) and 256 added tokens. Per step of a JSON reply, once
- * following a schema and once as any JSON (`json_object`: free keys), and per step of the
- * same document as a forced tool call in the trained form (`tool_call`: argument elements,
- * strings raw), each mode with its own constraint (so its state table and mask cache
- * start cold every round):
+ * following a schema and once as any JSON (`json_object`: free keys), per step of the same
+ * document as a forced tool call in the trained form (`tool_call`: argument elements, strings
+ * raw), and once following a schema as clients write them (`client`: integer and number
+ * bounds, a pattern, the uuid, date-time, email and uri formats), each mode with its own
+ * constraint (so its state table and mask cache start cold every round):
  *
  * - greedy, the argmax allowed (the common case: one token checked);
  * - greedy, the three best tokens refused (re-takes of the argmax);
@@ -42,6 +43,8 @@ import { argmax, makeSampler } from "../engine/generate/sampling.ts";
 import { openModel } from "../engine/open.ts";
 import { Scheduler, type TokenFilter } from "../engine/generate/scheduler.ts";
 import { Lit, Num, Obj, type State, Str, Value } from "../engine/generate/grammar/automaton.ts";
+import { Ranged } from "../engine/generate/grammar/numbers.ts";
+import { PatternStr } from "../engine/generate/grammar/patterns.ts";
 
 const USAGE = "usage: deno run -A bench/grammar.ts [--rounds N] [--steps N] [--json] [--skip-slice]";
 const { values } = benchArgs(USAGE, {
@@ -185,6 +188,32 @@ const callTarget = (() => {
     m.closeTools + m.closeMessage;
   return [...tok.encode(text, { allowSpecial: true }), eos];
 })();
+/** What clients generate (zod 4, pydantic): integer and number bounds, a pattern, formats. */
+const CLIENT_SCHEMA = {
+  type: "object",
+  properties: {
+    id: { type: "string", format: "uuid" },
+    created: { type: "string", format: "date-time" },
+    email: { type: "string", format: "email" },
+    code: { type: "string", pattern: "^[A-Z]{2}-\\d{3}$" },
+    site: { type: "string", format: "uri" },
+    count: { type: "integer", minimum: -9007199254740991, maximum: 9007199254740991 },
+    score: { type: "number", minimum: 0, exclusiveMaximum: 10 },
+    step: { type: "integer", minimum: 0, maximum: 1000, multipleOf: 5 },
+  },
+  required: ["id", "created", "email", "code", "site", "count", "score", "step"],
+  additionalProperties: false,
+};
+const CLIENT_DOC = {
+  id: "123e4567-e89b-12d3-a456-426614174000",
+  created: "2024-02-29T12:00:00Z",
+  email: "ann.lee@example.com",
+  code: "KX-042",
+  site: "https://example.com/harbour?night=long",
+  count: 1234567,
+  score: 7.25,
+  step: 125,
+};
 const GRAMMARS: Record<string, { spec: GrammarSpec; target: number[] }> = {
   schema: { spec: { kind: "value", value: compileSchema(SCHEMA) }, target },
   json_object: { spec: { kind: "value", value: compileSchema({}) }, target },
@@ -197,6 +226,10 @@ const GRAMMARS: Record<string, { spec: GrammarSpec; target: number[] }> = {
       reply: "response",
     },
     target: callTarget,
+  },
+  client: {
+    spec: { kind: "value", value: compileSchema(CLIENT_SCHEMA) },
+    target: [...tok.encode(JSON.stringify(CLIENT_DOC, null, 2)), eos],
   },
 };
 type GrammarName = keyof typeof GRAMMARS;
@@ -221,6 +254,8 @@ function stateKind(state: State): string {
   if (top instanceof Str) return top.n === 0 && top.esc === 0 && top.cont === 0 ? "string entry" : "string";
   if (top instanceof Obj) return top.phase === 2 ? (top.key === "" ? "key entry" : "key") : "object";
   if (top instanceof Num) return "number";
+  if (top instanceof Ranged) return "bounded number";
+  if (top instanceof PatternStr) return top.n === 0 && top.mode === 0 ? "pattern entry" : "pattern";
   if (top instanceof Value) return "value start";
   if (top instanceof Lit) return "literal";
   return top.constructor.name.toLowerCase();

@@ -21,6 +21,7 @@ import type { GNode } from "../engine/generate/grammar/automaton.ts";
 import { ANY_OBJECT, compileSchema, SchemaError } from "../engine/generate/grammar/schema.ts";
 import { JsonFields, type JsonKey } from "../engine/json_fields.ts";
 import { ApiError, bad, need, refuse, REQUEST, requestError } from "./openai_error.ts";
+import type { Penalties } from "../engine/generate/penalties.ts";
 
 // cli/chat.ts reads `k3 chat --tools` with parseTools and catches its ApiError from here.
 export { ApiError };
@@ -43,6 +44,8 @@ export interface RequestSampling {
 export interface CommonRequest {
   /** The requested model name, when given. */
   model?: string;
+  /** Choices to generate (1..128; more than one only unstreamed). */
+  n: number;
   /** Tokens to generate at most; undefined: the endpoint's default. */
   maxTokens?: number;
   /** Which field set maxTokens (for a 400 that names it). */
@@ -51,6 +54,8 @@ export interface CommonRequest {
   sampling: RequestSampling;
   /** Stop strings (never emitted). */
   stop: string[];
+  /** presence/frequency/repetition penalties and logit_bias (neutral when not given). */
+  penalties: Penalties;
   /** Answer as server-sent events. */
   stream: boolean;
   /** stream_options.include_usage. */
@@ -128,24 +133,43 @@ function stopString(f: JsonFields, k: JsonKey): string {
   return s;
 }
 
+/** presence_penalty, frequency_penalty, repetition_penalty and logit_bias (engine/generate/penalties.ts). */
+function penalties(f: JsonFields): Penalties {
+  const bias = new Map<number, number>();
+  const b = f.object("logit_bias");
+  if (b) {
+    for (const key of Object.keys(b.value)) {
+      if (!/^(0|[1-9]\d{0,9})$/.test(key)) {
+        throw bad(b.name(key), `'logit_bias' keys must be token ids, got ${JSON.stringify(key.slice(0, 40))}`);
+      }
+      bias.set(Number(key), need(b, key, b.number(key, { min: -100, max: 100 }), "a number in -100..100"));
+    }
+  }
+  return {
+    presence: f.number("presence_penalty", { min: -2, max: 2 }) ?? 0,
+    frequency: f.number("frequency_penalty", { min: -2, max: 2 }) ?? 0,
+    repetition: f.number("repetition_penalty", { min: 0, max: 2, minOpen: true }) ?? 1,
+    bias,
+  };
+}
+
 /** The fields chat and completions share, validated. */
 function common(f: JsonFields): CommonRequest {
   const model = f.string("model");
-  const n = f.int("n", 1, 128);
-  if (n !== undefined && n !== 1) throw bad("n", `'n' must be 1: k3 serve generates one choice per request, got ${n}`);
+  const n = f.int("n", 1, 128) ?? 1;
   const maxTokens = f.int("max_tokens", 1, Number.MAX_SAFE_INTEGER);
   const maxCompletion = f.int("max_completion_tokens", 1, Number.MAX_SAFE_INTEGER);
   const stream = f.boolean("stream") ?? false;
   const opts = f.object("stream_options");
   if (opts && !stream) throw bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
   const includeUsage = opts?.boolean("include_usage") ?? false;
-  refuse(f, "logit_bias", "logit biases are not applied", [{}]);
-  refuse(f, "presence_penalty", "penalties are not applied", [0]);
-  refuse(f, "frequency_penalty", "penalties are not applied", [0]);
-  refuse(f, "repetition_penalty", "penalties are not applied", [1]);
+  if (n > 1 && stream) {
+    throw bad("n", `'n' must be 1 when 'stream' is true: streamed replies carry one choice, got ${n}`);
+  }
   const topK = f.int("top_k", -1, 1e9);
   return {
     model,
+    n,
     // max_completion_tokens is the newer name; when both are given it wins, as in OpenAI.
     maxTokens: maxCompletion ?? maxTokens,
     maxTokensParam: maxCompletion !== undefined ? "max_completion_tokens" : "max_tokens",
@@ -157,6 +181,7 @@ function common(f: JsonFields): CommonRequest {
       minP: f.number("min_p", { min: 0, max: 1 - Number.EPSILON }),
       seed: f.int("seed", 0, Number.MAX_SAFE_INTEGER),
     },
+    penalties: penalties(f),
     stop: stops(f),
     stream,
     includeUsage,
@@ -301,8 +326,9 @@ function toolChoice(f: JsonFields, tools: ToolDecl[] | undefined): ToolChoice | 
   } else {
     throw requestError(f.problemOf("tool_choice", '"none", "auto", "required" or {"type": "function", ...}'));
   }
-  if (choice === "required" && !(tools && tools.length > 0)) {
-    throw bad("tool_choice", "'tool_choice' is \"required\" but 'tools' declares none");
+  // As OpenAI and vLLM answer: a tool_choice (even "none" or "auto") wants tools.
+  if (!(tools && tools.length > 0)) {
+    throw bad("tool_choice", `'tool_choice' is ${JSON.stringify(choice)} but 'tools' declares none`);
   }
   return choice;
 }
@@ -433,7 +459,7 @@ export function parseCompletionRequest(body: unknown, vocab: number): Completion
     throw bad("prompt", "'prompt' must not be empty");
   }
   if (Array.isArray(raw) && raw.every((x) => typeof x === "string" || Array.isArray(x))) {
-    throw bad("prompt", `'prompt' holds ${raw.length} prompts: k3 serve takes one per request`);
+    throw bad("prompt", `'prompt' holds ${raw.length} prompts: a batch line takes one`);
   }
   if (typeof raw !== "string" && !Array.isArray(raw)) throw requestError(f.problemOf("prompt", expected));
   const expectedId = `a token id in 0..${vocab - 1}`;

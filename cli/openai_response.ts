@@ -109,6 +109,8 @@ export interface ChatCompletion extends ResponseHead {
       role: "assistant";
       content: string | null;
       reasoning_content: string | null;
+      /** The same text under the name newer vLLM clients read. */
+      reasoning: string | null;
       refusal: null;
       tool_calls?: ToolCallBody[];
     };
@@ -139,7 +141,7 @@ export interface Completion extends ResponseHead {
   usage?: Usage | null;
 }
 
-/** `GET /v1/models`. */
+/** `GET /v1/models`: every name served, the first one first. */
 export interface ModelList {
   /** Always "list". */
   object: "list";
@@ -173,6 +175,7 @@ export function chatCompletion(
         // With tool calls and no text, content is null, as OpenAI answers.
         content: calls.length > 0 && out.content === "" ? null : out.content,
         reasoning_content: out.reasoning,
+        reasoning: out.reasoning,
         refusal: null,
         ...(calls.length > 0 ? { tool_calls: calls } : {}),
       },
@@ -191,6 +194,8 @@ export interface ChatDelta {
   content?: string;
   /** Think-channel text. */
   reasoning_content?: string;
+  /** The same text under the name newer vLLM clients read. */
+  reasoning?: string;
   /** Tool calls: the first delta of a call has its id, type and name, later ones more arguments. */
   tool_calls?: {
     index: number;
@@ -271,7 +276,10 @@ export function completionChunk(
   };
 }
 
-/** `GET /v1/models`. */
-export function modelList(name: string, created: number): ModelList {
-  return { object: "list" as const, data: [{ id: name, object: "model" as const, created, owned_by: "k3" }] };
+/** `GET /v1/models`: every name served, the first one first. */
+export function modelList(names: readonly string[], created: number): ModelList {
+  return {
+    object: "list" as const,
+    data: names.map((id) => ({ id, object: "model" as const, created, owned_by: "k3" })),
+  };
 }

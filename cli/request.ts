@@ -17,6 +17,7 @@ import { type ChatOptions, chatPromptParts, type MessageSpan, stopIds as chatSto
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
 import { ApiError, type ChatRequest, type CompletionRequest, type RequestSampling } from "./openai.ts";
 import type { GrammarSpec } from "../engine/generate/grammar/forms.ts";
+import { neutral, type Penalties } from "../engine/generate/penalties.ts";
 import { chatGrammar } from "./structured.ts";
 
 /** What one request asks the scheduler to run, whichever command it came from. */
@@ -47,6 +48,8 @@ export interface Task {
   /** A thinking chat: reasoning tokens before the think channel is closed for the reply
    * (engine/generate/reasoning_budget.ts); undefined: no budget. */
   reasoningBudget?: number;
+  /** Logit adjustments applied before each pick (engine/generate/penalties.ts). */
+  penalties?: Penalties;
 }
 
 /** OpenAI's sampling defaults (temperature 1 over all tokens), for `/v1/completions`. */
@@ -216,5 +219,6 @@ export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContex
     ...(grammar ? { grammar } : {}),
     ...(budget !== undefined ? { reasoningBudget: budget } : {}),
     ...(messages !== undefined ? { messages } : {}),
+    ...(neutral(r.penalties) ? {} : { penalties: r.penalties }),
   };
 }

@@ -81,6 +81,7 @@ export function parseOpenAILine(
   try {
     const r = o.url === "/v1/chat/completions" ? parseChatRequest(o.body) : parseCompletionRequest(o.body, opts.vocab);
     if (r.stream) throw new ApiError(400, "'stream' must be false in a batch", "stream");
+    if (r.n > 1) throw new ApiError(400, `'n' must be 1 in a batch (one line, one choice), got ${r.n}`, "n");
     // A chat without max_tokens runs to --gen (the model's limit here), as serve's to its context.
     const task = openaiTask(r, {
       tokenizer: opts.tokenizer(),

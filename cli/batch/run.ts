@@ -6,6 +6,7 @@
  * @module
  */
 
+import { withPenalties } from "../../engine/generate/penalties.ts";
 import { Scheduler, type SequenceResult } from "../../engine/generate/scheduler.ts";
 import { ledgerBetween, type LedgerMark, type LedgerReport, markLedger } from "../../engine/generate/ledger.ts";
 import type { K3Model } from "../../engine/model/model.ts";
@@ -172,8 +173,11 @@ export async function runJobs(model: K3Model, todo: Job[], opts: RunOptions): Pr
         maxTokens: job.maxTokens,
         stopIds: job.stopIds,
         choose: makeSampler(job.sampling),
-        grammar: tokenizer &&
-          taskFilter(job, tokenizer, model.cfg.vocabSize, job.stopIds, job.logprobs !== undefined),
+        grammar: withPenalties(
+          tokenizer && taskFilter(job, tokenizer, model.cfg.vocabSize, job.stopIds, job.logprobs !== undefined),
+          job.penalties,
+          job.promptIds,
+        ),
         onToken: (token, logits) => {
           if (!reply) return;
           const chat = job.chat || task?.chat;

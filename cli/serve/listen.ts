@@ -56,6 +56,8 @@ export interface PreparedServe {
   apiKey?: string;
   /** The name clients send and see. */
   modelName: string;
+  /** Other names a request may send (`--served-model-name` repeated). */
+  modelAliases: string[];
 }
 
 /** Reads the key, the config and the tokenizer (refused now if it lacks the chat template's ends). */
@@ -66,7 +68,13 @@ export async function prepareServe(o: ServeOptions): Promise<PreparedServe> {
   // Every request stops at the chat template's end tokens: without them, refuse now rather
   // than fail each request.
   stopIds(tokenizer);
-  return { config, tokenizer, apiKey, modelName: o.servedModelName ?? basename(o.dir.replace(/\/+$/, "")) };
+  return {
+    config,
+    tokenizer,
+    apiKey,
+    modelName: o.servedModelName ?? basename(o.dir.replace(/\/+$/, "")),
+    modelAliases: o.modelAliases,
+  };
 }
 
 /** A server that listens, not yet ready. */
@@ -87,6 +95,7 @@ export function listen(o: ServeOptions, p: PreparedServe): Listening {
     hostname: o.host,
     port: o.port,
     modelName: p.modelName,
+    modelAliases: p.modelAliases,
     apiKey: p.apiKey,
     parallel: o.parallel,
     maxQueue: o.maxQueue,

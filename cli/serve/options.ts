@@ -38,8 +38,10 @@ const SERVER_GROUP: FlagGroup = {
     "api-key": { type: "string", value: "KEY", help: "the same with the key on the command line (visible in ps)" },
     "served-model-name": {
       type: "string",
+      multiple: true,
       value: "NAME",
-      help: "the model name clients send and see (default: the directory's name)",
+      help: "the model name clients send and see (default: the directory's name;\n" +
+        "repeatable: every name is served, the first one listed first)",
     },
     parallel: {
       type: "string",
@@ -139,8 +141,10 @@ export interface ServeOptions {
   limits: Partial<typeof DEFAULT_LIMITS>;
   /** --allowed-host names. */
   allowedHosts: string[];
-  /** --served-model-name. */
+  /** The first --served-model-name. */
   servedModelName?: string;
+  /** The other --served-model-names: aliases a request may name. */
+  modelAliases: string[];
   /** The model group. */
   model: ModelFlags;
   /** The memory budget. */
@@ -194,7 +198,8 @@ export function serveOptions(args: string[]): ServeOptions | undefined {
       ),
     },
     allowedHosts: flags.list("allowed-host") ?? [],
-    servedModelName: flags.str("served-model-name"),
+    servedModelName: flags.list("served-model-name")?.[0],
+    modelAliases: flags.list("served-model-name")?.slice(1) ?? [],
     model: modelFlags(values),
     memory: memoryOptions(tokens),
     stateCache: stateCacheFlags(values),

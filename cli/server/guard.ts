@@ -57,18 +57,23 @@ export function checkHost(req: Request, accepted: Set<string> | undefined): void
   }
 }
 
-/** Body types a browser sends cross-origin without a preflight: never JSON. */
-const SIMPLE_TYPES = ["text/plain", "multipart/form-data"];
-
 /**
- * Throws 403 for a cross-origin POST `--cors` does not allow, 415 for a body type a
- * browser could send without a preflight.
+ * Throws 403 for a cross-origin POST `--cors` does not allow, 415 for a body that is not
+ * typed as JSON (as OpenAI answers; a body type a browser could send without a preflight
+ * among them).
  */
 export function checkOrigin(req: Request, o: GuardOptions): void {
   if (req.method !== "POST") return;
   const type = (req.headers.get("content-type") ?? "").split(";")[0].trim().toLowerCase();
-  if (SIMPLE_TYPES.includes(type)) {
-    throw new ApiError(415, `the body must be application/json, not ${type}`, null, "unsupported_media_type");
+  // The body types a browser sends cross-origin without a preflight are never JSON, so this
+  // also keeps pages from starting generations.
+  if (type !== "application/json" && !/^application\/[a-z0-9.+-]*\+json$/.test(type)) {
+    throw new ApiError(
+      415,
+      `the body must be application/json, not ${type === "" ? "untyped" : logSafe(type, 60)}`,
+      null,
+      "unsupported_media_type",
+    );
   }
   checkSameOrigin(req, o);
 }

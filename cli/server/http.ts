@@ -18,14 +18,23 @@ import { createHash, timingSafeEqual } from "node:crypto";
 import { K3Error } from "../../engine/errors.ts";
 import { modelList, type ResponseHead } from "../openai_response.ts";
 import { ApiError, errorBody } from "../openai_error.ts";
-import { type Emit, type Outcome, runTask, type ServeEngine, serveTask } from "./tasks.ts";
-import { ChunkWriter, completionBody, EventStream } from "./stream.ts";
+import {
+  type Emit,
+  type Outcome,
+  promptBodies,
+  runTask,
+  type ServeEngine,
+  type ServeTask,
+  serveTask,
+} from "./tasks.ts";
+import { ChunkWriter, completionBody, EventStream, mergedChoices } from "./stream.ts";
 import { ClientGone, type Http1Limits, Http1Server } from "./http1.ts";
 import { applyTemplateBody, detokenizeBody, tokenizeBody } from "../chat_render.ts";
 import { acceptedHosts, checkHost, checkOrigin, checkSameOrigin, corsHeaders, logSafe } from "./guard.ts";
 import { CLIENT_GONE, endpointLabel, Metrics } from "./metrics.ts";
 import {
   chatBodyOfResponses,
+  inputMessages,
   modelObject,
   outputItems,
   ResponseEventWriter,
@@ -33,6 +42,7 @@ import {
   type ResponsesHead,
 } from "./responses.ts";
 import { isWebPath, webAsset } from "./web.ts";
+import { ResponseStore } from "./response_store.ts";
 
 export type { ServeEngine } from "./tasks.ts";
 
@@ -44,6 +54,8 @@ export interface ServerOptions {
   port: number;
   /** The model name answered in responses and /v1/models. */
   modelName: string;
+  /** Other names a request may send, listed in /v1/models after the first. */
+  modelAliases?: string[];
   /** When set, every endpoint but /health wants `Authorization: Bearer <apiKey>`. */
   apiKey?: string;
   /** Sequences generating at once (the scheduler's batch). */
@@ -209,6 +221,8 @@ class HttpServer implements RunningServer {
   readonly #apiKey: Uint8Array | undefined;
   readonly #hosts: Set<string> | undefined;
   readonly #created = Math.floor(Date.now() / 1000);
+  /** Stored responses (`store`, `previous_response_id`, `item_reference`). */
+  readonly #stored = new ResponseStore();
   /** Requests admitted and not yet answered, each with the controller that cancels it. */
   readonly #inFlight = new Set<AbortController>();
   /** Open status streams, each with the function that ends it (at shutdown). */
@@ -359,9 +373,15 @@ class HttpServer implements RunningServer {
     if (!e) throw new ApiError(503, "the model is still loading", null, "model_loading");
     checkOrigin(req, this.#guard());
     const parsed = await readJsonBody(req, opts.maxBodyBytes);
-    const { request: r, task } = kind === "responses"
-      ? serveTask(e, "chat", chatBodyOfResponses(parsed), opts.modelName)
-      : serveTask(e, kind, parsed, opts.modelName);
+    // Responses are stored per API key (the Authorization header) unless `store` is false.
+    const storeKey = req.headers.get("authorization") ?? "";
+    const chatBody = kind === "responses" ? chatBodyOfResponses(parsed, this.#stored.lookup(storeKey)) : undefined;
+    const storing = chatBody !== undefined && (parsed as Record<string, unknown>).store !== false;
+    // Several prompts in one completions request: one task each, answered as one body.
+    const served = kind === "responses"
+      ? [serveTask(e, "chat", chatBody, this.#names)]
+      : (kind === "completion" ? promptBodies(parsed) : [parsed]).map((b) => serveTask(e, kind, b, this.#names));
+    const { request: r, task } = served[0];
     const prompt = task.promptIds;
     const { ac, release } = this.#admit();
 
@@ -374,7 +394,12 @@ class HttpServer implements RunningServer {
       model: opts.modelName,
       system_fingerprint: opts.fingerprint,
     };
-    const rhead: ResponsesHead = { ...head, maxOutputTokens: r.maxTokens ?? null };
+    const rhead: ResponsesHead = {
+      ...head,
+      maxOutputTokens: r.maxTokens ?? null,
+      store: storing,
+      previousResponseId: ((parsed as Record<string, unknown>).previous_response_id as string | undefined) ?? null,
+    };
     const itemIds = { reasoning: randomId("rs_"), message: randomId("msg_") };
     const onGone = () => ac.abort(new ClientGone("closed"));
     // The HTTP layer aborts `gone` the moment the client's side of the connection ends,
@@ -392,15 +417,41 @@ class HttpServer implements RunningServer {
       note.tokensIn = prompt.length;
       note.tokensOut = n;
       note.finish = o.result.finishReason;
+      if (storing && r.kind === "chat" && o.result.finishReason !== "interrupted") {
+        const items = outputItems(r, o, itemIds);
+        // The conversation goes on without this request's instructions, as OpenAI's does.
+        const asked = (chatBody.messages as Record<string, unknown>[])
+          .slice(typeof (parsed as Record<string, unknown>).instructions === "string" ? 1 : 0);
+        this.#stored.put(storeKey, id, [...asked, ...inputMessages(items, "output")], items);
+      }
       metrics.generated(prompt.length, n, (firstAt - t0) / 1000, (performance.now() - firstAt) / 1000);
     };
     const markFirst = () => (firstAt = performance.now());
-    const run = async (emit: Emit): Promise<Outcome> => {
-      const o = await runTask(e, task, ac.signal, emit, markFirst, watch);
+    const run = async (emit: Emit, t = task): Promise<Outcome> => {
+      const o = await runTask(e, t, ac.signal, emit, markFirst, watch);
       if (r.kind === "chat") o.reasoningTokens = reasoningTokens(o.result.tokens, r.thinking, this.#thinkEnd(e));
       return o;
     };
 
+    if (!r.stream && (r.n > 1 || served.length > 1)) {
+      // n choices of each prompt: n sequences of it, choice i sampled from seed + i (the
+      // state cache, when on, prefills the prompt once for all of them); choice i of
+      // prompt j answers at index j * n + i, as OpenAI's.
+      const tasks = served.flatMap((s) => Array.from({ length: r.n }, (_, i) => choiceTask(s.task, i)));
+      const outs: Outcome[] = [];
+      try {
+        outs.push(...await Promise.all(tasks.map((t) => run(() => {}, t))));
+      } finally {
+        if (outs.length === 0) finish(undefined);
+        for (const o of outs) finish(o);
+      }
+      if (outs.some((o) => o.result.finishReason === "interrupted")) {
+        if (gone.aborted) throw new ClientGone("closed");
+        throw new ApiError(503, "the request was cancelled: the server is shutting down", null, "cancelled");
+      }
+      const bodies = outs.map((o, k) => completionBody(r, head, o, tasks[k].promptIds.length));
+      return this.#json(200, mergedChoices(bodies, served.reduce((sum, s) => sum + s.task.promptIds.length, 0)));
+    }
     if (!r.stream) {
       let o: Outcome | undefined;
       try {
@@ -487,6 +538,11 @@ class HttpServer implements RunningServer {
     return e;
   }
 
+  /** Every name this server answers to, the first one first. */
+  get #names(): string[] {
+    return [this.#opts.modelName, ...(this.#opts.modelAliases ?? [])];
+  }
+
   async #route(req: Request, path: string, note: LogNote, gone: AbortSignal): Promise<Response> {
     checkHost(req, this.#hosts);
     if (req.method === "OPTIONS" && this.#opts.cors) return new Response(null, { status: 204 });
@@ -520,7 +576,7 @@ class HttpServer implements RunningServer {
     switch (path) {
       case "/v1/models":
         want("GET");
-        return this.#json(200, modelList(this.#opts.modelName, this.#created));
+        return this.#json(200, modelList(this.#names, this.#created));
       case "/metrics":
         want("GET");
         return new Response(this.#metrics.text(this.#engine, this.#inFlight.size, this.#server.connections), {
@@ -550,10 +606,10 @@ class HttpServer implements RunningServer {
       try {
         id = decodeURIComponent(id);
       } catch { /* kept as sent: it names no model */ }
-      if (id !== this.#opts.modelName) {
+      if (!this.#names.includes(id)) {
         throw new ApiError(404, `the model '${logSafe(id, 100)}' does not exist`, "model", "model_not_found");
       }
-      return this.#json(200, modelObject(this.#opts.modelName, this.#created));
+      return this.#json(200, modelObject(id, this.#created));
     }
     throw new ApiError(404, `no endpoint ${logSafe(path, 100)}`, null, "not_found");
   }
@@ -561,9 +617,12 @@ class HttpServer implements RunningServer {
   /** Answers one request and writes its log line (a stream's when it ends). */
   async #handle(req: Request, gone: AbortSignal): Promise<Response> {
     const t0 = performance.now();
-    const path = new URL(req.url).pathname;
+    const sent = new URL(req.url).pathname;
+    // Every /v1/... route is served without /v1 too, as llama-server serves them and
+    // clients configured with a bare base URL send them.
+    const path = /^\/(chat\/completions|completions|responses|models)(\/|$)/.test(sent) ? `/v1${sent}` : sent;
     const note: LogNote = {
-      path,
+      path: sent,
       endpoint: endpointLabel(path),
       id: "-",
       status: 0,
@@ -573,7 +632,7 @@ class HttpServer implements RunningServer {
       streaming: false,
       done: () =>
         this.#log(
-          `k3: ${note.id} ${req.method} ${logSafe(path)} ${note.status} tokens ${note.tokensIn}/${note.tokensOut} ${
+          `k3: ${note.id} ${req.method} ${logSafe(sent)} ${note.status} tokens ${note.tokensIn}/${note.tokensOut} ${
             ((performance.now() - t0) / 1000).toFixed(3)
           } s finish ${note.finish}`,
         ),
@@ -596,6 +655,11 @@ class HttpServer implements RunningServer {
     if (!note.streaming) note.done();
     return res;
   }
+}
+
+/** Choice `i` of a request of several: its task sampled from seed + i (wrapping below 2^53). */
+function choiceTask(task: ServeTask["task"], i: number): ServeTask["task"] {
+  return i === 0 ? task : { ...task, sampling: { ...task.sampling, seed: (task.sampling.seed + i) % 2 ** 53 } };
 }
 
 /** Starts the server; it answers 503 to generation requests until `ready(engine)`. */

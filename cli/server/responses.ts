@@ -24,7 +24,7 @@ export type Json = Record<string, unknown>;
 
 /** One model of `GET /v1/models/{id}` (the same object the list holds). */
 export function modelObject(name: string, created: number): ModelList["data"][number] {
-  return modelList(name, created).data[0];
+  return modelList([name], created).data[0];
 }
 
 function bad(param: string, message: string, code: string | null = null): ApiError {
@@ -70,12 +70,12 @@ const RENAMED: Record<string, string> = {
 
 /**
  * A `/v1/responses` body as the chat body it runs as: function `tools` (the Responses API's
- * flat form) and `tool_choice` in their chat form, `text.format` as `response_format`,
- * `function_call` input items as the assistant's tool calls and `function_call_output` items
- * as tool messages. Throws ApiError(400) for what k3 does not do (stored responses, tools
- * other than functions).
+ * flat form) and `tool_choice` in their chat form, `text.format` as `response_format`, the
+ * input items as messages ({@link inputMessages}), after the conversation of
+ * `previous_response_id` when `stored` holds it (404 otherwise). Throws ApiError(400) for
+ * what k3 does not do (tools other than functions, conversations, background runs).
  */
-export function chatBodyOfResponses(body: unknown): Json {
+export function chatBodyOfResponses(body: unknown, stored?: StoredLookup): Json {
   if (kind(body) !== "object") throw new ApiError(400, `the request body must be a JSON object, got ${kind(body)}`);
   const b = body as Json;
   const chat: Json = {};
@@ -102,52 +102,117 @@ export function chatBodyOfResponses(body: unknown): Json {
       chat.tool_choice = kind(v) === "object" && (v as Json).type === "function"
         ? { type: "function", function: { name: (v as Json).name } }
         : v;
-    } else if (k === "previous_response_id" || k === "conversation" || k === "background" || k === "prompt") {
-      throw bad(k, `'${k}' is not supported by k3 serve: responses are not stored`, "unsupported_parameter");
+    } else if (k === "previous_response_id") continue;
+    else if (k === "conversation" || k === "background" || k === "prompt") {
+      throw bad(k, `'${k}' is not supported by k3 serve`, "unsupported_parameter");
     } else {
       throw bad(k, `'${k}' is not a field of a /v1/responses request`, "unknown_parameter");
     }
   }
+  const previous = b.previous_response_id;
+  if (previous !== undefined && previous !== null) {
+    if (typeof previous !== "string") throw bad("previous_response_id", "'previous_response_id' must be a string");
+    const conversation = stored?.conversation(previous);
+    if (!conversation) {
+      throw new ApiError(
+        404,
+        `no stored response ${
+          JSON.stringify(previous.slice(0, 64))
+        } (stored responses live in this server's memory, per API key, the oldest evicted)`,
+        "previous_response_id",
+        "previous_response_not_found",
+      );
+    }
+    messages.push(...conversation);
+  }
   const input = b.input;
   if (typeof input === "string") messages.push({ role: "user", content: input });
-  else if (Array.isArray(input)) {
-    input.forEach((item, i) => {
-      const p = `input[${i}]`;
-      if (kind(item) !== "object") throw bad(p, `'${p}' must be an object, got ${kind(item)}`);
-      const it = item as Json;
-      if (it.type === "function_call") {
-        const call = { id: it.call_id, type: "function", function: { name: it.name, arguments: it.arguments } };
-        const last = messages.at(-1);
-        // Parallel calls arrive as consecutive items: one assistant message holds them all.
-        if (last?.role === "assistant" && Array.isArray(last.tool_calls) && last.content === null) {
-          (last.tool_calls as Json[]).push(call);
-        } else messages.push({ role: "assistant", content: null, tool_calls: [call] });
-        return;
-      }
-      if (it.type === "function_call_output") {
-        const output = typeof it.output === "string" ? it.output : contentText(it.output, `${p}.output`);
-        messages.push({ role: "tool", tool_call_id: it.call_id, content: output });
-        return;
-      }
-      if (it.type !== undefined && it.type !== "message") {
-        throw bad(
-          `${p}.type`,
-          `'${p}.type' ${JSON.stringify(it.type)} is not supported: messages, function_call and function_call_output`,
-          "unsupported_parameter",
-        );
-      }
-      const role = it.role;
-      if (!["user", "assistant", "system", "developer"].includes(role as string)) {
-        throw bad(
-          `${p}.role`,
-          `'${p}.role' must be one of user, assistant, system, developer, got ${JSON.stringify(role ?? null)}`,
-        );
-      }
-      messages.push({ role, content: contentText(it.content, `${p}.content`) });
-    });
-  } else throw bad("input", `'input' is required: a string or an array of messages, got ${kind(input)}`);
+  else if (Array.isArray(input)) messages.push(...inputMessages(input, "input", stored));
+  else throw bad("input", `'input' is required: a string or an array of messages, got ${kind(input)}`);
   chat.messages = messages;
   return chat;
+}
+
+/** Stored responses as a request may reach them (cli/server/response_store.ts), for one API key. */
+export interface StoredLookup {
+  /** The conversation through response `id` (chat messages, its output last), or undefined. */
+  conversation(id: string): Json[] | undefined;
+  /** A stored output item by its id, or undefined. */
+  item(id: string): Json | undefined;
+}
+
+/**
+ * Responses input items as chat messages: messages, `function_call` items as the
+ * assistant's tool calls, `function_call_output` items as tool messages, `reasoning` items
+ * as the next assistant message's `reasoning_content` (where the chat template renders
+ * it), `item_reference` items as the stored item they name.
+ */
+export function inputMessages(items: readonly unknown[], param: string, stored?: StoredLookup): Json[] {
+  const messages: Json[] = [];
+  let reasoning: string | undefined;
+  /** An assistant message, holding the reasoning that came before it. */
+  const assistant = (m: Json): Json => {
+    if (reasoning !== undefined) m.reasoning_content = reasoning;
+    reasoning = undefined;
+    return m;
+  };
+  const add = (item: unknown, p: string, referenced: boolean): void => {
+    if (kind(item) !== "object") throw bad(p, `'${p}' must be an object, got ${kind(item)}`);
+    const it = item as Json;
+    if (it.type === "item_reference" && !referenced) {
+      const found = typeof it.id === "string" ? stored?.item(it.id) : undefined;
+      if (!found) {
+        throw bad(
+          `${p}.id`,
+          `'${p}.id' names no stored item${stored ? "" : " (responses are not stored: 'store' is false)"}`,
+        );
+      }
+      return add(found, p, true);
+    }
+    if (it.type === "reasoning") {
+      const parts = Array.isArray(it.content) && it.content.length > 0 ? it.content : it.summary;
+      const text = Array.isArray(parts)
+        ? parts.map((x) => (kind(x) === "object" && typeof (x as Json).text === "string" ? (x as Json).text : ""))
+          .join("")
+        : "";
+      reasoning = (reasoning ?? "") + text;
+      return;
+    }
+    if (it.type === "function_call") {
+      const call = { id: it.call_id, type: "function", function: { name: it.name, arguments: it.arguments } };
+      const last = messages.at(-1);
+      // Parallel calls arrive as consecutive items: one assistant message holds them all.
+      if (last?.role === "assistant" && Array.isArray(last.tool_calls) && last.content === null) {
+        (last.tool_calls as Json[]).push(call);
+      } else messages.push(assistant({ role: "assistant", content: null, tool_calls: [call] }));
+      return;
+    }
+    if (it.type === "function_call_output") {
+      const output = typeof it.output === "string" ? it.output : contentText(it.output, `${p}.output`);
+      messages.push({ role: "tool", tool_call_id: it.call_id, content: output });
+      return;
+    }
+    if (it.type !== undefined && it.type !== "message") {
+      throw bad(
+        `${p}.type`,
+        `'${p}.type' ${
+          JSON.stringify(it.type)
+        } is not supported: message, reasoning, function_call, function_call_output and item_reference`,
+        "unsupported_parameter",
+      );
+    }
+    const role = it.role;
+    if (!["user", "assistant", "system", "developer"].includes(role as string)) {
+      throw bad(
+        `${p}.role`,
+        `'${p}.role' must be one of user, assistant, system, developer, got ${JSON.stringify(role ?? null)}`,
+      );
+    }
+    const m: Json = { role, content: contentText(it.content, `${p}.content`) };
+    messages.push(role === "assistant" ? assistant(m) : m);
+  };
+  items.forEach((item, i) => add(item, `${param}[${i}]`, false));
+  return messages;
 }
 
 /** A Responses function tool (`{type: "function", name, description, parameters, strict}`)
@@ -188,6 +253,10 @@ export interface ResponsesHead {
   model: string;
   /** The request's `max_output_tokens`, echoed. */
   maxOutputTokens: number | null;
+  /** Whether the response is stored (cli/server/response_store.ts). */
+  store?: boolean;
+  /** The request's `previous_response_id`, echoed. */
+  previousResponseId?: string | null;
 }
 
 /** One output item of a response: reasoning, a function call, the message. */
@@ -240,9 +309,9 @@ export function responseObject(
     model: h.model,
     output,
     parallel_tool_calls: false,
-    previous_response_id: null,
+    previous_response_id: h.previousResponseId ?? null,
     reasoning: { effort: null, summary: null },
-    store: false,
+    store: h.store ?? false,
     temperature: null,
     text: { format: { type: "text" } },
     tool_choice: "auto",
@@ -355,12 +424,9 @@ export class ResponseEventWriter {
 
   #closeReasoning(): void {
     const item = itemsOf(this.#reasoning, "", false, this.ids)[0];
-    this.#event("response.reasoning_text.done", {
-      item_id: this.ids.reasoning,
-      output_index: this.#items,
-      content_index: 0,
-      text: this.#reasoning,
-    });
+    const where = { item_id: this.ids.reasoning, output_index: this.#items, content_index: 0 };
+    this.#event("response.reasoning_text.done", { ...where, text: this.#reasoning });
+    this.#event("response.content_part.done", { ...where, part: { type: "reasoning_text", text: this.#reasoning } });
     this.#event("response.output_item.done", { output_index: this.#items, item });
     this.#items++;
   }
@@ -427,6 +493,13 @@ export class ResponseEventWriter {
         this.#open = "reasoning";
         const item = { type: "reasoning", id: this.ids.reasoning, summary: [], content: [] };
         this.#event("response.output_item.added", { output_index: this.#items, item });
+        // The part the deltas go to, announced first (openai-node's accumulator needs it).
+        this.#event("response.content_part.added", {
+          item_id: this.ids.reasoning,
+          output_index: this.#items,
+          content_index: 0,
+          part: { type: "reasoning_text", text: "" },
+        });
       }
       // Think text after the reply began is not the model's reasoning: it is dropped.
       if (this.#open !== "reasoning") return;

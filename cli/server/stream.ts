@@ -2,7 +2,7 @@
  * The writers of `k3 serve`'s answers: a whole JSON body at the end
  * ({@link completionBody}), or server-sent events as text becomes safe to send
  * ({@link EventStream} carrying a {@link ChunkWriter}'s chunks, `[DONE]` last). A chat's
- * reply, read by cli/reply.ts, goes out as `reasoning_content`, `content` and
+ * reply, read by cli/reply.ts, goes out as `reasoning_content` (and `reasoning`), `content` and
  * `tool_calls`, with log probabilities when asked.
  *
  * @module
@@ -62,6 +62,32 @@ export function completionBody(
     logprobs: r.logprobs ? reply.chatLogprobs() : null,
   });
 }
+/**
+ * The bodies of the choices of one request as one body: the choices in order (body `i` at
+ * index `i`), `promptTokens` (each prompt counted once), the completion tokens of all
+ * added up.
+ */
+export function mergedChoices(
+  bodies: (ChatCompletion | Completion)[],
+  promptTokens: number,
+): ChatCompletion | Completion {
+  const [first] = bodies;
+  const completion = bodies.reduce((sum, b) => sum + (b.usage?.completion_tokens ?? 0), 0);
+  const reasoning = bodies.reduce((sum, b) => sum + (b.usage?.completion_tokens_details?.reasoning_tokens ?? 0), 0);
+  const u = first.usage!;
+  return {
+    ...first,
+    choices: bodies.map((b, i) => ({ ...b.choices[0], index: i })),
+    usage: {
+      ...u,
+      prompt_tokens: promptTokens,
+      completion_tokens: completion,
+      total_tokens: promptTokens + completion,
+      ...(u.completion_tokens_details ? { completion_tokens_details: { reasoning_tokens: reasoning } } : {}),
+    },
+  } as ChatCompletion | Completion;
+}
+
 /** A server-sent event stream: events are sent while the client listens, then it closes. */
 export class EventStream {
   /** The response body. */
@@ -147,8 +173,9 @@ export class ChunkWriter {
         continue;
       }
       let d: ChatDelta;
-      if (e.type === "text") d = e.channel === "think" ? { reasoning_content: e.text } : { content: e.text };
-      else if (e.type === "call") {
+      if (e.type === "text") {
+        d = e.channel === "think" ? { reasoning_content: e.text, reasoning: e.text } : { content: e.text };
+      } else if (e.type === "call") {
         d = { tool_calls: [{ index: e.index, id: e.id, type: "function", function: { name: e.name, arguments: "" } }] };
       } else d = { tool_calls: [{ index: e.index, function: { arguments: e.text } }] };
       const lp = r.logprobs && e.type === "text" && e.channel === "response" && this.#pending.length > 0

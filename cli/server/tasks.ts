@@ -8,6 +8,7 @@
  * @module
  */
 
+import { withPenalties } from "../../engine/generate/penalties.ts";
 import type { Scheduler, SequenceResult } from "../../engine/generate/scheduler.ts";
 import { makeSampler } from "../../engine/generate/sampling.ts";
 import type { TokenLogprob } from "../../engine/generate/logprobs.ts";
@@ -104,15 +105,24 @@ function checkFits(e: ServeEngine, r: ChatRequest | CompletionRequest, prompt: n
  * task that fits one sequence; throws ApiError (400, 404) naming what is wrong. A request
  * without a seed gets a random one.
  */
-export function serveTask(e: ServeEngine, kind: "chat" | "completion", body: unknown, modelName: string): ServeTask {
+export function serveTask(
+  e: ServeEngine,
+  kind: "chat" | "completion",
+  body: unknown,
+  modelNames: readonly string[],
+): ServeTask {
   const r = kind === "chat" ? parseChatRequest(body) : parseCompletionRequest(body, e.vocabSize);
-  if (r.model !== undefined && r.model !== modelName) {
+  if (r.model !== undefined && !modelNames.includes(r.model)) {
     throw new ApiError(
       404,
-      `the model '${r.model}' does not exist (this server has '${modelName}')`,
+      `the model '${r.model}' does not exist (this server has ${modelNames.map((n) => `'${n}'`).join(", ")})`,
       "model",
       "model_not_found",
     );
+  }
+  const outside = [...r.penalties.bias.keys()].find((id) => id >= e.vocabSize);
+  if (outside !== undefined) {
+    throw new ApiError(400, `'logit_bias' names token ${outside}, outside the vocabulary`, `logit_bias.${outside}`);
   }
   let task: Task;
   try {
@@ -128,6 +138,29 @@ export function serveTask(e: ServeEngine, kind: "chat" | "completion", body: unk
   }
   checkFits(e, r, task.promptIds);
   return { request: r, task };
+}
+
+/** Prompts in one completions request at most. */
+export const MAX_PROMPTS = 128;
+
+/**
+ * A completions body whose `prompt` lists several prompts (texts, or lists of ids) as one
+ * body per prompt, as OpenAI and vLLM serve them (unstreamed); any other body as itself.
+ */
+export function promptBodies(body: unknown): unknown[] {
+  if (typeof body !== "object" || body === null || Array.isArray(body)) return [body];
+  const b = body as Record<string, unknown>;
+  const list = b.prompt;
+  if (!Array.isArray(list) || list.length < 2 || !list.every((p) => typeof p === "string" || Array.isArray(p))) {
+    return [body];
+  }
+  if (list.length > MAX_PROMPTS) {
+    throw new ApiError(400, `'prompt' holds ${list.length} prompts, at most ${MAX_PROMPTS}`, "prompt");
+  }
+  if (b.stream === true) {
+    throw new ApiError(400, "'prompt' must be one prompt when 'stream' is true", "prompt");
+  }
+  return list.map((prompt) => ({ ...b, prompt }));
 }
 
 /** Runs a task as one scheduler sequence; `emit` gets events as they become safe to send,
@@ -149,7 +182,11 @@ export async function runTask(
     maxTokens: task.maxTokens,
     stopIds: ends,
     choose,
-    grammar: taskFilter(task, e.tokenizer, e.vocabSize, ends, task.logprobs !== undefined),
+    grammar: withPenalties(
+      taskFilter(task, e.tokenizer, e.vocabSize, ends, task.logprobs !== undefined),
+      task.penalties,
+      task.promptIds,
+    ),
     signal,
     onAdmit: watch?.admitted,
     onPrefill: watch?.prefill,

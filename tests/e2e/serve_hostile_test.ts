@@ -546,7 +546,7 @@ step(
           // the subset is still a 400.
           response_format: {
             type: "json_schema",
-            json_schema: { name: "x", schema: { type: "string", pattern: "^a" } },
+            json_schema: { name: "x", schema: { type: "array", uniqueItems: true } },
           },
         }),
       (e: unknown) => e instanceof OpenAI.BadRequestError,
@@ -600,7 +600,8 @@ step("the SDK: models.retrieve; responses.create (whole and streamed) equals the
   );
   await assert.rejects(
     () => client.responses.create({ model: "tiny", input: "x", previous_response_id: "resp_1" }),
-    (e: unknown) => e instanceof OpenAI.BadRequestError,
+    // No stored response of that id: 404, as OpenAI answers.
+    (e: unknown) => e instanceof OpenAI.NotFoundError,
   );
 });
 

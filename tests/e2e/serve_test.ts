@@ -457,7 +457,7 @@ Deno.test({
         if (param !== undefined) assert.equal(error.param, param);
       };
       await expectError(await post("/v1/chat/completions", "{not json"), 400, null);
-      await expectError(await post("/v1/chat/completions", { messages: QUESTION, n: 3 }), 400, "n");
+      await expectError(await post("/v1/chat/completions", { messages: QUESTION, n: 3, stream: true }), 400, "n");
       await expectError(
         await post("/v1/chat/completions", { messages: QUESTION, tools: [{ type: "function" }] }),
         400,

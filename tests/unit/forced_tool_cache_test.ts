@@ -55,7 +55,7 @@ Deno.test("forced-tool loop: each step's cached tokens cover all but its new mes
         temperature: 0,
         chat_template_kwargs: { thinking: false },
       };
-      const { task } = serveTask(engine, "chat", body, "tiny");
+      const { task } = serveTask(engine, "chat", body, ["tiny"]);
       const { ids, messages: span } = chatPromptParts(
         tok,
         parseChatRequest(body).messages,

@@ -92,7 +92,9 @@ Deno.test("chat request: each bad field is a 400 naming it", () => {
     /image/,
   );
   rejects({ messages: [{ role: "user", content: [{ type: "text" }] }] }, "messages[0].content[0].text", /string/);
-  rejects({ messages: MSG, n: 2 }, "n", /must be 1/);
+  rejects({ messages: MSG, n: 2, stream: true }, "n", /must be 1 when 'stream'/);
+  rejects({ messages: MSG, n: 129 }, "n", /1\.\.128/);
+  assert.equal(parseChatRequest({ messages: MSG, n: 3 }).n, 3);
   rejects({ messages: MSG, n: 1.5 }, "n", /integer/);
   rejects({ messages: MSG, max_tokens: 0 }, "max_tokens", /integer >= 1,/);
   rejects({ messages: MSG, max_tokens: "5" }, "max_tokens", /integer/);
@@ -126,7 +128,8 @@ Deno.test("chat request: each bad field is a 400 naming it", () => {
   rejects({ messages: MSG, logprobs: "yes" }, "logprobs", /boolean/);
   rejects({ messages: MSG, top_logprobs: 3 }, "top_logprobs", /needs 'logprobs'/);
   rejects({ messages: MSG, logprobs: true, top_logprobs: 21 }, "top_logprobs", /integer in 0\.\.20,/);
-  rejects({ messages: MSG, presence_penalty: 0.5 }, "presence_penalty", /not supported/);
+  rejects({ messages: MSG, presence_penalty: 2.5 }, "presence_penalty", /-2, 2/);
+  rejects({ messages: MSG, tool_choice: "auto" }, "tool_choice", /declares none/);
   rejects({ messages: MSG, response_format: { type: "json_schema" } }, "response_format.json_schema", /required/);
   rejects({ messages: MSG, chat_template_kwargs: { thinking: "on" } }, "chat_template_kwargs.thinking", /boolean/);
   rejects(
@@ -155,7 +158,7 @@ Deno.test("completion request: text or ids, one prompt only, legacy fields refus
   rejects({ prompt: "x", best_of: 2 }, "best_of", /must be 1/, parse);
   rejects({ prompt: "x", logprobs: 21 }, "logprobs", /integer in 0\.\.20,/, parse);
   assert.equal(parse({ prompt: "x", logprobs: 2 }, 1024).topLogprobs, 2);
-  rejects({ prompt: "x", n: 3 }, "n", /must be 1/, parse);
+  rejects({ prompt: "x", n: 3, stream: true }, "n", /must be 1/, parse);
 });
 
 Deno.test("fuzz: any JSON body is either a valid request or a 400 ApiError in OpenAI's shape", () => {

@@ -32,6 +32,13 @@ export type GNode =
     | { readonly k: "lit"; syms: readonly number[] }
     | { readonly k: "alt"; of: GNode[] }
     | { readonly k: "ref"; target: GNode | null; name: string }
+    | {
+      /** A value another module reads (bounded numbers, patterned strings): `start` steps its first symbol like {@link startValue}. */
+      readonly k: "ext";
+      /** The JSON type of the value (a tool call writes a string raw, any other as JSON). */
+      readonly type: "number" | "string";
+      readonly start: (sym: number, below: Stack | null, out: Stack[]) => void;
+    }
   )
   & { readonly tight?: boolean };
 
@@ -111,7 +118,7 @@ export function stepState(state: State, sym: number): Stack[] {
 }
 
 /** Pushes `s` unless it is too deep. */
-function emit(s: Stack, out: Stack[]): void {
+export function emit(s: Stack, out: Stack[]): void {
   if (s.depth <= MAX_DEPTH) out.push(s);
 }
 
@@ -238,6 +245,9 @@ export function startValue(node: GNode, sym: number, below: Stack | null, out: S
       return;
     case "alt":
       for (const n of node.of) startValue(n, sym, below, out, hops + 1);
+      return;
+    case "ext":
+      node.start(sym, below, out);
       return;
     case "ref":
       // A reference cycle that reads nothing is refused when the schema is compiled; the
@@ -473,7 +483,9 @@ export class Obj implements Frame {
       case O_FIRST:
       case O_KEY:
         if (ws) return again();
-        if (sym === QUOTE) out.push(push(this.#with(O_IN_KEY, 0, "", -1, 0), below));
+        // A key only when one can still be written: `{"` of an object with no keys left would
+        // be a dead end (the mask would then allow no token at all).
+        if (sym === QUOTE && this.#moreKeys()) out.push(push(this.#with(O_IN_KEY, 0, "", -1, 0), below));
         else if (sym === RBRACE && this.phase === O_FIRST && this.#allRequired()) out.push(below ?? DONE);
         return;
       case O_IN_KEY:

@@ -238,6 +238,9 @@ class CallArguments {
         return json("object");
       case "arr":
         return json("array");
+      case "ext":
+        // A bounded number is JSON; a patterned string would be raw, which compileToolParameters refuses.
+        return n.type === "number" ? json("number") : [];
       case "lit": {
         const v = JSON.parse(new TextDecoder().decode(Uint8Array.from(n.syms)));
         const text = typeof v === "string" ? v : String.fromCharCode(...n.syms);

@@ -2,14 +2,17 @@
  * JSON Schema to a grammar node: the subset constrained decoding enforces exactly.
  *
  * Enforced: `type` (a name or a list of names), `properties`, `required`,
- * `additionalProperties` (true or false), `enum`, `const`, `items` (one schema for every
- * item), `minItems`/`maxItems`, `anyOf`, `$ref` to `#`, `#/$defs/NAME` or
+ * `additionalProperties` (true, false or a schema), `propertyNames` (only as
+ * `{"type": "string"}`, what zod writes for records), `enum`, `const`, `items` (one schema
+ * for every item), `minItems`/`maxItems`, `anyOf`, `oneOf` (with a discriminator that
+ * makes its branches disjoint), `allOf` of one schema, `$ref` to `#`, `#/$defs/NAME` or
  * `#/definitions/NAME`, string `minLength`/`maxLength` (in code points, as JSON Schema
- * counts). Annotations are accepted and ignored (`title`, `description`, `default`,
- * `examples`, `$schema`, `$id`, `$comment`, `deprecated`, `readOnly`, `writeOnly`). Every
- * other keyword, `pattern` and `format` among them, is refused with a {@link SchemaError}
- * naming it: a grammar that quietly ignored a keyword would promise output it does not
- * deliver.
+ * counts), `pattern` and `format` (patterns.ts), and `minimum`, `maximum`,
+ * `exclusiveMinimum`, `exclusiveMaximum`, `multipleOf` (numbers.ts). The other JSON Schema
+ * keywords ({@link REFUSED}) are refused with a {@link SchemaError} naming the path: a
+ * grammar that quietly ignored a keyword would promise output it does not deliver. Keys
+ * that are no keyword of the subset or of that list (annotations such as `title`, and
+ * keys of other vocabularies such as `"strict"`, `discriminator` or `x-...`) are ignored.
  *
  * As JSON Schema defines it, a keyword constrains only values of its own type: a schema
  * without `type` allows every type, each with the keywords that apply to it.
@@ -17,7 +20,9 @@
  * @module
  */
 
-import { accepts, DONE, End, type GNode, type ObjProp, push, type State, Value } from "./automaton.ts";
+import { accepts, DONE, End, type GNode, MAX_DIGITS, type ObjProp, push, type State, Value } from "./automaton.ts";
+import { FRACTION_DIGITS, nextFloat, numberRange, rangedNumber, toUnits } from "./numbers.ts";
+import { compilePattern, FORMATS, PatternError, patternString } from "./patterns.ts";
 
 /** A schema outside the subset, or one no value satisfies. */
 export class SchemaError extends Error {
@@ -28,35 +33,63 @@ export class SchemaError extends Error {
   }
 }
 
-const ANNOTATIONS = new Set([
-  "title",
-  "description",
-  "default",
-  "examples",
-  "$schema",
-  "$id",
-  "$comment",
-  "deprecated",
-  "readOnly",
-  "writeOnly",
-]);
 const ENFORCED = new Set([
   "type",
   "properties",
   "required",
   "additionalProperties",
+  "propertyNames",
   "enum",
   "const",
   "items",
   "minItems",
   "maxItems",
   "anyOf",
+  "oneOf",
+  "allOf",
   "$ref",
   "$defs",
   "definitions",
   "minLength",
   "maxLength",
+  "pattern",
+  "format",
+  "minimum",
+  "maximum",
+  "exclusiveMinimum",
+  "exclusiveMaximum",
+  "multipleOf",
 ]);
+/** JSON Schema keywords outside the subset: refused, since ignoring one would promise output not delivered. */
+export const REFUSED: ReadonlySet<string> = new Set([
+  "not",
+  "if",
+  "then",
+  "else",
+  "dependentRequired",
+  "dependentSchemas",
+  "dependencies",
+  "minProperties",
+  "maxProperties",
+  "patternProperties",
+  "unevaluatedProperties",
+  "unevaluatedItems",
+  "uniqueItems",
+  "contains",
+  "minContains",
+  "maxContains",
+  "prefixItems",
+  "additionalItems",
+  "contentSchema",
+  "$anchor",
+  "$dynamicRef",
+  "$dynamicAnchor",
+  "$recursiveRef",
+  "$recursiveAnchor",
+  "$vocabulary",
+]);
+/** Keys read beside `$ref`, `anyOf`, `oneOf` and `allOf` without being keywords of their own. */
+const BESIDE_ANY = new Set(["$defs", "definitions"]);
 const TYPES = ["object", "array", "string", "number", "integer", "boolean", "null"] as const;
 type TypeName = typeof TYPES[number];
 
@@ -121,11 +154,7 @@ class Compiler {
     if (kind(schema) !== "object") this.fail(path, `a schema must be an object or a boolean, got ${kind(schema)}`);
     const s = schema as Json;
     for (const k of Object.keys(s)) {
-      if (ANNOTATIONS.has(k)) continue;
-      if (k === "pattern") {
-        this.fail(this.at(path, k), 'the keyword "pattern" is refused: regular expressions are not enforced');
-      }
-      if (!ENFORCED.has(k)) {
+      if (REFUSED.has(k)) {
         this.fail(
           this.at(path, k),
           `the keyword ${JSON.stringify(k)} is not supported (structured output enforces ${[...ENFORCED].join(", ")})`,
@@ -138,30 +167,30 @@ class Compiler {
         if (kind(s[defs]) !== "object") this.fail(defs, `${defs} must be an object`);
       }
     }
-    if (s.$ref !== undefined) {
-      const others = Object.keys(s).filter((k) =>
-        !ANNOTATIONS.has(k) && k !== "$ref" && k !== "$defs" && k !== "definitions"
-      );
-      if (others.length > 0) {
+    // Keys that are no JSON Schema keyword ("strict", "discriminator", "x-...") are ignored.
+    const keywords = Object.keys(s).filter((k) => ENFORCED.has(k) && !BESIDE_ANY.has(k));
+    for (const composite of ["$ref", "anyOf", "oneOf", "allOf"]) {
+      if (s[composite] === undefined) continue;
+      const other = keywords.find((k) => k !== composite);
+      if (other !== undefined) {
         this.fail(
-          this.at(path, others[0]),
-          "keywords beside $ref are not supported: move them into the referenced schema",
+          this.at(path, other),
+          `keywords beside ${composite} are not supported: ${
+            composite === "$ref" ? "move them into the referenced schema" : "repeat them in each branch"
+          }`,
         );
       }
-      return this.ref(s.$ref, this.at(path, "$ref"));
-    }
-    if (s.anyOf !== undefined) {
-      const others = Object.keys(s).filter((k) =>
-        !ANNOTATIONS.has(k) && k !== "anyOf" && k !== "$defs" && k !== "definitions"
-      );
-      if (others.length > 0) {
-        this.fail(this.at(path, others[0]), "keywords beside anyOf are not supported: repeat them in each branch");
-      }
-      const list = s.anyOf;
+      if (composite === "$ref") return this.ref(s.$ref, this.at(path, "$ref"));
+      const list = s[composite];
       if (!Array.isArray(list) || list.length === 0) {
-        this.fail(this.at(path, "anyOf"), "anyOf must be a non-empty array of schemas");
+        this.fail(this.at(path, composite), `${composite} must be a non-empty array of schemas`);
       }
-      return { k: "alt", of: list.map((b, i) => this.compile(b, this.at(path, `anyOf[${i}]`))) };
+      if (composite === "allOf") {
+        if (list.length !== 1) this.fail(this.at(path, composite), "allOf is supported with one schema only");
+        return this.compile(list[0], this.at(path, "allOf[0]"));
+      }
+      if (composite === "oneOf") this.disjoint(list, s.discriminator, this.at(path, "oneOf"));
+      return { k: "alt", of: list.map((b, i) => this.compile(b, this.at(path, `${composite}[${i}]`))) };
     }
     const types = this.types(s, path);
     const branches: GNode[] = [];
@@ -212,11 +241,12 @@ class Compiler {
       case "string": {
         const min = this.count(s, "minLength", path) ?? 0, max = this.count(s, "maxLength", path) ?? Infinity;
         if (min > max) this.fail(this.at(path, "minLength"), `minLength ${min} is above maxLength ${max}`);
-        return { k: "str", min, max };
+        if (s.pattern === undefined && s.format === undefined) return { k: "str", min, max };
+        return this.patterned(s, min, max, path);
       }
       case "number":
       case "integer":
-        return { k: "num", integer: t === "integer" };
+        return this.number(t === "integer", s, path);
       case "boolean":
         return { k: "alt", of: [TRUE, FALSE] };
       case "null":
@@ -233,12 +263,12 @@ class Compiler {
     }
     const required = new Set(req as string[]);
     const ap = s.additionalProperties ?? true;
-    if (typeof ap !== "boolean") {
-      this.fail(
-        this.at(path, "additionalProperties"),
-        "additionalProperties must be true or false (a schema there is not supported)",
-      );
-    }
+    const additional = ap === true
+      ? ANY_JSON
+      : ap === false
+      ? null
+      : this.compile(ap, this.at(path, "additionalProperties"));
+    this.propertyNames(s.propertyNames, this.at(path, "propertyNames"));
     const props: ObjProp[] = Object.entries(propsRaw as Json).map(([name, sub]) => ({
       name,
       key: keySpelling(name),
@@ -255,7 +285,112 @@ class Compiler {
       }
       props.push({ name, key: keySpelling(name), value: ANY_JSON, required: true });
     }
-    return { k: "obj", props, additional: ap ? ANY_JSON : null };
+    return { k: "obj", props, additional };
+  }
+
+  /** propertyNames: only what every key already is (a string), as zod writes for records. */
+  propertyNames(names: unknown, path: string): void {
+    if (names === undefined || names === true) return;
+    const ok = kind(names) === "object" &&
+      Object.keys(names as Json).every((k) => !ENFORCED.has(k) && !REFUSED.has(k) || k === "type") &&
+      ((names as Json).type === undefined || (names as Json).type === "string");
+    if (!ok) this.fail(path, 'propertyNames is supported only as {"type": "string"}');
+  }
+
+  /** integer/number with bounds and a step (numbers.ts); without any, every JSON number of its type. */
+  number(integer: boolean, s: Json, path: string): GNode {
+    const keys = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"];
+    for (const k of keys) {
+      const v = s[k];
+      if (
+        v !== undefined && (typeof v !== "number" || !Number.isFinite(v)) &&
+        !(typeof v === "boolean" && k.startsWith("exclusive"))
+      ) {
+        this.fail(this.at(path, k), `${k} must be a number, got ${JSON.stringify(v)}`);
+      }
+    }
+    if (keys.every((k) => typeof s[k] !== "number")) return { k: "num", integer };
+    let step = 1n;
+    if (s.multipleOf !== undefined) {
+      const m = s.multipleOf as number;
+      if (!Number.isInteger(m) || m <= 0) {
+        this.fail(
+          this.at(path, "multipleOf"),
+          `multipleOf must be a positive integer (a fraction such as ${m} cannot be matched by the float test JSON Schema validators run)`,
+        );
+      }
+      step = BigInt(m);
+      integer = true; // a multiple of an integer is an integer: written without a fraction
+    }
+    const scale = integer ? 0 : FRACTION_DIGITS;
+    // Draft 4 wrote exclusiveMinimum/Maximum as booleans beside minimum/maximum.
+    const bound = (inclusive: string, exclusive: string, lower: boolean): bigint | null => {
+      let best: bigint | null = null;
+      const consider = (x: number, strict: boolean) => {
+        const edge = strict ? nextFloat(x, lower) : x;
+        const units = integer ? BigInt(lower ? Math.ceil(edge) : Math.floor(edge)) : toUnits(edge, scale, lower);
+        if (best === null || (lower ? units > best : units < best)) best = units;
+      };
+      const inc = s[inclusive], exc = s[exclusive];
+      if (typeof inc === "number") consider(inc, exc === true);
+      if (typeof exc === "number") consider(exc, true);
+      return best;
+    };
+    const lo = bound("minimum", "exclusiveMinimum", true), hi = bound("maximum", "exclusiveMaximum", false);
+    const range = numberRange(lo, hi, scale, step);
+    if (range === null) {
+      this.fail(path, `no ${integer ? "integer" : "number"} of at most ${MAX_DIGITS} digits satisfies the bounds`);
+    }
+    return rangedNumber(range);
+  }
+
+  /** A string with a pattern and/or a format (patterns.ts). */
+  patterned(s: Json, min: number, max: number, path: string): GNode {
+    const format = s.format;
+    if (format !== undefined && (typeof format !== "string" || !Object.hasOwn(FORMATS, format))) {
+      this.fail(
+        this.at(path, "format"),
+        `the format ${JSON.stringify(format)} is not supported (enforced: ${Object.keys(FORMATS).join(", ")})`,
+      );
+    }
+    if (s.pattern !== undefined && typeof s.pattern !== "string") {
+      this.fail(this.at(path, "pattern"), "pattern must be a string");
+    }
+    try {
+      return patternString(compilePattern(s.pattern as string | undefined, format as string | undefined, min, max));
+    } catch (e) {
+      if (!(e instanceof PatternError)) throw e;
+      this.fail(this.at(path, s.pattern !== undefined ? "pattern" : "format"), e.message);
+    }
+  }
+
+  /**
+   * oneOf as anyOf: only when no value can match two branches, which a discriminator
+   * proves (each branch an object requiring the named property, with one constant value
+   * of its own).
+   */
+  disjoint(branches: unknown[], discriminator: unknown, path: string): void {
+    const name = kind(discriminator) === "object" ? (discriminator as Json).propertyName : undefined;
+    const seen = new Set<string>();
+    for (const branch of branches) {
+      let b = branch as Json;
+      if (kind(b) === "object" && typeof b.$ref === "string") {
+        const m = /^#\/(\$defs|definitions)\/([^/]+)$/.exec(b.$ref);
+        b = m ? ((this.root as Json)[m[1]] as Json | undefined)?.[m[2]] as Json : b;
+      }
+      const prop = kind(b) === "object" && typeof name === "string"
+        ? ((b.properties as Json | undefined)?.[name] as Json | undefined)
+        : undefined;
+      const values = prop?.const !== undefined ? [prop.const] : Array.isArray(prop?.enum) ? prop.enum : [];
+      const required = Array.isArray(b?.required) && (b.required as unknown[]).includes(name);
+      if (!required || values.length !== 1 || seen.has(JSON.stringify(values[0]))) {
+        this.fail(
+          path,
+          "oneOf is supported only with a discriminator: every branch an object requiring that property with a constant value of its own",
+        );
+      }
+      seen.add(JSON.stringify(values[0]));
+    }
   }
 
   /** enum/const: the listed values (canonical JSON) that the rest of the schema allows. */
@@ -363,5 +498,25 @@ export function compileToolParameters(schema: unknown): GNode {
     const k = ["anyOf", "$ref", "enum", "const"].find((x) => s[x] !== undefined)!;
     throw new SchemaError(`'${k}': a tool's parameters must be a plain object schema`, k);
   }
-  return compileSchema({ ...s, type: "object" });
+  const node = compileSchema({ ...s, type: "object" });
+  // A top-level string argument is written raw (the trained call form), not as a JSON string,
+  // so the pattern and format automata (which read JSON strings) cannot constrain it.
+  const raw = (n: GNode | null, hops = 0): boolean =>
+    n !== null && hops < 64 &&
+    (n.k === "ext"
+      ? n.type === "string"
+      : n.k === "alt"
+      ? n.of.some((x) => raw(x, hops + 1))
+      : n.k === "ref" && raw(n.target, hops + 1));
+  if (node.k === "obj") {
+    const p = node.props.find((p) => raw(p.value));
+    const where = p ? `properties.${p.name}` : raw(node.additional) ? "additionalProperties" : undefined;
+    if (where !== undefined) {
+      throw new SchemaError(
+        `'${where}': 'pattern' and 'format' are enforced inside JSON values; a tool's top-level string argument is written raw and cannot carry them`,
+        where,
+      );
+    }
+  }
+  return node;
 }
