@@ -88,7 +88,12 @@ export const DEFAULT_LIMITS: Http1Limits = {
   idleTimeoutSeconds: 30,
   maxConnections: 256,
   maxHeadBytes: 16384,
+  sendTimeoutSeconds: 30,
 };
+
+/** Seconds past the grace period for cancelled answers to flush before every connection
+ * is closed, whatever its client does. */
+const SHUTDOWN_FLUSH_SECONDS = 0.5;
 
 /** The generation endpoints. */
 type Endpoint = "chat" | "completion" | "responses";
@@ -238,7 +243,8 @@ class HttpServer implements RunningServer {
 
   async shutdown(graceSeconds: number): Promise<void> {
     this.#accepting = false;
-    const stopped = this.#server.shutdown();
+    // A client that reads nothing must not hold the process: its connection is cut.
+    const stopped = this.#server.shutdown(graceSeconds + SHUTDOWN_FLUSH_SECONDS);
     const timer = setTimeout(() => {
       for (const ac of this.#inFlight) ac.abort(new Error("server shutting down"));
     }, graceSeconds * 1000);
@@ -455,9 +461,17 @@ class HttpServer implements RunningServer {
         return this.#json(200, modelList(this.#opts.modelName, this.#created));
       case "/metrics":
         want("GET");
-        return new Response(this.#metrics.text(this.#engine, this.#inFlight.size, this.#server.connections), {
-          headers: { "content-type": "text/plain; version=0.0.4" },
-        });
+        return new Response(
+          this.#metrics.text(
+            this.#engine,
+            this.#inFlight.size,
+            this.#server.connections,
+            this.#server.sendTimeouts,
+          ),
+          {
+            headers: { "content-type": "text/plain; version=0.0.4" },
+          },
+        );
       case "/v1/chat/completions":
         want("POST");
         return await this.#completions(req, "chat", note, gone);

@@ -65,8 +65,8 @@ export class Metrics {
     this.#requests.set(key, (this.#requests.get(key) ?? 0) + 1);
   }
 
-  /** Prometheus text exposition format, version 0.0.4. */
-  text(engine: ServeEngine | undefined, inFlight: number, connections: number): string {
+  /** Prometheus text exposition format, version 0.0.4 (`sendTimeouts`: the HTTP layer's count). */
+  text(engine: ServeEngine | undefined, inFlight: number, connections: number, sendTimeouts = 0): string {
     const out: string[] = [];
     const metric = (name: string, type: string, help: string, rows: [string, number][]) => {
       out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
@@ -104,6 +104,10 @@ export class Metrics {
       this.#internalErrors,
     ]]);
     metric("k3_connections", "gauge", "TCP connections open.", [["", connections]]);
+    metric("k3_send_timeouts_total", "counter", "Connections closed because a write made no progress.", [[
+      "",
+      sendTimeouts,
+    ]]);
     const sc = engine?.stateCache?.stats;
     if (sc) {
       const stateCache: [string, string, string, [string, number][]][] = [
