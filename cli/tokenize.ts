@@ -26,7 +26,12 @@ Special tokens in the text are not recognised: they are encoded as ordinary text
     flags: {
       tok: { type: "string", value: "DIR", help: "directory holding tiktoken.model and tokenizer_config.json" },
       text: { type: "string", value: "TEXT", help: "the text to encode" },
-      file: { type: "string", value: "PATH", help: "read the text from a file, verbatim (must be valid UTF-8)" },
+      file: {
+        type: "string",
+        value: "PATH",
+        file: "input",
+        help: "read the text from a file, verbatim (must be valid UTF-8)",
+      },
       json: { type: "boolean", help: "print a JSON array" },
     },
   }],

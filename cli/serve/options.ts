@@ -31,6 +31,7 @@ const SERVER_GROUP: FlagGroup = {
     "api-key-file": {
       type: "string",
       value: "F",
+      file: "key",
       help: 'require "Authorization: Bearer KEY", KEY the file\'s first line\n' +
         "(or set $K3_API_KEY; both keep the key out of the process list)",
     },
