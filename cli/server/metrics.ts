@@ -118,6 +118,10 @@ export class Metrics {
         ["entries", "gauge", "Kept states, by tier.", [['tier="ram"', sc.entries], ['tier="disk"', sc.diskEntries]]],
         ["disk_hits_total", "counter", "Hits read back from the spill directory.", [["", sc.diskHits]]],
         ["refused_total", "counter", "Spill files refused (damaged) and recomputed.", [["", sc.refused]]],
+        ["orphans_removed_total", "counter", "Temporary spill files of gone processes removed.", [[
+          "",
+          sc.orphansRemoved,
+        ]]],
       ];
       for (const [name, type, help, rows] of stateCache) metric(`k3_state_cache_${name}`, type, help, rows);
       metric("k3_cached_prompt_tokens_total", "counter", "Prompt tokens served from kept states.", [[
