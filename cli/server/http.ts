@@ -20,7 +20,7 @@ import { modelList, type ResponseHead } from "../openai_response.ts";
 import { ApiError, errorBody } from "../openai_error.ts";
 import { type Emit, type Outcome, runTask, type ServeEngine, serveTask } from "./tasks.ts";
 import { ChunkWriter, completionBody, EventStream } from "./stream.ts";
-import { ClientGone, type Http1Limits, Http1Server } from "./http1.ts";
+import { ClientGone, DEFAULT_SEND_TIMEOUT_SECONDS, type Http1Limits, Http1Server } from "./http1.ts";
 import { acceptedHosts, checkHost, checkOrigin, corsHeaders, logSafe } from "./guard.ts";
 import { CLIENT_GONE, endpointLabel, Metrics } from "./metrics.ts";
 import {
@@ -82,13 +82,13 @@ export interface RunningServer {
 const JSON_HEADERS = { "content-type": "application/json" };
 
 /** The HTTP limits when not given: seconds for a head, a body, an idle keep-alive. */
-export const DEFAULT_LIMITS: Http1Limits = {
+export const DEFAULT_LIMITS: Required<Http1Limits> = {
   headerTimeoutSeconds: 10,
   bodyTimeoutSeconds: 30,
   idleTimeoutSeconds: 30,
   maxConnections: 256,
   maxHeadBytes: 16384,
-  sendTimeoutSeconds: 30,
+  sendTimeoutSeconds: DEFAULT_SEND_TIMEOUT_SECONDS,
 };
 
 /** Seconds past the grace period for cancelled answers to flush before every connection

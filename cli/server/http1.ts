@@ -33,9 +33,13 @@ export interface Http1Limits {
   maxConnections: number;
   /** Largest request head (request line and headers). */
   maxHeadBytes: number;
-  /** A write that makes no progress for this long closes its connection. */
-  sendTimeoutSeconds: number;
+  /** A write that makes no progress for this long closes its connection (default
+   * {@link DEFAULT_SEND_TIMEOUT_SECONDS}). */
+  sendTimeoutSeconds?: number;
 }
+
+/** Seconds a write may make no progress when the limits name none. */
+export const DEFAULT_SEND_TIMEOUT_SECONDS = 30;
 
 /** Handles one request; `gone` aborts when its client goes away or is cut off. */
 export type Http1Handler = (req: Request, gone: AbortSignal, remote: Deno.NetAddr) => Promise<Response>;
@@ -353,7 +357,11 @@ export class Http1Server {
   async #serveConn(conn: Deno.TcpConn, state: { busy: boolean }): Promise<void> {
     const lim = this.limits;
     const bytes = new ConnBytes(conn, lim.maxHeadBytes + 65536);
-    const out = new ConnWriter(conn, 1000 * lim.sendTimeoutSeconds, () => this.#sendTimeouts++);
+    const out = new ConnWriter(
+      conn,
+      1000 * (lim.sendTimeoutSeconds ?? DEFAULT_SEND_TIMEOUT_SECONDS),
+      () => this.#sendTimeouts++,
+    );
     let first = true;
     while (!this.#closing) {
       // Idle: wait for the next request's first byte (empty lines before it are skipped).
