@@ -146,7 +146,9 @@ export function commandFlags(spec: CommandSpec): CommandFlags {
       for (const [name, f] of Object.entries(flags)) {
         if (f.file !== "input" && f.file !== "key") continue;
         for (const path of [v[name]].flat()) {
-          if (typeof path === "string" && path !== "-") checkInputPath(path, `--${name}`, EXIT.usage, f.file === "key");
+          // `-` is stdin where documented; "" names no file (`--input-history ""`: none).
+          if (typeof path !== "string" || path === "-" || path === "") continue;
+          checkInputPath(path, `--${name}`, EXIT.usage, f.file === "key");
         }
       }
       return {
