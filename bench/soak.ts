@@ -9,13 +9,17 @@
  *   its socket while it generates (the body sent 50 ms after the head, the shape that
  *   once hid the close);
  * - slow: a body trickled one byte at a time (cut off at the body timeout);
- * - malformed: bad JSON, odd 8 kB paths without a key, heads that are not HTTP.
+ * - malformed: bad JSON, odd 8 kB paths without a key, heads that are not HTTP;
+ * - non-reading: a stream asked for and never read, and /health requests pipelined
+ *   without reading a byte (the server closes them at its send timeout, 2 s here);
+ * - slow-reading: a stream and a whole answer read a few bytes at a time.
  *
- * Every second it samples the server's RSS, open connections, slots in use and answers
- * per second; at the end, once the clients have stopped, it waits for the server to be
- * idle and counts the slots still held (`slots_leaked`, which must be 0).
+ * Before the load, every second during it and after it (once the clients have stopped
+ * and the server is idle) it samples the server's RSS, open connections and slots in
+ * use (and answers per second during); it counts the slots still held at the end
+ * (`slots_leaked`, which must be 0) and the connections left open besides its own.
  *
- *   deno run -P=bench bench/soak.ts [--seconds N (default 120, at most 1800)]
+ *   deno run -P=bench bench/soak.ts [--seconds N (default 30, at most 1800)]
  *     [--requests N (default 20000)] [--clients N (default 12)] [--heap-mb N] [--json]
  *
  * --heap-mb caps the server's V8 old space: without it V8 grows its heap lazily, so RSS
@@ -51,7 +55,7 @@ function bounded(name: string, v: string | undefined, dflt: number, max: number)
   }
   return n;
 }
-const SECONDS = bounded("seconds", values.seconds, 120, 1800);
+const SECONDS = bounded("seconds", values.seconds, 30, 1800);
 const MAX_REQUESTS = bounded("requests", values.requests, 20000, 1000000);
 const CLIENTS = bounded("clients", values.clients, 12, 256);
 /** The server's V8 old-space cap (MB), to tell garbage V8 has not collected from memory held. */
@@ -80,6 +84,12 @@ const child = new Deno.Command(Deno.execPath(), {
     "--body-timeout",
     "3",
     "--header-timeout",
+    "3",
+    "--send-timeout",
+    "2",
+    // Idle keep-alive connections (fetch's pool) close soon after the load, so the
+    // connections counted after it are those the server still holds.
+    "--idle-timeout",
     "3",
     "--threads",
     "1",
@@ -121,7 +131,7 @@ async function rss(): Promise<number> {
   return 1024 * Number(new TextDecoder().decode(ps.stdout).trim());
 }
 
-const counts = { answers: 0, aborted: 0, cutOff: 0, refused: 0, busy: 0, failed: 0 };
+const counts = { answers: 0, aborted: 0, cutOff: 0, refused: 0, busy: 0, failed: 0, nonReading: 0, slowReading: 0 };
 const ttfts: number[] = [];
 const question = (i: number) => [{ role: "user", content: `Question ${i}: what is the capital of France?` }];
 
@@ -206,6 +216,60 @@ async function trickle(): Promise<void> {
   }
 }
 
+/** A raw request head (and body) on a new connection. */
+async function rawRequest(method: string, path: string, body = ""): Promise<Deno.TcpConn> {
+  const conn = await Deno.connect({ hostname: "127.0.0.1", port: PORT });
+  await conn.write(enc.encode(
+    `${method} ${path} HTTP/1.1\r\nhost: 127.0.0.1:${PORT}\r\nauthorization: Bearer ${KEY}\r\n` +
+      `content-type: application/json\r\ncontent-length: ${enc.encode(body).length}\r\n\r\n${body}`,
+  ));
+  return conn;
+}
+
+/**
+ * A client that never reads: a long stream asked for and left unread for 4 s, or /health
+ * pipelined without reading until the server closes the connection (its send timeout).
+ */
+async function nonReading(i: number): Promise<void> {
+  counts.nonReading++;
+  if (i % 2 === 0) {
+    const body = JSON.stringify({ messages: question(i), max_tokens: 600, ignore_eos: true, stream: true });
+    const conn = await rawRequest("POST", "/v1/chat/completions", body);
+    await new Promise((r) => setTimeout(r, 4000));
+    return conn.close();
+  }
+  const conn = await Deno.connect({ hostname: "127.0.0.1", port: PORT });
+  const many = enc.encode(`GET /health HTTP/1.1\r\nhost: 127.0.0.1:${PORT}\r\n\r\n`.repeat(2000));
+  const until = performance.now() + 20_000;
+  try {
+    while (performance.now() < until) await conn.write(many);
+  } catch {
+    counts.cutOff++; // closed by the server: its writes made no progress
+  }
+  conn.close();
+}
+
+/** A client that reads a few bytes at a time: a stream (SSE) or a whole answer (JSON). */
+async function slowReading(i: number): Promise<void> {
+  const stream = i % 2 === 0;
+  const body = JSON.stringify({ messages: question(i), max_tokens: 24, stream });
+  const conn = await rawRequest("POST", "/v1/chat/completions", body);
+  const chunk = new Uint8Array(64);
+  let text = "";
+  try {
+    for (let n = await conn.read(chunk); n !== null; n = await conn.read(chunk)) {
+      text += new TextDecoder().decode(chunk.subarray(0, n));
+      if (stream ? text.includes("data: [DONE]") : /\r\n\r\n\{[^]*\}$/.test(text)) break;
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    if (/^HTTP\/1\.1 200 /.test(text)) counts.slowReading++;
+    else if (/^HTTP\/1\.1 429 /.test(text)) counts.busy++;
+    else counts.failed++;
+  } finally {
+    conn.close();
+  }
+}
+
 async function malformed(i: number): Promise<void> {
   const k = i % 3;
   if (k === 0) {
@@ -232,7 +296,16 @@ const KINDS = [
   (i: number) => malformed(i),
   (i: number) => malformed(i),
   () => trickle(),
+  (i: number) => nonReading(i),
+  (i: number) => slowReading(i),
 ];
+
+/** RSS, connections (besides the sampler's own) and slots now. */
+async function snapshot(): Promise<{ rss: number; connections: number; slots: number }> {
+  const m = await metrics();
+  return { rss: await rss(), connections: m.k3_connections - 1, slots: m.k3_sequences_in_flight };
+}
+const before = await snapshot();
 
 const t0 = performance.now();
 const deadline = t0 + SECONDS * 1000;
@@ -282,7 +355,13 @@ for (let k = 0; k < 50 && (end.k3_sequences_in_flight > 0 || end.k3_requests_in_
   await new Promise((r) => setTimeout(r, 200));
   end = await metrics();
 }
-const finalRss = await rss();
+// Connections the clients left close within the send and idle timeouts.
+let after = await snapshot();
+for (let k = 0; k < 50 && after.connections > 0; k++) {
+  await new Promise((r) => setTimeout(r, 200));
+  after = await snapshot();
+}
+const finalRss = after.rss;
 child.kill("SIGTERM");
 const status = await child.status;
 await draining;
@@ -300,6 +379,17 @@ const result = {
   cut_off: counts.cutOff,
   refused: counts.refused,
   busy_429: counts.busy,
+  non_reading: counts.nonReading,
+  slow_reading_answers: counts.slowReading,
+  send_timeouts: end.k3_send_timeouts_total,
+  before: before,
+  during_max: {
+    rss: Math.max(...samples.map((s) => s.rss)),
+    connections: Math.max(...samples.map((s) => s.connections)),
+    slots: Math.max(...samples.map((s) => s.slots)),
+  },
+  after: after,
+  connections_left: after.connections,
   client_failures: counts.failed,
   rss_start_bytes: settled?.rss ?? finalRss,
   rss_end_bytes: finalRss,
@@ -326,8 +416,12 @@ for (const s of samples) {
     }  ${String(s.slots).padStart(5)}  ${String(s.answersPerSecond).padStart(9)}`,
   );
 }
+const mb = (b: number) => `${(b / 2 ** 20).toFixed(1)} MB`;
+for (const [when, s] of [["before", before], ["during (max)", result.during_max], ["after", after]] as const) {
+  log(`${when}: RSS ${mb(s.rss)}, ${s.connections} connections, ${s.slots} slots`);
+}
 log(
-  `${result.requests} requests in ${result.seconds} s: ${result.answers} answers, ${result.aborted} aborted, ${result.cut_off} cut off, ${result.refused} refused; RSS growth ${
+  `${result.requests} requests in ${result.seconds} s: ${result.answers} answers, ${result.aborted} aborted, ${result.cut_off} cut off, ${result.refused} refused, ${result.non_reading} non-reading (${result.send_timeouts} send timeouts), ${result.slow_reading_answers} slow-reading answers; RSS growth ${
     (result.rss_growth_bytes / 2 ** 20).toFixed(1)
   } MB; slots leaked ${result.slots_leaked}; p99 TTFT ${result.p99_ttft_seconds.toFixed(3)} s`,
 );

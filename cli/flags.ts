@@ -8,6 +8,8 @@
 
 import type { ParseArgsConfig } from "node:util";
 import { parseFlags } from "./common.ts";
+import { checkInputPath } from "../engine/native/files.ts";
+import { EXIT } from "../engine/errors.ts";
 
 /** One flag: how it parses and what its help line says. */
 export interface Flag {
@@ -21,6 +23,13 @@ export interface Flag {
   lastWins?: boolean;
   /** The value's placeholder in the help ("N", "DIR"). */
   value?: string;
+  /**
+   * The value names a file k3 reads ("input": a regular file, or `-` where stdin is
+   * documented; "key": a regular file or a pipe, of which one line is read) or writes
+   * ("output"). An input that exists and is anything else (a FIFO, a device, a
+   * directory) is refused when the flags are parsed, before anything opens it.
+   */
+  file?: "input" | "key" | "output";
   /** What the flag does; later lines continue under the first. */
   help: string;
 }
@@ -137,6 +146,14 @@ export function commandFlags(spec: CommandSpec): CommandFlags {
     parse: (args, allowPositionals = true) => {
       const { values, positionals, tokens } = parseFlags(spec.name, args, options, allowPositionals, lastWins);
       const v = values as ParsedArgs["values"];
+      for (const [name, f] of Object.entries(flags)) {
+        if (f.file !== "input" && f.file !== "key") continue;
+        for (const path of [v[name]].flat()) {
+          // `-` is stdin where documented; "" names no file (`--input-history ""`: none).
+          if (typeof path !== "string" || path === "-" || path === "") continue;
+          checkInputPath(path, `--${name}`, EXIT.usage, f.file === "key");
+        }
+      }
       return {
         values: v,
         positionals,

@@ -36,7 +36,7 @@ export const PROMPT_GROUP: FlagGroup = {
       value: "TEXT",
       help: "text, encoded with the tokenizer (special tokens are not recognised)",
     },
-    "prompt-file": { type: "string", value: "P", help: "a UTF-8 file, read verbatim (- reads stdin)" },
+    "prompt-file": { type: "string", value: "P", file: "input", help: "a UTF-8 file, read verbatim (- reads stdin)" },
     ids: { type: "string", value: "LIST", help: "token ids, comma-separated (no tokenizer needed)" },
   },
 };

@@ -123,6 +123,7 @@ export const STRUCTURED_GROUP: FlagGroup = {
     "json-schema": {
       type: "string",
       value: "F",
+      file: "input",
       help: "the output is a JSON value the schema in file F allows (the README's\n" +
         '"Structured output" lists the subset; anything else is refused)',
     },

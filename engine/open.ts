@@ -253,11 +253,16 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
     );
     if (opts.log) {
       for (const line of formatPlan(plan)) opts.log(line);
-      if (!trunk?.table && full.numLayers > full.firstKDense) {
+      if (mem.trunkDir === undefined) {
+        // The checkpoint's shards carry no checksums: without a trunk no weight is checked.
         opts.log(
-          `  (routed experts are not verified per read: ${
-            mem.trunkDir === undefined ? "no packed trunk" : `no ${EXPERTS_FILE} in ${mem.trunkDir}`
-          }; add the table with ${TABLE_ADVICE})`,
+          `  (no packed trunk: no weight is verified as it is read, the checkpoint's shards carry no checksums; ` +
+            `pack one with k3 pack <model_dir> <trunk_dir>, then add the expert table with ${TABLE_ADVICE})`,
+        );
+      } else if (!trunk?.table && full.numLayers > full.firstKDense) {
+        opts.log(
+          `  (routed experts are not verified per read: no ${EXPERTS_FILE} in ${mem.trunkDir}; ` +
+            `add the table with ${TABLE_ADVICE})`,
         );
       }
     }

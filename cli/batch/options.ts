@@ -24,8 +24,13 @@ const BATCH_GROUP: FlagGroup = {
   name: "batch",
   title: "",
   flags: {
-    input: { type: "string", value: "FILE", help: "prompts, JSONL" },
-    output: { type: "string", value: "FILE", help: "results, JSONL (created, or appended to and resumed)" },
+    input: { type: "string", value: "FILE", file: "input", help: "prompts, JSONL" },
+    output: {
+      type: "string",
+      value: "FILE",
+      file: "output",
+      help: "results, JSONL (created, or appended to and resumed)",
+    },
     parallel: {
       type: "string",
       value: "N|auto",
@@ -33,7 +38,12 @@ const BATCH_GROUP: FlagGroup = {
         "reads (default auto: up to 16, the number whose memory plan predicts\n" +
         "the most tokens/s); results are written in finishing order",
     },
-    report: { type: "string", value: "FILE", help: "write a JSON summary of the whole run (atomically)" },
+    report: {
+      type: "string",
+      value: "FILE",
+      file: "output",
+      help: "write a JSON summary of the whole run (atomically)",
+    },
     "force-resume": { type: "boolean", help: "add to an --output made with other settings (see above)" },
   },
 };

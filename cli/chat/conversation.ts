@@ -5,7 +5,8 @@
  * @module
  */
 
-import { usageError } from "../../engine/errors.ts";
+import { EXIT } from "../../engine/errors.ts";
+import { notRegular, readInput } from "../../engine/native/files.ts";
 import { loadState, type ModelFingerprint, readStateFile, saveState } from "../../engine/generate/state_file.ts";
 import type { SequenceState } from "../../engine/model/state.ts";
 import type { K3Model } from "../../engine/model/model.ts";
@@ -43,15 +44,13 @@ export class Conversation {
   }
 }
 
+/** The largest --history file read. */
+const MAX_HISTORY_BYTES = 256 << 20;
+
 /** Reads and strictly parses a history file; undefined when it does not exist. */
-export async function readHistory(path: string): Promise<ChatMessage[] | undefined> {
-  let bytes: Uint8Array;
-  try {
-    bytes = await Deno.readFile(path);
-  } catch (e) {
-    if (e instanceof Deno.errors.NotFound) return undefined;
-    throw usageError(`--history: cannot read ${path}: ${(e as Error).message}`);
-  }
+export function readHistory(path: string): ChatMessage[] | undefined {
+  if (notRegular(path) === "no such file") return undefined;
+  const bytes = readInput(path, { what: "--history", maxBytes: MAX_HISTORY_BYTES, exitCode: EXIT.usage });
   return parseHistory(decodeUtf8Strict(bytes, path), path);
 }
 

@@ -52,14 +52,14 @@ interface PreparedChat {
 
 /** Reads the tool files, the config, the tokenizer and the history. */
 async function prepareChat(o: ChatOptions): Promise<PreparedChat> {
-  const tools = o.tools === undefined ? undefined : await readTools(o.tools);
-  const canned = o.toolResults === undefined ? undefined : await readToolResults(o.toolResults);
+  const tools = o.tools === undefined ? undefined : readTools(o.tools);
+  const canned = o.toolResults === undefined ? undefined : readToolResults(o.toolResults);
   const config = await readModelConfig(o.dir, o.model.layers);
   const tok = needTokenizer(o.dir, o.model.tokDir, "chat", config.cfg.vocabSize);
   // Before the model opens: a tokenizer without the chat template's tokens is refused now.
   const ends = stopIds(tok);
   const conv = new Conversation();
-  if (o.history !== undefined) conv.messages = (await readHistory(o.history)) ?? [];
+  if (o.history !== undefined) conv.messages = readHistory(o.history) ?? [];
   if (o.system !== undefined) {
     if (conv.messages.length > 0) {
       throw usageError(`--system: ${o.history} already holds a conversation; edit its first line instead`);

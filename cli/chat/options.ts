@@ -28,6 +28,7 @@ const CONVERSATION_GROUP: FlagGroup = {
     history: {
       type: "string",
       value: "FILE.jsonl",
+      file: "input",
       help: 'load the conversation (one {"role","content"[,"reasoning"]} per\n' +
         "line; refused, never overwritten, if it does not parse) and save\n" +
         "it atomically after every turn",
@@ -35,6 +36,7 @@ const CONVERSATION_GROUP: FlagGroup = {
     state: {
       type: "string",
       value: "FILE",
+      file: "input",
       help: "the conversation's sequence state: continued when it holds the\n" +
         "same messages, saved after every turn (see README: Saved states)",
     },
@@ -45,6 +47,7 @@ const CONVERSATION_GROUP: FlagGroup = {
     "input-history": {
       type: "string",
       value: "FILE",
+      file: "input",
       help: 'the line editor\'s history (default ~/.k3/chat_history; "" keeps\n' +
         "none); one JSON string per message sent",
     },
@@ -54,6 +57,7 @@ const CONVERSATION_GROUP: FlagGroup = {
     tools: {
       type: "string",
       value: "FILE.json",
+      file: "input",
       help: 'function tools the model may call (OpenAI\'s "tools" array); a\n' +
         'call is shown as "[call NAME ARGS]" and its result read from stdin\n' +
         "(one line), then the turn continues",
@@ -61,6 +65,7 @@ const CONVERSATION_GROUP: FlagGroup = {
     "tool-results": {
       type: "string",
       value: "FILE",
+      file: "input",
       help: "canned tool results instead of stdin: one JSON string (or any\n" +
         "JSON, as its text) per line, used in order",
     },
@@ -69,7 +74,12 @@ const CONVERSATION_GROUP: FlagGroup = {
       help: "diagnostic: forget the state after each turn and prefill the whole\n" +
         "conversation again (what the state saves)",
     },
-    out: { type: "string", value: "FILE", help: "a JSON report of every turn (ids, timings), rewritten after each" },
+    out: {
+      type: "string",
+      value: "FILE",
+      file: "output",
+      help: "a JSON report of every turn (ids, timings), rewritten after each",
+    },
   },
 };
 

@@ -5,16 +5,21 @@
  * @module
  */
 
-import { usageError } from "../../engine/errors.ts";
+import { EXIT, usageError } from "../../engine/errors.ts";
+import { readInputText } from "../../engine/native/files.ts";
 import type { ToolDecl } from "../../engine/text/chat.ts";
 import { parseTools } from "../openai.ts";
 import { ApiError } from "../openai_error.ts";
 
+/** The largest --tools or --tool-results file read. */
+const MAX_TOOL_FILE_BYTES = 16 << 20;
+
 /** Reads --tools: an OpenAI `tools` array, validated as serve validates one; usage error (exit 2) otherwise. */
-export async function readTools(path: string): Promise<ToolDecl[]> {
+export function readTools(path: string): ToolDecl[] {
+  const text = readInputText(path, { what: "--tools", maxBytes: MAX_TOOL_FILE_BYTES, exitCode: EXIT.usage });
   let v: unknown;
   try {
-    v = JSON.parse(await Deno.readTextFile(path));
+    v = JSON.parse(text);
   } catch (e) {
     throw usageError(`--tools: cannot read ${path}: ${(e as Error).message}`);
   }
@@ -30,13 +35,8 @@ export async function readTools(path: string): Promise<ToolDecl[]> {
 }
 
 /** Reads --tool-results: one result per line, a JSON string as its text, other JSON as written. */
-export async function readToolResults(path: string): Promise<string[]> {
-  let text: string;
-  try {
-    text = await Deno.readTextFile(path);
-  } catch (e) {
-    throw usageError(`--tool-results: cannot read ${path}: ${(e as Error).message}`);
-  }
+export function readToolResults(path: string): string[] {
+  const text = readInputText(path, { what: "--tool-results", maxBytes: MAX_TOOL_FILE_BYTES, exitCode: EXIT.usage });
   return text.split("\n").filter((l) => l.trim() !== "").map((l, i) => {
     try {
       const v = JSON.parse(l);

@@ -51,9 +51,10 @@ const RUN_OUTPUT_GROUP: FlagGroup = {
     "dump-logits": {
       type: "string",
       value: "F",
+      file: "output",
       help: "write the logits of every step, float32 little-endian [steps][vocab]",
     },
-    out: { type: "string", value: "FILE", help: "write a JSON report (atomically)" },
+    out: { type: "string", value: "FILE", file: "output", help: "write a JSON report (atomically)" },
     ledger: {
       type: "boolean",
       help: "print where the seconds went (reads, matmuls, experts, attention,\n" +
@@ -70,11 +71,13 @@ const SAVED_STATE_GROUP: FlagGroup = {
     "save-state": {
       type: "string",
       value: "F",
+      file: "output",
       help: "after the prompt and any generation, save the sequence state to F\n(--gen 0 runs the prompt only)",
     },
     "load-state": {
       type: "string",
       value: "F",
+      file: "input",
       help: "continue the state saved in F; the prompt is the suffix to add",
     },
   },

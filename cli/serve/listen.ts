@@ -7,7 +7,8 @@
 
 import { basename } from "node:path";
 import { createHash } from "node:crypto";
-import { usageError } from "../../engine/errors.ts";
+import { EXIT, usageError } from "../../engine/errors.ts";
+import { readFirstLine } from "../../engine/native/files.ts";
 import { type ModelConfig, readModelConfig } from "../../engine/open.ts";
 import type { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { stopIds } from "../../engine/text/chat.ts";
@@ -19,6 +20,9 @@ import type { ServeOptions } from "./options.ts";
 /** Host names only this machine reaches. */
 const LOOPBACK = new Set(["127.0.0.1", "localhost", "::1", "[::1]"]);
 
+/** The longest key line read from --api-key-file (a pipe sending more is refused). */
+const MAX_KEY_BYTES = 4096;
+
 /**
  * The API key from `--api-key`, `--api-key-file` (its first line) or $K3_API_KEY, in
  * that order; at most one of the flags; an empty key or an unreadable file is exit 2.
@@ -27,11 +31,7 @@ export async function apiKeyOf(flag: string | undefined, file: string | undefine
   if (flag !== undefined && file !== undefined) throw usageError("serve: give --api-key or --api-key-file, not both");
   let key = flag;
   if (file !== undefined) {
-    try {
-      key = (await Deno.readTextFile(file)).split(/\r?\n/)[0];
-    } catch (e) {
-      throw usageError(`--api-key-file: cannot read ${file}: ${(e as Error).message}`);
-    }
+    key = await readFirstLine(file, { what: "--api-key-file", maxBytes: MAX_KEY_BYTES, exitCode: EXIT.usage });
   }
   key ??= Deno.env.get("K3_API_KEY") || undefined;
   if (key !== undefined && key.trim().length === 0) {

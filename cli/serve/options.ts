@@ -32,6 +32,7 @@ const SERVER_GROUP: FlagGroup = {
     "api-key-file": {
       type: "string",
       value: "F",
+      file: "key",
       help: 'require "Authorization: Bearer KEY", KEY the file\'s first line\n' +
         "(or set $K3_API_KEY; both keep the key out of the process list)",
     },
@@ -75,6 +76,12 @@ const SERVER_GROUP: FlagGroup = {
       type: "string",
       value: "S",
       help: "seconds a kept-alive connection may wait for its next request\n(default 30)",
+    },
+    "send-timeout": {
+      type: "string",
+      value: "S",
+      help:
+        "seconds a write to a client may make no progress before its\nconnection is closed and its request cancelled (default 30)",
     },
     "max-connections": {
       type: "string",
@@ -189,6 +196,7 @@ export function serveOptions(args: string[]): ServeOptions | undefined {
       headerTimeoutSeconds: seconds("header-timeout", flags.str("header-timeout"), DEFAULT_LIMITS.headerTimeoutSeconds),
       bodyTimeoutSeconds: seconds("body-timeout", flags.str("body-timeout"), DEFAULT_LIMITS.bodyTimeoutSeconds),
       idleTimeoutSeconds: seconds("idle-timeout", flags.str("idle-timeout"), DEFAULT_LIMITS.idleTimeoutSeconds),
+      sendTimeoutSeconds: seconds("send-timeout", flags.str("send-timeout"), DEFAULT_LIMITS.sendTimeoutSeconds),
       maxConnections: intFlag(
         "max-connections",
         flags.str("max-connections"),

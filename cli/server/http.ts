@@ -28,7 +28,7 @@ import {
   serveTask,
 } from "./tasks.ts";
 import { ChunkWriter, completionBody, EventStream, mergedChoices } from "./stream.ts";
-import { ClientGone, type Http1Limits, Http1Server } from "./http1.ts";
+import { ClientGone, DEFAULT_SEND_TIMEOUT_SECONDS, type Http1Limits, Http1Server } from "./http1.ts";
 import { applyTemplateBody, detokenizeBody, tokenizeBody } from "../chat_render.ts";
 import { acceptedHosts, checkHost, checkOrigin, checkSameOrigin, corsHeaders, logSafe } from "./guard.ts";
 import { CLIENT_GONE, endpointLabel, Metrics } from "./metrics.ts";
@@ -96,16 +96,21 @@ export interface RunningServer {
 const JSON_HEADERS = { "content-type": "application/json" };
 
 /** The HTTP limits when not given: seconds for a head, a body, an idle keep-alive. */
-export const DEFAULT_LIMITS: Http1Limits = {
+export const DEFAULT_LIMITS: Required<Http1Limits> = {
   headerTimeoutSeconds: 10,
   bodyTimeoutSeconds: 30,
   idleTimeoutSeconds: 30,
   maxConnections: 256,
   maxHeadBytes: 16384,
+  sendTimeoutSeconds: DEFAULT_SEND_TIMEOUT_SECONDS,
 };
 
 /** Status events a client may leave unread before its status stream is ended. */
 const STATUS_BACKLOG = 4096;
+
+/** Seconds past the grace period for cancelled answers to flush before every connection
+ * is closed, whatever its client does. */
+const SHUTDOWN_FLUSH_SECONDS = 0.5;
 
 /** The generation endpoints. */
 type Endpoint = "chat" | "completion" | "responses";
@@ -270,7 +275,8 @@ class HttpServer implements RunningServer {
   async shutdown(graceSeconds: number): Promise<void> {
     this.#accepting = false;
     for (const end of this.#statusStreams) end();
-    const stopped = this.#server.shutdown();
+    // A client that reads nothing must not hold the process: its connection is cut.
+    const stopped = this.#server.shutdown(graceSeconds + SHUTDOWN_FLUSH_SECONDS);
     const timer = setTimeout(() => {
       for (const ac of this.#inFlight) ac.abort(new Error("server shutting down"));
     }, graceSeconds * 1000);
@@ -579,9 +585,17 @@ class HttpServer implements RunningServer {
         return this.#json(200, modelList(this.#names, this.#created));
       case "/metrics":
         want("GET");
-        return new Response(this.#metrics.text(this.#engine, this.#inFlight.size, this.#server.connections), {
-          headers: { "content-type": "text/plain; version=0.0.4" },
-        });
+        return new Response(
+          this.#metrics.text(
+            this.#engine,
+            this.#inFlight.size,
+            this.#server.connections,
+            this.#server.sendTimeouts,
+          ),
+          {
+            headers: { "content-type": "text/plain; version=0.0.4" },
+          },
+        );
       case "/v1/chat/completions":
         want("POST");
         return await this.#completions(req, "chat", note, gone);

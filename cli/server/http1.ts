@@ -12,6 +12,12 @@
  * new connection is answered 503 and closed. Bodies are read only when the handler asks
  * (after its key check), so a refused request costs only its head.
  *
+ * Writes go through one {@link ConnWriter} per connection: one at a time, and a write
+ * that makes no progress for the send timeout closes the connection (its request is gone,
+ * its slot freed). An end of stream after a complete request may be a half-close (the
+ * client still reads): the connection is probed (an interim 102, or an event-stream
+ * comment) and only a reset or a failed write means the client is gone.
+ *
  * @module
  */
 
@@ -27,7 +33,13 @@ export interface Http1Limits {
   maxConnections: number;
   /** Largest request head (request line and headers). */
   maxHeadBytes: number;
+  /** A write that makes no progress for this long closes its connection (default
+   * {@link DEFAULT_SEND_TIMEOUT_SECONDS}). */
+  sendTimeoutSeconds?: number;
 }
+
+/** Seconds a write may make no progress when the limits name none. */
+export const DEFAULT_SEND_TIMEOUT_SECONDS = 30;
 
 /** Handles one request; `gone` aborts when its client goes away or is cut off. */
 export type Http1Handler = (req: Request, gone: AbortSignal, remote: Deno.NetAddr) => Promise<Response>;
@@ -83,6 +95,7 @@ function canned(status: number, message: string): Uint8Array {
 class ConnBytes {
   #buf = new Uint8Array(0);
   #eof = false;
+  #reset = false;
   #wake: (() => void) | undefined;
   #room: (() => void) | undefined;
   /** Aborted at end of stream or a read error. */
@@ -107,7 +120,8 @@ class ConnBytes {
         this.#wake?.();
       }
     } catch {
-      // A reset or a close from our side: the same as an end of stream.
+      // A reset, or a close from our side: the client cannot read any more.
+      this.#reset = true;
     }
     this.#eof = true;
     this.closed.abort(new ClientGone("closed"));
@@ -122,6 +136,18 @@ class ConnBytes {
   /** True once the client's side has ended (buffered bytes may remain). */
   get eof(): boolean {
     return this.#eof;
+  }
+
+  /** True when the reading ended in an error (a reset), not an end of stream. */
+  get reset(): boolean {
+    return this.#reset;
+  }
+
+  /** Drops the empty lines a client may send before a request line (RFC 9112 2.2). */
+  dropEmptyLines(): void {
+    let i = 0;
+    while (i < this.#buf.length && (this.#buf[i] === 13 || this.#buf[i] === 10)) i++;
+    if (i > 0) this.take(i);
   }
 
   /** Waits for more bytes (false: end of stream, or `deadline` passed). */
@@ -155,6 +181,79 @@ class ConnBytes {
     }
     return -1;
   }
+}
+
+/** What a connection has been sent of the current exchange, which decides its probe. */
+type Sent = "nothing" | "event stream" | "body";
+
+/** The bytes that probe a connection after `sent`: none while a body is being written. */
+function probeBytes(sent: Sent, version: string): Uint8Array | null {
+  // An interim response any HTTP/1.1 client skips (RFC 9110 15.2); never to HTTP/1.0.
+  if (sent === "nothing") return version === "1.1" ? enc.encode("HTTP/1.1 102 Processing\r\n\r\n") : null;
+  // A comment line in an event stream, as one chunk: clients skip it.
+  if (sent === "event stream") return enc.encode("3\r\n:\n\n\r\n");
+  return null;
+}
+
+/** Waits `ms` milliseconds. */
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+/**
+ * One connection's writes, one at a time (a probe never splits a chunk); a write that
+ * makes no progress for `timeoutMs` closes the connection and fails.
+ */
+class ConnWriter {
+  #queue: Promise<unknown> = Promise.resolve();
+  #failed = false;
+  /** What the current exchange has sent. */
+  sent: Sent = "nothing";
+
+  constructor(readonly conn: Deno.Conn, readonly timeoutMs: number, readonly onTimeout: () => void) {}
+
+  /** Writes all of `data` (or what `data()` gives when its turn comes; null: nothing);
+   * false when the connection is gone or was cut off. */
+  write(data: Uint8Array | (() => Uint8Array | null)): Promise<boolean> {
+    const turn = this.#queue.then(() => {
+      const bytes = typeof data === "function" ? data() : data;
+      return bytes === null ? !this.#failed : this.#writeAll(bytes);
+    });
+    this.#queue = turn;
+    return turn;
+  }
+
+  async #writeAll(data: Uint8Array): Promise<boolean> {
+    if (this.#failed) return false;
+    let off = 0;
+    try {
+      while (off < data.length) {
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const stalled = new Promise<null>((r) => (timer = setTimeout(() => r(null), this.timeoutMs)));
+        const n = await Promise.race([this.conn.write(data.subarray(off)), stalled]);
+        clearTimeout(timer);
+        if (n === null) {
+          // The client stopped reading: closing frees the connection and ends the write.
+          this.#failed = true;
+          this.onTimeout();
+          closeQuietly(this.conn);
+          return false;
+        }
+        off += n;
+      }
+      return true;
+    } catch {
+      this.#failed = true;
+      return false;
+    }
+  }
+}
+
+/** Closes `conn`, which may be closed already. */
+function closeQuietly(conn: Deno.Conn): void {
+  try {
+    conn.close();
+  } catch { /* already closed */ }
 }
 
 /** A parsed request head. */
@@ -192,6 +291,7 @@ export class Http1Server {
   readonly #listener: Deno.Listener<Deno.TcpConn, Deno.NetAddr>;
   readonly #conns = new Map<Deno.Conn, { busy: boolean }>();
   #closing = false;
+  #sendTimeouts = 0;
   #allClosed: (() => void) | undefined;
 
   /** Listens on `hostname:port` and answers with `handler` within `limits`. */
@@ -206,6 +306,11 @@ export class Http1Server {
     return this.#conns.size;
   }
 
+  /** Connections closed because a write made no progress for the send timeout. */
+  get sendTimeouts(): number {
+    return this.#sendTimeouts;
+  }
+
   async #accept(): Promise<void> {
     try {
       for await (const conn of this.#listener) {
@@ -218,9 +323,7 @@ export class Http1Server {
         this.#conns.set(conn, state);
         void this.#serveConn(conn, state).finally(() => {
           this.#conns.delete(conn);
-          try {
-            conn.close();
-          } catch { /* already closed */ }
+          closeQuietly(conn);
           if (this.#closing && this.#conns.size === 0) this.#allClosed?.();
         });
       }
@@ -230,76 +333,119 @@ export class Http1Server {
     if (this.#conns.size > 0) await new Promise<void>((r) => (this.#allClosed = r));
   }
 
-  /** Stops accepting, closes idle connections; busy ones close after their response. */
-  shutdown(): Promise<void> {
+  /**
+   * Stops accepting, closes idle connections; busy ones close after their response, or
+   * `cutSeconds` from now whatever their client does (default: no cut).
+   */
+  async shutdown(cutSeconds = Infinity): Promise<void> {
     this.#closing = true;
     try {
       this.#listener.close();
     } catch { /* already closed */ }
-    for (const [conn, s] of this.#conns) {
-      if (!s.busy) {
-        try {
-          conn.close();
-        } catch { /* already closed */ }
-      }
+    for (const [conn, s] of this.#conns) if (!s.busy) closeQuietly(conn);
+    if (!Number.isFinite(cutSeconds)) return await this.finished;
+    const cut = setTimeout(() => {
+      for (const conn of this.#conns.keys()) closeQuietly(conn);
+    }, cutSeconds * 1000);
+    try {
+      await this.finished;
+    } finally {
+      clearTimeout(cut);
     }
-    return this.finished;
   }
 
   async #serveConn(conn: Deno.TcpConn, state: { busy: boolean }): Promise<void> {
     const lim = this.limits;
     const bytes = new ConnBytes(conn, lim.maxHeadBytes + 65536);
+    const out = new ConnWriter(
+      conn,
+      1000 * (lim.sendTimeoutSeconds ?? DEFAULT_SEND_TIMEOUT_SECONDS),
+      () => this.#sendTimeouts++,
+    );
     let first = true;
     while (!this.#closing) {
-      // Idle: wait for the next request's first byte.
+      // Idle: wait for the next request's first byte (empty lines before it are skipped).
       const idleUntil = Date.now() + 1000 * (first ? lim.headerTimeoutSeconds : lim.idleTimeoutSeconds);
-      while (bytes.buffered === 0) if (!(await bytes.more(idleUntil))) return;
+      for (bytes.dropEmptyLines(); bytes.buffered === 0; bytes.dropEmptyLines()) {
+        if (!(await bytes.more(idleUntil))) return;
+      }
       state.busy = true;
       const headUntil = Date.now() + 1000 * lim.headerTimeoutSeconds;
       let end: number;
       while ((end = bytes.headEnd()) < 0) {
-        if (bytes.buffered > lim.maxHeadBytes) return void await write(conn, canned(431, "request head too large"));
+        if (bytes.buffered > lim.maxHeadBytes) return void await out.write(canned(431, "request head too large"));
         if (!(await bytes.more(headUntil))) {
-          if (!bytes.eof) await write(conn, canned(408, "request head timed out"));
+          if (!bytes.eof) await out.write(canned(408, "request head timed out"));
           return;
         }
       }
-      if (end > lim.maxHeadBytes) return void await write(conn, canned(431, "request head too large"));
+      if (end > lim.maxHeadBytes) return void await out.write(canned(431, "request head too large"));
       first = false;
       let head: Head;
       try {
         head = parseHead(latin1.decode(bytes.take(end)).slice(0, -4));
       } catch (e) {
-        return void await write(conn, canned((e as BadHead).status ?? 400, (e as Error).message));
+        return void await out.write(canned((e as BadHead).status ?? 400, (e as Error).message));
       }
-      const keep = await this.#exchange(conn, bytes, head);
+      out.sent = "nothing";
+      const keep = await this.#exchange(conn, bytes, out, head);
       state.busy = false;
       if (!keep) return;
-      first = false;
+    }
+  }
+
+  /** The Host of a request that sent none: this listener (HTTP/1.0 needs no Host). */
+  #listenerHost(): string {
+    const { hostname, port } = this.addr;
+    return hostname.includes(":") ? `[${hostname}]:${port}` : `${hostname}:${port}`;
+  }
+
+  /**
+   * After the client's end of stream with its request complete: a half-close (it still
+   * reads) or a close. Probes, at once, shortly after and a second later; a failed probe
+   * means gone. Stops when the exchange has `ended`.
+   */
+  async #probe(out: ConnWriter, version: string, gone: AbortController, ended: AbortSignal): Promise<void> {
+    for (const wait of [0, 50, 1000]) {
+      if (wait) await sleep(wait);
+      if (ended.aborted || gone.signal.aborted) return;
+      if (!(await out.write(() => probeBytes(out.sent, version)))) gone.abort(new ClientGone("closed"));
     }
   }
 
   /** One request and its response; true when the connection may carry another. */
-  async #exchange(conn: Deno.TcpConn, bytes: ConnBytes, head: Head): Promise<boolean> {
+  async #exchange(conn: Deno.TcpConn, bytes: ConnBytes, out: ConnWriter, head: Head): Promise<boolean> {
     const lim = this.limits;
     const h = head.headers;
     if (h.has("transfer-encoding")) {
-      await write(conn, canned(411, "send the body with content-length (chunked bodies are not accepted)"));
+      await out.write(canned(411, "send the body with content-length (chunked bodies are not accepted)"));
       return false;
     }
     const cl = h.get("content-length");
     if (cl !== null && !/^\d{1,15}$/.test(cl)) {
-      await write(conn, canned(400, "malformed content-length"));
+      await out.write(canned(400, "malformed content-length"));
       return false;
     }
     let remaining = cl === null ? 0 : Number(cl);
+    // Content-Length defines a body whatever the method (RFC 9112 6.3): one on GET or HEAD
+    // is refused and the connection closed, so its bytes are never read as a request.
+    if (remaining > 0 && (head.method === "GET" || head.method === "HEAD")) {
+      await out.write(canned(400, `a ${head.method} request takes no body`));
+      return false;
+    }
+    if (!h.has("host") && head.version === "1.0") h.set("host", this.#listenerHost());
     const gone = new AbortController();
-    const onClosed = () => gone.abort(bytes.closed.signal.reason);
+    const ended = new AbortController();
+    // A reset, or an end of stream before the body is complete, means gone; an end of
+    // stream after a complete request may be a half-close: probed.
+    const onClosed = () => {
+      if (bytes.reset || bytes.buffered < remaining) gone.abort(bytes.closed.signal.reason);
+      else void this.#probe(out, head.version, gone, ended.signal);
+    };
     bytes.closed.signal.addEventListener("abort", onClosed);
-    // A client that closed right after sending (it gave up) is gone before its turn.
     if (bytes.closed.signal.aborted) onClosed();
     const bodyUntil = Date.now() + 1000 * lim.bodyTimeoutSeconds;
-    const hasBody = remaining > 0 && head.method !== "GET" && head.method !== "HEAD";
+    const hasBody = remaining > 0;
     // curl asks before sending a body over 1 kB: answer once the handler wants the body.
     let askedToContinue = /^100-continue$/i.test(h.get("expect") ?? "");
     const body = hasBody
@@ -307,7 +453,7 @@ export class Http1Server {
         pull: async (c) => {
           if (askedToContinue) {
             askedToContinue = false;
-            if (bytes.buffered === 0) await write(conn, enc.encode("HTTP/1.1 100 Continue\r\n\r\n"));
+            if (bytes.buffered === 0) await out.write(enc.encode("HTTP/1.1 100 Continue\r\n\r\n"));
           }
           while (bytes.buffered === 0) {
             if (!(await bytes.more(bodyUntil))) {
@@ -323,7 +469,6 @@ export class Http1Server {
         },
       }, { highWaterMark: 0 })
       : null;
-    if (!hasBody) remaining = 0;
     const host = h.get("host") ?? `${this.addr.hostname}:${this.addr.port}`;
     let req: Request;
     try {
@@ -333,23 +478,31 @@ export class Http1Server {
         body,
       });
     } catch {
-      await write(conn, canned(400, "malformed request target"));
+      await out.write(canned(400, "malformed request target"));
       return false;
     }
-    let res: Response;
     try {
-      res = await this.handler(req, gone.signal, conn.remoteAddr as Deno.NetAddr);
+      const res = await this.handler(req, gone.signal, conn.remoteAddr as Deno.NetAddr);
+      // A client whose side has ended sends no next request: its connection closes.
+      const keepAlive = head.version === "1.1" && !/\bclose\b/i.test(h.get("connection") ?? "") &&
+        remaining === 0 && !this.#closing && !gone.signal.aborted && !bytes.eof;
+      const whole = await this.#respond(out, res, head.method === "HEAD", keepAlive, gone);
+      return keepAlive && whole && !gone.signal.aborted;
     } finally {
+      ended.abort();
       bytes.closed.signal.removeEventListener("abort", onClosed);
     }
-    const keepAlive = head.version === "1.1" && !/\bclose\b/i.test(h.get("connection") ?? "") &&
-      remaining === 0 && !this.#closing && !gone.signal.aborted;
-    await this.#respond(conn, res, head.method === "HEAD", keepAlive, gone);
-    return keepAlive && !gone.signal.aborted;
   }
 
-  /** Writes `res`: a known length as is, a stream chunked; stops when the client is gone. */
-  async #respond(conn: Deno.TcpConn, res: Response, headOnly: boolean, keep: boolean, gone: AbortController) {
+  /** Writes `res`: a known length as is, a stream chunked; stops when the client is gone.
+   * True when the whole response was written. */
+  async #respond(
+    out: ConnWriter,
+    res: Response,
+    headOnly: boolean,
+    keep: boolean,
+    gone: AbortController,
+  ): Promise<boolean> {
     const lines = [`HTTP/1.1 ${res.status} ${REASONS[res.status] ?? "Status"}`];
     res.headers.forEach((v, k) => {
       if (k !== "content-length" && k !== "connection" && k !== "transfer-encoding") lines.push(`${k}: ${v}`);
@@ -360,19 +513,23 @@ export class Http1Server {
       const data = res.body ? new Uint8Array(await res.arrayBuffer()) : new Uint8Array(0);
       lines.push(`content-length: ${data.length}`);
       const headBytes = enc.encode(lines.join("\r\n") + "\r\n\r\n");
-      const out = new Uint8Array(headBytes.length + (headOnly ? 0 : data.length));
-      out.set(headBytes);
-      if (!headOnly) out.set(data, headBytes.length);
-      if (!(await write(conn, out))) gone.abort(new ClientGone("closed"));
-      return;
+      const bytes = new Uint8Array(headBytes.length + (headOnly ? 0 : data.length));
+      bytes.set(headBytes);
+      if (!headOnly) bytes.set(data, headBytes.length);
+      out.sent = "body";
+      if (await out.write(bytes)) return true;
+      gone.abort(new ClientGone("closed"));
+      return false;
     }
     lines.push("transfer-encoding: chunked");
     const reader = res.body.getReader();
     const stop = () => void reader.cancel(gone.signal.reason).catch(() => {});
     gone.signal.addEventListener("abort", stop);
     try {
-      if (!(await write(conn, enc.encode(lines.join("\r\n") + "\r\n\r\n")))) {
-        return void gone.abort(new ClientGone("closed"));
+      out.sent = "event stream";
+      if (!(await out.write(enc.encode(lines.join("\r\n") + "\r\n\r\n")))) {
+        gone.abort(new ClientGone("closed"));
+        return false;
       }
       while (true) {
         const { value, done } = await reader.read();
@@ -383,27 +540,18 @@ export class Http1Server {
         piece.set(size);
         piece.set(value, size.length);
         piece.set([13, 10], size.length + value.length);
-        if (!(await write(conn, piece))) {
+        if (!(await out.write(piece))) {
           gone.abort(new ClientGone("closed"));
-          return;
+          return false;
         }
       }
-      if (!gone.signal.aborted) await write(conn, enc.encode("0\r\n\r\n"));
+      out.sent = "body";
+      return !gone.signal.aborted && await out.write(enc.encode("0\r\n\r\n"));
     } catch {
-      // The body was cancelled because the client went away.
+      // The body was cancelled (the client went away) or failed (its output overflowed).
+      return false;
     } finally {
       gone.signal.removeEventListener("abort", stop);
     }
-  }
-}
-
-/** Writes all of `data`; false when the connection is gone. */
-async function write(conn: Deno.Conn, data: Uint8Array): Promise<boolean> {
-  try {
-    let off = 0;
-    while (off < data.length) off += await conn.write(data.subarray(off));
-    return true;
-  } catch {
-    return false;
   }
 }

@@ -68,8 +68,8 @@ export class Metrics {
     this.#requests.set(key, (this.#requests.get(key) ?? 0) + 1);
   }
 
-  /** Prometheus text exposition format, version 0.0.4. */
-  text(engine: ServeEngine | undefined, inFlight: number, connections: number): string {
+  /** Prometheus text exposition format, version 0.0.4 (`sendTimeouts`: the HTTP layer's count). */
+  text(engine: ServeEngine | undefined, inFlight: number, connections: number, sendTimeouts = 0): string {
     const out: string[] = [];
     const metric = (name: string, type: string, help: string, rows: [string, number][]) => {
       out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
@@ -107,6 +107,10 @@ export class Metrics {
       this.#internalErrors,
     ]]);
     metric("k3_connections", "gauge", "TCP connections open.", [["", connections]]);
+    metric("k3_send_timeouts_total", "counter", "Connections closed because a write made no progress.", [[
+      "",
+      sendTimeouts,
+    ]]);
     const sc = engine?.stateCache?.stats;
     if (sc) {
       const stateCache: [string, string, string, [string, number][]][] = [
@@ -117,6 +121,10 @@ export class Metrics {
         ["entries", "gauge", "Kept states, by tier.", [['tier="ram"', sc.entries], ['tier="disk"', sc.diskEntries]]],
         ["disk_hits_total", "counter", "Hits read back from the spill directory.", [["", sc.diskHits]]],
         ["refused_total", "counter", "Spill files refused (damaged) and recomputed.", [["", sc.refused]]],
+        ["orphans_removed_total", "counter", "Temporary spill files of gone processes removed.", [[
+          "",
+          sc.orphansRemoved,
+        ]]],
       ];
       for (const [name, type, help, rows] of stateCache) metric(`k3_state_cache_${name}`, type, help, rows);
       metric("k3_cached_prompt_tokens_total", "counter", "Prompt tokens served from kept states.", [[

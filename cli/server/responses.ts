@@ -82,7 +82,7 @@ export function chatBodyOfResponses(body: unknown, stored?: StoredLookup): Json 
   const messages: Json[] = [];
   for (const [k, v] of Object.entries(b)) {
     if (v === undefined || v === null) continue;
-    if (k in RENAMED) chat[RENAMED[k]] = v;
+    if (Object.hasOwn(RENAMED, k)) chat[RENAMED[k]] = v; // own keys only: never `constructor`
     else if (IGNORED.has(k)) continue;
     else if (k === "instructions") {
       if (typeof v !== "string") throw bad(k, `'instructions' must be a string, got ${kind(v)}`);

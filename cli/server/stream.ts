@@ -88,43 +88,66 @@ export function mergedChoices(
   } as ChatCompletion | Completion;
 }
 
-/** A server-sent event stream: events are sent while the client listens, then it closes. */
+/** Bytes of events an EventStream holds for a client that reads slower than they come. */
+export const PENDING_OUTPUT_LIMIT = 1 << 20;
+
+/** A client whose unread events passed {@link PENDING_OUTPUT_LIMIT}: cut off. */
+export class OutputOverflow extends Error {
+  constructor() {
+    super(`the client left over ${PENDING_OUTPUT_LIMIT} bytes of events unread`);
+  }
+}
+
+/**
+ * A server-sent event stream: events are sent while the client listens, then it closes.
+ * Events the client has not read are held up to {@link PENDING_OUTPUT_LIMIT} bytes;
+ * beyond, the stream fails (its connection closes) and the client counts as gone, so
+ * its sequence is cancelled: memory stays bounded whatever the client reads.
+ */
 export class EventStream {
   /** The response body. */
   readonly body: ReadableStream<Uint8Array>;
   #ctl!: ReadableStreamDefaultController<Uint8Array>;
   #open = true;
   readonly #enc = new TextEncoder();
+  readonly #onCancel: () => void;
 
-  /** `onCancel`: the client went away (the body was cancelled). */
+  /** `onCancel`: the client went away (the body was cancelled, or its output overflowed). */
   constructor(onCancel: () => void) {
+    this.#onCancel = onCancel;
     this.body = new ReadableStream<Uint8Array>({
       start: (c) => void (this.#ctl = c),
       cancel: () => {
         this.#open = false;
         onCancel();
       },
-    });
+    }, { highWaterMark: PENDING_OUTPUT_LIMIT, size: (chunk) => chunk.length });
+  }
+
+  /** Queues `text` for the client; past the bound, fails the stream and cancels. */
+  #enqueue(text: string): void {
+    if (!this.#open) return;
+    try {
+      this.#ctl.enqueue(this.#enc.encode(text));
+    } catch {
+      this.#open = false;
+      return;
+    }
+    if ((this.#ctl.desiredSize ?? 0) < 0) {
+      this.#open = false;
+      this.#ctl.error(new OutputOverflow());
+      this.#onCancel();
+    }
   }
 
   /** Sends one event (nothing once the client is gone). */
   send(data: unknown): void {
-    if (!this.#open) return;
-    try {
-      this.#ctl.enqueue(this.#enc.encode(sse(data)));
-    } catch {
-      this.#open = false;
-    }
+    this.#enqueue(sse(data));
   }
 
   /** Sends one event named `type` (the Responses API names its events). */
   sendEvent(type: string, data: unknown): void {
-    if (!this.#open) return;
-    try {
-      this.#ctl.enqueue(this.#enc.encode(`event: ${type}\n${sse(data)}`));
-    } catch {
-      this.#open = false;
-    }
+    this.#enqueue(`event: ${type}\n${sse(data)}`);
   }
 
   /** Events queued and not yet taken by the client (0 while it keeps up). */

@@ -18,10 +18,14 @@
  * SHA-256 of its tokens, and the directory is itself bounded (oldest used files removed
  * first). A hit on disk is read back only when the read is estimated cheaper than
  * prefilling the same tokens (the measured read rate against the measured cost of a
- * prefill pass), and each such decision is logged; the read runs on the I/O threads and
+ * prefill pass), and each such decision is logged. The rate leans on the latest reads
+ * (older ones count half at each new read), and after {@link REMEASURE_AFTER} declined
+ * reads one is read anyway, so a single slow read never turns the disk tier off for the
+ * rest of the run. The read runs on the I/O threads and
  * {@link StateCache.find} hands back a promise, so the scheduler keeps computing other
  * sequences until the state lands. A file that fails any check is refused, deleted, and
- * its tokens prefilled.
+ * its tokens prefilled. A spill written when its process was killed leaves a temporary
+ * file (`NAME.tmp-PID-TIME`); at start those whose process is gone are removed and counted.
  *
  * @module
  */
@@ -31,6 +35,7 @@ import { join } from "node:path";
 import { K3Error } from "../errors.ts";
 import type { K3Model } from "../model/model.ts";
 import { bytesText } from "../native/available.ts";
+import { statKind } from "../native/files.ts";
 import {
   checkStateFile,
   type ModelFingerprint,
@@ -85,6 +90,8 @@ export interface StateCacheStats {
   diskEntries: number;
   /** Spill files refused (damaged or not this model's) and recomputed. */
   refused: number;
+  /** Temporary spill files left by a process that is gone, removed at start. */
+  orphansRemoved: number;
   /** Positions served from the cache instead of prefilled. */
   cachedTokens: number;
 }
@@ -186,7 +193,9 @@ export class StateCache {
   #ramBytes = 0;
   #diskBytes = 0;
   readonly #spills = new Set<Promise<void>>();
-  readonly #stats = { hits: 0, misses: 0, evictions: 0, diskHits: 0, refused: 0, cachedTokens: 0 };
+  readonly #stats = { hits: 0, misses: 0, evictions: 0, diskHits: 0, refused: 0, cachedTokens: 0, orphansRemoved: 0 };
+  /** Disk entries found since the last read and not read (estimated slower than prefill). */
+  #declined = 0;
   /** Bytes and seconds of spill reads so far (the measured disk rate; writes are not
    * counted: their fsync says little about reading). */
   #ioBytes = 0;
@@ -326,13 +335,17 @@ export class StateCache {
     const rate = this.#ioSeconds > 0 ? this.#ioBytes / this.#ioSeconds : undefined;
     const prefill = this.#passRows > 0 ? (this.#passSeconds / this.#passRows) * n : undefined;
     const read = rate ? e.fileBytes / rate : undefined;
-    const yes = read === undefined || prefill === undefined || read < prefill;
+    const cheaper = read === undefined || prefill === undefined || read < prefill;
+    // The rate may have been one slow moment: now and then a read measures it again.
+    const remeasure = !cheaper && ++this.#declined >= REMEASURE_AFTER;
+    const yes = cheaper || remeasure;
+    if (yes) this.#declined = 0;
     this.opts.log?.(
       `state cache: ${n} positions on disk (${bytesText(e.fileBytes)}): ${
         read === undefined || prefill === undefined
           ? `no ${read === undefined ? "disk rate" : "prefill cost"} measured yet`
           : `read ~${read.toFixed(3)} s at ${bytesText(rate!)}/s vs prefill ~${prefill.toFixed(3)} s`
-      }: ${yes ? "reading it" : "prefilling instead"}`,
+      }: ${cheaper ? "reading it" : remeasure ? "reading it to measure the disk rate again" : "prefilling instead"}`,
     );
     return yes;
   }
@@ -347,8 +360,8 @@ export class StateCache {
         throw new K3Error(`state ${e.file}: holds a different token prefix than its name says; refusing it`);
       }
       const seconds = (performance.now() - t0) / 1000;
-      this.#ioBytes += file.bytes.length;
-      this.#ioSeconds += seconds;
+      this.#ioBytes = this.#ioBytes / 2 + file.bytes.length;
+      this.#ioSeconds = this.#ioSeconds / 2 + seconds;
       this.opts.log?.(
         `state cache: read ${e.tokens.length} positions (${bytesText(file.bytes.length)}) from disk in ${
           seconds.toFixed(3)
@@ -449,6 +462,19 @@ export class StateCache {
     while (this.#spills.size > 0) await Promise.all([...this.#spills]);
   }
 
+  /** Removes `file` when it is a temporary spill file whose process is gone; true if so. */
+  async #removeOrphan(file: string): Promise<boolean> {
+    const pid = tempSpillPid(file);
+    if (pid === undefined || pid === Deno.pid || processAlive(pid)) return false;
+    try {
+      const bytes = (await Deno.stat(file)).size;
+      await Deno.remove(file);
+      this.#stats.orphansRemoved++;
+      this.opts.log?.(`state cache: removed ${file} (${bytesText(bytes)}), left by process ${pid}, which is gone`);
+    } catch { /* removed meanwhile */ }
+    return true;
+  }
+
   /**
    * Takes in the spill files a previous run left in the directory (their headers only:
    * each is verified in full when it is used), so the directory stays within its budget
@@ -460,6 +486,7 @@ export class StateCache {
     if (!dir) return;
     await Deno.mkdir(dir, { recursive: true });
     for await (const f of Deno.readDir(dir)) {
+      if (f.isFile && await this.#removeOrphan(join(dir, f.name))) continue;
       if (!f.isFile || !f.name.endsWith(".k3state")) continue;
       const file = join(dir, f.name);
       const tokens = await headerTokens(file);
@@ -471,6 +498,25 @@ export class StateCache {
       this.#diskBytes += e.fileBytes;
     }
     await this.#boundDisk();
+  }
+}
+
+/** Declined disk reads after which one is read anyway, to measure the rate again. */
+export const REMEASURE_AFTER = 8;
+
+/** The pid of a temporary spill file (`NAME.k3state.tmp-PID-TIME`), or undefined. */
+export function tempSpillPid(name: string): number | undefined {
+  const m = /\.k3state\.tmp-(\d+)-\d+$/.exec(name);
+  return m ? Number(m[1]) : undefined;
+}
+
+/** Whether process `pid` is running: its /proc entry exists (Linux; asked of k3io when
+ * the runtime refuses /proc). When that cannot be told, it is taken as running. */
+function processAlive(pid: number): boolean {
+  try {
+    return statKind(`/proc/${pid}`) !== "missing";
+  } catch {
+    return true;
   }
 }
 

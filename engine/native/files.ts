@@ -135,16 +135,27 @@ function readAllSync(f: { readSync(p: Uint8Array): number | null }, max: number,
   return out;
 }
 
+/**
+ * Refuses (K3Error `code`, one line naming `what`) an input path that is not a regular
+ * file, from its stat alone: a FIFO is never opened (an open would wait for a writer,
+ * and no signal could end k3 meanwhile), a device or directory never read. A missing
+ * path is refused too unless `missingOk`; `pipeOk` accepts a FIFO (a key read as one
+ * bounded line, e.g. from `<(command)`).
+ */
+export function checkInputPath(path: string, what: string, code: number, pipeOk = false, missingOk = true): void {
+  const why = notRegular(path);
+  if (why === undefined || (missingOk && why === KIND_WORDS.missing)) return;
+  if (pipeOk && why.startsWith(KIND_WORDS.fifo)) return;
+  // A directory is said the way engine/paths.ts says it everywhere else.
+  const text = why.startsWith("a directory") ? readProblem(path, new Deno.errors.IsADirectory()) : `${path}: ${why}`;
+  throw err(`${what}: cannot read ${text}`, code);
+}
+
 /** Reads a user file (or stdin for `-` when allowed), checked as the module doc says. */
 export function readInput(path: string, opts: InputOptions): Uint8Array {
   const code = opts.exitCode ?? EXIT.runtime;
   if (path === "-" && opts.allowStdin) return readAllSync(Deno.stdin, opts.maxBytes, `${opts.what}: stdin`, code);
-  const why = notRegular(path);
-  if (why !== undefined) {
-    // A directory is said the way engine/paths.ts says it everywhere else.
-    const text = why.startsWith("a directory") ? readProblem(path, new Deno.errors.IsADirectory()) : `${path}: ${why}`;
-    throw err(`${opts.what}: cannot read ${text}`, code);
-  }
+  checkInputPath(path, opts.what, code, false, false);
   let f: Deno.FsFile;
   try {
     f = Deno.openSync(path, { read: true });
@@ -162,6 +173,45 @@ export function readInput(path: string, opts: InputOptions): Uint8Array {
     throw err(`${opts.what}: cannot read ${readProblem(path, e)}`, code);
   } finally {
     f.close();
+  }
+}
+
+/**
+ * The first line of a regular file or a pipe (a key file), at most `opts.maxBytes` bytes
+ * before its end (a line ending in CR LF loses the CR). Opened off the main thread, so a
+ * FIFO nobody writes to leaves signals working; more than the bound without a line end
+ * is refused.
+ */
+export async function readFirstLine(path: string, opts: InputOptions): Promise<string> {
+  const code = opts.exitCode ?? EXIT.runtime;
+  checkInputPath(path, opts.what, code, true, false);
+  let f: Deno.FsFile;
+  try {
+    f = await Deno.open(path, { read: true });
+  } catch (e) {
+    throw err(`${opts.what}: cannot read ${readProblem(path, e)}`, code);
+  }
+  const buf = new Uint8Array(opts.maxBytes + 1);
+  let n = 0, end = -1;
+  try {
+    while (end < 0 && n < buf.length) {
+      const got = await f.read(buf.subarray(n));
+      if (got === null) break;
+      end = buf.subarray(n, n + got).indexOf(10);
+      if (end >= 0) end += n;
+      n += got;
+    }
+  } catch (e) {
+    throw err(`${opts.what}: cannot read ${readProblem(path, e)}`, code);
+  } finally {
+    f.close();
+  }
+  if (end < 0 && n > opts.maxBytes) throw err(`${opts.what}: ${path}: no line end within ${opts.maxBytes} bytes`, code);
+  const line = buf.subarray(0, end < 0 ? n : end);
+  try {
+    return new TextDecoder("utf-8", { fatal: true }).decode(line).replace(/\r$/, "");
+  } catch {
+    throw err(`${opts.what}: ${path} is not valid UTF-8`, code);
   }
 }
 

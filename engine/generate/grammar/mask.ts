@@ -13,18 +13,17 @@
  * are also kept by state number (least recently used out, {@link MASK_CACHE_BYTES}), so a
  * state met again (each character of a long string, each item of an array) costs a copy.
  *
- * Picking ({@link TokenConstraint.pick}) is lazy: the sampler picks from the logits as
- * they are, and only a token the automaton refuses costs more. Greedy (the argmax): the
- * refused token gets -Infinity and the argmax is taken again, up to {@link LAZY_TRIES}
- * times, then the whole mask is applied; the result is always the argmax of the masked
- * logits. Sampling: one draw from the logits as they are; a refused draw is followed by
- * the whole mask and a second draw (re-drawing means re-sorting the whole vocabulary, which
- * costs more than the mask). For plain temperature sampling that is exactly sampling from
- * the masked distribution: p(t) + R p(t) / (1 - R) = p(t) / (1 - R), R the refused mass;
- * top-k, top-p and min-p apply to the logits each draw sees. Either way a token the
- * unconstrained run would pick is picked whenever the grammar allows it. With `maskAll`
- * (a caller that reads the logits as a distribution, such as log probabilities) the whole
- * mask is applied before the first pick.
+ * Picking ({@link TokenConstraint.pick}) follows one rule: the token is the sampler's
+ * draw from the masked distribution (refused tokens weigh 0), one draw per token, so a
+ * seeded request picks the same tokens whether or not its caller reads the logits (log
+ * probabilities) or verifies drafts. Greedy (the argmax) is lazy, which gives the same
+ * token: the refused argmax gets -Infinity and the argmax is taken again, up to
+ * {@link LAZY_TRIES} times, then the whole mask is applied; the result is always the
+ * argmax of the masked logits. Sampling always applies the whole mask first: drawing from
+ * the logits as they are and re-drawing when refused would consume the generator
+ * differently from a masked draw, and a caller that turns on log probabilities (which
+ * need the masked logits) would get another answer. With `maskAll` (a caller that reads
+ * the logits as a distribution) the whole mask is applied before a greedy pick too.
  *
  * @module
  */
@@ -295,9 +294,8 @@ export class TokenConstraint implements TokenFilter {
 
   /** See {@link TokenFilter.pick}. Throws K3Error when the grammar allows no token at all. */
   pick(logits: Float32Array, choose: (logits: Float32Array) => number): number {
-    if (!this.maskAll) {
-      const tries = choose === argmax ? LAZY_TRIES : 1;
-      for (let i = 0; i < tries; i++) {
+    if (!this.maskAll && choose === argmax) {
+      for (let i = 0; i < LAZY_TRIES; i++) {
         const t = choose(logits);
         const next = this.symbols.step(this.#state, t);
         if (next.length > 0) {
