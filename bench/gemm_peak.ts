@@ -37,8 +37,9 @@ export interface GemmOptions {
   rounds?: number;
   /** the rows the product is timed at (default 16, 64, 256; the last gives gemm_of_peak) */
   tokens?: number[];
-  /** the weight matrix (default 4,096 x 7,168, bigger than the last-level cache) */
+  /** the weight matrix's rows (default 4,096; with cols, bigger than the last-level cache) */
   rows?: number;
+  /** the weight matrix's columns (default 7,168, the model's width) */
   cols?: number;
 }
 
