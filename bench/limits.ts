@@ -11,7 +11,9 @@
  *   rotated so they come from DRAM), each as a ratio to the one-thread DRAM rate, and the
  *   per-token cost of 16 tokens in one call against one token (the prefill's gain); and what
  *   bounds them when they miss: the same kernels on a few rows that stay in L2 (no DRAM
- *   traffic: the compute-bound rate), best of many calls.
+ *   traffic: the compute-bound rate), best of many calls;
+ * - the many-row bf16 product (16, 64 and 256 rows) against the kernels' calibrated peak
+ *   for its instruction mix (`gemm_of_peak`, bench/gemm_peak.ts).
  *
  *   deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk]
  *
@@ -29,6 +31,7 @@
 
 import { benchArgs } from "./args.ts";
 import { measureDisk } from "./disk.ts";
+import { measureGemmOfPeak } from "./gemm_peak.ts";
 import { defaultLibraryPath, isaName, type Kernels, kernels, libraryPath } from "../engine/native/ffi.ts";
 import { IoFile } from "../engine/native/io.ts";
 import { NativeBuffer } from "../engine/native/memory.ts";
@@ -345,6 +348,29 @@ export const kernelSection: Section = async (ctx) => {
       ratio: bCachedTok / b.get(1)!,
     },
   ];
+};
+
+/** The many-row bf16 product against the kernels' calibrated peak (bench/gemm_peak.ts). */
+export const gemmSection: Section = (ctx) => {
+  const g = measureGemmOfPeak(ctx.k, { rounds: ctx.opts.reps });
+  ctx.log(`gemm (${g.isa}): bf16 ${g.matrix} at 16, 64, 256 rows against the calibrated peak`);
+  return Promise.resolve([
+    { key: "peak_gflops", label: "calibrated peak, mul + add, 1 thread", value: g.peak_gflops, unit: "GFLOP/s" },
+    ...[16, 64].map((n) => ({
+      key: `bf16_gemm_t${n}_gflops`,
+      label: `bf16 ${g.matrix}, ${n} rows`,
+      value: g.gemm_gflops[n],
+      unit: "GFLOP/s",
+      of: "peak_gflops",
+      ratio: g.gemm_gflops[n] / g.peak_gflops,
+    })),
+    {
+      key: "gemm_of_peak",
+      label: `bf16 ${g.matrix}, 256 rows, over the peak`,
+      value: g.gemm_of_peak,
+      unit: "",
+    },
+  ]);
 };
 
 /** One `k3 run` on the decode slice; returns its report. `cgroup`: run it in that cgroup
@@ -869,6 +895,7 @@ export const SECTIONS: Section[] = [
   dramSection,
   diskSection,
   kernelSection,
+  gemmSection,
   decodeSection,
   codecSection,
   speculationSection,
@@ -943,7 +970,7 @@ function table(figures: Figure[]): string {
 
 if (import.meta.main) {
   const usage =
-    "usage: deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk] [--skip-decode] [--reps N] [--only dram,disk,kernels,decode,codec] [--coded-trunk T] [--throttle-gbps G]\n" +
+    "usage: deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk] [--skip-decode] [--reps N] [--only dram,disk,kernels,gemm,decode,codec] [--coded-trunk T] [--throttle-gbps G]\n" +
     "  DIR: where the disk's scratch file goes (default /var/tmp/k3-bench; removed after)\n" +
     "  T: the decode slice's split-coded trunk, packed there when missing (default: beside its raw trunk)\n" +
     "  G: the disk rate the codec's capped floor runs are held to, in a cgroup (default 3 GB/s, the issue's disk)";
@@ -981,6 +1008,7 @@ if (import.meta.main) {
     dram: dramSection,
     disk: diskSection,
     kernels: kernelSection,
+    gemm: gemmSection,
     decode: decodeSection,
     codec: codecSection,
     plan: planSection,

@@ -16,7 +16,8 @@
  * `--json`: `rows` (every run), `prefill_bytes_over_model` (bytes read by the new path's
  * largest prompt at the floor over the model's trunk + routed experts; 1.0 = every byte
  * once), `prefill_wall_over_bound` (the same run's seconds over its bound),
- * `gemm_of_peak` (null: the kernels have no calibrated peak loop yet),
+ * `gemm_of_peak` (the 256-row bf16 product over the kernels' calibrated peak, one thread,
+ * bench/gemm_peak.ts; its rates under `gemm`),
  * `prefill_speedup_4096_floor` (old over new prefill seconds, 4,096 ids at the floor;
  * the old path projected from its measured passes when skipped) and `projection`: the
  * released model's time to first token for 4,096 ids at 8, 32, 64 and 128 GB on a 7 GB/s
@@ -26,6 +27,7 @@
  */
 
 import { benchArgs } from "./args.ts";
+import { measureGemmOfPeak } from "./gemm_peak.ts";
 import { BENCH_CACHE, ROUTER_SLICE, type SliceRecipe } from "./slice.ts";
 import { openModel } from "../engine/open.ts";
 import { kernels } from "../engine/native/ffi.ts";
@@ -227,6 +229,9 @@ try {
   for (const m of ms) if (m.temp) await Deno.remove(m.temp, { recursive: true });
 }
 
+const gemm = measureGemmOfPeak(k);
+log(`gemm (${gemm.isa}): ${gemm.gemm_gflops[256].toFixed(1)} GFLOP/s at 256 rows, peak ${gemm.peak_gflops.toFixed(1)}`);
+
 const largest = (pred: (r: Row) => boolean) =>
   rows.filter(pred).sort((a, b) => b.ids - a.ids || (a.model === "tiny" ? 1 : -1))[0];
 const newFloor = largest((r) => r.path === "new" && r.budget === "floor");
@@ -241,8 +246,8 @@ const summary = {
   prefill_bytes_over_model: newFloor ? newFloor.read_over_model : null,
   prefill_wall_over_bound: newFloor ? newFloor.wall_over_bound : null,
   measured_on: newFloor ? `${newFloor.model}, ${newFloor.ids} ids, floor` : null,
-  gemm_of_peak: null,
-  gemm_of_peak_reason: "no calibrated peak loop for the bf16 instruction mix in the kernels yet",
+  gemm_of_peak: gemm.gemm_of_peak,
+  gemm,
   prefill_speedup_4096_floor: old4096 && new4096 ? old4096.prefill_seconds / new4096.prefill_seconds : null,
   speedup_measured_on: new4096?.model ?? null,
   projection: {

@@ -162,6 +162,12 @@ void k3_sigmoid(const float *x, float *y, int32_t n);             /* y = sigmoid
 /* Index of the largest value, ties to the lowest index; NaN never wins. */
 int32_t k3_argmax(const float *x, int32_t n);
 
+/* Calibrated peak (bench/prefill.ts's gemm_of_peak): `iters` steps of the dense product's
+ * register tile (multiplies and adds, no FMA, no loads); the lanes' sum goes to *sink (so
+ * nothing is dead code). Returns the floating-point operations done (each multiply and each
+ * add counts one), to be divided by the call's wall time. */
+uint64_t k3_peak_loop(int32_t iters, float *sink);
+
 /* Memory read probe (bench/limits.ts measures DRAM with it): XOR of the bytes as 8-byte
  * words in memory order (a final partial word zero padded, read as the host's uint64_t). */
 uint64_t k3_read_sum(const void *p, uint64_t bytes);

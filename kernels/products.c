@@ -406,6 +406,52 @@ void k3_matmul(const void *w, int32_t wtype, const float *x, float *y, int32_t n
   k3_matmul_checked(w, wtype, x, y, ntok, rows, cols, r0, r1, NULL);
 }
 
+/* ---------------------------------------------------------------- calibrated peak */
+
+/* The dense tiles' inner step without the weights' memory: PEAK_N independent v16 chains
+ * acc[k] = acc[k] + w * x[k] (a rounded multiply then a rounded add, no FMA, as in mm_tile),
+ * w in a register, x[k] loaded from a 1 KB buffer in L1 (as the tiles load x). Its FLOP/s is
+ * the most this build's instruction mix can do on this core, so a product's FLOP/s over it
+ * says how far the product is from the machine (bench/prefill.ts's gemm_of_peak). PEAK_N:
+ * as many chains as the registers hold beside w and a product (AVX2: 16 ymm). An empty asm
+ * that may change x once per step keeps the multiplies inside the loop. */
+#if K3_ISA_AVX512
+#define PEAK_N 16
+#elif K3_ISA_AVX2
+#define PEAK_N 6
+#else
+#define PEAK_N 4
+#endif
+#if defined(__clang__)
+#define K3_UNROLL16 _Pragma("unroll 16")
+#elif defined(__GNUC__)
+#define K3_UNROLL16 _Pragma("GCC unroll 16")
+#else
+#define K3_UNROLL16
+#endif
+#if defined(__GNUC__)
+#define K3_CLOBBER(a) __asm__ volatile("" : "+m"(a)) /* a: an array, now "changed" */
+#else
+#define K3_CLOBBER(a) ((void)(a)) /* other compilers may hoist the multiplies: the peak reads high */
+#endif
+
+uint64_t k3_peak_loop(int32_t iters, float *sink) {
+  float x[PEAK_N * 16], s = 0.0f;
+  v16 a[PEAK_N], w = v16_set1(1.0009765625f);
+  for (int i = 0; i < PEAK_N * 16; i++) x[i] = 0.5f + 0.001f * (float)i;
+  K3_UNROLL16
+  for (int k = 0; k < PEAK_N; k++) a[k] = v16_zero();
+  for (int32_t i = 0; i < iters; i++) {
+    K3_CLOBBER(x);
+    K3_UNROLL16
+    for (int k = 0; k < PEAK_N; k++) a[k] = v16_add(a[k], v16_mul(w, v16_load(x + 16 * k)));
+  }
+  K3_UNROLL16 /* every loop over a[] unrolled, so that it is never an array in memory */
+  for (int k = 0; k < PEAK_N; k++) s = s + v16_reduce(a[k]);
+  *sink = s;
+  return (uint64_t)(iters > 0 ? iters : 0) * PEAK_N * 16 * 2;
+}
+
 /* ---------------------------------------------------------------- MXFP4 matmul */
 
 /* 2^(s-128), the scale of the doubled E2M1 values, by scale byte s, exactly (s = 1 and s = 0

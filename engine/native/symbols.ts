@@ -45,6 +45,7 @@ export const symbols = {
   k3_sigmoid: { parameters: [P, P, I], result: V },
   k3_argmax: { parameters: [P, I], result: I },
   k3_read_sum: { parameters: [P, "u64"], result: "u64" },
+  k3_peak_loop: { parameters: [I, P], result: "u64" },
 } as const;
 
 /** Symbol table of kernels/k3io.h. */

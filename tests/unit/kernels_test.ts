@@ -704,8 +704,10 @@ Deno.test("kernels: batching tokens and splitting rows/heads never change a bit"
   try {
     const r = rng(9);
     for (const [name, k] of [["scalar", scalar] as [string, K], ...others]) {
-      for (const cols of COLS) {
-        const rows = 11, ntok = 21; // more tokens than one parked group of 16
+      // 21: more tokens than one parked group of 16; 70: a prefill's many rows (several
+      // groups, a partial one last), at the widths where column chunks matter
+      for (const [cols, ntok] of [...COLS.map((c) => [c, 21]), [1000, 70], [7168, 70]]) {
+        const rows = 11;
         for (const kind of ["f32", "bf16", "mxfp4"] as const) {
           const c = kind === "mxfp4" ? Math.max(32, cols - (cols % 32)) : cols;
           const w: ArrayBufferView = kind === "f32"
@@ -792,6 +794,23 @@ Deno.test("kernels: batching tokens and splitting rows/heads never change a bit"
 });
 
 // ------------------------------------------------------------------ (b) accuracy
+
+Deno.test("kernels: k3_peak_loop counts its multiplies and adds and leaves a finite sum", () => {
+  const { scalar, others, close } = loadLibs();
+  try {
+    for (const [name, k] of [["scalar", scalar] as [string, K], ...others]) {
+      const sink = new Float32Array(1).fill(NaN);
+      assertEquals(Number(k.k3_peak_loop(0, P(sink))), 0, `${name}: no steps, no operations`);
+      assertEquals(sink[0], 0, `${name}: no steps, a zero sum`);
+      const flops = Number(k.k3_peak_loop(1000, P(sink)));
+      // each step: some whole v16 chains (16 lanes, a multiply and an add each)
+      assert(flops > 0 && flops % (1000 * 32) === 0, `${name}: ${flops} operations`);
+      assert(Number.isFinite(sink[0]) && sink[0] > 0, `${name}: sum ${sink[0]}`);
+    }
+  } finally {
+    close();
+  }
+});
 
 Deno.test("kernels: k3_read_sum is the XOR of the bytes as little-endian 64-bit words", () => {
   const { scalar, others, close } = loadLibs();
