@@ -78,11 +78,16 @@ async function main(args: string[]): Promise<number> {
         libraries[f.slice("kernels/build/".length)] = base64(await Deno.readFile(`${ROOT}/${f}`));
       } catch { /* a variant this machine could not build */ }
     }
+    // The chat page's files, as text (cli/server/web.ts serves them from here in a bundle).
+    const web: Record<string, string> = {};
+    for (const f of INCLUDES.filter((f) => f.startsWith("cli/web/"))) {
+      web[f.slice("cli/web/".length)] = await Deno.readTextFile(`${ROOT}/${f}`);
+    }
     const embedded = `${ROOT}/engine/native/embedded.ts`;
     await Deno.writeTextFile(
       `${work}/data.ts`,
       `import { embed } from ${JSON.stringify(`file://${embedded}`)};\n` +
-        `embed(${JSON.stringify({ libraries, workerSource: await Deno.readTextFile(`${work}/worker.js`) })});\n`,
+        `embed(${JSON.stringify({ libraries, workerSource: await Deno.readTextFile(`${work}/worker.js`), web })});\n`,
     );
     // Modules evaluate in import order, so the data is registered before the commands
     // load; the entry calls cli itself (what main.ts does when run).

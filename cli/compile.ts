@@ -18,6 +18,7 @@
  * @module
  */
 
+import { WEB_FILES } from "./server/web.ts";
 import { VERSION } from "./version.ts";
 import { K3_PERMISSIONS } from "./permissions.ts";
 
@@ -31,11 +32,12 @@ const EXT = Deno.build.os === "darwin" ? "dylib" : Deno.build.os === "windows" ?
 
 /** Files deno compile cannot find by following imports: the native kernel library, the
  * per-ISA builds this machine could make (the binary picks what the running CPU supports,
- * engine/native/libpath.ts), and the compute worker. Missing ones are skipped. */
+ * engine/native/libpath.ts), the compute worker and the chat page. Missing ones are skipped. */
 export const INCLUDES = [
   `kernels/build/libk3.${EXT}`,
   ...["avx512", "avx2", "scalar"].map((v) => `kernels/build/libk3-${v}.${EXT}`),
   "engine/native/pool_worker.ts",
+  ...WEB_FILES.map((f) => `cli/web/${f}`),
 ];
 
 /** The deno compile argument list. */

@@ -13,13 +13,18 @@ export interface Embedded {
   libraries: Map<string, Uint8Array>;
   /** The compute worker (engine/native/pool_worker.ts) bundled into one ES module. */
   workerSource?: string;
+  /** The chat page's files (cli/web/) by file name. */
+  web: Map<string, string>;
 }
 
 /** The embedded files of this process (empty unless running from a bundle). */
-export const EMBEDDED: Embedded = { libraries: new Map() };
+export const EMBEDDED: Embedded = { libraries: new Map(), web: new Map() };
 
 /** Registers a bundle's files; `libraries` values are base64. Called once, first thing. */
-export function embed(files: { libraries: Record<string, string>; workerSource: string }): void {
+export function embed(
+  files: { libraries: Record<string, string>; workerSource: string; web?: Record<string, string> },
+): void {
+  for (const [name, text] of Object.entries(files.web ?? {})) EMBEDDED.web.set(name, text);
   for (const [name, b64] of Object.entries(files.libraries)) {
     const bin = atob(b64);
     const bytes = new Uint8Array(bin.length);

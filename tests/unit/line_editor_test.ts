@@ -19,6 +19,7 @@ class Screen {
     for (let i = 0; i < text.length; i++) {
       const c = text[i];
       if (c === "\x1b") {
+        // deno-lint-ignore no-control-regex -- reading the terminal escape sequences the editor wrote
         const m = text.slice(i).match(/^\x1b\[(\d*)([A-Za-z])/);
         if (!m) throw new Error(`unexpected escape ${JSON.stringify(text.slice(i, i + 6))}`);
         i += m[0].length - 1;

@@ -8,7 +8,7 @@
 
 import assert from "node:assert/strict";
 import { renderMarkdown } from "../../cli/web/markdown.js";
-import { PAGE_HEADERS, WEB_ASSETS } from "../../cli/server/web.ts";
+import { PAGE_HEADERS, webAssets } from "../../cli/server/web.ts";
 import { memoryParts, type PassEvent, type StatusEvent, StatusHub } from "../../cli/server/status.ts";
 import { checkSameOrigin } from "../../cli/server/guard.ts";
 import { type ServeEngine, startServer } from "../../cli/server/http.ts";
@@ -42,21 +42,21 @@ Deno.test("markdown: every character escaped first; code, emphasis, lists, http(
 
 Deno.test("the page: every file of cli/web/ is served, under 200 kB, its references resolve, never framed", async () => {
   const files = [...Deno.readDirSync(`${ROOT}/cli/web`)].map((e) => e.name).sort();
-  const served = [...WEB_ASSETS.keys()].map((p) => (p === "/" ? "index.html" : p.slice("/web/".length))).sort();
+  const served = [...webAssets().keys()].map((p) => (p === "/" ? "index.html" : p.slice("/web/".length))).sort();
   assert.deepEqual(served, files);
   let bytes = 0;
   for (const f of files) {
     const text = await Deno.readTextFile(`${ROOT}/cli/web/${f}`);
-    assert.equal(WEB_ASSETS.get(f === "index.html" ? "/" : `/web/${f}`)!.body, text, f);
+    assert.equal(webAssets().get(f === "index.html" ? "/" : `/web/${f}`)!.body, text, f);
     bytes += new TextEncoder().encode(text).length;
   }
   assert.ok(bytes < 200_000, `${bytes} bytes of page assets`);
   // What the page loads (src, href, import) is all served: nothing from elsewhere.
-  const refs = [...WEB_ASSETS.values()].flatMap((a) =>
+  const refs = [...webAssets().values()].flatMap((a) =>
     [...a.body.matchAll(/(?:src|href)="(\/[^"]*)"|from "\.\/([\w.]+)"/g)].map((m) => m[1] ?? `/web/${m[2]}`)
   );
   assert.ok(refs.length >= 5, refs.join(" "));
-  for (const r of refs) assert.ok(WEB_ASSETS.has(r), `${r} is served`);
+  for (const r of refs) assert.ok(webAssets().has(r), `${r} is served`);
   assert.match(PAGE_HEADERS["content-security-policy"], /frame-ancestors 'none'/);
   assert.match(PAGE_HEADERS["content-security-policy"], /connect-src 'self'/);
 });
@@ -169,7 +169,7 @@ Deno.test("k3 serve answers the page without a key, even while loading; the stat
     assert.match(page.headers.get("content-type")!, /^text\/html/);
     assert.match(page.headers.get("content-security-policy")!, /frame-ancestors 'none'/);
     assert.equal(page.headers.get("x-frame-options"), "DENY");
-    assert.equal(await page.text(), WEB_ASSETS.get("/")!.body);
+    assert.equal(await page.text(), webAssets().get("/")!.body);
     const js = await fetch(`${base}/web/app.js`);
     assert.match(js.headers.get("content-type")!, /^text\/javascript/);
     await js.body?.cancel();
