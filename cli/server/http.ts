@@ -87,7 +87,8 @@ export interface RunningServer {
   /** Resolves when no request is in flight (every admitted request answered and its
    * sequence released): a hook a test can await instead of polling /metrics. */
   idle(): Promise<void>;
-  /** Stops accepting; in-flight requests get `graceSeconds` to finish, then are cancelled. */
+  /** Stops accepting; in-flight requests get `graceSeconds` (less a flush of at most half a
+   * second) to finish, then are cancelled; every connection is closed by `graceSeconds`. */
   shutdown(graceSeconds: number): Promise<void>;
   /** Resolves when the server has stopped. */
   readonly finished: Promise<void>;
@@ -108,8 +109,8 @@ export const DEFAULT_LIMITS: Required<Http1Limits> = {
 /** Status events a client may leave unread before its status stream is ended. */
 const STATUS_BACKLOG = 4096;
 
-/** Seconds past the grace period for cancelled answers to flush before every connection
- * is closed, whatever its client does. */
+/** Seconds before the end of the grace period at which in-flight answers are cancelled, so
+ * their error event flushes before every connection is closed (at most half the grace). */
 const SHUTDOWN_FLUSH_SECONDS = 0.5;
 
 /** The generation endpoints. */
@@ -275,11 +276,14 @@ class HttpServer implements RunningServer {
   async shutdown(graceSeconds: number): Promise<void> {
     this.#accepting = false;
     for (const end of this.#statusStreams) end();
-    // A client that reads nothing must not hold the process: its connection is cut.
-    const stopped = this.#server.shutdown(graceSeconds + SHUTDOWN_FLUSH_SECONDS);
+    // Within the grace period, whatever the clients do: in-flight answers are cancelled a
+    // little before its end, so their error event can still be flushed, and at its end every
+    // connection is cut (a client that reads nothing must not hold the process).
+    const flush = Math.min(SHUTDOWN_FLUSH_SECONDS, graceSeconds / 2);
+    const stopped = this.#server.shutdown(graceSeconds);
     const timer = setTimeout(() => {
       for (const ac of this.#inFlight) ac.abort(new Error("server shutting down"));
-    }, graceSeconds * 1000);
+    }, (graceSeconds - flush) * 1000);
     try {
       await stopped;
     } finally {
