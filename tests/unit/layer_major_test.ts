@@ -12,38 +12,14 @@
 import assert from "node:assert/strict";
 import { generate } from "../../engine/generate/generate.ts";
 import { MIN_PREFILL_ROWS, Scheduler } from "../../engine/generate/scheduler.ts";
-import { openModel, type OpenOptions } from "../../engine/open.ts";
+import { openModel } from "../../engine/open.ts";
 import { releasedK3 } from "../../engine/model/shapes.ts";
 import { segmentRowBytes } from "../../engine/model/scratch.ts";
 import { estimatedInput, makePlan } from "../../engine/weights/plan.ts";
 import { autoSegment, segmentRows } from "../../engine/weights/plan_segment.ts";
 import { expertBytesOf, routedExperts } from "../../engine/weights/plan_experts.ts";
-import { maxAbsDiff, packedFloor, python, tempDir, TINY } from "../helpers.ts";
-
-const PROMPT = Array.from({ length: 600 }, (_, i) => ((i * 7) % 700) + 1);
-const GEN = 3;
-const CAPACITY = PROMPT.length + GEN + 1;
-
-/** The tokens and the logit bits of each token of `gen` greedy steps after `prompt`. */
-interface Run {
-  tokens: number[];
-  logits: Float32Array[];
-}
-
-async function greedy(opts: Partial<OpenOptions>, prompt = PROMPT, gen = GEN): Promise<Run> {
-  const opened = await openModel(TINY, { capacity: CAPACITY, ...opts });
-  try {
-    const logits: Float32Array[] = [];
-    const steps = await generate(opened.model, prompt, {
-      gen,
-      incremental: true,
-      onLogits: (l) => void logits.push(l.slice()),
-    });
-    return { tokens: steps.map((s) => s.token), logits };
-  } finally {
-    await opened.close();
-  }
-}
+import { packedFloor, tempDir, TINY } from "../helpers.ts";
+import { CAPACITY, GEN, greedy, PROMPT, type Run } from "../layer_major.ts";
 
 function assertSameBits(got: Run, want: Run, what: string): void {
   assert.deepEqual(got.tokens, want.tokens, `${what}: tokens`);
@@ -66,48 +42,6 @@ Deno.test("layer-major: a 600-id prompt in one pass, in tiles of 7 or 64 rows, o
       assertSameBits(got, want, `one pass, tiles of ${tileRows}, ${threads} threads`);
     }
   }
-});
-
-Deno.test("layer-major: the one-pass prefill agrees with the float64 reference at every position", async () => {
-  await using dir = await tempDir();
-  await python("reference.py", [
-    TINY,
-    "--ids",
-    PROMPT.join(","),
-    "--gen",
-    "2",
-    "--out",
-    `${dir.path}/ref.json`,
-    "--logits",
-    `${dir.path}/ref.f32`,
-  ]);
-  const ref = JSON.parse(await Deno.readTextFile(`${dir.path}/ref.json`));
-  const refLogits = new Float32Array((await Deno.readFile(`${dir.path}/ref.f32`)).buffer);
-  const seq = [...PROMPT, ref.generated_ids[0]];
-  // Every row's logits out of one 601-row pass (tiles of 7).
-  const opened = await openModel(TINY, {
-    capacity: CAPACITY,
-    chunk: seq.length,
-    rows: { tileRows: 7, logitRows: seq.length },
-    threads: 1,
-  });
-  try {
-    const V = opened.cfg.vocabSize;
-    const logits = await opened.model.forward(opened.model.newState(), seq, true);
-    let worst = 0;
-    for (let p = 0; p < seq.length; p++) {
-      const row = logits.subarray(p * V, (p + 1) * V), want = refLogits.subarray(p * V, (p + 1) * V);
-      worst = Math.max(worst, maxAbsDiff(row, want));
-      const am = row.indexOf(Math.max(...row));
-      assert.equal(am, ref.argmax[p], `argmax at position ${p}`);
-    }
-    console.log(`600 ids in one pass: max |logit - reference| = ${worst.toExponential(3)}`);
-    assert.ok(worst < 1e-3, `max logit difference ${worst} within 1e-3`);
-  } finally {
-    await opened.close();
-  }
-  const got = await greedy({ chunk: PROMPT.length }, PROMPT, 2);
-  assert.deepEqual(got.tokens, ref.generated_ids, "greedy tokens equal the reference's");
 });
 
 Deno.test("layer-major: pinned and at the floor, one segment or three, the resident bits", async () => {
