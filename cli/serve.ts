@@ -42,6 +42,7 @@ async function serveUntilStopped(
     capacity: o.context,
     vocabSize: p.config.cfg.vocabSize,
     bytesRead: () => readActivity.bytes,
+    ledger: () => opened.model.ledger,
   });
   console.error(
     `k3: ready: ${url}/v1 serves '${p.modelName}' (${parallel} at once, ${o.maxQueue} waiting, context ${o.context})`,
