@@ -12,7 +12,7 @@
  */
 
 import type { Tokenizer } from "../../engine/text/tokenizer.ts";
-import { MAX_PROMPT_IDS } from "../run_options.ts";
+import { promptLimitText } from "../run_options.ts";
 import { MAX_TOKENS, openaiTask, type Task } from "../request.ts";
 import type { ReplyStream } from "../reply.ts";
 import { parseChatRequest, parseCompletionRequest } from "../openai.ts";
@@ -58,7 +58,14 @@ export function openaiErrorLine(customId: string, e: ApiError): Record<string, u
  */
 export function parseOpenAILine(
   o: Record<string, unknown>,
-  opts: { vocab: number; gen: number; seed: number; modelName: string; tokenizer: () => Tokenizer | undefined },
+  opts: {
+    vocab: number;
+    maxPromptIds: number;
+    gen: number;
+    seed: number;
+    modelName: string;
+    tokenizer: () => Tokenizer | undefined;
+  },
 ): OpenAILine {
   const allowed = new Set(["custom_id", "method", "url", "body"]);
   const unknown = Object.keys(o).find((k) => !allowed.has(k));
@@ -85,8 +92,8 @@ export function parseOpenAILine(
     const bad = promptIds.find((x) => x >= opts.vocab);
     if (bad !== undefined) throw new ApiError(400, `the prompt holds id ${bad}, outside the vocabulary`, "prompt");
     if (promptIds.length === 0) throw new ApiError(400, "the prompt is empty", "prompt");
-    if (promptIds.length > MAX_PROMPT_IDS) {
-      throw new ApiError(400, `the prompt has ${promptIds.length} tokens, at most ${MAX_PROMPT_IDS}`);
+    if (promptIds.length > opts.maxPromptIds) {
+      throw new ApiError(400, promptLimitText(promptIds.length, opts.maxPromptIds));
     }
     if (task.maxTokens > MAX_TOKENS) {
       throw new ApiError(

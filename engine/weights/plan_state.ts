@@ -30,6 +30,28 @@ export interface StatePlan {
   bytes: number;
 }
 
+/**
+ * The share of the available memory `--context auto` gives the sequences' states: the rest
+ * stays for the weights (pins and expert cache buy speed) and the prefill segment.
+ */
+export const AUTO_CONTEXT_SHARE = 0.25;
+
+/**
+ * The most positions `--context auto` lets each of `sequences` states hold: their states
+ * within {@link AUTO_CONTEXT_SHARE} of `available` (unknown: no bound here; the model's
+ * window and the plan's fit still apply). At the released widths (55 KB a position) 8 GB
+ * gives one sequence about 36,000 positions, four about 9,000; 64 GB four about 72,000.
+ */
+export function autoContextPositions(
+  state: { fixed: number; perPosition: number },
+  available: number | undefined,
+  sequences: number,
+): number {
+  if (available === undefined || state.perPosition <= 0) return Infinity;
+  const perSequence = (AUTO_CONTEXT_SHARE * available) / Math.max(1, sequences) - state.fixed;
+  return Math.max(1, Math.floor(perSequence / state.perPosition));
+}
+
 /** The speculation records' part of the plan. */
 export interface DraftsPlan {
   /** Rows a record holds. */
