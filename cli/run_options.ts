@@ -12,18 +12,17 @@ import { parseIds } from "./common.ts";
 import type { FlagGroup } from "./flags.ts";
 import { notRegular, readInput } from "../engine/native/files.ts";
 
-/**
- * The longest prompt in ids (run, batch and its OpenAI lines; doctor's longest context).
- * Prefill is quadratic in it through MLA attention over the cache (the only such work:
- * the rest is linear; tests/prefill_work_test.ts counts it, bench/long_prompt.ts times
- * it), so the limit is what the tiny model prefills well within a minute on 2 shared
- * cores: 8,192 ids took 25 s (57 s with the machine 3x oversubscribed); 16,384 took 65 s
- * and 32,768 took 527 s. (`k3 serve` and `k3 chat` size their own --context.)
- */
-export const MAX_PROMPT_IDS = 8192;
-
-/** The largest prompt file read (MAX_PROMPT_IDS ids are far less). */
+/** The largest prompt file read (a window of ids is far less). */
 export const MAX_PROMPT_FILE = 64 << 20;
+
+/**
+ * The refusal of a prompt longer than `limit` ids, the model's window (model/config.ts
+ * modelWindow): one line, the same for run and batch. Within the window, what the memory
+ * plan holds is checked when the model opens (weights/plan.ts fitContext).
+ */
+export function promptLimitText(ids: number, limit: number): string {
+  return `the prompt has ${ids} ids, at most ${limit} (the model's window, max_position_embeddings)`;
+}
 
 /** The prompt flags of `k3 run` (exactly one is given; see {@link promptSource}). */
 export const PROMPT_GROUP: FlagGroup = {
@@ -114,8 +113,14 @@ export function needTokenizer(modelDir: string, tokDir: string | undefined, why:
   return loadModelTokenizer(dir, vocab);
 }
 
-/** Turns a prompt source into ids checked against the vocabulary. */
-export function promptIds(src: PromptSource, vocab: number, tokenizer: () => Tokenizer): Promise<number[]> {
+/** Turns a prompt source into ids checked against the vocabulary and at most `limit` ids
+ * (the model's window). */
+export function promptIds(
+  src: PromptSource,
+  vocab: number,
+  tokenizer: () => Tokenizer,
+  limit: number,
+): Promise<number[]> {
   let ids: number[];
   if (src.kind === "ids") {
     ids = parseIds("ids", src.text, vocab);
@@ -138,6 +143,6 @@ export function promptIds(src: PromptSource, vocab: number, tokenizer: () => Tok
     }
   }
   if (ids.length === 0) throw usageError("the prompt is empty");
-  if (ids.length > MAX_PROMPT_IDS) throw usageError(`the prompt has ${ids.length} ids, at most ${MAX_PROMPT_IDS}`);
+  if (ids.length > limit) throw usageError(promptLimitText(ids.length, limit));
   return Promise.resolve(ids);
 }

@@ -19,6 +19,7 @@ import { withOpenModel } from "./model_session.ts";
 import type { Interrupts } from "./interrupt.ts";
 import { type ServeOptions, serveOptions } from "./serve/options.ts";
 import { listen, type Listening, type PreparedServe, prepareServe } from "./serve/listen.ts";
+import { contextOpenOptions } from "./flag_groups/model.ts";
 
 /** Serves on the open model until SIGTERM/SIGINT (or the server closes), then drains. */
 async function serveUntilStopped(
@@ -50,13 +51,14 @@ async function serveUntilStopped(
     stateCache,
     scheduler,
     tokenizer: p.tokenizer,
-    capacity: o.context,
+    capacity: opened.plan.state.positions,
     vocabSize: p.config.cfg.vocabSize,
     bytesRead: () => readActivity.bytes,
     reasoningBudget: o.reasoningBudget,
+    ledger: () => opened.model.ledger,
   });
   console.error(
-    `k3: ready: ${url}/v1 serves '${p.modelName}' (${parallel} at once, ${o.maxQueue} waiting, context ${o.context})`,
+    `k3: ready: ${url}/v1 serves '${p.modelName}' (${parallel} at once, ${o.maxQueue} waiting, context ${opened.plan.state.positions})`,
   );
   const signal = interrupts.signal;
   const stopped = new Promise<string>((resolve) => {
@@ -78,7 +80,7 @@ export async function main(args: string[]): Promise<number> {
   const prepared = await prepareServe(o);
   const listening = listen(o, prepared);
   const openOptions = {
-    capacity: o.context,
+    ...contextOpenOptions(o.context, prepared.config.cfg, o.parallel),
     chunk: o.model.chunk,
     sequences: o.parallel,
     autoSequences: o.autoParallel,

@@ -21,14 +21,14 @@
  */
 
 import { configFingerprint, type K3Config, loadConfig } from "./model/config.ts";
-import { usageError } from "./errors.ts";
+import { EXIT, K3Error, usageError } from "./errors.ts";
 import { type Kernels, kernels, libraryPath } from "./native/ffi.ts";
 import { type Availability, memoryAvailability } from "./native/available.ts";
 import { startCompute } from "./native/pool.ts";
 import { K3Model } from "./model/model.ts";
 import { GUESS_RIGHT } from "./model/expert_stream.ts";
 import { planScratchRows, scratchBytes } from "./model/scratch.ts";
-import type { ChunkRequest } from "./weights/plan_segment.ts";
+import { AUTO_CONTEXT_PREFILL, type ChunkRequest } from "./weights/plan_segment.ts";
 import { stateBytes } from "./model/state.ts";
 import type { WeightSource } from "./model/weight_source.ts";
 import { Checkpoint } from "./weights/safetensors.ts";
@@ -41,7 +41,8 @@ import { measureRates } from "./weights/rate_probe.ts";
 import type { PassRates } from "./weights/throughput.ts";
 import { EXPERTS_FILE, type ExpertTable, readExpertTable, TABLE_ADVICE } from "./weights/expert_table.ts";
 import { expertBytes } from "./weights/experts.ts";
-import { checkFits, fitSequences, makePlan, type MemoryPlan } from "./weights/plan.ts";
+import { checkFits, fitContext, fitSequences, makePlan, type MemoryPlan } from "./weights/plan.ts";
+import { autoContextPositions } from "./weights/plan_state.ts";
 import { formatPlan } from "./weights/plan_text.ts";
 import { type MemoryOptions, wantsStreaming } from "./weights/plan_input.ts";
 import { ResidentWeights } from "./weights/resident.ts";
@@ -90,8 +91,17 @@ export interface EngineSwitches {
 export interface OpenOptions extends EngineSwitches {
   /** Bind only the first N layers (when the model is given as a directory). */
   layers?: number;
-  /** Positions the sequence state must hold (prompt + generated). */
+  /** Positions the sequence state must hold (prompt + generated); with `autoCapacity`, the
+   * most it may hold. */
   capacity: number;
+  /** `--context auto`: the most positions up to `capacity` that the memory plan holds, with
+   * the states within a share of the memory (plan_state.ts autoContextPositions) and room for
+   * a whole prompt of `prefillTokens` in one segment. The opened plan's `state.positions` is
+   * the context. */
+  autoCapacity?: boolean;
+  /** The refusal when `capacity` positions do not fit the memory but fewer would, given the
+   * most that fit: names the flag to change (default: a line naming the memory flags). */
+  capacityRefusal?: (most: number) => string;
   /** Prompt tokens of one sequence per forward pass during prefill (a segment), or `auto`:
    * the largest segment the memory holds, up to `prefillTokens` (weights/plan_segment.ts).
    * Default 16. */
@@ -158,6 +168,45 @@ interface OpenedTrunk {
 }
 
 /**
+ * The positions each sequence holds: `opts.capacity`, or with `autoCapacity` the most up to
+ * it within the states' share of `available` that the plan for `want` sequences holds, with
+ * room for a whole prompt of `prefillTokens` in one segment when the segment is `auto`. An
+ * explicit context too long for the memory is refused naming the most that fit (exit 2).
+ * When not even one position fits with `want` sequences, the context asked for is returned
+ * and fitSequences says why (fewer sequences fit, or the plan's own refusal).
+ */
+function fitCapacity(
+  opts: OpenOptions,
+  want: number,
+  available: number | undefined,
+  state: { fixed: number; perPosition: number },
+  prefillTokens: number | undefined,
+  planFor: (capacity: number, sequences: number) => MemoryPlan,
+): number {
+  const auto = opts.autoCapacity ?? false;
+  const most = auto ? Math.min(opts.capacity, autoContextPositions(state, available, want)) : opts.capacity;
+  const planOf = (capacity: number) => {
+    const p = planFor(capacity, want);
+    // A long context bought with a short segment would re-read the model every segment.
+    if (auto && opts.chunk === "auto" && p.chunk < Math.min(prefillTokens ?? capacity, capacity)) {
+      throw new K3Error(`a context of ${capacity} positions leaves no room for a whole prompt in one segment`);
+    }
+    return p;
+  };
+  const refusal = opts.capacityRefusal ??
+    ((fit: number) =>
+      `${opts.capacity} positions do not fit the memory plan at this budget: it holds at most ${fit}${
+        want > 1 ? ` a sequence for ${want} sequences` : ""
+      }; ask for fewer, or raise the budget (--preset, --trunk-gb, --cache-gb)`);
+  try {
+    return fitContext(planOf, most, auto, refusal).state.positions;
+  } catch (e) {
+    if (e instanceof K3Error && e.exitCode !== EXIT.usage) return most;
+    throw e;
+  }
+}
+
+/**
  * Opens a model (a directory, or a config `readModelConfig` read): every weight resident,
  * or, with memory options, the trunk and experts streamed and cached within the plan. The
  * plan is made and checked against the available memory before anything big is allocated.
@@ -203,11 +252,11 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
     // 4. The plan.
     const chunk = opts.chunk ?? 16, want = opts.sequences ?? 1;
     const state = stateBytes(cfg);
-    const scratchRowsFor = (rows: number, sequences: number) => ({
-      ...planScratchRows(rows, sequences, opts.capacity),
+    // The scratch's MLA scores row spans the context, so each candidate context sizes its own.
+    const scratchRowsFor = (rows: number, sequences: number, capacity: number) => ({
+      ...planScratchRows(rows, sequences, capacity),
       ...opts.rows,
     });
-    const scratchFor = (rows: number, sequences: number) => scratchBytes(cfg, scratchRowsFor(rows, sequences));
     const available = opts.memoryAvailable ?? memoryAvailability();
     // The rates of the prediction, measured now: the disk on the trunk's data (or a shard).
     const rates = opts.rates ?? (opts.predict && wantsStreaming(mem)
@@ -224,33 +273,33 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
       rates.codedDense = rates.dense * d.splitProduct / d.plainProduct;
     }
     const guessRight = readAhead ? GUESS_RIGHT : 0;
-    const plan = fitSequences(
-      (sequences) => {
-        const p = makePlan({
-          cfg,
-          ...sizes,
-          expertBytes: expertBytes(cfg),
-          stateBytes: state,
-          scratchFor,
-          capacity: opts.capacity,
-          chunk,
-          prefillTokens: opts.prefillTokens,
-          sequences,
-          mem,
-          packed: trunk !== undefined,
-          available: available?.bytes,
-          availableSource: available?.source,
-          stateCache: opts.stateCache,
-          drafts: opts.drafts ?? true,
-          rates,
-          guessRight,
-        });
-        checkFits(p);
-        return p;
-      },
-      want,
-      opts.autoSequences ?? false,
-    );
+    const autoCapacity = opts.autoCapacity ?? false;
+    const prefillTokens = opts.prefillTokens ?? (autoCapacity ? AUTO_CONTEXT_PREFILL : undefined);
+    const planFor = (capacity: number, sequences: number) => {
+      const p = makePlan({
+        cfg,
+        ...sizes,
+        expertBytes: expertBytes(cfg),
+        stateBytes: state,
+        scratchFor: (rows, n) => scratchBytes(cfg, scratchRowsFor(rows, n, capacity)),
+        capacity,
+        chunk,
+        prefillTokens,
+        sequences,
+        mem,
+        packed: trunk !== undefined,
+        available: available?.bytes,
+        availableSource: available?.source,
+        stateCache: opts.stateCache,
+        drafts: opts.drafts ?? true,
+        rates,
+        guessRight,
+      });
+      checkFits(p);
+      return p;
+    };
+    const capacity = fitCapacity(opts, want, available?.bytes, state, prefillTokens, planFor);
+    const plan = fitSequences((sequences) => planFor(capacity, sequences), want, opts.autoSequences ?? false);
     if (opts.log) {
       for (const line of formatPlan(plan)) opts.log(line);
       if (mem.trunkDir === undefined) {
@@ -281,8 +330,8 @@ export async function openModel(model: string | ModelConfig, opts: OpenOptions):
     const compute = await startCompute(k, opts.threads ?? navigator.hardwareConcurrency, opts.splitMin);
     closing.push(() => compute.close());
     // 7. The model.
-    const rows = scratchRowsFor(plan.passRows, plan.state.sequences);
-    const model = new K3Model(k, cfg, weights, plan.passRows, opts.capacity, compute, {
+    const rows = scratchRowsFor(plan.passRows, plan.state.sequences, capacity);
+    const model = new K3Model(k, cfg, weights, plan.passRows, capacity, compute, {
       readAhead,
       tileRows: rows.tileRows,
       logitRows: rows.logitRows,

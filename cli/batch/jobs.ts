@@ -13,7 +13,7 @@ import type { SamplingParams } from "../../engine/generate/sampling.ts";
 import { chatPrompt, parseHistory, stopIds as chatStopIds } from "../../engine/text/chat.ts";
 import type { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { DEFAULTS, MAX_TOKENS, resolveSampling, type Task } from "../request.ts";
-import { MAX_PROMPT_IDS } from "../run_options.ts";
+import { promptLimitText } from "../run_options.ts";
 import { type OpenAIRequest, parseOpenAILine } from "./openai_lines.ts";
 
 /** One line of a JSONL file: where it lies and whether a newline ends it. */
@@ -57,6 +57,8 @@ export interface Job extends Task {
 export interface JobDefaults {
   /** Token ids must be below this. */
   vocab: number;
+  /** The longest prompt in ids: the model's window (model/config.ts modelWindow). */
+  maxPromptIds: number;
   /** --gen. */
   gen: number;
   /** --stop-id, checked. */
@@ -138,6 +140,7 @@ function idList(v: unknown, field: string, vocab: number): number[] {
 function openaiJob(o: Record<string, unknown>, line: number, opts: JobDefaults, base: SamplingParams): Job {
   const r = parseOpenAILine(o, {
     vocab: opts.vocab,
+    maxPromptIds: opts.maxPromptIds,
     gen: opts.gen,
     seed: base.seed,
     modelName: opts.modelName ?? "kimi-k3",
@@ -235,9 +238,7 @@ export function parseJob(text: string, line: number, opts: JobDefaults): Job {
     }
   }
   if (promptIds.length === 0) throw new Error("the prompt is empty");
-  if (promptIds.length > MAX_PROMPT_IDS) {
-    throw new Error(`the prompt has ${promptIds.length} ids, at most ${MAX_PROMPT_IDS}`);
-  }
+  if (promptIds.length > opts.maxPromptIds) throw new Error(promptLimitText(promptIds.length, opts.maxPromptIds));
   let maxTokens = opts.gen;
   if (o.gen !== undefined) {
     if (typeof o.gen !== "number" || !Number.isInteger(o.gen) || o.gen < 1 || o.gen > MAX_TOKENS) {

@@ -12,7 +12,7 @@
  */
 
 import type { Tokenizer } from "../../engine/text/tokenizer.ts";
-import { MAX_PROMPT_IDS } from "../run_options.ts";
+import { promptLimitText } from "../run_options.ts";
 import { MAX_TOKENS, openaiTask, type Task } from "../request.ts";
 import type { ReplyStream } from "../reply.ts";
 import { parseChatRequest, parseCompletionRequest } from "../openai.ts";
@@ -60,6 +60,7 @@ export function parseOpenAILine(
   o: Record<string, unknown>,
   opts: {
     vocab: number;
+    maxPromptIds: number;
     gen: number;
     seed: number;
     modelName: string;
@@ -94,8 +95,8 @@ export function parseOpenAILine(
     const bad = promptIds.find((x) => x >= opts.vocab);
     if (bad !== undefined) throw new ApiError(400, `the prompt holds id ${bad}, outside the vocabulary`, "prompt");
     if (promptIds.length === 0) throw new ApiError(400, "the prompt is empty", "prompt");
-    if (promptIds.length > MAX_PROMPT_IDS) {
-      throw new ApiError(400, `the prompt has ${promptIds.length} tokens, at most ${MAX_PROMPT_IDS}`);
+    if (promptIds.length > opts.maxPromptIds) {
+      throw new ApiError(400, promptLimitText(promptIds.length, opts.maxPromptIds));
     }
     if (task.maxTokens > MAX_TOKENS) {
       throw new ApiError(

@@ -6,6 +6,7 @@
  */
 
 import { EXIT, usageError } from "../../engine/errors.ts";
+import { modelWindow } from "../../engine/model/config.ts";
 import { type ModelConfig, readModelConfig } from "../../engine/open.ts";
 import type { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { readInput } from "../../engine/native/files.ts";
@@ -44,6 +45,7 @@ export async function prepareBatch(o: BatchOptions): Promise<PreparedBatch> {
   // Parse every line first: the model's capacity is the longest prompt + gen.
   const { jobs, failed } = readJobs(inputBytes, o.input, {
     vocab: cfg.vocabSize,
+    maxPromptIds: modelWindow(cfg),
     gen: o.gen.gen,
     stopIds,
     tokenizer: getTokenizer,

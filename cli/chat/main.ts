@@ -27,6 +27,7 @@ import { fmtBytes, peakRssBytes, plural } from "../common.ts";
 import { info, progress } from "../progress.ts";
 import { needTokenizer } from "../run_options.ts";
 import { withOpenModel } from "../model_session.ts";
+import { contextOpenOptions } from "../flag_groups/model.ts";
 import type { Interrupts } from "../interrupt.ts";
 import { type ChatOptions, chatOptions } from "./options.ts";
 import { continueSavedState, Conversation, readHistory } from "./conversation.ts";
@@ -78,6 +79,7 @@ function startSession(opened: OpenedModel, interrupts: Interrupts, o: ChatOption
   let fp: ModelFingerprint | undefined;
   return {
     o,
+    context: opened.plan.state.positions,
     conv: p.conv,
     files: {
       model: opened.model,
@@ -109,7 +111,7 @@ async function beginConversation(s: ChatSession, p: PreparedChat): Promise<void>
   }
   const count = s.conv.messages.length;
   info(
-    `k3: chat: ${o.dir}: ${p.config.cfg.numLayers} layers, context ${o.context} positions; ${count} ${
+    `k3: chat: ${o.dir}: ${p.config.cfg.numLayers} layers, context ${s.context} positions; ${count} ${
       plural(count, "message")
     }; ` +
       `sampling temperature ${o.sampling.temperature}, top-p ${o.sampling.topP}, seed ${o.sampling.seed}. ` +
@@ -128,7 +130,7 @@ export async function main(args: string[]): Promise<number> {
   if (!o) return EXIT.ok;
   const prepared = await prepareChat(o);
   const openOptions = {
-    capacity: o.context,
+    ...contextOpenOptions(o.context, prepared.config.cfg, 1),
     chunk: o.model.chunk,
     threads: o.model.threads,
     memory: o.memory,

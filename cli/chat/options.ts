@@ -11,7 +11,14 @@ import type { SamplingParams } from "../../engine/generate/sampling.ts";
 import { EFFORTS } from "../../engine/text/chat.ts";
 import { type CommandFlags, commandFlags, type FlagGroup } from "../flags.ts";
 import { intFlag, modelDirArg } from "../common.ts";
-import { MODEL_GROUP, type ModelFlags, modelFlags } from "../flag_groups/model.ts";
+import {
+  contextFlag,
+  contextHelp,
+  type ContextRequest,
+  MODEL_GROUP,
+  type ModelFlags,
+  modelFlags,
+} from "../flag_groups/model.ts";
 import { MEMORY_GROUP, memoryOptions } from "../flag_groups/memory.ts";
 import { samplingGroup, samplingOptions } from "../flag_groups/sampling.ts";
 import { TERMINAL_GROUP } from "../flag_groups/terminal.ts";
@@ -52,7 +59,7 @@ const CONVERSATION_GROUP: FlagGroup = {
         "none); one JSON string per message sent",
     },
     gen: { type: "string", short: "n", value: "N", help: "tokens per reply at most (default 1024)" },
-    context: { type: "string", value: "N", help: "positions the conversation may hold (default 4096)" },
+    context: { type: "string", value: "N|auto", help: contextHelp("positions the conversation may hold") },
     stop: { type: "string", multiple: true, value: "TEXT", help: "also end a reply at TEXT (repeatable)" },
     tools: {
       type: "string",
@@ -128,8 +135,8 @@ export interface ChatOptions {
   effort?: string;
   /** Tokens per reply at most. */
   gen: number;
-  /** Positions the conversation may hold. */
-  context: number;
+  /** Positions the conversation may hold, or auto (cli/chat/main.ts opens with the plan's). */
+  context: ContextRequest;
   /** Sampling. */
   sampling: SamplingParams;
   /** Stop strings. */
@@ -175,7 +182,7 @@ export function chatOptions(args: string[]): ChatOptions | undefined {
     throw usageError(`--thinking-effort must be one of ${EFFORTS.join(", ")}, not ${effort}`);
   }
   const gen = intFlag("gen", flags.str("gen"), DEFAULTS.chat.maxTokens, 1, 1 << 20);
-  const context = intFlag("context", flags.str("context"), 4096, 16, 1 << 20);
+  const context = contextFlag(flags.str("context"), 16);
   const model = modelFlags(values);
   return {
     dir,

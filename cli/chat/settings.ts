@@ -48,7 +48,7 @@ export function setCommand(s: ChatSession, args: string): string {
       throw usageError("/set parameter NAME VALUE");
     }
     if (name === "num_predict" || name === "gen") {
-      s.o.gen = intFlag("gen", value, s.o.gen, 1, s.o.context);
+      s.o.gen = intFlag("gen", value, s.o.gen, 1, s.context);
       return `reply length at most ${s.o.gen} tokens`;
     }
     const flag = SAMPLING_NAMES[name];

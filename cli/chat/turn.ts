@@ -43,6 +43,8 @@ export interface TurnReport {
 export interface ChatSession {
   /** The flags. */
   o: ChatOptions;
+  /** Positions the conversation may hold (the opened plan's: `--context` or auto). */
+  context: number;
   /** The conversation. */
   conv: Conversation;
   /** Where it is saved. */
@@ -177,10 +179,10 @@ export async function takeTurn(
     const incoming: ChatMessage[] = turnIn;
     turnIn = undefined;
     const prompt = turnPrompt(s, incoming, calls);
-    const room = o.context - conv.done.length - prompt.length + 1;
+    const room = s.context - conv.done.length - prompt.length + 1;
     if (room < 1) {
       console.error(
-        `k3: chat: the conversation is full (${conv.done.length + prompt.length} of ${o.context} positions); ` +
+        `k3: chat: the conversation is full (${conv.done.length + prompt.length} of ${s.context} positions); ` +
           `/reset, or start with a larger --context`,
       );
       return;

@@ -8,7 +8,7 @@
 import { usageError } from "../../engine/errors.ts";
 import { type CommandFlags, commandFlags } from "../flags.ts";
 import { intFlag } from "../common.ts";
-import { MAX_PROMPT_IDS } from "../run_options.ts";
+import { MAX_CONTEXT } from "../../engine/model/config.ts";
 
 /** `k3 doctor`'s flags and help. */
 export const DOCTOR_FLAGS: CommandFlags = commandFlags({
@@ -84,8 +84,8 @@ export function doctorOptions(args: string[]): DoctorOptions | undefined {
   // The disk that matters: --dir, else the checkpoint's own directory, else here.
   const dir = dirGiven ?? checkpoint ?? ".";
   const sizeMb = intFlag("size-mb", flags.str("size-mb"), 1024, 64, 65536);
-  // The longest run: the longest prompt plus the most --gen (4096).
-  const positions = intFlag("positions", flags.str("positions"), 4096, 1, MAX_PROMPT_IDS + 4096);
+  // Positions up to the longest context any model may have.
+  const positions = intFlag("positions", flags.str("positions"), 4096, 1, MAX_CONTEXT);
   if (flags.bool("no-read") && flags.str("size-mb") !== undefined) {
     throw usageError("doctor: --size-mb and --no-read conflict: choose one");
   }

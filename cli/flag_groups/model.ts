@@ -8,7 +8,9 @@
 import type { FlagGroup } from "../flags.ts";
 import { intFlag } from "../common.ts";
 import type { ChunkRequest } from "../../engine/weights/plan_segment.ts";
-import { MAX_PROMPT_IDS } from "../run_options.ts";
+import { type K3Config, MAX_CONTEXT, modelWindow } from "../../engine/model/config.ts";
+import { usageError } from "../../engine/errors.ts";
+import type { OpenOptions } from "../../engine/open.ts";
 
 /** The model group. */
 export const MODEL_GROUP: FlagGroup = {
@@ -67,10 +69,54 @@ export function modelFlags(values: Record<string, unknown>): ModelFlags {
   };
 }
 
+/** The largest `--chunk N`: longer prompts run in segments of N (and `auto` sizes the segment
+ * by the memory instead). */
+export const MAX_CHUNK = 8192;
+
 /** `--chunk`'s value: `auto` (also when absent), or a whole number of tokens from 1 to
- * MAX_PROMPT_IDS (a usage error otherwise). `auto` lets the memory plan choose the segment:
+ * MAX_CHUNK (a usage error otherwise). `auto` lets the memory plan choose the segment:
  * the whole prompt when the memory holds it (engine/weights/plan_segment.ts). */
 export function chunkFlag(value: string | undefined): ChunkRequest {
   if (value === undefined || value.trim() === "auto") return "auto";
-  return intFlag("chunk", value, 1, 1, MAX_PROMPT_IDS);
+  return intFlag("chunk", value, 1, 1, MAX_CHUNK);
+}
+
+/** A `--context` request (serve, chat): N positions a sequence, or `auto`. */
+export type ContextRequest = number | "auto";
+
+/** `--context`'s value: `auto` (also when absent), or a whole number of positions from `min`
+ * to MAX_CONTEXT (a usage error otherwise). */
+export function contextFlag(value: string | undefined, min: number): ContextRequest {
+  if (value === undefined || value.trim() === "auto") return "auto";
+  return intFlag("context", value, min, min, MAX_CONTEXT);
+}
+
+/** The help of `--context N|auto` for `what` ("positions per sequence, ..."). */
+export function contextHelp(what: string): string {
+  return `${what}, or auto (the default): the most the memory\nplan holds, up to the model's window`;
+}
+
+/**
+ * How a model opens for a `--context` request with `sequences` sequences: `auto` asks for
+ * the most positions the plan holds up to the model's window (engine/open.ts
+ * fitCapacity); N beyond the window is a usage error, and N the memory cannot hold is
+ * refused naming the most it can (exit 2).
+ */
+export function contextOpenOptions(
+  context: ContextRequest,
+  cfg: K3Config,
+  sequences: number,
+): Pick<OpenOptions, "capacity" | "autoCapacity" | "capacityRefusal"> {
+  const window = modelWindow(cfg);
+  if (context === "auto") return { capacity: window, autoCapacity: true };
+  if (context > window) {
+    throw usageError(`--context ${context}: the model's window is ${window} positions (max_position_embeddings)`);
+  }
+  return {
+    capacity: context,
+    capacityRefusal: (most) =>
+      `--context ${context} does not fit the memory plan at this budget: it holds at most ${most} positions${
+        sequences > 1 ? ` a sequence for ${sequences} sequences (or lower --parallel)` : ""
+      }; lower --context, use --context auto, or raise the budget (--preset, --trunk-gb, --cache-gb)`,
+  };
 }

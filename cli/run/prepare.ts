@@ -6,6 +6,7 @@
  */
 
 import { usageError } from "../../engine/errors.ts";
+import { modelWindow } from "../../engine/model/config.ts";
 import { readStateFile, type StateFile } from "../../engine/generate/state_file.ts";
 import { type ModelConfig, readModelConfig } from "../../engine/open.ts";
 import type { OpenOptions } from "../../engine/open.ts";
@@ -37,7 +38,7 @@ export async function prepareRun(o: RunOptions): Promise<PreparedRun> {
   const vocab = config.cfg.vocabSize;
   let tokenizer: Tokenizer | undefined;
   const getTokenizer = () => (tokenizer ??= needTokenizer(o.dir, o.gen.tokDir, "--prompt", vocab));
-  const prompt = await promptIds(o.source, vocab, getTokenizer);
+  const prompt = await promptIds(o.source, vocab, getTokenizer, modelWindow(config.cfg));
   const stopIds = o.gen.stopIds.map((s) => parseIds("stop-id", s, vocab)[0]);
   if (o.grammar) {
     tokenizer ??= needTokenizer(o.dir, o.gen.tokDir, o.grammarFlag, vocab);
@@ -50,7 +51,13 @@ export async function prepareRun(o: RunOptions): Promise<PreparedRun> {
   const stateFile = o.loadState !== undefined ? await readStateFile(o.loadState) : undefined;
   const prefix = stateFile && Number.isSafeInteger(stateFile.header.pos) ? Math.max(0, stateFile.header.pos) : 0;
   const needed = prefix + prompt.length + o.gen.gen;
-  const context = o.context === undefined ? needed : intFlag("context", o.context, needed, 1, 1 << 20);
+  const window = modelWindow(config.cfg);
+  if (needed > window) {
+    throw usageError(
+      `this run needs ${needed} positions, more than the model's window of ${window} (max_position_embeddings); lower --gen`,
+    );
+  }
+  const context = o.context === undefined ? needed : intFlag("context", o.context, needed, 1, window);
   if (context < needed) {
     throw usageError(
       `--context ${context}: this run needs ${needed} positions (${
@@ -65,6 +72,12 @@ export async function prepareRun(o: RunOptions): Promise<PreparedRun> {
 export function runOpenOptions(o: RunOptions, run: PreparedRun): OpenOptions {
   return {
     capacity: run.context,
+    capacityRefusal: (most) =>
+      `this run needs ${run.context} positions (${run.prompt.length} prompt ids${
+        o.context === undefined ? ` + ${o.gen.gen} --gen` : ", --context"
+      }) but the memory plan holds at most ${most} at this budget; shorten the prompt, lower ${
+        o.context === undefined ? "--gen" : "--context"
+      }, or raise the budget (--preset, --trunk-gb, --cache-gb)`,
     chunk: o.gen.chunk,
     prefillTokens: run.prompt.length,
     threads: o.gen.threads,

@@ -16,6 +16,7 @@ import { needTokenizer } from "../run_options.ts";
 import { type RunningServer, type ServerOptions, startServer } from "../server/http.ts";
 import { VERSION } from "../version.ts";
 import type { ServeOptions } from "./options.ts";
+import type { ContextRequest } from "../flag_groups/model.ts";
 
 /** Host names only this machine reaches. */
 const LOOPBACK = new Set(["127.0.0.1", "localhost", "::1", "[::1]"]);
@@ -41,7 +42,7 @@ export async function apiKeyOf(flag: string | undefined, file: string | undefine
 }
 
 /** OpenAI's `system_fingerprint`: what would make the same request answer differently. */
-function fingerprint(modelName: string, context: number): string {
+function fingerprint(modelName: string, context: ContextRequest): string {
   const h = createHash("sha256").update(`${VERSION}\0${modelName}\0${context}`).digest("hex");
   return `fp_k3_${h.slice(0, 12)}`;
 }

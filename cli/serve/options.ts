@@ -10,7 +10,14 @@ import type { MemoryOptions } from "../../engine/weights/plan_input.ts";
 import type { DraftMode } from "../../engine/generate/draft.ts";
 import { type CommandFlags, commandFlags, type FlagGroup } from "../flags.ts";
 import { intFlag, numFlag } from "../common.ts";
-import { MODEL_GROUP, type ModelFlags, modelFlags } from "../flag_groups/model.ts";
+import {
+  contextFlag,
+  contextHelp,
+  type ContextRequest,
+  MODEL_GROUP,
+  type ModelFlags,
+  modelFlags,
+} from "../flag_groups/model.ts";
 import { MEMORY_GROUP, memoryOptions } from "../flag_groups/memory.ts";
 import { draftOption, SPECULATION_GROUP } from "../flag_groups/speculation.ts";
 import { REASONING_GROUP, reasoningBudgetOption } from "../flag_groups/reasoning.ts";
@@ -55,7 +62,7 @@ const SERVER_GROUP: FlagGroup = {
       value: "N",
       help: "requests waiting beyond those; more get 429 (default 16, 0..100000)",
     },
-    context: { type: "string", value: "N", help: "positions per sequence, prompt plus completion (default 4096)" },
+    context: { type: "string", value: "N|auto", help: contextHelp("positions per sequence, prompt plus completion") },
     "max-body-kb": { type: "string", value: "N", help: "largest request body accepted, 413 beyond (default 1024)" },
     grace: { type: "string", value: "S", help: "seconds requests in flight get at shutdown (default 10)" },
     cors: {
@@ -132,8 +139,8 @@ export interface ServeOptions {
   reasoningBudget?: number;
   /** Requests waiting at most. */
   maxQueue: number;
-  /** Positions per sequence. */
-  context: number;
+  /** Positions per sequence, or auto. */
+  context: ContextRequest;
   /** Largest request body. */
   maxBodyBytes: number;
   /** Seconds for requests in flight at shutdown. */
@@ -186,7 +193,7 @@ export function serveOptions(args: string[]): ServeOptions | undefined {
     draft: draftOption(flags.str("draft")),
     reasoningBudget: reasoningBudgetOption(flags.str("reasoning-budget")),
     maxQueue: intFlag("max-queue", flags.str("max-queue"), 16, 0, 100000),
-    context: intFlag("context", flags.str("context"), 4096, 2, 262144),
+    context: contextFlag(flags.str("context"), 2),
     maxBodyBytes: 1024 * intFlag("max-body-kb", flags.str("max-body-kb"), 1024, 1, 1 << 20),
     grace: grace === undefined ? 10 : numFlag("grace", grace, 0, 86400),
     cors: flags.str("cors"),

@@ -93,6 +93,19 @@ export class Metrics {
       "",
       this.#decodeTokens,
     ]]);
+    const ledger = engine?.ledger?.();
+    if (ledger) {
+      // The engine's passes, not the requests': a pass that prefills some prompt counts as
+      // prefill with all its rows (decode rows of other sequences ride along).
+      metric("k3_pass_seconds_total", "counter", "Seconds of forward passes, prefill (some prompt rows) or decode.", [
+        ['kind="prefill"', ledger.prefillPassSeconds],
+        ['kind="decode"', ledger.decodePassSeconds],
+      ]);
+      metric("k3_pass_rows_total", "counter", "Rows (tokens) of those passes (rows per second = ratio).", [
+        ['kind="prefill"', ledger.prefillPassRows],
+        ['kind="decode"', ledger.decodePassRows],
+      ]);
+    }
     metric("k3_time_to_first_token_seconds_total", "counter", "Seconds from admission to the first token.", [[
       "",
       this.#ttftSeconds,

@@ -15,6 +15,7 @@ import type { TokenLogprob } from "../../engine/generate/logprobs.ts";
 import type { ReplyEvent } from "../../engine/text/xtml.ts";
 import { chatCachePoints, type StateCache } from "../../engine/generate/state_cache.ts";
 import type { Tokenizer } from "../../engine/text/tokenizer.ts";
+import type { Ledger } from "../../engine/model/ledger.ts";
 import { K3Error } from "../../engine/errors.ts";
 import { type ChatRequest, type CompletionRequest, parseChatRequest, parseCompletionRequest } from "../openai.ts";
 import { ApiError } from "../openai_error.ts";
@@ -35,6 +36,9 @@ export interface ServeEngine {
   vocabSize: number;
   /** Bytes read from disk so far (trunk and experts). */
   bytesRead: () => number;
+  /** The model's ledger now: its passes' seconds and rows, prefill and decode apart
+   * (engine/model/ledger.ts; absent: /metrics says nothing of passes). */
+  ledger?: () => Pick<Ledger, "prefillPassSeconds" | "prefillPassRows" | "decodePassSeconds" | "decodePassRows">;
   /** The conversation state cache the scheduler continues from (undefined: off). */
   stateCache?: Pick<StateCache, "stats">;
   /** The reasoning budget of chat requests that give none (--reasoning-budget). */

@@ -59,6 +59,9 @@ export interface LedgerReport {
   /** The passes' seconds and rows split by what they did: prefill (a pass with some prompt
    * rows) or decode only. Beside the kinds of time above, not part of their sum. */
   passes: { prefill_seconds: number; prefill_rows: number; decode_seconds: number; decode_rows: number };
+  /** `attention_seconds` split by layer kind: KDA (linear in the prompt) and MLA (attention
+   * over the cache, quadratic). Inside `attention_seconds`, not added to the sum again. */
+  attention_parts: { kda_seconds: number; mla_seconds: number };
   /** Bytes / seconds with a read in flight (null when nothing was read). */
   read_bytes_per_second_in_flight: number | null;
   /** Bytes the trunk read took on disk (fewer than `trunk_bytes_read` when split-coded). */
@@ -115,6 +118,10 @@ export function ledgerBetween(a: LedgerMark, b: LedgerMark): LedgerReport {
     trunk_bytes_read: (b.io?.trunkBytes ?? 0) - (a.io?.trunkBytes ?? 0),
     expert_bytes_read: (b.io?.expertBytes ?? 0) - (a.io?.expertBytes ?? 0),
     cached_tokens: d("cachedTokens"),
+    attention_parts: {
+      kda_seconds: d("attention") - d("mlaAttention"),
+      mla_seconds: d("mlaAttention"),
+    },
     passes: {
       prefill_seconds: d("prefillPassSeconds"),
       prefill_rows: d("prefillPassRows"),
@@ -151,6 +158,11 @@ export function formatLedger(l: LedgerReport): string[] {
   for (const [name, s] of rows) lines.push(`  ${name.padEnd(22)} ${s.toFixed(3).padStart(9)} s  ${pct(s)}%`);
   const gb = (n: number) => (n / 1e9).toFixed(3);
   const p = l.passes;
+  lines.push(
+    `  attention by kind: KDA ${l.attention_parts.kda_seconds.toFixed(3)} s, MLA ${
+      l.attention_parts.mla_seconds.toFixed(3)
+    } s (over the cache: grows with the square of the prompt)`,
+  );
   lines.push(
     `  passes: prefill ${p.prefill_seconds.toFixed(3)} s for ${p.prefill_rows} rows, decode ${
       p.decode_seconds.toFixed(3)

@@ -65,6 +65,22 @@ export interface K3Config {
   eosId: number;
   /** MXFP4 group size of the routed experts. */
   quantGroup: number;
+  /** max_position_embeddings: the positions the model was made for (the released model:
+   * 262,144). Absent from a config: no window of its own ({@link modelWindow}). */
+  maxPositions?: number;
+}
+
+/** The most positions any context may hold (a window-less config, and the --context flags). */
+export const MAX_CONTEXT = 1 << 20;
+
+/**
+ * The model's own window: the positions a sequence may hold, prompt and completion, before
+ * memory is counted (max_position_embeddings, at most {@link MAX_CONTEXT}). K3's attention
+ * has no position encoding (NoPE), so nothing breaks beyond it; it is where the model was
+ * trained, so the engine stops there.
+ */
+export function modelWindow(cfg: K3Config): number {
+  return Math.min(cfg.maxPositions ?? MAX_CONTEXT, MAX_CONTEXT);
 }
 
 /** Sanity bounds (the released model: 93 layers, width 7168, vocabulary 163,840). */
@@ -160,6 +176,8 @@ export function parseConfig(json: unknown, source = "config.json"): K3Config {
     bosId: root.int("bos_token_id", 0, MAX_VOCAB) ?? 0,
     eosId: root.int("eos_token_id", 0, MAX_VOCAB) ?? 0,
     quantGroup: 0,
+    // Optional: the forward pass never reads it (NoPE); it bounds the context.
+    maxPositions: text.has("max_position_embeddings") ? text.int("max_position_embeddings", 1) : undefined,
   };
   const fullAttn = layerList(lin, "full_attn_layers");
   const kdaLayers = layerList(lin, "kda_layers");

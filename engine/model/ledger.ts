@@ -23,6 +23,9 @@ export interface Ledger {
   expertCompute: number;
   /** Seconds in the attention recurrences. */
   attention: number;
+  /** Of `attention`, the MLA layers' seconds: attention over the cache, the one work that
+   * grows with the square of the prompt (bench/long_prompt.ts measures its share). */
+  mlaAttention: number;
   /** Seconds in the final norm and lm_head. */
   head: number;
   /** Seconds choosing tokens (the scheduler's). */
@@ -52,6 +55,7 @@ export function newLedger(): Ledger {
     denseMatmul: 0,
     expertCompute: 0,
     attention: 0,
+    mlaAttention: 0,
     head: 0,
     sampling: 0,
     stateCache: 0,

@@ -485,7 +485,9 @@ export class K3Model {
         );
       }
     }
-    this.spent("attention", tAttn);
+    const mlaSeconds = (performance.now() - tAttn) / 1000;
+    this.ledger.attention += mlaSeconds;
+    this.ledger.mlaAttention += mlaSeconds;
     // Output gate, then o_proj.
     this.mm(w.gate, s.xn.ptr, g.ptr, R);
     k.k3_sigmoid_mul(o.ptr, g.ptr, R * H * m.vDim);

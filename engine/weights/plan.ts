@@ -26,7 +26,8 @@
  * (plan_predict.ts, weights/throughput.ts) and prints it; `--preset auto` then spends what
  * is left after the fixed parts by the best prediction instead of trunk first, and
  * `fitSequences` with `auto` takes the number of sequences with the best prediction instead
- * of the most that fit.
+ * of the most that fit. `fitContext` finds the most positions a sequence the plan holds: a
+ * context asked for and too long is refused naming it; `--context auto` takes it.
  *
  * @module
  */
@@ -41,7 +42,13 @@ import { planBudgets } from "./plan_auto.ts";
 import { type EmbedHeadPlan, planEmbedHead } from "./plan_embed_head.ts";
 import { expertBytesOf, type ExpertsPlan, planExperts } from "./plan_experts.ts";
 import { type PlanPrediction, planPrediction } from "./plan_predict.ts";
-import { autoSegment, type ChunkRequest, predictPrefill, type PrefillPrediction } from "./plan_segment.ts";
+import {
+  autoSegment,
+  type ChunkRequest,
+  largestFitting,
+  predictPrefill,
+  type PrefillPrediction,
+} from "./plan_segment.ts";
 import {
   type DraftsPlan,
   planDrafts,
@@ -243,6 +250,42 @@ export function fitSequences(planFor: (n: number) => MemoryPlan, want: number, a
   }
   if (best) return best;
   throw firstError;
+}
+
+/**
+ * The plan for a context of `want` positions a sequence (`planFor` makes and checks one);
+ * with `auto`, for the most positions up to `want` whose plan fits. When an explicit `want`
+ * does not fit the memory but fewer positions would, that is a usage error (exit 2):
+ * `refusal` is given the most that fit and says which flag to change. When not even one
+ * position fits, the plan's own refusal (exit 1) stands.
+ */
+export function fitContext(
+  planFor: (positions: number) => MemoryPlan,
+  want: number,
+  auto: boolean,
+  refusal: (most: number) => string,
+): MemoryPlan {
+  let refused: K3Error;
+  try {
+    return planFor(want);
+  } catch (e) {
+    // Only the memory's refusal: a usage error stays what it is.
+    if (!(e instanceof K3Error) || e.exitCode === EXIT.usage) throw e;
+    refused = e;
+  }
+  const fits = (positions: number) => {
+    try {
+      planFor(positions);
+      return true;
+    } catch (e) {
+      if (e instanceof K3Error && e.exitCode !== EXIT.usage) return false;
+      throw e;
+    }
+  };
+  const most = want > 1 ? largestFitting(1, want - 1, fits) : undefined;
+  if (most === undefined) throw refused;
+  if (auto) return planFor(most);
+  throw usageError(refusal(most));
 }
 
 /** Throws K3Error (exit 1) when the plan does not fit in what is available. */

@@ -23,6 +23,13 @@ export type ChunkRequest = number | "auto";
 /** The segment when the available memory is unknown (nothing to size it by). */
 export const UNKNOWN_MEMORY_SEGMENT = 1024;
 
+/**
+ * The prompt `auto` segments are sized for when the context is `auto` too (serve, chat): an
+ * agent's long turn (a tool result carrying files, logs or pages is 1-10k tokens), prefilled
+ * whole; a longer prompt runs in segments of it, each reading the model once.
+ */
+export const AUTO_CONTEXT_PREFILL = 8192;
+
 /** The smallest segment `auto` chooses (the default chunk before segments were sized). */
 export const MIN_AUTO_SEGMENT = 16;
 

@@ -30,6 +30,34 @@ export interface StatePlan {
   bytes: number;
 }
 
+/**
+ * The share of the available memory `--context auto` gives the sequences' MLA caches: the
+ * rest stays for the weights (pins and expert cache buy speed), the KDA states and the
+ * prefill segment.
+ */
+export const AUTO_CONTEXT_SHARE = 0.25;
+
+/** The fewest positions `--context auto` asks for (serve's and chat's fixed default before
+ * it): less only when the plan cannot hold that many. */
+export const AUTO_CONTEXT_MIN = 4096;
+
+/**
+ * The most positions `--context auto` lets each of `sequences` states hold: their MLA
+ * caches within {@link AUTO_CONTEXT_SHARE} of `available`, and at least
+ * {@link AUTO_CONTEXT_MIN} (unknown memory: no bound here; the model's window and the
+ * plan's fit still apply). At the released widths (55,296 B a position) 8 GB gives one
+ * sequence 36,168 positions and four 9,042; 64 GB four 72,337.
+ */
+export function autoContextPositions(
+  state: { perPosition: number },
+  available: number | undefined,
+  sequences: number,
+): number {
+  if (available === undefined || state.perPosition <= 0) return Infinity;
+  const perSequence = (AUTO_CONTEXT_SHARE * available) / Math.max(1, sequences);
+  return Math.max(AUTO_CONTEXT_MIN, Math.floor(perSequence / state.perPosition));
+}
+
 /** The speculation records' part of the plan. */
 export interface DraftsPlan {
   /** Rows a record holds. */

@@ -7,11 +7,10 @@ import { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { oneLine } from "../../engine/errors.ts";
 import { check, jsonMutations, mutateAll } from "./fuzz.ts";
 import { TINY } from "../helpers.ts";
-import { MAX_PROMPT_IDS } from "../../cli/run_options.ts";
 
 Deno.test("fuzz batch JSONL: a line is refused with a plain message (printed as one line) or gives a sound job", () => {
   const tok = Tokenizer.load(TINY);
-  const opts = { vocab: 1024, gen: 8, stopIds: [], tokenizer: () => tok };
+  const opts = { vocab: 1024, maxPromptIds: 8192, gen: 8, stopIds: [], tokenizer: () => tok };
   const lines = [
     { id: 1, ids: [5, 17, 300], gen: 4 },
     { id: "a", prompt: "Once upon a time", stop_ids: [2] },
@@ -29,7 +28,7 @@ Deno.test("fuzz batch JSONL: a line is refused with a plain message (printed as 
       assert.ok(!/\n/.test(oneLine(e.message)));
       return;
     }
-    assert.ok(job.promptIds.length >= 1 && job.promptIds.length <= MAX_PROMPT_IDS);
+    assert.ok(job.promptIds.length >= 1 && job.promptIds.length <= opts.maxPromptIds);
     assert.ok(job.promptIds.every((x) => Number.isInteger(x) && x >= 0 && x < opts.vocab));
     assert.ok(Number.isInteger(job.maxTokens) && job.maxTokens >= 1 && job.maxTokens <= 4096);
     assert.ok(job.stopIds.every((x) => Number.isInteger(x) && x >= 0 && x < opts.vocab));

@@ -4,14 +4,17 @@
  * arguments, which carry every size a kernel works on) for prompts of N, 2N and 3N ids.
  * Linear work has a zero second difference; only k3_mla_attend's positions grow with the
  * square (exactly 1 + 2 + ... + N per MLA layer), and nothing is allocated per chunk.
- * The prompt limit (MAX_PROMPT_IDS, one constant) is enforced at exactly that length.
+ * The prompt limits are enforced at exactly their length: the model's window (run, batch),
+ * and what the memory plan holds at the budget (a longer context refused naming it, exit 2).
  */
 
 import assert from "node:assert/strict";
-import { openModel } from "../../engine/open.ts";
+import { openModel, readModelConfig } from "../../engine/open.ts";
 import { K3Model } from "../../engine/model/model.ts";
 import type { Kernels } from "../../engine/native/ffi.ts";
-import { MAX_PROMPT_IDS, promptIds } from "../../cli/run_options.ts";
+import { promptIds } from "../../cli/run_options.ts";
+import { modelWindow } from "../../engine/model/config.ts";
+import { EXIT, K3Error } from "../../engine/errors.ts";
 import { parseJob } from "../../cli/batch/jobs.ts";
 import { TINY } from "../helpers.ts";
 
@@ -82,21 +85,65 @@ Deno.test("prefill: every kernel's work is linear in the prompt but MLA attentio
   }
 });
 
-Deno.test("the prompt limit: MAX_PROMPT_IDS ids are accepted, one more is refused (run and batch)", async () => {
+Deno.test("the prompt limit: the model's window of ids is accepted, one more is refused (run and batch)", async () => {
+  const { cfg } = await readModelConfig(TINY);
+  const limit = modelWindow(cfg);
+  assert.equal(limit, 262144, "the tiny config's max_position_embeddings");
   const ids = (n: number) => Array.from({ length: n }, (_, i) => (i % 700) + 1);
   const tok = () => {
     throw new Error("no tokenizer needed");
   };
-  assert.equal(
-    (await promptIds({ kind: "ids", text: ids(MAX_PROMPT_IDS).join(",") }, 1024, tok)).length,
-    MAX_PROMPT_IDS,
-  );
+  assert.equal((await promptIds({ kind: "ids", text: ids(limit).join(",") }, 1024, tok, limit)).length, limit);
   await assert.rejects(
-    async () => await promptIds({ kind: "ids", text: ids(MAX_PROMPT_IDS + 1).join(",") }, 1024, tok),
-    new RegExp(`the prompt has ${MAX_PROMPT_IDS + 1} ids, at most ${MAX_PROMPT_IDS}`),
+    async () => await promptIds({ kind: "ids", text: ids(limit + 1).join(",") }, 1024, tok, limit),
+    new RegExp(`the prompt has ${limit + 1} ids, at most ${limit} \\(the model's window, max_position_embeddings\\)$`),
   );
   const job = (n: number) => JSON.stringify({ id: 1, ids: ids(n) });
-  const opts = { vocab: 1024, gen: 1, stopIds: [], tokenizer: () => undefined };
-  assert.equal(parseJob(job(MAX_PROMPT_IDS), 1, opts).promptIds.length, MAX_PROMPT_IDS);
-  assert.throws(() => parseJob(job(MAX_PROMPT_IDS + 1), 1, opts), new RegExp(`at most ${MAX_PROMPT_IDS}$`));
+  const opts = { vocab: 1024, maxPromptIds: limit, gen: 1, stopIds: [], tokenizer: () => undefined };
+  assert.equal(parseJob(job(limit), 1, opts).promptIds.length, limit);
+  assert.throws(() => parseJob(job(limit + 1), 1, opts), new RegExp(`at most ${limit} \\(the model's window`));
+});
+
+Deno.test("the memory plan's limit: the most positions it holds open, one more is refused naming them (exit 2)", async () => {
+  const config = await readModelConfig(TINY);
+  // A budget with room for the weights and about 3,000 positions of state.
+  const sized = await openModel(config, { capacity: 1000, chunk: 16, threads: 1 });
+  const budget = sized.plan.totalBytes + sized.plan.overheadBytes + 2000 * sized.plan.state.kvPerPosition;
+  await sized.close();
+  const memoryAvailable = { bytes: budget, source: "the test's budget" };
+  const refusal = (capacity: number) =>
+    openModel(config, {
+      capacity,
+      chunk: 16,
+      threads: 1,
+      memoryAvailable,
+      capacityRefusal: (most) => `--context ${capacity}: at most ${most}`,
+    });
+  let most = 0;
+  await assert.rejects(() => refusal(modelWindow(config.cfg)), (e) => {
+    assert.ok(e instanceof K3Error && e.exitCode === EXIT.usage, String(e));
+    most = Number(/: at most (\d+)$/.exec(e.message)?.[1]);
+    return true;
+  });
+  assert.ok(most > 1000 && most < modelWindow(config.cfg), `the budget holds ${most} positions`);
+  const atLimit = await refusal(most);
+  try {
+    assert.equal(atLimit.plan.state.positions, most);
+  } finally {
+    await atLimit.close();
+  }
+  await assert.rejects(() => refusal(most + 1), new RegExp(`--context ${most + 1}: at most ${most}$`));
+  // --context auto takes that many (the states' share of a budget this small is less).
+  const auto = await openModel(config, {
+    capacity: modelWindow(config.cfg),
+    autoCapacity: true,
+    chunk: 16,
+    threads: 1,
+    memoryAvailable,
+  });
+  try {
+    assert.ok(auto.plan.state.positions >= 1 && auto.plan.state.positions <= most, `${auto.plan.state.positions}`);
+  } finally {
+    await auto.close();
+  }
 });

@@ -6,6 +6,7 @@
 
 import assert from "node:assert/strict";
 import { CLIENT_GONE, endpointLabel, Metrics } from "../../cli/server/metrics.ts";
+import type { ServeEngine } from "../../cli/server/tasks.ts";
 
 Deno.test("serve metrics: labels, counts and the Prometheus text", () => {
   assert.equal(endpointLabel("/v1/completions"), "/v1/completions");
@@ -42,4 +43,28 @@ Deno.test("serve metrics: labels, counts and the Prometheus text", () => {
     assert.equal(text.split("\n").filter((l) => l.startsWith(`# TYPE ${name} `)).length, 1, name);
   }
   assert.ok(text.endsWith("\n"));
+});
+
+Deno.test("serve metrics: the engine's passes, prefill apart from decode, from its ledger", () => {
+  const ledger = { prefillPassSeconds: 1.5, prefillPassRows: 600, decodePassSeconds: 0.25, decodePassRows: 9 };
+  const engine = {
+    scheduler: { submit: () => Promise.reject(new Error("unused")), queued: 0, active: 1 },
+    capacity: 4096,
+    vocabSize: 1024,
+    bytesRead: () => 0,
+    ledger: () => ledger,
+  } as unknown as ServeEngine;
+  const text = new Metrics().text(engine, 0, 0);
+  const lines = text.split("\n");
+  assert.ok(lines.includes('k3_pass_seconds_total{kind="prefill"} 1.5'), text);
+  assert.ok(lines.includes('k3_pass_seconds_total{kind="decode"} 0.25'), text);
+  assert.ok(lines.includes('k3_pass_rows_total{kind="prefill"} 600'), text);
+  assert.ok(lines.includes('k3_pass_rows_total{kind="decode"} 9'), text);
+  for (const name of ["k3_pass_seconds_total", "k3_pass_rows_total"]) {
+    assert.equal(lines.filter((l) => l === `# TYPE ${name} counter`).length, 1, name);
+  }
+  // Read at each scrape: the counters follow the ledger.
+  ledger.decodePassRows = 10;
+  assert.ok(new Metrics().text(engine, 0, 0).split("\n").includes('k3_pass_rows_total{kind="decode"} 10'));
+  assert.ok(!new Metrics().text(undefined, 0, 0).includes("k3_pass_"), "no pass series before the model is loaded");
 });
