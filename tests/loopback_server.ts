@@ -80,3 +80,24 @@ export function madeUpResult(
     cachedTokens: 0,
   });
 }
+
+/** What scripted replies are written with: a text's tokens, and a tag's opening and closing tokens. */
+export interface ReplyPieces {
+  /** The tokens of `s` as plain text (special tokens not recognised). */
+  text(s: string): number[];
+  /** `<|open|>head<|sep|>`. */
+  open(head: string): number[];
+  /** `<|close|>head<|sep|>`. */
+  close(head: string): number[];
+}
+
+/** The chat format's pieces in `tok`'s ids, for schedulers that play scripted replies. */
+export function replyPieces(tok: Tokenizer): ReplyPieces {
+  const OPEN = tok.specialId("<|open|>"), CLOSE = tok.specialId("<|close|>"), SEP = tok.specialId("<|sep|>");
+  const text = (s: string) => tok.encode(s, { allowSpecial: false });
+  return {
+    text,
+    open: (head) => [OPEN, ...text(head), SEP],
+    close: (head) => [CLOSE, ...text(head), SEP],
+  };
+}

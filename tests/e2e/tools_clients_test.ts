@@ -17,13 +17,10 @@ import { createOpenAI } from "@ai-sdk/openai";
 import type { SequenceRequest, SequenceResult } from "../../engine/generate/scheduler.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { TINY } from "../helpers.ts";
-import { endsAt, madeUpResult, withLoopbackServer } from "../loopback_server.ts";
+import { endsAt, madeUpResult, replyPieces, withLoopbackServer } from "../loopback_server.ts";
 
 const tok = Tokenizer.load(TINY);
-const OPEN = tok.specialId("<|open|>"), CLOSE = tok.specialId("<|close|>"), SEP = tok.specialId("<|sep|>");
-const t = (s: string) => tok.encode(s, { allowSpecial: false });
-const open = (h: string) => [OPEN, ...t(h), SEP];
-const close = (h: string) => [CLOSE, ...t(h), SEP];
+const { text: t, open, close } = replyPieces(tok);
 const VOCAB = 1024;
 
 /** A reply calling get_weather(city), by the format's rule (thinking off). */
