@@ -93,6 +93,8 @@ export interface CommandFlags {
   usage(): string;
   /** Parses `args` strictly (see parseFlags in common.ts). */
   parse(args: string[], allowPositionals?: boolean): ParsedArgs;
+  /** {@link parse}, except that with `--help` it prints the usage and returns undefined. */
+  parseUnlessHelp(args: string[], allowPositionals?: boolean): ParsedArgs | undefined;
 }
 
 /** A help line: `  -n, --gen N` padded to the column, then the help, continued under it. */
@@ -138,30 +140,37 @@ export function commandFlags(spec: CommandSpec): CommandFlags {
   }
   const lastWins = new Set(Object.keys(flags).filter((n) => flags[n].lastWins));
   const help = [spec.head.trimEnd(), "", ...groups.map(groupHelp), "", spec.tail.trimEnd(), ""].join("\n");
+  const parse = (args: string[], allowPositionals = true): ParsedArgs => {
+    const { values, positionals, tokens } = parseFlags(spec.name, args, options, allowPositionals, lastWins);
+    const v = values as ParsedArgs["values"];
+    for (const [name, f] of Object.entries(flags)) {
+      if (f.file !== "input" && f.file !== "key") continue;
+      for (const path of [v[name]].flat()) {
+        // `-` is stdin where documented; "" names no file (`--input-history ""`: none).
+        if (typeof path !== "string" || path === "-" || path === "") continue;
+        checkInputPath(path, `--${name}`, EXIT.usage, f.file === "key");
+      }
+    }
+    return {
+      values: v,
+      positionals,
+      tokens: tokens ?? [],
+      str: (name) => v[name] as string | undefined,
+      bool: (name) => v[name] === true,
+      list: (name) => v[name] as string[] | undefined,
+    };
+  };
   return {
     name: spec.name,
     flags,
     groups,
     usage: () => help,
-    parse: (args, allowPositionals = true) => {
-      const { values, positionals, tokens } = parseFlags(spec.name, args, options, allowPositionals, lastWins);
-      const v = values as ParsedArgs["values"];
-      for (const [name, f] of Object.entries(flags)) {
-        if (f.file !== "input" && f.file !== "key") continue;
-        for (const path of [v[name]].flat()) {
-          // `-` is stdin where documented; "" names no file (`--input-history ""`: none).
-          if (typeof path !== "string" || path === "-" || path === "") continue;
-          checkInputPath(path, `--${name}`, EXIT.usage, f.file === "key");
-        }
-      }
-      return {
-        values: v,
-        positionals,
-        tokens: tokens ?? [],
-        str: (name) => v[name] as string | undefined,
-        bool: (name) => v[name] === true,
-        list: (name) => v[name] as string[] | undefined,
-      };
+    parse,
+    parseUnlessHelp: (args, allowPositionals) => {
+      const parsed = parse(args, allowPositionals);
+      if (!parsed.bool("help")) return parsed;
+      console.log(help);
+      return undefined;
     },
   };
 }

@@ -149,6 +149,11 @@ export interface ModelList {
   data: { id: string; object: "model"; created: number; owned_by: string }[];
 }
 
+/** The fields every response and chunk opens with, in the order OpenAI sends them. */
+function headFields<O extends string>(h: ResponseHead, object: O) {
+  return { id: h.id, object, created: h.created, model: h.model, system_fingerprint: h.system_fingerprint };
+}
+
 /** A non-streamed chat completion. */
 export function chatCompletion(
   h: ResponseHead,
@@ -163,11 +168,7 @@ export function chatCompletion(
 ): ChatCompletion {
   const calls = out.toolCalls ?? [];
   return {
-    id: h.id,
-    object: "chat.completion" as const,
-    created: h.created,
-    model: h.model,
-    system_fingerprint: h.system_fingerprint,
+    ...headFields(h, "chat.completion"),
     choices: [{
       index: 0,
       message: {
@@ -214,11 +215,7 @@ export function chatChunk(
   logprobs: ChatLogprobs | null = null,
 ): ChatChunk {
   return {
-    id: h.id,
-    object: "chat.completion.chunk" as const,
-    created: h.created,
-    model: h.model,
-    system_fingerprint: h.system_fingerprint,
+    ...headFields(h, "chat.completion.chunk"),
     choices: [{ index: 0, delta, logprobs, finish_reason: finish }],
     ...(includeUsage ? { usage: null } : {}),
   };
@@ -231,11 +228,7 @@ export function usageChunk(
   u: Usage,
 ): ChatChunk | Completion {
   return {
-    id: h.id,
-    object,
-    created: h.created,
-    model: h.model,
-    system_fingerprint: h.system_fingerprint,
+    ...headFields(h, object),
     choices: [],
     usage: u,
   };
@@ -247,11 +240,7 @@ export function completion(
   out: { text: string; finish: OpenAIFinish; usage: Usage; logprobs?: CompletionLogprobs | null },
 ): Completion {
   return {
-    id: h.id,
-    object: "text_completion" as const,
-    created: h.created,
-    model: h.model,
-    system_fingerprint: h.system_fingerprint,
+    ...headFields(h, "text_completion"),
     choices: [{ index: 0, text: out.text, logprobs: out.logprobs ?? null, finish_reason: out.finish }],
     usage: out.usage,
   };
@@ -266,11 +255,7 @@ export function completionChunk(
   logprobs: CompletionLogprobs | null = null,
 ): Completion {
   return {
-    id: h.id,
-    object: "text_completion" as const,
-    created: h.created,
-    model: h.model,
-    system_fingerprint: h.system_fingerprint,
+    ...headFields(h, "text_completion"),
     choices: [{ index: 0, text, logprobs, finish_reason: finish }],
     ...(includeUsage ? { usage: null } : {}),
   };

@@ -142,11 +142,8 @@ function parallelOption(v: string | undefined): number | undefined {
 
 /** Parses `k3 batch`'s arguments; undefined after printing `--help`. */
 export function batchOptions(args: string[]): BatchOptions | undefined {
-  const flags = BATCH_FLAGS.parse(args);
-  if (flags.bool("help")) {
-    console.log(BATCH_FLAGS.usage());
-    return undefined;
-  }
+  const flags = BATCH_FLAGS.parseUnlessHelp(args);
+  if (flags === undefined) return undefined;
   const { values, positionals, tokens } = flags;
   if (positionals.length !== 1) {
     throw usageError("batch: expected exactly one <model_dir> (see k3 batch --help)");

@@ -169,11 +169,8 @@ export interface ChatOptions {
 
 /** Parses `k3 chat`'s arguments; undefined after printing `--help`. */
 export function chatOptions(args: string[]): ChatOptions | undefined {
-  const flags = CHAT_FLAGS.parse(args);
-  if (flags.bool("help")) {
-    console.log(CHAT_FLAGS.usage());
-    return undefined;
-  }
+  const flags = CHAT_FLAGS.parseUnlessHelp(args);
+  if (flags === undefined) return undefined;
   const { values, positionals, tokens } = flags;
   const dir = modelDirArg("chat", positionals, "--system");
   const mode = outputMode(values as { quiet?: boolean; verbose?: boolean; color?: string });

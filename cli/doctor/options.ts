@@ -75,11 +75,8 @@ export interface DoctorOptions {
 
 /** Parses `k3 doctor`'s arguments (the directory must exist); undefined after `--help`. */
 export function doctorOptions(args: string[]): DoctorOptions | undefined {
-  const flags = DOCTOR_FLAGS.parse(args, false);
-  if (flags.bool("help")) {
-    console.log(DOCTOR_FLAGS.usage());
-    return undefined;
-  }
+  const flags = DOCTOR_FLAGS.parseUnlessHelp(args, false);
+  if (flags === undefined) return undefined;
   const checkpoint = flags.str("checkpoint"), dirGiven = flags.str("dir");
   // The disk that matters: --dir, else the checkpoint's own directory, else here.
   const dir = dirGiven ?? checkpoint ?? ".";

@@ -152,11 +152,8 @@ export interface RunOptions {
 
 /** Parses `k3 run`'s arguments; undefined after printing `--help`. */
 export function runOptions(args: string[]): RunOptions | undefined {
-  const flags = RUN_FLAGS.parse(args);
-  if (flags.bool("help")) {
-    console.log(RUN_FLAGS.usage());
-    return undefined;
-  }
+  const flags = RUN_FLAGS.parseUnlessHelp(args);
+  if (flags === undefined) return undefined;
   const { values, positionals, tokens } = flags;
   const dir = modelDirArg("run", positionals, "--prompt");
   const mode = outputMode(values as { quiet?: boolean; verbose?: boolean; color?: string });

@@ -174,11 +174,8 @@ function seconds(name: string, value: string | undefined, dflt: number): number 
 
 /** Parses `k3 serve`'s arguments; undefined after printing `--help`. */
 export function serveOptions(args: string[]): ServeOptions | undefined {
-  const flags = SERVE_FLAGS.parse(args);
-  if (flags.bool("help")) {
-    console.log(SERVE_FLAGS.usage());
-    return undefined;
-  }
+  const flags = SERVE_FLAGS.parseUnlessHelp(args);
+  if (flags === undefined) return undefined;
   const { values, positionals, tokens } = flags;
   if (positionals.length !== 1) throw usageError("serve: expected exactly one <model_dir> (see k3 serve --help)");
   const autoParallel = flags.str("parallel") === "auto";

@@ -22,8 +22,8 @@ import { Ajv } from "ajv";
 import type { SequenceRequest, SequenceResult } from "../../engine/generate/scheduler.ts";
 import { argmax } from "../../engine/generate/sampling.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
-import { type ServeEngine, startServer } from "../../cli/server/http.ts";
 import { TINY } from "../helpers.ts";
+import { endsAt, madeUpResult, withLoopbackServer } from "../loopback_server.ts";
 
 const tok = Tokenizer.load(TINY);
 const VOCAB = 1024;
@@ -52,42 +52,29 @@ class GrammarScheduler {
       const logits = Float32Array.from({ length: VOCAB }, (_, k) => rand() * 4 + BIAS[k]);
       const id = req.grammar ? req.grammar.pick(logits, argmax) : argmax(logits);
       tokens.push(id);
-      if (req.onToken?.(id, logits) === true || req.stopIds?.includes(id)) {
+      if (endsAt(req, id, logits)) {
         finishReason = "stop";
         break;
       }
     }
-    return Promise.resolve({
-      tokens,
-      finishReason,
-      promptTokens: req.prompt.length,
-      prefillSeconds: 0,
-      decodeSeconds: 0,
-      stepSeconds: tokens.map(() => 0),
-      cachedTokens: 0,
-    });
+    return madeUpResult(req, tokens, finishReason);
   }
 }
 
-async function withServer(fn: (url: string, s: GrammarScheduler) => Promise<void>): Promise<void> {
+/** Runs `fn` against a loopback server named kimi-k3 (alias moonshotai/Kimi-K3) drawing through a GrammarScheduler. */
+function withServer(fn: (url: string, s: GrammarScheduler) => Promise<void>): Promise<void> {
   const scheduler = new GrammarScheduler();
-  const server = startServer({
-    hostname: "127.0.0.1",
-    port: 0,
-    modelName: "kimi-k3",
-    modelAliases: ["moonshotai/Kimi-K3"],
-    parallel: 1,
-    maxQueue: 4,
-    maxBodyBytes: 1 << 20,
-    log: () => {},
-  });
-  const engine: ServeEngine = { scheduler, tokenizer: tok, capacity: 8192, vocabSize: VOCAB, bytesRead: () => 0 };
-  server.ready(engine);
-  try {
-    await fn(`http://127.0.0.1:${server.addr.port}`, scheduler);
-  } finally {
-    await server.shutdown(0);
-  }
+  return withLoopbackServer(
+    {
+      scheduler,
+      tokenizer: tok,
+      vocabSize: VOCAB,
+      capacity: 8192,
+      modelName: "kimi-k3",
+      modelAliases: ["moonshotai/Kimi-K3"],
+    },
+    (origin) => fn(origin, scheduler),
+  );
 }
 
 /** What zod users write: safe integers, bounds, formats, a pattern, optionals, nullables, records, no-key objects. */
@@ -245,88 +232,65 @@ class KnobScheduler {
       );
       const id = req.grammar ? req.grammar.pick(logits, choose) : choose(logits);
       tokens.push(id);
-      if (req.onToken?.(id, logits) === true || req.stopIds?.includes(id)) {
+      if (endsAt(req, id, logits)) {
         finishReason = "stop";
         break;
       }
     }
-    return Promise.resolve({
-      tokens,
-      finishReason,
-      promptTokens: req.prompt.length,
-      prefillSeconds: 0,
-      decodeSeconds: 0,
-      stepSeconds: tokens.map(() => 0),
-      cachedTokens: 0,
-    });
+    return madeUpResult(req, tokens, finishReason);
   }
 }
 
 Deno.test("n > 1, several prompts and penalties: choice i is the single request of seed + i; runs repeat; logit_bias applies", async () => {
-  const server = startServer({
-    hostname: "127.0.0.1",
-    port: 0,
-    modelName: "tiny",
-    parallel: 4,
-    maxQueue: 16,
-    maxBodyBytes: 1 << 20,
-    log: () => {},
-  });
-  server.ready({
-    scheduler: new KnobScheduler(),
-    tokenizer: tok,
-    capacity: 4096,
-    vocabSize: VOCAB,
-    bytesRead: () => 0,
-  });
-  const url = `http://127.0.0.1:${server.addr.port}/v1/completions`;
-  const complete = async (body: Record<string, unknown>) => {
-    const r = await fetch(url, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ prompt: "Once upon", max_tokens: 12, temperature: 1, ...body }),
-    });
-    const json = await r.json();
-    assert.equal(r.status, 200, JSON.stringify(json));
-    return json as { choices: { index: number; text: string }[]; usage: { completion_tokens: number } };
-  };
-  try {
-    const knobs = { presence_penalty: 0.8, frequency_penalty: 0.4, repetition_penalty: 1.3 };
-    const three = await complete({ n: 3, seed: 7, ...knobs });
-    assert.deepEqual(three.choices.map((c) => c.index), [0, 1, 2]);
-    assert.equal(three.usage.completion_tokens, 36);
-    assert.deepEqual((await complete({ n: 3, seed: 7, ...knobs })).choices, three.choices, "the same choices again");
-    for (let i = 0; i < 3; i++) {
-      const alone = await complete({ seed: 7 + i, ...knobs });
-      assert.equal(alone.choices[0].text, three.choices[i].text, `choice ${i} is the request of seed ${7 + i}`);
-    }
-    assert.ok(new Set(three.choices.map((c) => c.text)).size > 1, "different seeds sample differently");
-    const plain = await complete({ seed: 7 });
-    assert.notEqual(plain.choices[0].text, three.choices[0].text, "the penalties change the sample");
-    // Several prompts: each one's n choices, in prompt order, each equal to its request alone.
-    const prompts = ["Once upon", "A long time ago in a"];
-    const both = await complete({ prompt: prompts, n: 2, seed: 11 });
-    assert.deepEqual(both.choices.map((c) => c.index), [0, 1, 2, 3]);
-    for (const [j, p] of prompts.entries()) {
-      for (let i = 0; i < 2; i++) {
-        const alone = await complete({ prompt: p, seed: 11 + i });
-        assert.equal(both.choices[j * 2 + i].text, alone.choices[0].text, `prompt ${j} choice ${i}`);
+  await withLoopbackServer(
+    { scheduler: new KnobScheduler(), tokenizer: tok, vocabSize: VOCAB, parallel: 4, maxQueue: 16 },
+    async (origin) => {
+      const url = `${origin}/v1/completions`;
+      const complete = async (body: Record<string, unknown>) => {
+        const r = await fetch(url, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ prompt: "Once upon", max_tokens: 12, temperature: 1, ...body }),
+        });
+        const json = await r.json();
+        assert.equal(r.status, 200, JSON.stringify(json));
+        return json as { choices: { index: number; text: string }[]; usage: { completion_tokens: number } };
+      };
+      const knobs = { presence_penalty: 0.8, frequency_penalty: 0.4, repetition_penalty: 1.3 };
+      const three = await complete({ n: 3, seed: 7, ...knobs });
+      assert.deepEqual(three.choices.map((c) => c.index), [0, 1, 2]);
+      assert.equal(three.usage.completion_tokens, 36);
+      assert.deepEqual((await complete({ n: 3, seed: 7, ...knobs })).choices, three.choices, "the same choices again");
+      for (let i = 0; i < 3; i++) {
+        const alone = await complete({ seed: 7 + i, ...knobs });
+        assert.equal(alone.choices[0].text, three.choices[i].text, `choice ${i} is the request of seed ${7 + i}`);
       }
-    }
-    const usage = (both as unknown as { usage: { prompt_tokens: number } }).usage;
-    assert.equal(usage.prompt_tokens, tok.encode(prompts[0]).length + tok.encode(prompts[1]).length);
-    // A bias of 100 on one token makes it every pick, greedy or sampled.
-    const id = tok.encode("Z")[0];
-    const biased = await complete({ seed: 3, logit_bias: { [String(id)]: 100 } });
-    assert.equal(biased.choices[0].text, "Z".repeat(12));
-    const outside = await fetch(url, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ prompt: "x", logit_bias: { [String(VOCAB)]: 1 } }),
-    });
-    assert.equal(outside.status, 400);
-    assert.equal((await outside.json()).error.param, `logit_bias.${VOCAB}`);
-  } finally {
-    await server.shutdown(0);
-  }
+      assert.ok(new Set(three.choices.map((c) => c.text)).size > 1, "different seeds sample differently");
+      const plain = await complete({ seed: 7 });
+      assert.notEqual(plain.choices[0].text, three.choices[0].text, "the penalties change the sample");
+      // Several prompts: each one's n choices, in prompt order, each equal to its request alone.
+      const prompts = ["Once upon", "A long time ago in a"];
+      const both = await complete({ prompt: prompts, n: 2, seed: 11 });
+      assert.deepEqual(both.choices.map((c) => c.index), [0, 1, 2, 3]);
+      for (const [j, p] of prompts.entries()) {
+        for (let i = 0; i < 2; i++) {
+          const alone = await complete({ prompt: p, seed: 11 + i });
+          assert.equal(both.choices[j * 2 + i].text, alone.choices[0].text, `prompt ${j} choice ${i}`);
+        }
+      }
+      const usage = (both as unknown as { usage: { prompt_tokens: number } }).usage;
+      assert.equal(usage.prompt_tokens, tok.encode(prompts[0]).length + tok.encode(prompts[1]).length);
+      // A bias of 100 on one token makes it every pick, greedy or sampled.
+      const id = tok.encode("Z")[0];
+      const biased = await complete({ seed: 3, logit_bias: { [String(id)]: 100 } });
+      assert.equal(biased.choices[0].text, "Z".repeat(12));
+      const outside = await fetch(url, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ prompt: "x", logit_bias: { [String(VOCAB)]: 1 } }),
+      });
+      assert.equal(outside.status, 400);
+      assert.equal((await outside.json()).error.param, `logit_bias.${VOCAB}`);
+    },
+  );
 });

@@ -15,14 +15,11 @@ import { generateText } from "ai";
 import { createOpenAI } from "@ai-sdk/openai";
 import type { SequenceRequest, SequenceResult } from "../../engine/generate/scheduler.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
-import { type ServeEngine, startServer } from "../../cli/server/http.ts";
 import { TINY } from "../helpers.ts";
+import { endsAt, madeUpResult, replyPieces, withLoopbackServer } from "../loopback_server.ts";
 
 const tok = Tokenizer.load(TINY);
-const OPEN = tok.specialId("<|open|>"), CLOSE = tok.specialId("<|close|>"), SEP = tok.specialId("<|sep|>");
-const t = (s: string) => tok.encode(s, { allowSpecial: false });
-const open = (h: string) => [OPEN, ...t(h), SEP];
-const close = (h: string) => [CLOSE, ...t(h), SEP];
+const { text: t, open, close } = replyPieces(tok);
 const VOCAB = 1024;
 
 /** A reply that thinks `reasoning`, then answers `text`. */
@@ -51,38 +48,19 @@ class ScriptedScheduler {
       tokens.push(id);
       const logits = new Float32Array(VOCAB);
       logits[id] = 1;
-      if (req.onToken?.(id, logits) === true || req.stopIds?.includes(id)) {
+      if (endsAt(req, id, logits)) {
         finishReason = "stop";
         break;
       }
     }
-    return Promise.resolve({
-      tokens,
-      finishReason,
-      promptTokens: req.prompt.length,
-      prefillSeconds: 0,
-      decodeSeconds: 0,
-      stepSeconds: tokens.map(() => 0),
-      cachedTokens: 0,
-    });
+    return madeUpResult(req, tokens, finishReason);
   }
 }
 
 Deno.test("responses.stream(): three turns by previous_response_id, then output fed back with an item_reference", async () => {
   const s = new ScriptedScheduler();
-  const server = startServer({
-    hostname: "127.0.0.1",
-    port: 0,
-    modelName: "tiny",
-    parallel: 1,
-    maxQueue: 4,
-    maxBodyBytes: 1 << 20,
-    log: () => {},
-  });
-  const engine: ServeEngine = { scheduler: s, tokenizer: tok, capacity: 4096, vocabSize: VOCAB, bytesRead: () => 0 };
-  server.ready(engine);
-  const baseURL = `http://127.0.0.1:${server.addr.port}/v1`;
-  try {
+  await withLoopbackServer({ scheduler: s, tokenizer: tok, vocabSize: VOCAB }, async (origin) => {
+    const baseURL = `${origin}/v1`;
     const client = new OpenAI({ baseURL, apiKey: "alice" });
     const turn = async (params: OpenAI.Responses.ResponseCreateParamsStreaming) => {
       const stream = client.responses.stream(params);
@@ -143,28 +121,15 @@ Deno.test("responses.stream(): three turns by previous_response_id, then output 
       client.responses.create({ model: "tiny", input: "y", previous_response_id: unstored.id }),
       (e: { status: number }) => e.status === 404,
     );
-  } finally {
-    await server.shutdown(0);
-  }
+  });
 });
 
 Deno.test("AI SDK responses provider: a second turn sends the first's output as item_reference items, resolved", async () => {
   const s = new ScriptedScheduler();
-  const server = startServer({
-    hostname: "127.0.0.1",
-    port: 0,
-    modelName: "tiny",
-    parallel: 1,
-    maxQueue: 4,
-    maxBodyBytes: 1 << 20,
-    log: () => {},
-  });
-  const engine: ServeEngine = { scheduler: s, tokenizer: tok, capacity: 4096, vocabSize: VOCAB, bytesRead: () => 0 };
-  server.ready(engine);
-  try {
+  await withLoopbackServer({ scheduler: s, tokenizer: tok, vocabSize: VOCAB }, async (origin) => {
     const bodies: Record<string, unknown>[] = [];
     const openai = createOpenAI({
-      baseURL: `http://127.0.0.1:${server.addr.port}/v1`,
+      baseURL: `${origin}/v1`,
       apiKey: "none",
       fetch: (input, init) => {
         if (typeof init?.body === "string") bodies.push(JSON.parse(init.body));
@@ -189,7 +154,5 @@ Deno.test("AI SDK responses provider: a second turn sends the first's output as 
     assert.ok(input.some((i) => i.type === "item_reference"), JSON.stringify(input));
     const p2 = s.prompts[1];
     for (const want of ["Question one?", "Answer one.", "Question two?"]) assert.ok(p2.includes(want), p2);
-  } finally {
-    await server.shutdown(0);
-  }
+  });
 });

@@ -16,14 +16,11 @@ import { generateText, jsonSchema, stepCountIs, tool } from "ai";
 import { createOpenAI } from "@ai-sdk/openai";
 import type { SequenceRequest, SequenceResult } from "../../engine/generate/scheduler.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
-import { type ServeEngine, startServer } from "../../cli/server/http.ts";
 import { TINY } from "../helpers.ts";
+import { endsAt, madeUpResult, replyPieces, withLoopbackServer } from "../loopback_server.ts";
 
 const tok = Tokenizer.load(TINY);
-const OPEN = tok.specialId("<|open|>"), CLOSE = tok.specialId("<|close|>"), SEP = tok.specialId("<|sep|>");
-const t = (s: string) => tok.encode(s, { allowSpecial: false });
-const open = (h: string) => [OPEN, ...t(h), SEP];
-const close = (h: string) => [CLOSE, ...t(h), SEP];
+const { text: t, open, close } = replyPieces(tok);
 const VOCAB = 1024;
 
 /** A reply calling get_weather(city), by the format's rule (thinking off). */
@@ -63,41 +60,19 @@ class ScriptedScheduler {
     for (const [i, id] of script.entries()) {
       if (tokens.length >= req.maxTokens) break;
       tokens.push(id);
-      if (req.onToken?.(id, logitsFor(id, i)) === true || req.stopIds?.includes(id)) {
+      if (endsAt(req, id, logitsFor(id, i))) {
         finishReason = "stop";
         break;
       }
     }
-    return Promise.resolve({
-      tokens,
-      finishReason,
-      promptTokens: req.prompt.length,
-      prefillSeconds: 0,
-      decodeSeconds: 0,
-      stepSeconds: tokens.map(() => 0),
-      cachedTokens: 0,
-    });
+    return madeUpResult(req, tokens, finishReason);
   }
 }
 
-async function withServer(fn: (url: string, s: ScriptedScheduler) => Promise<void>): Promise<void> {
+/** Runs `fn` with the `/v1` base URL of a loopback server playing a fresh ScriptedScheduler. */
+function withServer(fn: (url: string, s: ScriptedScheduler) => Promise<void>): Promise<void> {
   const scheduler = new ScriptedScheduler();
-  const server = startServer({
-    hostname: "127.0.0.1",
-    port: 0,
-    modelName: "tiny",
-    parallel: 1,
-    maxQueue: 4,
-    maxBodyBytes: 1 << 20,
-    log: () => {},
-  });
-  const engine: ServeEngine = { scheduler, tokenizer: tok, capacity: 4096, vocabSize: VOCAB, bytesRead: () => 0 };
-  server.ready(engine);
-  try {
-    await fn(`http://127.0.0.1:${server.addr.port}/v1`, scheduler);
-  } finally {
-    await server.shutdown(0);
-  }
+  return withLoopbackServer({ scheduler, tokenizer: tok, vocabSize: VOCAB }, (origin) => fn(`${origin}/v1`, scheduler));
 }
 
 const TOOLS: OpenAI.Chat.Completions.ChatCompletionTool[] = [{

@@ -119,6 +119,20 @@ Deno.test("flags: a group listed twice, or a flag claimed by two groups, is refu
   assert.ok(commandFlags({ ...spec, groups: [MODEL_GROUP, MEMORY_GROUP] }));
 });
 
+Deno.test("flags: parseUnlessHelp prints the usage and returns undefined with --help, else parses", () => {
+  const printed: unknown[] = [];
+  const log = console.log;
+  console.log = (...args: unknown[]) => printed.push(...args);
+  try {
+    assert.equal(RUN_FLAGS.parseUnlessHelp(["dir", "--help"]), undefined);
+    assert.deepEqual(printed, [RUN_FLAGS.usage()]);
+    assert.deepEqual(RUN_FLAGS.parseUnlessHelp(["dir", "--gen", "3"])?.str("gen"), "3");
+    assert.equal(printed.length, 1);
+  } finally {
+    console.log = log;
+  }
+});
+
 Deno.test("flags: last-wins is declared by the group (memory), other flags may be given once", () => {
   const flags = commandFlags({ name: "test", head: "usage: k3 test", groups: [MODEL_GROUP, MEMORY_GROUP], tail: "" });
   const { tokens } = flags.parse(["--cache-gb", "1", "--preset", "laptop", "--cache-gb", "2"]);
