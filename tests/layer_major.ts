@@ -1,5 +1,5 @@
 /**
- * The long prompt of the layer-major tests (tests/unit/layer_major_test.ts, and its float64
+ * The long prompt of the layer-major tests (tests/e2e/layer_major_test.ts, and its float64
  * comparison in tests/oracle/layer_major_reference_test.ts) and greedy decoding after it.
  *
  * @module

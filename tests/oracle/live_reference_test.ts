@@ -2,7 +2,7 @@
  * The engine against the live float64 NumPy reference on freshly generated models of shapes
  * that differ from the committed tiny model's (tests/oracle/gen_model.py, then
  * tests/oracle/reference.py), so the suite is not tuned to one checkpoint. Starts python3
- * (the committed tiny model's checks are in tests/unit/engine_test.ts).
+ * (the committed tiny model's checks are in tests/e2e/engine_test.ts).
  */
 
 import assert from "node:assert/strict";
