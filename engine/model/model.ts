@@ -303,24 +303,38 @@ export class K3Model {
    * snapshots and the partial (the partial alone before the first snapshot), s.xn = that
    * normed. Tile rows are indexed from t0. */
   private attnInput(w: LayerWeights, t0: number, t1: number, nblocks: number): void {
+    this.resInput(w.attnRes, w.inputNorm, t0, t1, nblocks, true);
+  }
+
+  /** s.x for rows [t0, t1) = the AttnRes `res` over the sources (`nblocks` snapshots and
+   * the partial; with `partialAlone`, the partial itself when there is no snapshot yet),
+   * s.xn = s.x under `norm`. Tile rows are indexed from t0. */
+  private resInput(
+    res: LayerWeights["attnRes"],
+    norm: LayerWeights["inputNorm"],
+    t0: number,
+    t1: number,
+    nblocks: number,
+    partialAlone: boolean,
+  ): void {
     const { k, cfg, s } = this;
     const D = cfg.hiddenSize;
     for (let t = t0; t < t1; t++) {
-      if (nblocks > 0) {
+      if (partialAlone && nblocks === 0) {
+        s.x.f.set(s.src.f.subarray(t * this.nsrc * D, t * this.nsrc * D + D), (t - t0) * D);
+      } else {
         k.k3_attnres(
           this.srcRow(t, 0),
           nblocks + 1,
           D,
-          w.attnRes.norm.ptr,
-          w.attnRes.proj.ptr,
+          res.norm.ptr,
+          res.proj.ptr,
           cfg.rmsNormEps,
           s.x.at((t - t0) * D),
         );
-      } else {
-        s.x.f.set(s.src.f.subarray(t * this.nsrc * D, t * this.nsrc * D + D), (t - t0) * D);
       }
     }
-    k.k3_rmsnorm(s.x.ptr, w.inputNorm.ptr, s.xn.ptr, D, t1 - t0, cfg.rmsNormEps);
+    k.k3_rmsnorm(s.x.ptr, norm.ptr, s.xn.ptr, D, t1 - t0, cfg.rmsNormEps);
   }
 
   /** Rows [t0, t1)'s partial (source `nblocks`) = the tile's s.a, or += it. */
@@ -568,20 +582,7 @@ export class K3Model {
   /** Layer w's MLP input for rows [t0, t1): s.x = its MLP AttnRes over the sources
    * (nblocks snapshots and the partial), s.xn = that normed. Tile rows are indexed from t0. */
   private mlpInput(w: LayerWeights, t0: number, t1: number, nblocks: number): void {
-    const { k, cfg, s } = this;
-    const D = cfg.hiddenSize;
-    for (let t = t0; t < t1; t++) {
-      k.k3_attnres(
-        this.srcRow(t, 0),
-        nblocks + 1,
-        D,
-        w.mlpRes.norm.ptr,
-        w.mlpRes.proj.ptr,
-        cfg.rmsNormEps,
-        s.x.at((t - t0) * D),
-      );
-    }
-    k.k3_rmsnorm(s.x.ptr, w.postAttentionNorm.ptr, s.xn.ptr, D, t1 - t0, cfg.rmsNormEps);
+    this.resInput(w.mlpRes, w.postAttentionNorm, t0, t1, nblocks, false);
   }
 
   /** The experts rows [0, R) chose (s.routeIds), ascending. */
