@@ -76,7 +76,6 @@ export const HABITS: Record<string, { flag: string; hint?: string }> = {
   "-cnv": { flag: "", hint: "a conversation is its own command: k3 chat MODEL_DIR" },
   "--conversation": { flag: "", hint: "a conversation is its own command: k3 chat MODEL_DIR" },
   "--think": { flag: "no-think" },
-  "--reasoning-budget": { flag: "thinking-effort" },
 };
 
 /** The habit suggestion for an unknown flag `arg` of a command with `flags`, or "". */

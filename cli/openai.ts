@@ -350,8 +350,7 @@ export function parseChatRequest(body: unknown): ChatRequest {
   if (topLogprobs !== undefined && logprobs !== true) {
     throw bad("top_logprobs", "'top_logprobs' needs 'logprobs' to be true");
   }
-  const { thinking, effort } = reasoningSwitches(f);
-  const maxReasoningTokens = f.int("max_reasoning_tokens", 0, Number.MAX_SAFE_INTEGER);
+  const { thinking, effort, maxReasoningTokens } = reasoningSwitches(f);
   const responseFormat = parseResponseFormat(f);
   return {
     kind: "chat",
@@ -385,20 +384,30 @@ export const REASONING_EFFORTS: Readonly<Record<string, Effort | "off">> = Objec
 });
 
 /**
- * Thinking and its effort: `chat_template_kwargs` (`thinking` or `enable_thinking`, and
- * K3's `thinking_effort`: low, high, max, or null for no effort note) win over OpenAI's
- * `reasoning_effort` ({@link REASONING_EFFORTS}). No effort: the encoder's default.
+ * Thinking, its effort and its budget: `chat_template_kwargs` (`thinking` or
+ * `enable_thinking`, and K3's `thinking_effort`: low, high, max, or null for no effort
+ * note) win over OpenAI's `reasoning_effort` ({@link REASONING_EFFORTS}), which wins over
+ * `reasoning.effort` (the Responses API's place, and OpenRouter's in chat requests). No
+ * effort: the encoder's default. The budget: `max_reasoning_tokens`, else
+ * `reasoning.max_tokens` (OpenRouter's name).
  */
-function reasoningSwitches(f: JsonFields): { thinking: boolean; effort?: Effort | null } {
+function reasoningSwitches(
+  f: JsonFields,
+): { thinking: boolean; effort?: Effort | null; maxReasoningTokens?: number } {
   const kw = f.object("chat_template_kwargs");
+  // Read only as an object: before it was read, chat requests' other `reasoning` values were ignored.
+  const r = f.get("reasoning");
+  const nested = typeof r === "object" && r !== null && !Array.isArray(r) ? f.object("reasoning") : undefined;
   let thinking = kw?.boolean("thinking") ?? kw?.boolean("enable_thinking");
   let effort: Effort | null | undefined;
-  const openai = f.string("reasoning_effort");
+  const [where, field] = f.has("reasoning_effort") || !nested ? [f, "reasoning_effort"] : [nested, "effort"];
+  const openai = where.string(field);
   if (openai !== undefined) {
     const mapped = REASONING_EFFORTS[openai];
     if (mapped === undefined) {
       const values = Object.keys(REASONING_EFFORTS).join(", ");
-      throw bad("reasoning_effort", `'reasoning_effort' must be one of ${values}, got ${JSON.stringify(openai)}`);
+      const param = where.name(field);
+      throw bad(param, `'${param}' must be one of ${values}, got ${JSON.stringify(openai)}`);
     }
     if (mapped === "off") thinking ??= false;
     else effort = mapped;
@@ -412,7 +421,13 @@ function reasoningSwitches(f: JsonFields): { thinking: boolean; effort?: Effort 
     }
     effort = native as Effort;
   }
-  return { thinking: thinking ?? true, ...(effort !== undefined ? { effort } : {}) };
+  const maxReasoningTokens = f.int("max_reasoning_tokens", 0, Number.MAX_SAFE_INTEGER) ??
+    nested?.int("max_tokens", 0, Number.MAX_SAFE_INTEGER);
+  return {
+    thinking: thinking ?? true,
+    ...(effort !== undefined ? { effort } : {}),
+    ...(maxReasoningTokens !== undefined ? { maxReasoningTokens } : {}),
+  };
 }
 
 /** Wraps a schema the grammar cannot enforce as a 400 naming the keyword under `param`. */

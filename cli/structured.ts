@@ -110,8 +110,17 @@ export function taskFilter(
 ): TokenFilter | undefined {
   const grammar = task.grammar && sequenceConstraint(task.grammar, tokenizer, vocab, ends, maskAll);
   if (task.reasoningBudget === undefined || !task.chat?.thinking) return grammar;
+  return reasoningBudgetFilter(task.reasoningBudget, tokenizer, grammar);
+}
+
+/** A thinking reply's reasoning budget (engine/generate/reasoning_budget.ts), around its grammar if any. */
+export function reasoningBudgetFilter(
+  budget: number,
+  tokenizer: Tokenizer,
+  grammar?: TokenConstraint,
+): ReasoningBudget {
   const closing = tokenizer.encode("<|close|>think<|sep|><|open|>response<|sep|>", { allowSpecial: true });
-  return new ReasoningBudget(task.reasoningBudget, closing, tokenizer.specialId("<|close|>"), grammar);
+  return new ReasoningBudget(budget, closing, tokenizer.specialId("<|close|>"), grammar);
 }
 
 /** The flags of `k3 run` that constrain its output. */

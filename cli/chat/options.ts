@@ -22,6 +22,7 @@ import {
 import { MEMORY_GROUP, memoryOptions } from "../flag_groups/memory.ts";
 import { samplingGroup, samplingOptions } from "../flag_groups/sampling.ts";
 import { TERMINAL_GROUP } from "../flag_groups/terminal.ts";
+import { reasoningBudgetOption } from "../flag_groups/reasoning.ts";
 import { type OutputMode, outputMode } from "../progress.ts";
 import { DEFAULTS, stopStrings } from "../request.ts";
 
@@ -49,6 +50,12 @@ const CONVERSATION_GROUP: FlagGroup = {
     },
     "no-think": { type: "boolean", help: "reply straight in the response channel" },
     "thinking-effort": { type: "string", value: "E", help: EFFORTS.join(", ") },
+    "reasoning-budget": {
+      type: "string",
+      value: "N",
+      help: "close a reply's think channel after N tokens (forced markup,\n" +
+        "then the response); default: none",
+    },
     "hide-think": { type: "boolean", help: "do not show the think channel (also on a terminal)" },
     "show-think": { type: "boolean", help: "show it when stdout is not a terminal, between marker lines" },
     "input-history": {
@@ -133,6 +140,8 @@ export interface ChatOptions {
   thinking: boolean;
   /** --thinking-effort. */
   effort?: string;
+  /** --reasoning-budget: think-channel tokens per reply at most (undefined: no budget). */
+  reasoningBudget?: number;
   /** Tokens per reply at most. */
   gen: number;
   /** Positions the conversation may hold, or auto (cli/chat/main.ts opens with the plan's). */
@@ -186,6 +195,7 @@ export function chatOptions(args: string[]): ChatOptions | undefined {
     mode,
     thinking: !flags.bool("no-think"),
     effort,
+    reasoningBudget: reasoningBudgetOption(flags.str("reasoning-budget")),
     gen,
     context,
     // A fresh seed per session (printed, so a reply can be repeated with --seed).

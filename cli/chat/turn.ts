@@ -15,6 +15,7 @@ import { type Interrupts, writeStdout } from "../interrupt.ts";
 import type { LineResult } from "../line_editor.ts";
 import { info } from "../progress.ts";
 import { ReplyStream } from "../reply.ts";
+import { reasoningBudgetFilter } from "../structured.ts";
 import { reportHead, snakeKeys } from "../report.ts";
 import { type Conversation, type ConversationFiles, saveConversation } from "./conversation.ts";
 import type { ChatOptions } from "./options.ts";
@@ -200,6 +201,9 @@ export async function takeTurn(
       maxTokens: Math.min(o.gen, room),
       stopIds: s.ends,
       choose: s.sampler,
+      ...(o.thinking && o.reasoningBudget !== undefined
+        ? { grammar: reasoningBudgetFilter(o.reasoningBudget, s.tok) }
+        : {}),
       state: conv.state,
       keepState: true,
       signal,

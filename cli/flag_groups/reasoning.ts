@@ -1,6 +1,7 @@
 /**
  * The reasoning flag (`--reasoning-budget`) of `k3 serve` and `k3 batch`: the default
- * reasoning budget of chat requests that give no `max_reasoning_tokens`.
+ * reasoning budget of chat requests that give no `max_reasoning_tokens`; `k3 chat` reads
+ * its own `--reasoning-budget` with the same reader.
  *
  * @module
  */

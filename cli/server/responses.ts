@@ -66,6 +66,9 @@ const RENAMED: Record<string, string> = {
   max_output_tokens: "max_completion_tokens",
   seed: "seed",
   parallel_tool_calls: "parallel_tool_calls",
+  // k3's reasoning switches, as chat requests take them (docs/tools.md).
+  max_reasoning_tokens: "max_reasoning_tokens",
+  chat_template_kwargs: "chat_template_kwargs",
 };
 
 /**
@@ -90,8 +93,8 @@ export function chatBodyOfResponses(body: unknown, stored?: StoredLookup): Json 
     } else if (k === "input") continue;
     else if (k === "reasoning") {
       if (kind(v) !== "object") throw bad(k, `'reasoning' must be an object, got ${kind(v)}`);
-      const effort = (v as Json).effort;
-      if (effort !== undefined && effort !== null) chat.reasoning_effort = effort;
+      // As the chat request reads it: `effort`, and the budget `max_tokens` (OpenRouter's name).
+      chat.reasoning = v;
     } else if (k === "text") {
       const format = kind(v) === "object" ? (v as Json).format : undefined;
       if (format !== undefined) chat.response_format = responseFormatOf(format);

@@ -19,7 +19,9 @@ import { taskFilter } from "../../cli/structured.ts";
 import { chatBodyOfResponses } from "../../cli/server/responses.ts";
 import { serveOptions } from "../../cli/serve/options.ts";
 import { batchOptions } from "../../cli/batch/options.ts";
+import { chatOptions } from "../../cli/chat/options.ts";
 import { K3Error } from "../../engine/errors.ts";
+import { ApiError } from "../../cli/openai_error.ts";
 
 const tok = Tokenizer.load(TINY);
 const CLOSING = tok.encode("<|close|>think<|sep|><|open|>response<|sep|>", { allowSpecial: true });
@@ -110,8 +112,10 @@ Deno.test("reasoning switches: /v1/responses' reasoning.effort maps as chat's re
   assert.equal(chat("high").effort, "high");
 });
 
-Deno.test("reasoning budget: --reasoning-budget of k3 serve and k3 batch; a bad value is a usage error", () => {
+Deno.test("reasoning budget: --reasoning-budget of k3 serve, k3 batch and k3 chat; a bad value is a usage error", () => {
   assert.equal(serveOptions(["tests/fixtures/tiny", "--reasoning-budget", "64"])!.reasoningBudget, 64);
+  assert.equal(chatOptions(["tests/fixtures/tiny", "--reasoning-budget", "4"])!.reasoningBudget, 4);
+  assert.equal(chatOptions(["tests/fixtures/tiny"])!.reasoningBudget, undefined);
   assert.equal(serveOptions(["tests/fixtures/tiny"])!.reasoningBudget, undefined);
   const batch = batchOptions([
     "tests/fixtures/tiny",
@@ -124,9 +128,54 @@ Deno.test("reasoning budget: --reasoning-budget of k3 serve and k3 batch; a bad 
   ]);
   assert.equal(batch!.reasoningBudget, 0);
   for (const bad of ["-1", "x", "1.5"]) {
-    assert.throws(
-      () => serveOptions(["tests/fixtures/tiny", "--reasoning-budget", bad]),
-      (e) => e instanceof K3Error && e.exitCode === 2 && /--reasoning-budget/.test(e.message),
-    );
+    for (const options of [serveOptions, chatOptions]) {
+      assert.throws(
+        () => options(["tests/fixtures/tiny", "--reasoning-budget", bad]),
+        (e) => e instanceof K3Error && e.exitCode === 2 && /--reasoning-budget/.test(e.message),
+      );
+    }
+  }
+});
+
+Deno.test("reasoning budget: chat's max_reasoning_tokens or reasoning.max_tokens; /v1/responses takes both and chat_template_kwargs", () => {
+  const chatBudget = (body: Record<string, unknown>) => task({ max_tokens: 64, ...body }).reasoningBudget;
+  assert.equal(chatBudget({ reasoning: { max_tokens: 7 } }), 7);
+  assert.equal(chatBudget({ max_reasoning_tokens: 5, reasoning: { max_tokens: 7 } }), 5, "the top-level field wins");
+  assert.equal(chatBudget({ reasoning: { effort: "low", max_tokens: 0 } }), 0);
+  assert.equal(
+    task({ reasoning: { effort: "low" } }).promptIds.length,
+    task({ reasoning_effort: "low" }).promptIds.length,
+  );
+  assert.equal(
+    parseChatRequest({ messages: [{ role: "user", content: "x" }], reasoning: { effort: "none" } }).thinking,
+    false,
+  );
+  // Another `reasoning` value in a chat request is ignored, as unknown fields are.
+  assert.equal(chatBudget({ reasoning: "on" }), undefined);
+
+  const responses = (body: Record<string, unknown>) => {
+    const r = parseChatRequest(chatBodyOfResponses({ input: "Weather in Paris?", max_output_tokens: 64, ...body }));
+    return openaiTask(r, { tokenizer: tok, seed: 0, capacity: 1024 });
+  };
+  assert.equal(responses({ max_reasoning_tokens: 9 }).reasoningBudget, 9);
+  assert.equal(responses({ reasoning: { effort: "low", max_tokens: 6 } }).reasoningBudget, 6);
+  const off = responses({ chat_template_kwargs: { thinking: false }, max_reasoning_tokens: 9 });
+  assert.equal(off.chat!.thinking, false);
+  assert.equal(off.reasoningBudget, undefined, "no think channel, no budget");
+
+  for (
+    const [body, param] of [
+      [{ reasoning: { max_tokens: -1 } }, "reasoning.max_tokens"],
+      [{ reasoning: { effort: "extreme" } }, "reasoning.effort"],
+      [{ max_reasoning_tokens: 1.5 }, "max_reasoning_tokens"],
+    ] as const
+  ) {
+    for (const parse of [(b: object) => chatBodyOfResponses({ input: "x", ...b }), (b: object) => b]) {
+      assert.throws(
+        () => parseChatRequest({ messages: [{ role: "user", content: "x" }], ...parse(body) }),
+        (e) => e instanceof ApiError && e.status === 400 && e.param === param,
+        JSON.stringify(body),
+      );
+    }
   }
 });
