@@ -305,8 +305,30 @@ function toolDecls(f: JsonFields): ToolDecl[] | undefined {
   });
 }
 
-/** `tool_choice`, checked against the declared tools. */
-function toolChoice(f: JsonFields, tools: ToolDecl[] | undefined): ToolChoice | undefined {
+/** A tool a chat request offers, and the request field that declares it. */
+export interface OfferedTool {
+  /** The declaration. */
+  tool: ToolDecl;
+  /** Where: `tools[i]`, or `messages[j].tools[i]` for a system message's. */
+  param: string;
+}
+
+/**
+ * Every tool a chat request offers the reply: `tools`, then the tools of each system (or
+ * developer) message, the encoder's dynamic declarations mid-conversation, which the model
+ * may call from then on. A name declared again is its latest declaration.
+ */
+export function offeredTools(r: { tools?: readonly ToolDecl[]; messages: readonly ChatMessage[] }): OfferedTool[] {
+  const byName = new Map<string, OfferedTool>();
+  const offer = (list: readonly ToolDecl[] | undefined, where: string) =>
+    list?.forEach((tool, i) => byName.set(tool.name, { tool, param: `${where}[${i}]` }));
+  offer(r.tools, "tools");
+  r.messages.forEach((m, j) => offer(m.tools, `messages[${j}].tools`));
+  return [...byName.values()];
+}
+
+/** `tool_choice`, checked against the offered tools ({@link offeredTools}). */
+function toolChoice(f: JsonFields, offered: OfferedTool[]): ToolChoice | undefined {
   const v = f.get("tool_choice");
   if (!f.has("tool_choice")) return undefined;
   let choice: ToolChoice;
@@ -316,10 +338,12 @@ function toolChoice(f: JsonFields, tools: ToolDecl[] | undefined): ToolChoice | 
     need(c, "type", c.oneOf("type", ["function"]), '"function"');
     const fn = need(c, "function", c.object("function"), "an object");
     const name = need(fn, "name", fn.string("name"), "a string");
-    if (!tools?.some((t) => t.name === name)) {
+    if (!offered.some((o) => o.tool.name === name)) {
       throw bad(
         "tool_choice",
-        `'tool_choice' names the function ${JSON.stringify(name)}, which 'tools' does not declare`,
+        `'tool_choice' names the function ${
+          JSON.stringify(name)
+        }, which neither 'tools' nor a system message's 'tools' declares`,
       );
     }
     choice = { name };
@@ -327,7 +351,7 @@ function toolChoice(f: JsonFields, tools: ToolDecl[] | undefined): ToolChoice | 
     throw requestError(f.problemOf("tool_choice", '"none", "auto", "required" or {"type": "function", ...}'));
   }
   // As OpenAI and vLLM answer: a tool_choice (even "none" or "auto") wants tools.
-  if (!(tools && tools.length > 0)) {
+  if (offered.length === 0) {
     throw bad("tool_choice", `'tool_choice' is ${JSON.stringify(choice)} but 'tools' declares none`);
   }
   return choice;
@@ -341,7 +365,7 @@ export function parseChatRequest(body: unknown): ChatRequest {
   const messages = Array.from({ length: list.length }, (_, i) => message(list, i));
   const declared = toolDecls(f);
   const tools = declared && declared.length > 0 ? declared : undefined;
-  const choice = toolChoice(f, tools);
+  const choice = toolChoice(f, offeredTools({ tools, messages }));
   const parallelToolCalls = f.boolean("parallel_tool_calls");
   refuse(f, "functions", "the deprecated function calling is not supported: use tools", [[]]);
   refuse(f, "function_call", "the deprecated function calling is not supported: use tool_choice", ["none"]);

@@ -15,7 +15,7 @@ import { K3Error, usageError } from "../engine/errors.ts";
 import { CHAT_DEFAULTS, checkSampling, GREEDY, type SamplingParams } from "../engine/generate/sampling.ts";
 import { type ChatOptions, chatPromptParts, type MessageSpan, stopIds as chatStopIds } from "../engine/text/chat.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
-import { ApiError, type ChatRequest, type CompletionRequest, type RequestSampling } from "./openai.ts";
+import { ApiError, type ChatRequest, type CompletionRequest, offeredTools, type RequestSampling } from "./openai.ts";
 import type { GrammarSpec } from "../engine/generate/grammar/forms.ts";
 import { neutral, type Penalties } from "../engine/generate/penalties.ts";
 import { chatGrammar } from "./structured.ts";
@@ -213,7 +213,7 @@ export function openaiTask(r: ChatRequest | CompletionRequest, ctx: OpenAIContex
     sampling,
     stopIds: r.ignoreEos || !ctx.tokenizer ? [] : chatStopIds(ctx.tokenizer),
     stops: r.stop,
-    chat: chat ? { thinking: r.thinking, tools: (r.tools?.length ?? 0) > 0 && r.toolChoice !== "none" } : undefined,
+    chat: chat ? { thinking: r.thinking, tools: offeredTools(r).length > 0 && r.toolChoice !== "none" } : undefined,
     ...(r.logprobs ? { logprobs: { top: r.topLogprobs ?? 0 } } : {}),
     ...(r.ignoreEos ? { ignoreEos: true } : {}),
     ...(grammar ? { grammar } : {}),

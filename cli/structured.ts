@@ -13,7 +13,7 @@ import { ANY_JSON, compileSchema, compileToolParameters, SchemaError } from "../
 import { EXIT, usageError } from "../engine/errors.ts";
 import { readInputJson } from "../engine/native/files.ts";
 import type { Tokenizer } from "../engine/text/tokenizer.ts";
-import { ApiError, type ChatRequest, schemaApiError } from "./openai.ts";
+import { ApiError, type ChatRequest, offeredTools, schemaApiError } from "./openai.ts";
 import type { FlagGroup } from "./flags.ts";
 import type { TokenFilter } from "../engine/generate/scheduler.ts";
 import { ReasoningBudget } from "../engine/generate/reasoning_budget.ts";
@@ -28,12 +28,13 @@ export function chatGrammar(r: ChatRequest): GrammarSpec | undefined {
   const reply: ReplyChannel = r.thinking ? "think" : "response";
   const choice = r.toolChoice;
   if (choice === "required" || (typeof choice === "object" && choice !== null)) {
-    const declared = r.tools ?? [];
+    // The request's tools and those declared mid-conversation.
+    const offered = offeredTools(r);
     const named = typeof choice === "object" ? choice.name : undefined;
-    if (declared.length === 0) {
+    if (offered.length === 0) {
       throw new ApiError(400, "'tool_choice' forces a call but 'tools' is empty", "tool_choice");
     }
-    const chosen = named === undefined ? declared : declared.filter((t) => t.name === named);
+    const chosen = named === undefined ? offered : offered.filter((o) => o.tool.name === named);
     if (chosen.length === 0) {
       throw new ApiError(
         400,
@@ -41,12 +42,11 @@ export function chatGrammar(r: ChatRequest): GrammarSpec | undefined {
         "tool_choice",
       );
     }
-    const tools = chosen.map((t) => {
-      const i = declared.indexOf(t);
+    const tools = chosen.map(({ tool, param }) => {
       try {
-        return { name: t.name, args: compileToolParameters(strictDefaults(t.parameters)) };
+        return { name: tool.name, args: compileToolParameters(strictDefaults(tool.parameters)) };
       } catch (e) {
-        if (e instanceof SchemaError) throw schemaApiError(e, `tools[${i}].function.parameters`);
+        if (e instanceof SchemaError) throw schemaApiError(e, `${param}.function.parameters`);
         throw e;
       }
     });
