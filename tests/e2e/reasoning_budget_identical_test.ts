@@ -33,7 +33,7 @@ const TOOLS = [
     },
   },
 ];
-const SCHEMAS: Record<string, unknown> = {
+const SCHEMAS: Record<string, object> = {
   lookup: LOOKUP,
   get_time: TOOLS[1].function.parameters,
 };
