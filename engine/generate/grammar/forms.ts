@@ -238,9 +238,13 @@ class CallArguments {
         return json("object");
       case "arr":
         return json("array");
-      case "ext":
-        // A bounded number is JSON; a patterned string would be raw, which compileToolParameters refuses.
-        return n.type === "number" ? json("number") : [];
+      case "ext": {
+        // A bounded number is JSON; a patterned string is raw, its automaton reading raw text.
+        if (n.type === "number") return json("number");
+        const raw = n.raw?.(this.close);
+        if (raw === undefined) return [];
+        return [{ type: "string", frames: () => [raw, this.lit(TOOL_MARKUP.closeArgument.slice("<|close|>".length))] }];
+      }
       case "lit": {
         const v = JSON.parse(new TextDecoder().decode(Uint8Array.from(n.syms)));
         const text = typeof v === "string" ? v : String.fromCharCode(...n.syms);

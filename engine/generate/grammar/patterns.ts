@@ -603,7 +603,7 @@ function compileAnew(pattern: string | undefined, format: string | undefined, mi
   return new Dfa(alphabet, table, min, max);
 }
 
-/** The grammar node of a string that `dfa` constrains. */
+/** The grammar node of a string that `dfa` constrains: a JSON string, or written raw. */
 export function patternString(dfa: Dfa): GNode {
   return {
     k: "ext",
@@ -611,6 +611,7 @@ export function patternString(dfa: Dfa): GNode {
     start(sym, below, out) {
       if (sym === QUOTE && dfa.canFinish(0, 0)) emit(push(new PatternStr(dfa, 0, 0, IDLE, 0, 0), below), out);
     },
+    raw: (until) => dfa.canFinish(0, 0) ? new PatternStr(dfa, 0, 0, IDLE, 0, 0, until) : undefined,
   };
 }
 
@@ -643,6 +644,10 @@ function hexValue(b: number): number {
  * A JSON string body (after its opening quote) whose characters `dfa` walks: state `q`
  * after `n` characters, in the middle of a character (`mode`) with the bits read so far
  * (`bits`) and `left` bytes or hex digits to come.
+ *
+ * Or, with `until` a special symbol, the string written raw, as a tool call's top-level
+ * string argument is (the trained call form): every byte is the text (quotes, backslashes
+ * and control characters too, no escapes), and `until` (consumed) ends it.
  */
 export class PatternStr implements Frame {
   /** See the class comment. */
@@ -653,7 +658,13 @@ export class PatternStr implements Frame {
     readonly mode: number,
     readonly bits: number,
     readonly left: number,
+    readonly until = -1,
   ) {}
+
+  /** Whether the string may end here. */
+  #complete(): boolean {
+    return this.mode === IDLE && this.dfa.accept[this.q] && this.n >= this.dfa.minLength;
+  }
 
   /** The code points a partial character can still become. */
   #span(bits: number, left: number, lowest: number): [number, number] {
@@ -670,23 +681,29 @@ export class PatternStr implements Frame {
     below: Stack | null,
     out: Stack[],
   ) {
-    const next = new PatternStr(this.dfa, this.q, this.n, mode, bits, left);
+    const next = new PatternStr(this.dfa, this.q, this.n, mode, bits, left, this.until);
     const [lo, hi] = next.#span(bits, left, lowest);
     if (this.dfa.anyNext(this.q, lo, Math.min(hi, highest), this.n) >= 0) out.push(push(next, below));
   }
 
   #char(cp: number, below: Stack | null, out: Stack[]) {
     const t = this.dfa.step(this.q, cp, this.n);
-    if (t >= 0) out.push(push(new PatternStr(this.dfa, t, this.n + 1, IDLE, 0, 0), below));
+    if (t >= 0) out.push(push(new PatternStr(this.dfa, t, this.n + 1, IDLE, 0, 0, this.until), below));
   }
 
   /** See {@link Frame.step}. */
   step(sym: number, below: Stack | null, out: Stack[]): void {
+    const raw = this.until >= 0;
+    if (raw && sym === this.until) {
+      if (this.#complete()) out.push(below ?? DONE);
+      return;
+    }
     if (sym >= SPECIAL_BASE) return;
     switch (this.mode) {
       case IDLE:
-        if (sym === QUOTE) {
-          if (this.dfa.accept[this.q] && this.n >= this.dfa.minLength) out.push(below ?? DONE);
+        if (raw && sym < 0x80) this.#char(sym, below, out);
+        else if (sym === QUOTE) {
+          if (this.#complete()) out.push(below ?? DONE);
         } else if (sym === BACKSLASH) {
           const anyEscape = Object.values(SIMPLE_ESCAPES).some((cp) => this.dfa.step(this.q, cp, this.n) >= 0) ||
             this.dfa.anyNext(this.q, 0, 0xffff, this.n) >= 0;
@@ -726,6 +743,6 @@ export class PatternStr implements Frame {
     const d = this.dfa;
     return `P${identity(d)},${this.q},${Math.min(this.n, d.minLength)},${
       Math.min(d.maxLength - this.n, d.horizon + 1)
-    },${this.mode},${this.bits},${this.left}`;
+    },${this.mode},${this.bits},${this.left},${this.until}`;
   }
 }
