@@ -5,9 +5,10 @@
  * whitespace runs, CJK characters) and 256 added tokens. Per step of a JSON reply, once
  * following a schema and once as any JSON (`json_object`: free keys), per step of the same
  * document as a forced tool call in the trained form (`tool_call`: argument elements, strings
- * raw), and once following a schema as clients write them (`client`: integer and number
- * bounds, a pattern, the uuid, date-time, email and uri formats), each mode with its own
- * constraint (so its state table and mask cache start cold every round):
+ * raw), once following a schema as clients write them (`client`: integer and number
+ * bounds, a pattern, the uuid, date-time, email and uri formats), and once as a forced call
+ * of that schema (`client_call`: the patterns and formats on raw strings), each mode with
+ * its own constraint (so its state table and mask cache start cold every round):
  *
  * - greedy, the argmax allowed (the common case: one token checked);
  * - greedy, the three best tokens refused (re-takes of the argmax);
@@ -35,7 +36,7 @@
 
 import { benchArgs } from "./args.ts";
 import { parseAddedTokens, parseTiktokenModel, Tokenizer } from "../engine/text/tokenizer.ts";
-import { compileSchema } from "../engine/generate/grammar/schema.ts";
+import { compileSchema, compileToolParameters } from "../engine/generate/grammar/schema.ts";
 import { type GrammarSpec, startState, TOOL_MARKUP } from "../engine/generate/grammar/forms.ts";
 import { argumentElements, pythonJson } from "../engine/text/chat.ts";
 import { TokenConstraint, tokenSymbols } from "../engine/generate/grammar/mask.ts";
@@ -178,16 +179,16 @@ const symbols = tokenSymbols(tok, VOCAB);
 const buildSeconds = (performance.now() - tBuild) / 1000;
 const eos = tok.specialId("[EOS]");
 const target = [...tok.encode(JSON.stringify(DOC, null, 2)), eos];
-/** The forced call of a tool whose parameters are SCHEMA, in the trained form (argument
+/** The forced call of get_record with arguments `doc`, in the trained form (argument
  * elements, strings raw, other values as the encoder writes them), after an empty
  * response channel. */
-const callTarget = (() => {
+const callTarget = (doc: unknown) => {
   const m = TOOL_MARKUP;
-  const args = argumentElements(pythonJson(DOC))!.map((e) => m.openArgument(e.key, e.type) + e.text + m.closeArgument);
+  const args = argumentElements(pythonJson(doc))!.map((e) => m.openArgument(e.key, e.type) + e.text + m.closeArgument);
   const text = m.closeResponse + m.openTools + m.openCall("get_record", 1) + args.join("") + m.closeCall +
     m.closeTools + m.closeMessage;
   return [...tok.encode(text, { allowSpecial: true }), eos];
-})();
+};
 /** What clients generate (zod 4, pydantic): integer and number bounds, a pattern, formats. */
 const CLIENT_SCHEMA = {
   type: "object",
@@ -225,11 +226,21 @@ const GRAMMARS: Record<string, { spec: GrammarSpec; target: number[] }> = {
       parallel: false,
       reply: "response",
     },
-    target: callTarget,
+    target: callTarget(DOC),
   },
   client: {
     spec: { kind: "value", value: compileSchema(CLIENT_SCHEMA) },
     target: [...tok.encode(JSON.stringify(CLIENT_DOC, null, 2)), eos],
+  },
+  // The client schema as a forced call's parameters: its patterns and formats on raw strings.
+  client_call: {
+    spec: {
+      kind: "tools",
+      tools: [{ name: "get_record", args: compileToolParameters(CLIENT_SCHEMA) }],
+      parallel: false,
+      reply: "response",
+    },
+    target: callTarget(CLIENT_DOC),
   },
 };
 type GrammarName = keyof typeof GRAMMARS;
@@ -521,7 +532,7 @@ console.log(
   } s`,
 );
 console.log(
-  `${ROUNDS} rounds of up to ${steps} steps of a ${target.length}-token reply (tool_call: ${callTarget.length}); load ${load()}`,
+  `${ROUNDS} rounds of up to ${steps} steps of a ${target.length}-token reply (tool_call: ${GRAMMARS.tool_call.target.length}); load ${load()}`,
 );
 console.log(
   `sampler alone: greedy ${(median(chooseSeconds.greedy) * 1000).toFixed(3)} ms, sampled ${

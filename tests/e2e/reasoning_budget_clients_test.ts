@@ -145,6 +145,18 @@ async function aiSdk(url: string, b: Budget): Promise<void> {
     assert.equal(usage.reasoningTokens, b.reasoning, `AI SDK ${api}: generateObject`);
     validLookup(object, `AI SDK ${api}: generateObject`);
   }
+  // Thinking off from the AI SDK's own option: the chat model sends it as reasoning_effort.
+  const off = await generateObject({
+    model: provider.chat("tiny"),
+    prompt: PROMPT,
+    maxOutputTokens: b.maxTokens,
+    temperature: 0,
+    maxRetries: 0,
+    schema: jsonSchema(LOOKUP),
+    providerOptions: { openai: { reasoningEffort: "none" } },
+  });
+  assert.equal(off.usage.reasoningTokens, 0, "AI SDK chat, reasoningEffort none: no think channel");
+  validLookup(off.object, "AI SDK chat, reasoningEffort none");
 }
 
 async function langChain(url: string, b: Budget): Promise<void> {
