@@ -308,9 +308,13 @@ function maskRound(): void {
         let first = true;
         const choose = (l: Float32Array) => {
           const c0 = performance.now();
-          // sampled_refused: the first draw is one of the refused tokens, as a model's would be.
-          const t = refusedDraw && first ? refused[0] : sample(l);
-          if (refusedDraw && first) sample(l);
+          // sampled_refused: the first draw is one of the refused tokens, as a model's would be,
+          // when the draw is over the whole vocabulary; a pick that draws over the allowed
+          // tokens only (mask.ts's compact draw) cannot draw a refused one, and `l` is not
+          // indexed by token id there.
+          const whole = l.length === VOCAB;
+          const t = refusedDraw && first && whole ? refused[0] : sample(l);
+          if (refusedDraw && first && whole) sample(l);
           first = false;
           inChoose += performance.now() - c0;
           return t;
