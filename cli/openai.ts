@@ -419,7 +419,7 @@ function reasoningSwitches(
   f: JsonFields,
 ): { thinking: boolean; effort?: Effort | null; maxReasoningTokens?: number } {
   const kw = f.object("chat_template_kwargs");
-  // Read only as an object: before it was read, chat requests' other `reasoning` values were ignored.
+  // A `reasoning` that is no object is ignored, as unknown fields are (it was, before it was read).
   const r = f.get("reasoning");
   const nested = typeof r === "object" && r !== null && !Array.isArray(r) ? f.object("reasoning") : undefined;
   let thinking = kw?.boolean("thinking") ?? kw?.boolean("enable_thinking");
