@@ -134,9 +134,18 @@ export async function saveState(
 }
 
 /**
+ * Makes room for a state file of `bytes` bytes before it is written (the state cache's
+ * disk budget): calls `create` (which makes the temporary sibling at its full size, so
+ * another process scanning the directory counts it) and resolves true to go on, or
+ * resolves false without calling it to write nothing.
+ */
+export type Reserve = (bytes: number, create: () => Promise<void>) => Promise<boolean>;
+
+/**
  * Writes a state file from its payload (`parts`: {@link SequenceState.regions} of a state
  * that has processed exactly `tokens`, or one {@link SequenceState.snapshot}) atomically:
- * a temporary sibling, fsync'ed, then renamed over `path`.
+ * a temporary sibling (`PATH.tmp-PID-TIME`), fsync'ed, then renamed over `path`. With
+ * `reserve`, the file is written only when it makes room (false: nothing was written).
  */
 export async function writeStatePayload(
   path: string,
@@ -145,7 +154,8 @@ export async function writeStatePayload(
   parts: readonly Uint8Array[],
   fp: ModelFingerprint,
   meta: Record<string, unknown> = {},
-): Promise<void> {
+  reserve?: Reserve,
+): Promise<boolean> {
   const pos = tokens.length;
   const size = parts.reduce((n, p) => n + p.length, 0);
   if (size !== payloadBytes(cfg, pos)) {
@@ -177,10 +187,17 @@ export async function writeStatePayload(
   for (const p of file) hash.update(p);
   file.push(new Uint8Array(hash.digest()));
 
+  const bytes = file.reduce((n, p) => n + p.length, 0);
   const tmp = `${path}.tmp-${Deno.pid}-${Date.now()}`;
   let f: Deno.FsFile | undefined;
-  try {
+  const create = async () => {
     f = await Deno.open(tmp, { write: true, create: true, truncate: true });
+    await f.truncate(bytes);
+  };
+  try {
+    if (!reserve) await create();
+    else if (!(await reserve(bytes, create))) return false;
+    if (!f) throw new Error("the reservation did not create the file");
     for (const p of file) {
       let off = 0;
       while (off < p.length) off += await f.write(p.subarray(off));
@@ -189,6 +206,7 @@ export async function writeStatePayload(
     f.close();
     f = undefined;
     await Deno.rename(tmp, path);
+    return true;
   } catch (e) {
     f?.close();
     await Deno.remove(tmp).catch(() => {});
