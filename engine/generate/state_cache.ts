@@ -456,10 +456,13 @@ export class StateCache {
         (bytes, create) =>
           this.#locked(async () => {
             if (!(await this.#makeRoom(bytes))) {
+              const why = bytes > (this.opts.diskBytes ?? Infinity)
+                ? "larger than its whole budget"
+                : `${bytesText(this.#otherBytes)} of its budget are held by temporaries being written`;
               this.opts.log?.(
-                `state cache: no room for ${e.tokens.length} positions (${bytesText(bytes)}) in ${this.opts.dir}: ${
-                  bytesText(this.#otherBytes)
-                } of its budget are held by temporaries being written; dropping them`,
+                `state cache: no room for ${e.tokens.length} positions (${
+                  bytesText(bytes)
+                }) in ${this.opts.dir}: ${why}; dropping them`,
               );
               return false;
             }
@@ -533,8 +536,9 @@ export class StateCache {
    * does not know are taken in (their headers only: each is verified in full when it is
    * used; oldest first), entries whose file is gone are forgotten, temporaries of a gone
    * process are removed, and everything else a spill could have left (temporaries being
-   * written, this process's or another's, and state files it cannot index) is counted in
-   * `#otherBytes`. Returns the removable part of the latter (state files), oldest first.
+   * written, this process's or another's, and `.k3state` files it cannot index: an
+   * unreadable header, or a prefix it holds in RAM) is counted in `#otherBytes`. Returns
+   * the removable part of the latter (those state files), oldest first.
    */
   async #scan(): Promise<{ file: string; bytes: number }[]> {
     const dir = this.opts.dir!;
