@@ -31,8 +31,9 @@
  * directory), scans it, and makes room under the budget for the new file counting every
  * file a spill leaves: spill files (another process's too: it takes them in and may use
  * them), temporaries being written (`NAME.k3state.tmp-PID-TIME`, created at their full
- * size under the lock, so every writer counts every other's), and removes the temporaries
- * of a process that is gone (a spill killed mid-write) as it finds them.
+ * size and renamed into place under the lock, so every writer counts every other's), and
+ * removes the temporaries of a process that is gone (a spill killed mid-write) as it finds
+ * them.
  *
  * @module
  */
@@ -453,22 +454,21 @@ export class StateCache {
         [payload],
         this.opts.fingerprint!,
         { writer: "state-cache" },
-        (bytes, create) =>
-          this.#locked(async () => {
-            if (!(await this.#makeRoom(bytes))) {
-              const why = bytes > (this.opts.diskBytes ?? Infinity)
-                ? "larger than its whole budget"
-                : `${bytesText(this.#otherBytes)} of its budget are held by temporaries being written`;
-              this.opts.log?.(
-                `state cache: no room for ${e.tokens.length} positions (${
-                  bytesText(bytes)
-                }) in ${this.opts.dir}: ${why}; dropping them`,
-              );
-              return false;
-            }
-            await create();
-            return true;
-          }),
+        {
+          locked: (f) => this.#locked(f),
+          makeRoom: async (bytes) => {
+            if (await this.#makeRoom(bytes)) return true;
+            const why = bytes > (this.opts.diskBytes ?? Infinity)
+              ? "larger than its whole budget"
+              : `${bytesText(this.#otherBytes)} of its budget are held by temporaries being written`;
+            this.opts.log?.(
+              `state cache: no room for ${e.tokens.length} positions (${
+                bytesText(bytes)
+              }) in ${this.opts.dir}: ${why}; dropping them`,
+            );
+            return false;
+          },
+        },
       );
     } catch (err) {
       this.opts.log?.(`state cache: cannot spill ${e.tokens.length} positions: ${(err as Error).message}`);
@@ -495,7 +495,8 @@ export class StateCache {
   /**
    * Runs `f` holding the spill directory's lock (flock on the directory itself): the scan,
    * the evictions and the creation of a temporary at its full size are one step for every
-   * cache sharing the directory, in this process or another.
+   * cache sharing the directory, in this process or another, and a rename into place
+   * another (a scan listing the directory meanwhile could miss the file under both names).
    */
   async #locked<T>(f: () => Promise<T>): Promise<T> {
     const dir = await Deno.open(this.opts.dir!, { read: true });

@@ -134,18 +134,24 @@ export async function saveState(
 }
 
 /**
- * Makes room for a state file of `bytes` bytes before it is written (the state cache's
- * disk budget): calls `create` (which makes the temporary sibling at its full size, so
- * another process scanning the directory counts it) and resolves true to go on, or
- * resolves false without calling it to write nothing.
+ * How a state file is written into a directory other processes share and scan (the state
+ * cache's spill directory): making room for it and creating its temporary at its full
+ * size, then renaming it into place, each happen under the directory's lock, so that a
+ * scan under the lock sees every file exactly once and at its full size.
  */
-export type Reserve = (bytes: number, create: () => Promise<void>) => Promise<boolean>;
+export interface SharedDirectory {
+  /** Runs `f` holding the directory's lock. */
+  locked<T>(f: () => Promise<T>): Promise<T>;
+  /** Makes room for a file of `bytes` bytes (called under the lock); false: write nothing. */
+  makeRoom(bytes: number): Promise<boolean>;
+}
 
 /**
  * Writes a state file from its payload (`parts`: {@link SequenceState.regions} of a state
  * that has processed exactly `tokens`, or one {@link SequenceState.snapshot}) atomically:
- * a temporary sibling (`PATH.tmp-PID-TIME`), fsync'ed, then renamed over `path`. With
- * `reserve`, the file is written only when it makes room (false: nothing was written).
+ * a temporary sibling (`PATH.tmp-PID-TIME`), fsync'ed, then renamed over `path`. In a
+ * `shared` directory the file is written only when room is made for it (false: nothing was
+ * written).
  */
 export async function writeStatePayload(
   path: string,
@@ -154,7 +160,7 @@ export async function writeStatePayload(
   parts: readonly Uint8Array[],
   fp: ModelFingerprint,
   meta: Record<string, unknown> = {},
-  reserve?: Reserve,
+  shared?: SharedDirectory,
 ): Promise<boolean> {
   const pos = tokens.length;
   const size = parts.reduce((n, p) => n + p.length, 0);
@@ -191,13 +197,15 @@ export async function writeStatePayload(
   const tmp = `${path}.tmp-${Deno.pid}-${Date.now()}`;
   let f: Deno.FsFile | undefined;
   const create = async () => {
+    if (shared && !(await shared.makeRoom(bytes))) return false;
     f = await Deno.open(tmp, { write: true, create: true, truncate: true });
-    await f.truncate(bytes);
+    await f.truncate(bytes); // its full size at once: what a scan of the directory counts
+    return true;
   };
+  const rename = () => Deno.rename(tmp, path);
   try {
-    if (!reserve) await create();
-    else if (!(await reserve(bytes, create))) return false;
-    if (!f) throw new Error("the reservation did not create the file");
+    if (!(await (shared ? shared.locked(create) : create()))) return false;
+    if (!f) throw new Error("the temporary file was not created");
     for (const p of file) {
       let off = 0;
       while (off < p.length) off += await f.write(p.subarray(off));
@@ -205,7 +213,7 @@ export async function writeStatePayload(
     await f.sync();
     f.close();
     f = undefined;
-    await Deno.rename(tmp, path);
+    await (shared ? shared.locked(rename) : rename());
     return true;
   } catch (e) {
     f?.close();
