@@ -25,23 +25,27 @@
  * (`slots_leaked`, which must be 0) and the connections left open besides its own.
  *
  * Held memory shows as heap and external memory after a round above their values before
- * the load; RSS that stays up while they are back is pages the allocator keeps for reuse,
- * and then the second round's RSS after is flat against the first's (a plateau), where a
- * leak would grow it again.
+ * the load. A server holds by design what its bounded caches keep: the state cache's
+ * states (array buffers: external memory, its size read from /metrics) and the drafter's
+ * pool of finished texts (heap); `--caches-off` turns both off, so that anything else held
+ * would show. RSS that stays up while heap and external memory are back is pages the
+ * allocator and V8 keep for reuse: then the next round's RSS after is flat against the
+ * first's (a plateau), where a leak would grow it again.
  *
- *   deno run -P=bench bench/soak.ts [--seconds N (default 30, at most 1800)] [--rounds N]
- *     [--requests N (default 20000)] [--clients N (default 12)] [--heap-mb N] [--heap-snapshot PREFIX] [--json]
+ *   deno run -P=bench bench/soak.ts [--seconds N (default 30, at most 1800)]
+ *     [--rounds N (default 2)] [--requests N (default 20000)] [--clients N (default 12)]
+ *     [--caches-off] [--heap-mb N] [--heap-snapshot PREFIX] [--json]
  *
  * --heap-mb caps the server's V8 old space; --heap-snapshot PREFIX writes a heap snapshot
- * of the server after each round (PREFIX-N.heapsnapshot, for Chrome DevTools' Memory tab).
+ * of the server after each round (PREFIX-N.heapsnapshot, for Chrome DevTools' Memory tab;
+ * taking one grows the server's RSS, so compare RSS in runs without it).
  *
- * Prints the samples as a table and before/after lines per round; with --json one object
- * as the last line: per round its before, during (max) and after figures, then
+ * Prints the samples as a table and before/during/after lines per round; with --json one
+ * object as the last line: per round its before, during (max) and after figures, then
  * rss_plateau_bytes and heap_plateau_bytes (the last round's RSS and heap used after minus
  * the first's), heap_held_bytes and external_held_bytes (after the last round minus before
  * the load; external_held_besides_state_cache_bytes without the state cache's growth),
- * slots_leaked, p99_ttft_seconds,
- * answers, aborted, cut_off, refused.
+ * slots_leaked, connections_left, p99_ttft_seconds, answers, aborted, cut_off, refused.
  *
  * @module
  */
@@ -50,7 +54,7 @@ import { benchArgs } from "./args.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 const { values } = benchArgs(
-  "usage: deno run -P=bench bench/soak.ts [--seconds N] [--rounds N] [--requests N] [--clients N] [--heap-mb N] [--heap-snapshot PREFIX] [--json]",
+  "usage: deno run -P=bench bench/soak.ts [--seconds N] [--rounds N] [--requests N] [--clients N] [--caches-off] [--heap-mb N] [--heap-snapshot PREFIX] [--json]",
   {
     seconds: { type: "string" },
     rounds: { type: "string" },
