@@ -132,6 +132,10 @@ export class Metrics {
         ["evictions_total", "counter", "Kept states evicted from RAM.", [["", sc.evictions]]],
         ["bytes", "gauge", "Bytes of kept states, by tier.", [['tier="ram"', sc.bytes], ['tier="disk"', sc.diskBytes]]],
         ["entries", "gauge", "Kept states, by tier.", [['tier="ram"', sc.entries], ['tier="disk"', sc.diskEntries]]],
+        ["disk_other_bytes", "gauge", "Spill directory bytes counted against its budget besides kept states.", [[
+          "",
+          sc.diskOtherBytes,
+        ]]],
         ["disk_hits_total", "counter", "Hits read back from the spill directory.", [["", sc.diskHits]]],
         ["refused_total", "counter", "Spill files refused (damaged) and recomputed.", [["", sc.refused]]],
         ["orphans_removed_total", "counter", "Temporary spill files of gone processes removed.", [[

@@ -24,8 +24,16 @@
  * rest of the run. The read runs on the I/O threads and
  * {@link StateCache.find} hands back a promise, so the scheduler keeps computing other
  * sequences until the state lands. A file that fails any check is refused, deleted, and
- * its tokens prefilled. A spill written when its process was killed leaves a temporary
- * file (`NAME.tmp-PID-TIME`); at start those whose process is gone are removed and counted.
+ * its tokens prefilled.
+ *
+ * The directory is the truth about the disk budget, since other processes may share it:
+ * before each spill (and at start) the cache takes the directory's lock (flock on the
+ * directory), scans it, and makes room under the budget for the new file counting every
+ * file a spill leaves: spill files (another process's too: it takes them in and may use
+ * them), temporaries being written (`NAME.k3state.tmp-PID-TIME`, created at their full
+ * size and renamed into place under the lock, so every writer counts every other's), and
+ * removes the temporaries of a process that is gone (a spill killed mid-write) as it finds
+ * them.
  *
  * @module
  */
@@ -88,9 +96,15 @@ export interface StateCacheStats {
   diskBytes: number;
   /** Spill files now. */
   diskEntries: number;
+  /**
+   * Bytes in the spill directory at its last scan that are not spill files of this cache's
+   * but count against its budget: temporaries being written (by this process or another
+   * sharing the directory) and state files it cannot use.
+   */
+  diskOtherBytes: number;
   /** Spill files refused (damaged or not this model's) and recomputed. */
   refused: number;
-  /** Temporary spill files left by a process that is gone, removed at start. */
+  /** Temporary spill files left by a process that is gone, removed when the directory is scanned. */
   orphansRemoved: number;
   /** Positions served from the cache instead of prefilled. */
   cachedTokens: number;
@@ -192,6 +206,8 @@ export class StateCache {
   readonly #disk = new Map<Entry, true>();
   #ramBytes = 0;
   #diskBytes = 0;
+  /** Bytes in the spill directory at the last scan that are not entries: see {@link #scan}. */
+  #otherBytes = 0;
   readonly #spills = new Set<Promise<void>>();
   readonly #stats = { hits: 0, misses: 0, evictions: 0, diskHits: 0, refused: 0, cachedTokens: 0, orphansRemoved: 0 };
   /** Disk entries found since the last read and not read (estimated slower than prefill). */
@@ -217,6 +233,7 @@ export class StateCache {
       entries: this.#ram.size,
       diskBytes: this.#diskBytes,
       diskEntries: this.#disk.size,
+      diskOtherBytes: this.#otherBytes,
     };
   }
 
@@ -371,10 +388,16 @@ export class StateCache {
       return payload;
     } catch (err) {
       if (!(err instanceof K3Error)) throw err;
-      this.#stats.refused++;
-      this.opts.log?.(`state cache: ${err.message}; recomputing its ${e.tokens.length} positions`);
       const file = e.file!;
       this.#drop(e);
+      if (!(await Deno.stat(file).then(() => true, () => false))) {
+        this.opts.log?.(
+          `state cache: ${file} is gone (evicted by another process sharing the directory); recomputing its ${e.tokens.length} positions`,
+        );
+        return undefined;
+      }
+      this.#stats.refused++;
+      this.opts.log?.(`state cache: ${err.message}; recomputing its ${e.tokens.length} positions`);
       await Deno.remove(file).catch(() => {});
       return undefined;
     }
@@ -416,36 +439,149 @@ export class StateCache {
     }
   }
 
-  /** Writes `e` to the spill directory (then forgets its payload) and bounds the directory. */
+  /**
+   * Writes `e` to the spill directory (then forgets its payload), once room is made for
+   * its file under the directory's budget; with no room, `e` is dropped.
+   */
   async #spill(e: Entry, payload: Uint8Array): Promise<void> {
     const file = join(this.opts.dir!, `${prefixKey(e.tokens)}.k3state`);
+    let written: boolean;
     try {
-      await writeStatePayload(file, this.model.cfg, e.tokens, [payload], this.opts.fingerprint!, {
-        writer: "state-cache",
-      });
+      written = await writeStatePayload(
+        file,
+        this.model.cfg,
+        e.tokens,
+        [payload],
+        this.opts.fingerprint!,
+        { writer: "state-cache" },
+        {
+          locked: (f) => this.#locked(f),
+          makeRoom: async (bytes) => {
+            if (await this.#makeRoom(bytes)) return true;
+            const why = bytes > (this.opts.diskBytes ?? Infinity)
+              ? "larger than its whole budget"
+              : `${bytesText(this.#otherBytes)} of its budget are held by temporaries being written`;
+            this.opts.log?.(
+              `state cache: no room for ${e.tokens.length} positions (${
+                bytesText(bytes)
+              }) in ${this.opts.dir}: ${why}; dropping them`,
+            );
+            return false;
+          },
+        },
+      );
     } catch (err) {
       this.opts.log?.(`state cache: cannot spill ${e.tokens.length} positions: ${(err as Error).message}`);
+      written = false;
+    }
+    if (!written) {
       if (!e.payload || e.payload === payload) this.#drop(e);
       return;
     }
     if (e.node.entry !== e) return void (await Deno.remove(file).catch(() => {})); // dropped meanwhile
+    // Another cache sharing the directory may have evicted the file already.
+    const stat = await Deno.stat(file).catch(() => undefined);
+    if (!stat) {
+      if (!e.payload || e.payload === payload) this.#drop(e);
+      return;
+    }
     e.file = file;
-    e.fileBytes = (await Deno.stat(file)).size;
+    e.fileBytes = stat.size;
     if (!this.#ram.has(e)) e.payload = undefined;
     this.#disk.set(e, true);
     this.#diskBytes += e.fileBytes;
-    await this.#boundDisk();
   }
 
-  /** Removes the oldest spill files until the disk budget holds. */
-  async #boundDisk(): Promise<void> {
-    const cap = this.opts.diskBytes ?? Infinity;
-    while (this.#diskBytes > cap && this.#disk.size > 0) {
-      const e = this.#disk.keys().next().value!;
-      const file = e.file!;
-      this.#drop(e);
-      await Deno.remove(file).catch(() => {});
+  /**
+   * Runs `f` holding the spill directory's lock (flock on the directory itself): the scan,
+   * the evictions and the creation of a temporary at its full size are one step for every
+   * cache sharing the directory, in this process or another, and a rename into place
+   * another (a scan listing the directory meanwhile could miss the file under both names).
+   */
+  async #locked<T>(f: () => Promise<T>): Promise<T> {
+    const dir = await Deno.open(this.opts.dir!, { read: true });
+    try {
+      await dir.lock(true);
+      return await f();
+    } finally {
+      dir.close(); // releases the lock
     }
+  }
+
+  /**
+   * Scans the directory ({@link #scan}), then removes the least recently used spill files
+   * (then files it does not index) until `bytes` more fit in the budget; false when they
+   * cannot (temporaries being written hold the rest).
+   */
+  async #makeRoom(bytes: number): Promise<boolean> {
+    const cap = this.opts.diskBytes ?? Infinity;
+    const others = await this.#scan();
+    const used = () => this.#diskBytes + this.#otherBytes;
+    while (used() + bytes > cap) {
+      if (this.#disk.size > 0) {
+        const e = this.#disk.keys().next().value!;
+        const file = e.file!;
+        this.#drop(e);
+        await Deno.remove(file).catch(() => {});
+      } else if (others.length > 0) {
+        const o = others.shift()!;
+        this.#otherBytes -= o.bytes;
+        await Deno.remove(o.file).catch(() => {});
+      } else break;
+    }
+    return used() + bytes <= cap;
+  }
+
+  /**
+   * Reads the directory as it is now, since other processes may share it: spill files it
+   * does not know are taken in (their headers only: each is verified in full when it is
+   * used; oldest first), entries whose file is gone are forgotten, temporaries of a gone
+   * process are removed, and everything else a spill could have left (temporaries being
+   * written, this process's or another's, and `.k3state` files it cannot index: an
+   * unreadable header, or a prefix it holds in RAM) is counted in `#otherBytes`. Returns
+   * the removable part of the latter (those state files), oldest first.
+   */
+  async #scan(): Promise<{ file: string; bytes: number }[]> {
+    const dir = this.opts.dir!;
+    const known = new Map([...this.#disk.keys()].map((e) => [e.file!, e]));
+    const seen = new Set<Entry>();
+    const found: { file: string; bytes: number; mtime: number; tokens?: number[] }[] = [];
+    let other = 0;
+    for await (const f of Deno.readDir(dir)) {
+      const file = join(dir, f.name);
+      if (!f.isFile || (!f.name.endsWith(".k3state") && tempSpillPid(f.name) === undefined)) continue;
+      const e = known.get(file);
+      if (e) {
+        seen.add(e);
+        continue;
+      }
+      if (await this.#removeOrphan(file)) continue;
+      const stat = await Deno.stat(file).catch(() => undefined);
+      if (!stat) continue; // removed meanwhile
+      if (tempSpillPid(f.name) !== undefined) {
+        other += stat.size;
+        continue;
+      }
+      const tokens = await headerTokens(file);
+      found.push({ file, bytes: stat.size, mtime: stat.mtime?.getTime() ?? 0, tokens });
+    }
+    for (const e of known.values()) if (!seen.has(e)) this.#drop(e); // removed by another process
+    found.sort((a, b) => a.mtime - b.mtime);
+    const removable = [];
+    for (const { file, bytes, tokens } of found) {
+      if (!tokens || tokens.length === 0 || this.has(tokens)) {
+        other += bytes;
+        removable.push({ file, bytes });
+        continue;
+      }
+      const node = this.#node(tokens, true)!;
+      const e: Entry = { tokens, node, file, fileBytes: bytes };
+      node.entry = e;
+      this.#disk.set(e, true);
+      this.#diskBytes += bytes;
+    }
+    this.#otherBytes = other;
+    return removable;
   }
 
   /** Forgets `e` in every tier (its file, if any, is the caller's to remove). */
@@ -476,28 +612,16 @@ export class StateCache {
   }
 
   /**
-   * Takes in the spill files a previous run left in the directory (their headers only:
-   * each is verified in full when it is used), so the directory stays within its budget
-   * and a restarted server still finds its conversations. Files that are not state files
-   * are left alone.
+   * Takes in the spill files a previous run (or another process sharing the directory)
+   * left there, so the directory stays within its budget and a restarted server still
+   * finds its conversations; see {@link #scan}. Files that are not state files are left
+   * alone.
    */
   async index(): Promise<void> {
     const dir = this.opts.dir;
     if (!dir) return;
     await Deno.mkdir(dir, { recursive: true });
-    for await (const f of Deno.readDir(dir)) {
-      if (f.isFile && await this.#removeOrphan(join(dir, f.name))) continue;
-      if (!f.isFile || !f.name.endsWith(".k3state")) continue;
-      const file = join(dir, f.name);
-      const tokens = await headerTokens(file);
-      if (!tokens || tokens.length === 0 || this.has(tokens)) continue;
-      const node = this.#node(tokens, true)!;
-      const e: Entry = { tokens, node, file, fileBytes: (await Deno.stat(file)).size };
-      node.entry = e;
-      this.#disk.set(e, true);
-      this.#diskBytes += e.fileBytes;
-    }
-    await this.#boundDisk();
+    await this.#locked(() => this.#makeRoom(0));
   }
 }
 

@@ -134,9 +134,24 @@ export async function saveState(
 }
 
 /**
+ * How a state file is written into a directory other processes share and scan (the state
+ * cache's spill directory): making room for it and creating its temporary at its full
+ * size, then renaming it into place, each happen under the directory's lock, so that a
+ * scan under the lock sees every file exactly once and at its full size.
+ */
+export interface SharedDirectory {
+  /** Runs `f` holding the directory's lock. */
+  locked<T>(f: () => Promise<T>): Promise<T>;
+  /** Makes room for a file of `bytes` bytes (called under the lock); false: write nothing. */
+  makeRoom(bytes: number): Promise<boolean>;
+}
+
+/**
  * Writes a state file from its payload (`parts`: {@link SequenceState.regions} of a state
  * that has processed exactly `tokens`, or one {@link SequenceState.snapshot}) atomically:
- * a temporary sibling, fsync'ed, then renamed over `path`.
+ * a temporary sibling (`PATH.tmp-PID-TIME`), fsync'ed, then renamed over `path`. In a
+ * `shared` directory the file is written only when room is made for it (false: nothing was
+ * written).
  */
 export async function writeStatePayload(
   path: string,
@@ -145,7 +160,8 @@ export async function writeStatePayload(
   parts: readonly Uint8Array[],
   fp: ModelFingerprint,
   meta: Record<string, unknown> = {},
-): Promise<void> {
+  shared?: SharedDirectory,
+): Promise<boolean> {
   const pos = tokens.length;
   const size = parts.reduce((n, p) => n + p.length, 0);
   if (size !== payloadBytes(cfg, pos)) {
@@ -177,10 +193,19 @@ export async function writeStatePayload(
   for (const p of file) hash.update(p);
   file.push(new Uint8Array(hash.digest()));
 
+  const bytes = file.reduce((n, p) => n + p.length, 0);
   const tmp = `${path}.tmp-${Deno.pid}-${Date.now()}`;
   let f: Deno.FsFile | undefined;
-  try {
+  const create = async () => {
+    if (shared && !(await shared.makeRoom(bytes))) return false;
     f = await Deno.open(tmp, { write: true, create: true, truncate: true });
+    await f.truncate(bytes); // its full size at once: what a scan of the directory counts
+    return true;
+  };
+  const rename = () => Deno.rename(tmp, path);
+  try {
+    if (!(await (shared ? shared.locked(create) : create()))) return false;
+    if (!f) throw new Error("the temporary file was not created");
     for (const p of file) {
       let off = 0;
       while (off < p.length) off += await f.write(p.subarray(off));
@@ -188,7 +213,8 @@ export async function writeStatePayload(
     await f.sync();
     f.close();
     f = undefined;
-    await Deno.rename(tmp, path);
+    await (shared ? shared.locked(rename) : rename());
+    return true;
   } catch (e) {
     f?.close();
     await Deno.remove(tmp).catch(() => {});

@@ -5,7 +5,8 @@
  * `usage.prompt_tokens_details.cached_tokens` and /metrics), though the client sends back
  * only each reply's content, not the reasoning the model read; conversations running at
  * once never see each other's states; a spill directory with a damaged file is refused and
- * recomputed without changing a reply.
+ * recomputed without changing a reply; two servers sharing a spill directory stay within
+ * its budget together, counting a running process's temporary and removing a gone one's.
  */
 
 import assert from "node:assert/strict";
@@ -197,5 +198,79 @@ Deno.test("a tiny RAM budget spills to disk; a restart reads the spills back; a 
   } finally {
     await on.stop();
     await off.stop();
+  }
+});
+
+/** Bytes of every file a spill can leave in `dir` (state files and their temporaries),
+ * counted under the directory's lock as the servers count them (no rename midway). */
+function spillBytes(dir: string): number {
+  using lock = Deno.openSync(dir, { read: true });
+  lock.lockSync(true);
+  let n = 0;
+  for (const f of Deno.readDirSync(dir)) {
+    if (f.name.includes(".k3state")) n += Deno.statSync(join(dir, f.name)).size;
+  }
+  return n;
+}
+
+Deno.test("two servers sharing a spill directory stay within its budget; a running process's temporary counts", async () => {
+  await using dir = await tempDir();
+  // A spill being written by another process (a sleeping one stands in for it), then
+  // left behind when it dies.
+  const writer = new Deno.Command("sleep", { args: ["600"] }).spawn();
+  const planted = join(dir.path, `00.k3state.tmp-${writer.pid}-1700000000000`);
+  await Deno.writeFile(planted, new Uint8Array(300_000));
+  const budget = 800_000;
+  const spill = ["--state-cache-gb", "0.000001", "--state-cache-dir", dir.path];
+  const servers = [
+    await serve([...spill, "--state-cache-disk-gb", String(budget / 1e9)]),
+    await serve([...spill, "--state-cache-disk-gb", String(budget / 1e9)]),
+  ];
+  /** Waits until no spill of the servers is being written, then counts the directory. */
+  const settledBytes = async () => {
+    while ([...Deno.readDirSync(dir.path)].some((f) => f.name.includes(".tmp-") && !f.name.startsWith("00."))) {
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    return spillBytes(dir.path);
+  };
+  const sum = async (name: string) => (await Promise.all(servers.map((s) => s.metric(name)))).reduce((a, b) => a + b);
+  try {
+    for (let i = 0; i < 6; i++) {
+      await Promise.all(servers.map((s, k) =>
+        s.client.chat.completions.create({
+          model: "tiny",
+          messages: [{ role: "system", content: `Server ${k}, round ${i}.` }, { role: "user", content: USERS[i] }],
+          max_tokens: 2,
+        })
+      ));
+      const bytes = await settledBytes();
+      assert.ok(bytes <= budget, `round ${i}: ${bytes} bytes in the directory, budget ${budget}`);
+    }
+    assert.ok(Deno.statSync(planted).isFile, "a running process's temporary is left alone");
+    for (const s of servers) assert.ok((await s.metric("k3_state_cache_disk_other_bytes")) >= 300_000);
+    assert.ok((await sum("k3_state_cache_evictions_total")) > 0);
+    assert.equal(await sum("k3_state_cache_orphans_removed_total"), 0);
+    // Its process gone, the temporary is removed at the next spill of either server
+    // (spills run after their answers, and late ones of the last round may come first; a
+    // stopped server has finished its spills).
+    writer.kill("SIGKILL");
+    await writer.status;
+    await servers[0].client.chat.completions.create({
+      model: "tiny",
+      messages: [{ role: "user", content: "One more question." }],
+      max_tokens: 2,
+    });
+    const logs = (await Promise.all(servers.map((s) => s.stop()))).join("");
+    assert.equal(
+      logs.match(/removed \S*00\.k3state\.tmp-\d+-1700000000000 .*, left by process \d+, which is gone/g)?.length,
+      1,
+    );
+    assert.throws(() => Deno.statSync(planted), Deno.errors.NotFound);
+  } finally {
+    for (const s of servers) await s.stop();
+    try {
+      writer.kill("SIGKILL");
+    } catch { /* already gone */ }
+    await writer.status;
   }
 });
