@@ -277,16 +277,19 @@ export class IncrementalPack {
         out: {
           // Buffered writes into a file that is kept between runs (O_DIRECT output files
           // are created empty); the data is synced before the record names it.
-          write: async (buf, len, offset) => {
+          write: (buf, len, offset) => {
             try {
               out.seekSync(offset, Deno.SeekMode.Start);
               writeAllSync(out, buf.u8.subarray(0, len));
+              return Promise.resolve();
             } catch (e) {
-              throw new K3Error(
-                `pull: ${
-                  writeFailure(this.#partial, len, e).message
-                }; what is packed so far is kept: run k3 pull again to resume`,
-                EXIT.runtime,
+              return Promise.reject(
+                new K3Error(
+                  `pull: ${
+                    writeFailure(this.#partial, len, e).message
+                  }; what is packed so far is kept: run k3 pull again to resume`,
+                  EXIT.runtime,
+                ),
               );
             }
           },

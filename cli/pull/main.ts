@@ -1,13 +1,15 @@
 /**
  * `k3 pull REPO DIR`: a model from the Hugging Face Hub (or a mirror, HF_ENDPOINT) into
  * DIR, every file verified against the hub's hash before it counts, resumable after any
- * interruption, several files at once; then, with `--pack TRUNK`, the trunk packed. Run
- * again on the same DIR it verifies what is there and fetches only what is missing or
- * wrong.
+ * interruption, several files at once; with `--pack TRUNK`, the trunk packed as each shard
+ * lands (cli/pull/pack_as_landed.ts). Run again on the same DIR it verifies what is there
+ * (trusting what it verified before and is unchanged since, cli/pull/verified.ts) and
+ * fetches only what is missing or wrong.
  *
  * Its phases: the revision's file list (cli/pull/hub.ts), the files to fetch (`--text-only`
  * drops those only vision needs), free space for them and the trunk, the transfers
- * (cli/pull/transfer.ts) with their progress, the pack.
+ * (cli/pull/transfer.ts) with their progress; with `--pack` the small files first, then the
+ * shards' headers, then the shards, each packed as it lands.
  *
  * @module
  */
@@ -28,14 +30,16 @@ import { isShard, startPack } from "./pack_as_landed.ts";
 /** `k3 pull`'s flags and help. */
 export const PULL_FLAGS: CommandFlags = commandFlags({
   name: "pull",
-  head: `usage: k3 pull <repo> <dir> [--revision REV] [--text-only] [--pack TRUNK_DIR] [--jobs N]
+  head: `usage: k3 pull <repo> <dir> [--revision REV] [--text-only] [--pack TRUNK_DIR [--codec C]]
+                  [--jobs N] [--verify]
 
 Downloads the model <repo> (OWNER/NAME on the Hugging Face Hub) into <dir>. Every file is
 checked against the hub's SHA-256 (LFS) or git blob id before it counts; a transfer that
 stops (network, Ctrl-C, a full disk) resumes from its <file>.part on the next run; run on a
-directory that holds the model, it verifies every file and fetches only what is missing or
-wrong. Free space for the files (and, with --pack, the trunk) is checked before the first
-shard. HF_TOKEN=... is sent to the hub as a Bearer token (gated or private models);
+directory that holds the model, it checks every file (those verified before and unchanged
+since by their size and time, all of them with --verify) and fetches only what is missing
+or wrong. With --pack the trunk is packed as each shard lands and verifies. Free space for
+the files (and, with --pack, the trunk) is checked before the first shard. HF_TOKEN=... is sent to the hub as a Bearer token (gated or private models);
 HF_ENDPOINT=URL uses a mirror.`,
   groups: [{
     name: "pull",
