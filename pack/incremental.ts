@@ -286,7 +286,7 @@ export class IncrementalPack {
               return Promise.reject(
                 new K3Error(
                   `pull: ${
-                    writeFailure(this.#partial, len, e).message
+                    writeFailure(this.#partial, this.total, e).message
                   }; what is packed so far is kept: run k3 pull again to resume`,
                   EXIT.runtime,
                 ),

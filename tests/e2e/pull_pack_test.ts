@@ -4,7 +4,8 @@
  * lands, in the pull's own run. A pull killed mid-shard leaves a partial trunk that does not
  * look whole; the next run keeps the regions packed before and packs the rest, and the
  * result is byte for byte the trunk `k3 pack` makes of the whole checkpoint (raw and
- * split-coded). A shard whose hash is wrong is never packed. A re-pull of the untouched
+ * split-coded). A shard whose hash is wrong is never packed; a disk that fills while packing
+ * keeps what is packed for the next run. A re-pull of the untouched
  * directory trusts the record of verified files; --verify hashes them again.
  */
 
@@ -19,8 +20,8 @@ import type { Region } from "../../engine/weights/trunk_geometry.ts";
 
 const SHARD = (i: number) => `model-0000${i}-of-00003.safetensors`;
 
-function pull(endpoint: string, args: string[]) {
-  return k3(["pull", ...args], { env: { HF_ENDPOINT: endpoint }, seconds: 120 });
+function pull(endpoint: string, args: string[], env: Record<string, string> = {}) {
+  return k3(["pull", ...args], { env: { HF_ENDPOINT: endpoint, ...env }, seconds: 120 });
 }
 
 /** The trunk packTrunk (`k3 pack`) makes of the whole tiny checkpoint with `codec`. */
@@ -149,6 +150,27 @@ Deno.test("pull --pack: a shard whose hash is wrong is not packed; fetched again
   );
   assert.match(out.stderr, /layers split-coded/);
   await sameTrunk(trunk, await reference(`${tmp.path}/ref`, "split"));
+});
+
+Deno.test("pull --pack: a disk that fills while packing keeps what is there; the next run finishes the trunk", async () => {
+  await using hub = startHub(await repoFromDir(TINY));
+  await using tmp = await tempDir();
+  const model = `${tmp.path}/m`, trunk = `${tmp.path}/t`;
+  // The write fault hook stands in for the filling disk: the small files and the first
+  // shard fit (1.4 MB), the regions it completes do not.
+  const args = [hub.repo, model, "--pack", trunk, "--codec", "raw", "--jobs", "1"];
+  let out = await pull(hub.endpoint, args, { K3_FAULT_WRITE_ENOSPC: "1600000" });
+  assert.equal(out.code, 1);
+  assert.match(
+    out.stderr,
+    /^k3: pull: cannot write .*\/trunk\.bin\.partial: no space left on the device .*; what is packed so far is kept: run k3 pull again to resume$/m,
+  );
+  assert.doesNotMatch(out.stderr, /internal error|\n\s+at /);
+  assert.throws(() => Deno.statSync(`${trunk}/manifest.json`));
+  out = await pull(hub.endpoint, args);
+  assert.equal(out.code, 0, out.stderr);
+  assert.match(out.stderr, new RegExp(`${SHARD(1)}: already there, unchanged since it was verified`));
+  await sameTrunk(trunk, await reference(`${tmp.path}/ref`, "raw"));
 });
 
 Deno.test("pull: a re-pull of an untouched directory trusts the verified record; --verify hashes every file again", async () => {
