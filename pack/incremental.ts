@@ -11,8 +11,8 @@
  * Atomic and resumable: the data goes to `trunk.bin.partial`; after each batch of regions
  * it is synced and `trunk.bin.partial.json` records the packed regions (their hashes and
  * stored sizes) and what they were packed from (the config's fingerprint; each shard's
- * name, size and SHA-256; the piece size). A later run from the same sources keeps those
- * regions and packs only the rest; from anything else it starts over. The manifest is
+ * name, size and SHA-256; the piece size; the codec). A later run from the same sources
+ * keeps those regions and packs only the rest; from anything else it starts over. The manifest is
  * written last (pack.ts commitTrunk), so an interrupted pull never leaves a trunk that
  * looks whole, and the result is the trunk `k3 pack` makes of the same checkpoint.
  *
@@ -30,7 +30,7 @@ import { writeAllSync, writeFailure, writeFileDurable } from "../engine/native/f
 import { kernels } from "../engine/native/ffi.ts";
 import { checkAccounted } from "../engine/weights/bind.ts";
 import { DATA_FILE, MANIFEST_FILE, readManifest, type TrunkCodec, weightSample } from "../engine/weights/manifest.ts";
-import { Checkpoint, parseShardHeader } from "../engine/weights/safetensors.ts";
+import { Checkpoint, parseShardHeader, readFull } from "../engine/weights/safetensors.ts";
 import { type PackRegion, PIECE_BYTES, planLayout, type Region } from "../engine/weights/trunk_geometry.ts";
 import {
   chooseCodec,
@@ -203,7 +203,11 @@ export class IncrementalPack {
   #resume(): void {
     const record = readRecord(this.#record);
     let kept = 0, keptBytes = 0;
-    if (record?.source === this.source && record.regions.length === this.#regions.length && isFile(this.#partial)) {
+    const sameCodec = this.opts.codec === "auto" || record?.codec === this.opts.codec;
+    if (
+      record?.source === this.source && sameCodec && record.regions.length === this.#regions.length &&
+      isFile(this.#partial)
+    ) {
       this.#codec = record.codec;
       record.regions.forEach((r, i) => {
         if (r === null) return;
@@ -240,12 +244,7 @@ export class IncrementalPack {
       const head = new Uint8Array(shard.head.length);
       const f = await Deno.open(file, { read: true });
       try {
-        let at = 0;
-        while (at < head.length) {
-          const n = await f.read(head.subarray(at));
-          if (n === null) break;
-          at += n;
-        }
+        await readFull(f, head, 0, file);
       } finally {
         f.close();
       }
@@ -309,7 +308,9 @@ export class IncrementalPack {
       const offset = codec === "split"
         ? this.#regions.slice(0, i).reduce((a, p) => a + p.region.stored.reduce((x, y) => x + y, 0), 0)
         : this.#rawOffsets[i];
-      await this.#packer.pack(r, offset, this.#layers.has(r));
+      const stored = await this.#packer.pack(r, offset, this.#layers.has(r));
+      // Progress counts decoded bytes (the total is the raw trunk); the writes counted stored ones.
+      this.opts.onPacked(r.region.size - stored);
       this.#packed[i] = true;
       packed++;
     }

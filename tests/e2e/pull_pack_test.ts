@@ -5,8 +5,8 @@
  * look whole; the next run keeps the regions packed before and packs the rest, and the
  * result is byte for byte the trunk `k3 pack` makes of the whole checkpoint (raw and
  * split-coded). A shard whose hash is wrong is never packed; a disk that fills while packing
- * keeps what is packed for the next run. A re-pull of the untouched
- * directory trusts the record of verified files; --verify hashes them again.
+ * keeps what is packed for the next run. A re-pull of the untouched directory trusts the
+ * record of verified files; --verify hashes them again.
  */
 
 import assert from "node:assert/strict";
