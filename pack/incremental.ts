@@ -195,7 +195,8 @@ export class IncrementalPack {
       existing,
       opts,
     );
-    if (!existing) pack.#resume();
+    if (existing) opts.onPacked(layout.bytes);
+    else pack.#resume();
     return pack;
   }
 

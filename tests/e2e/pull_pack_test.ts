@@ -197,3 +197,12 @@ Deno.test("pull: a re-pull of an untouched directory trusts the verified record;
   assert.match(out.stderr, new RegExp(`${SHARD(3)}: already there, verified`));
   assert.doesNotMatch(out.stderr, /unchanged since it was verified/);
 });
+
+Deno.test("pull: --codec needs --pack and takes auto, raw or split (usage errors)", async () => {
+  let out = await k3(["pull", "k3test/tiny", "/nonexistent/m", "--codec", "raw"]);
+  assert.equal(out.code, 2);
+  assert.match(out.stderr, /^k3: pull: --codec needs --pack$/m);
+  out = await k3(["pull", "k3test/tiny", "/nonexistent/m", "--pack", "/nonexistent/t", "--codec", "zip"]);
+  assert.equal(out.code, 2);
+  assert.match(out.stderr, /^k3: pull: --codec "zip": expected auto, raw or split$/m);
+});
