@@ -343,7 +343,7 @@ export function packedLine(trunkDir: string, m: TrunkManifest, rawBytes: number,
   const layerStored = m.layer.reduce((a, r) => a + r.stored.reduce((x, y) => x + y, 0), 0);
   return `pack: wrote ${trunkDir}: ${m.layers} layers + embedding, head and final vectors, ${
     (m.data.bytes / 1e9).toFixed(3)
-  } GB in ${seconds.toFixed(1)} s (${(rawBytes / 1e6 / seconds).toFixed(0)} MB/s)` +
+  } GB in ${seconds.toFixed(1)} s${seconds > 0 ? ` (${(rawBytes / 1e6 / seconds).toFixed(0)} MB/s)` : ""}` +
     (m.codec === "split"
       ? `; layers split-coded: ${(layerStored / 1e9).toFixed(3)} GB stored for ${(layerBytes / 1e9).toFixed(3)} GB (${
         (layerStored / layerBytes).toFixed(3)
