@@ -3,9 +3,10 @@
  * protocol `k3 pull` uses: `GET /api/models/OWNER/NAME/revision/REV?blobs=true` (the file
  * list with sizes, git blob ids and LFS SHA-256s), `GET /OWNER/NAME/resolve/COMMIT/PATH`
  * (small files answered directly, LFS files redirected to a second server on another
- * port, the "CDN", which honours Range requests, open `bytes=N-` and closed `bytes=N-M`). Faults are switched on per test: a
- * token required (401), a rate limit with Retry-After (429), a transfer cut or stalled
- * after N bytes, corrupted content. Every request is recorded.
+ * port, the "CDN", which honours Range requests, open `bytes=N-` and closed `bytes=N-M`).
+ * Faults are switched on per test: a token required (401), a rate limit with Retry-After
+ * (429), a transfer cut or stalled after N bytes, corrupted content, Range headers
+ * ignored. Every request is recorded.
  *
  * @module
  */
@@ -42,6 +43,8 @@ export interface Faults {
   /** Bodies of this file that run to its end have one byte flipped (the next `times` of
    * them; a ranged read of its header is left alone). */
   corrupt?: { path: string; times: number };
+  /** Range headers are ignored: every body is the whole file, with status 200. */
+  noRanges?: boolean;
 }
 
 /** The commit every revision resolves to. */
@@ -133,7 +136,7 @@ export function startHub(files: RepoFile[], repo = "k3test/tiny"): HubServer {
     });
 
   const content = (f: RepoFile, req: Request, headers: Record<string, string>): Response => {
-    const m = req.headers.get("range")?.match(/^bytes=(\d+)-(\d*)$/);
+    const m = faults.noRanges ? null : req.headers.get("range")?.match(/^bytes=(\d+)-(\d*)$/);
     const from = m ? Number(m[1]) : 0;
     if (from >= f.bytes.length && m) return new Response(null, { status: 416 });
     // An open range runs to the end; a closed one (`bytes=0-65535`) to its last byte.

@@ -27,10 +27,19 @@ export function isShard(f: HubFile): boolean {
   return f.path.endsWith(".safetensors") && !f.path.includes("/");
 }
 
-/** The first 8 + N bytes of a shard on the hub: its header length and JSON header. */
-export async function shardHead(hub: HubClient, repo: string, commit: string, f: HubFile): Promise<Uint8Array> {
+/**
+ * The first 8 + N bytes of a shard on the hub: its header length and JSON header, in one
+ * ranged GET of `firstBytes` when the header fits, else a second for the rest.
+ */
+export async function shardHead(
+  hub: HubClient,
+  repo: string,
+  commit: string,
+  f: HubFile,
+  firstBytes = FIRST_BYTES,
+): Promise<Uint8Array> {
   const url = resolveUrl(hub, repo, commit, f.path);
-  const first = await fetchBytes(hub, url, f.path, 0, Math.min(f.size, FIRST_BYTES));
+  const first = await fetchBytes(hub, url, f.path, 0, Math.min(f.size, firstBytes));
   if (first.length < 8) {
     throw new K3Error(`pull: ${f.path}: the hub served ${first.length} bytes, not a safetensors header`);
   }

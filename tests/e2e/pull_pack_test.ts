@@ -5,14 +5,17 @@
  * look whole; the next run keeps the regions packed before and packs the rest, and the
  * result is byte for byte the trunk `k3 pack` makes of the whole checkpoint (raw and
  * split-coded). A shard whose hash is wrong is never packed; a disk that fills while packing
- * keeps what is packed for the next run. A re-pull of the untouched directory trusts the
- * record of verified files; --verify hashes them again.
+ * keeps what is packed for the next run. A header longer than the first request takes a
+ * second, and a server that ignores Range still gives it. A re-pull of the untouched
+ * directory trusts the record of verified files; --verify hashes them again.
  */
 
 import assert from "node:assert/strict";
 import { k3, ROOT, tempDir, TINY } from "../helpers.ts";
 import { K3_PERMISSIONS } from "../../cli/permissions.ts";
-import { repoFromDir, startHub } from "../hub_server.ts";
+import { COMMIT, repoFromDir, startHub } from "../hub_server.ts";
+import { shardHead } from "../../cli/pull/pack_as_landed.ts";
+import { hubFromEnv } from "../../cli/pull/hub.ts";
 import { packTrunk } from "../../pack/pack.ts";
 import { HEAD_NAME, PREFIX } from "../../engine/model/tensors.ts";
 import type { TrunkManifest } from "../../engine/weights/manifest.ts";
@@ -205,4 +208,23 @@ Deno.test("pull: --codec needs --pack and takes auto, raw or split (usage errors
   out = await k3(["pull", "k3test/tiny", "/nonexistent/m", "--pack", "/nonexistent/t", "--codec", "zip"]);
   assert.equal(out.code, 2);
   assert.match(out.stderr, /^k3: pull: --codec "zip": expected auto, raw or split$/m);
+});
+
+Deno.test("pull --pack: a shard's header read by ranged GETs, in two when it is longer than the first; a server ignoring Range too", async () => {
+  await using hub = startHub(await repoFromDir(TINY));
+  const client = { ...hubFromEnv(() => {}), endpoint: hub.endpoint };
+  const name = SHARD(2);
+  const bytes = await Deno.readFile(`${TINY}/${name}`);
+  const want = bytes.subarray(0, 8 + Number(new DataView(bytes.buffer).getBigUint64(0, true)));
+  const file = { path: name, size: bytes.length };
+  for (const noRanges of [false, true]) {
+    hub.faults.noRanges = noRanges;
+    hub.seen.length = 0;
+    // One request when the header fits the first, two when it does not (the released
+    // shards' headers are longer than the first request's 64 kB).
+    assert.deepEqual(await shardHead(client, hub.repo, COMMIT, file), want);
+    assert.deepEqual(await shardHead(client, hub.repo, COMMIT, file, 1000), want);
+    const cdn = hub.seen.filter((r) => r.server === "cdn").map((r) => r.range);
+    assert.deepEqual(cdn, ["bytes=0-65535", "bytes=0-999", `bytes=1000-${want.length - 1}`]);
+  }
 });
