@@ -293,7 +293,17 @@ export async function main(args: string[]): Promise<number> {
       // the shards, each packed into the trunk as it lands.
       const shards = files.filter(isShard);
       add(await transferAll(run, files.filter((f) => !isShard(f)), jobs));
-      pack = await startPack(hub, repo, listing.commit, dir, trunkDir, shards, codec, progress);
+      pack = await startPack(
+        hub,
+        repo,
+        listing.commit,
+        dir,
+        trunkDir,
+        shards,
+        codec,
+        progress,
+        (f) => run.verified.unchanged(f),
+      );
       const packer = pack;
       add(await transferAll(run, shards, jobs, (f) => packer.landed(f.path)));
     }

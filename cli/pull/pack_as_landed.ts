@@ -8,6 +8,7 @@
  */
 
 import { K3Error } from "../../engine/errors.ts";
+import { readFull } from "../../engine/weights/safetensors.ts";
 import type { TrunkCodec } from "../../engine/weights/manifest.ts";
 import { type ComingShard, IncrementalPack } from "../../pack/incremental.ts";
 import { fetchBytes, type HubClient, type HubFile, resolveUrl } from "./hub.ts";
@@ -27,6 +28,15 @@ export function isShard(f: HubFile): boolean {
   return f.path.endsWith(".safetensors") && !f.path.includes("/");
 }
 
+/** The header's length from a shard's first 8 bytes, checked against the file's size. */
+function headerLength(first8: Uint8Array, size: number, what: string): number {
+  const len = Number(new DataView(first8.buffer, first8.byteOffset, 8).getBigUint64(0, true));
+  if (len < 2 || len > MAX_HEADER_BYTES || 8 + len > size) {
+    throw new K3Error(`pull: ${what}: header length ${len} does not fit in a file of ${size} bytes`);
+  }
+  return len;
+}
+
 /**
  * The first 8 + N bytes of a shard on the hub: its header length and JSON header, in one
  * ranged GET of `firstBytes` when the header fits, else a second for the rest.
@@ -43,10 +53,7 @@ export async function shardHead(
   if (first.length < 8) {
     throw new K3Error(`pull: ${f.path}: the hub served ${first.length} bytes, not a safetensors header`);
   }
-  const len = Number(new DataView(first.buffer, first.byteOffset, 8).getBigUint64(0, true));
-  if (len < 2 || len > MAX_HEADER_BYTES || 8 + len > f.size) {
-    throw new K3Error(`pull: ${f.path}: header length ${len} does not fit in a file of ${f.size} bytes`);
-  }
+  const len = headerLength(first, f.size, f.path);
   if (8 + len <= first.length) return first.slice(0, 8 + len);
   const head = new Uint8Array(8 + len);
   head.set(first);
@@ -56,9 +63,25 @@ export async function shardHead(
   return head;
 }
 
+/** The same bytes of a shard already on disk (verified before: no request for it). */
+async function localHead(path: string, size: number): Promise<Uint8Array> {
+  const file = await Deno.open(path, { read: true });
+  try {
+    const first = new Uint8Array(8);
+    await readFull(file, first, 0, path);
+    const head = new Uint8Array(8 + headerLength(first, size, path));
+    head.set(first);
+    await readFull(file, head.subarray(8), 8, path);
+    return head;
+  } finally {
+    file.close();
+  }
+}
+
 /**
- * Fetches every shard's header and starts the pack into `trunkDir` (config.json must be in
- * `dir` already); the pack's progress and notes go to `progress`.
+ * Fetches every shard's header (`verified` ones read from `dir`) and starts the pack into
+ * `trunkDir` (config.json must be in `dir` already); the pack's progress and notes go to
+ * `progress`.
  */
 export async function startPack(
   hub: HubClient,
@@ -69,14 +92,17 @@ export async function startPack(
   shards: HubFile[],
   codec: TrunkCodec | "auto",
   progress: PullProgress,
+  verified: (f: HubFile) => boolean,
 ): Promise<IncrementalPack> {
-  // A few headers at a time: each is a round trip or two, and there are 96 of them.
+  // A few headers at a time: each is a round trip or two, and there are 96 of them; a
+  // shard verified before and unchanged since gives its own.
   const coming: ComingShard[] = new Array(shards.length);
   let next = 0;
   const worker = async () => {
     for (let i = next++; i < shards.length; i = next++) {
       const f = shards[i];
-      coming[i] = { name: f.path, bytes: f.size, sha256: f.sha256, head: await shardHead(hub, repo, commit, f) };
+      const head = verified(f) ? await localHead(`${dir}/${f.path}`, f.size) : await shardHead(hub, repo, commit, f);
+      coming[i] = { name: f.path, bytes: f.size, sha256: f.sha256, head };
     }
   };
   await Promise.all(Array.from({ length: Math.min(HEADERS_AT_ONCE, shards.length) }, worker));

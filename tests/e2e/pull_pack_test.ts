@@ -103,8 +103,12 @@ Deno.test("pull --pack: killed mid-shard, then resumed: packed regions kept, the
   assert.throws(() => Deno.statSync(`${trunk}/manifest.json`));
   assert.throws(() => Deno.statSync(`${trunk}/trunk.bin`));
 
+  hub.seen.length = 0;
   const out = await pull(hub.endpoint, [hub.repo, model, "--pack", trunk, "--codec", "raw"]);
   assert.equal(out.code, 0, out.stderr);
+  // The shards verified before give their own headers: only the third's is asked for.
+  const heads = hub.seen.filter((r) => r.server === "hub" && r.range === "bytes=0-65535").map((r) => r.path);
+  assert.deepEqual(heads.map((p) => p.slice(p.lastIndexOf("/") + 1)), [SHARD(3)]);
   assert.match(
     out.stderr,
     new RegExp(`pack: ${packed.length} of ${before.length} trunk regions already packed by an earlier run; kept`),
