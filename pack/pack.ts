@@ -17,7 +17,7 @@
  */
 
 import { statfsSync } from "node:fs";
-import { configFingerprint, loadConfig } from "../engine/model/config.ts";
+import { configFingerprint, type K3Config, loadConfig } from "../engine/model/config.ts";
 import { EXIT, K3Error } from "../engine/errors.ts";
 import { isRegularFile, specialKind, writeFailure, writeFileDurable } from "../engine/native/files.ts";
 import { type Kernels, kernels } from "../engine/native/ffi.ts";
@@ -41,6 +41,9 @@ import { codecVerdict, measureDecodeRate } from "../engine/weights/codec.ts";
 import { measureDiskRate } from "../engine/weights/rate_probe.ts";
 import { libraryPath } from "../engine/native/ffi.ts";
 import { SPLIT_BLOCK, splitEncode } from "../engine/native/io.ts";
+
+/** Beside `trunk.bin.partial`, what `k3 pull --pack` has packed into it so far (pack/incremental.ts). */
+export const PARTIAL_RECORD = `${DATA_FILE}.partial.json`;
 
 /** Options of packTrunk. */
 export interface PackOptions {
@@ -136,16 +139,7 @@ async function packInto(
     const layout = planLayout(cfg, ckpt);
 
     // An existing trunk: identical source -> nothing to do; different -> only with --force.
-    const special = specialKind(trunkDir);
-    if (special) throw new K3Error(`pack: ${trunkDir} is ${special}; the trunk needs a directory`, EXIT.usage);
-    if (isRegularFile(trunkDir)) {
-      throw new K3Error(`pack: ${trunkDir} is a file; the trunk needs a directory`, EXIT.usage);
-    }
-    try {
-      await Deno.mkdir(trunkDir, { recursive: true });
-    } catch (e) {
-      throw new K3Error(`pack: cannot create ${trunkDir}: ${(e as Error).message}`, EXIT.usage);
-    }
+    await prepareTrunkDir(trunkDir);
     const manifestPath = `${trunkDir}/${MANIFEST_FILE}`, dataPath = `${trunkDir}/${DATA_FILE}`;
     if (await exists(manifestPath) || await exists(dataPath)) {
       let old: TrunkManifest | undefined;
@@ -190,30 +184,6 @@ async function packInto(
     const t0 = performance.now();
     const partial = `${dataPath}.partial`;
     const out = IoFile.open(partial, { write: true, direct: true });
-    const bufs = [
-      NativeBuffer.alloc(k, stage, "pack staging"),
-      NativeBuffer.alloc(k, stage, "pack staging"),
-    ];
-    const conv = NativeBuffer.alloc(k, stage, "pack conversion");
-    // A coded region's pieces are put together whole, then coded (or copied, when raw is
-    // smaller) into one of two output buffers while the other's write may be in flight.
-    const coding = codec === "split"
-      ? {
-        piece: NativeBuffer.alloc(k, piece, "pack piece"),
-        out: [NativeBuffer.alloc(k, piece, "pack coded piece"), NativeBuffer.alloc(k, piece, "pack coded piece")],
-        next: 0,
-      }
-      : undefined;
-    let storedTotal = 0;
-    const inputs = new Map<string, IoFile>();
-    const input = (f: string, direct: boolean) => {
-      const key = `${direct ? "d" : "b"}:${f}`;
-      let h = inputs.get(key);
-      if (!h) inputs.set(key, h = IoFile.open(f, { direct }));
-      return h;
-    };
-    const reader = new RangeReader(k);
-    let pending: Promise<void> | undefined;
     let written = 0;
     let lastLog = t0;
     const progress = (force = false) => {
@@ -227,34 +197,26 @@ async function packInto(
         }%), ${(rate / 1e6).toFixed(0)} MB/s, ETA ${((layout.bytes - written) / Math.max(rate, 1)).toFixed(0)} s`,
       );
     };
+    const packer = new RegionPacker(k, {
+      stage,
+      piece,
+      codec,
+      directReads: true,
+      out: { write: (buf, len, off) => out.pwrite(buf.ptr, len, off) },
+      onWritten: (n) => {
+        written += n;
+        progress();
+      },
+    });
+    let storedTotal = 0;
     try {
-      const sink = {
-        next: 0,
-        write: async (buf: NativeBuffer, len: number, off: number) => {
-          if (pending) await pending;
-          const p = out.pwrite(buf.ptr, len, off).then(() => {
-            written += len;
-            progress();
-          });
-          // Awaited by the next write or at the end; a failure (a full disk) must not be an
-          // unhandled rejection in between, which would kill the process with a stack trace.
-          p.catch(() => {});
-          pending = p;
-        },
-      };
-      let cursor = 0;
-      for (const r of [...layout.layers, layout.finals, layout.embed, layout.head]) {
-        r.region.offset = cursor;
-        const coder = layout.layers.includes(r) ? coding : undefined;
-        await packRegion(k, r, bufs, conv, input, reader, sink, piece, coder);
-        cursor += r.region.stored.reduce((a, b) => a + b, 0);
+      for (const r of regionsInOrder(layout)) {
+        storedTotal += await packer.pack(r, storedTotal, layout.layers.includes(r));
       }
-      storedTotal = cursor;
-      if (pending) await pending;
-      pending = undefined;
+      await packer.drain();
       await out.sync();
     } catch (e) {
-      if (pending) await pending.catch(() => {});
+      await packer.drain().catch(() => {});
       out.close();
       await Deno.remove(partial).catch(() => {});
       if (/no space left|quota/i.test((e as Error)?.message ?? "")) {
@@ -264,68 +226,239 @@ async function packInto(
       }
       throw e;
     } finally {
-      for (const f of inputs.values()) f.close();
-      bufs.forEach((b) => b.free());
-      conv.free();
-      reader.free();
-      coding?.piece.free();
-      coding?.out.forEach((b) => b.free());
+      packer.free();
     }
     out.close();
     progress(true);
 
-    const manifest: TrunkManifest = {
-      format: FORMAT,
-      version: VERSION,
-      created: new Date().toISOString(),
+    const manifest = trunkManifest({
+      cfg,
       fingerprint,
       sample: await weightSample(k, cfg, ckpt),
-      layers: cfg.numLayers,
-      hidden: cfg.hiddenSize,
-      vocab: cfg.vocabSize,
       source: { dir: modelDir, shards },
-      data: { file: DATA_FILE, bytes: storedTotal, align: ALIGN },
-      checksum: CHECKSUM,
+      layout,
+      bytes: storedTotal,
       piece,
       codec,
-      layer: layout.layers.map((r) => r.region),
-      finals: layout.finals.region,
-      embed: layout.embed.region,
-      head: layout.head.region,
-    };
-    // The new manifest is written (and synced) under its temporary name before anything
-    // valid is replaced: a full disk here leaves the old trunk as it was. Then the old
-    // manifest out, the data in, the new manifest in: never a manifest pointing at data it
-    // does not describe.
-    const mpartial = `${manifestPath}.partial`;
-    const mbytes = new TextEncoder().encode(JSON.stringify(manifest, null, 1) + "\n");
-    try {
-      await Deno.remove(mpartial).catch(() => {});
-      writeFileDurable(mpartial, mbytes);
-    } catch (e) {
-      await Deno.remove(mpartial).catch(() => {});
-      await Deno.remove(partial).catch(() => {});
-      throw writeFailure(mpartial, mbytes.length, e);
-    }
-    await Deno.remove(manifestPath).catch(() => {});
-    await Deno.rename(partial, dataPath);
-    await Deno.rename(mpartial, manifestPath);
+    });
+    await commitTrunk(trunkDir, manifest);
     const seconds = (performance.now() - t0) / 1000;
-    const layerBytes = layout.layers.reduce((a, r) => a + r.region.size, 0);
-    const layerStored = layout.layers.reduce((a, r) => a + r.region.stored.reduce((x, y) => x + y, 0), 0);
-    log(
-      `pack: wrote ${trunkDir}: ${cfg.numLayers} layers + embedding, head and final vectors, ${
-        (storedTotal / 1e9).toFixed(3)
-      } GB in ${seconds.toFixed(1)} s (${(layout.bytes / 1e6 / seconds).toFixed(0)} MB/s)` +
-        (codec === "split"
-          ? `; layers split-coded: ${(layerStored / 1e9).toFixed(3)} GB stored for ${
-            (layerBytes / 1e9).toFixed(3)
-          } GB (${(layerStored / layerBytes).toFixed(3)})`
-          : ""),
-    );
+    log(packedLine(trunkDir, manifest, layout.bytes, seconds));
     return { manifest, seconds, bytes: storedTotal, upToDate: false };
   } finally {
     ckpt.close();
+  }
+}
+
+/** The regions of a layout in the order the data file holds them. */
+export function regionsInOrder(layout: ReturnType<typeof planLayout>): PackRegion[] {
+  return [...layout.layers, layout.finals, layout.embed, layout.head];
+}
+
+/** Checks `trunkDir` can be a trunk directory and creates it (one line when it cannot). */
+export async function prepareTrunkDir(trunkDir: string): Promise<void> {
+  const special = specialKind(trunkDir);
+  if (special) throw new K3Error(`pack: ${trunkDir} is ${special}; the trunk needs a directory`, EXIT.usage);
+  if (isRegularFile(trunkDir)) {
+    throw new K3Error(`pack: ${trunkDir} is a file; the trunk needs a directory`, EXIT.usage);
+  }
+  try {
+    await Deno.mkdir(trunkDir, { recursive: true });
+  } catch (e) {
+    throw new K3Error(`pack: cannot create ${trunkDir}: ${(e as Error).message}`, EXIT.usage);
+  }
+}
+
+/** What a trunk's manifest is made of, once its regions are packed. */
+export interface ManifestParts {
+  /** The model's config. */
+  cfg: K3Config;
+  /** Its fingerprint (configFingerprint). */
+  fingerprint: string;
+  /** The weight sample of the source (weightSample). */
+  sample: string;
+  /** The checkpoint it was packed from. */
+  source: TrunkManifest["source"];
+  /** The layout, its regions packed (hashes, pieces, stored sizes filled in). */
+  layout: ReturnType<typeof planLayout>;
+  /** Bytes of the data file. */
+  bytes: number;
+  /** Bytes per hashed piece. */
+  piece: number;
+  /** How the layers' pieces are stored. */
+  codec: TrunkCodec;
+}
+
+/** The manifest of a packed trunk. */
+export function trunkManifest(p: ManifestParts): TrunkManifest {
+  return {
+    format: FORMAT,
+    version: VERSION,
+    created: new Date().toISOString(),
+    fingerprint: p.fingerprint,
+    sample: p.sample,
+    layers: p.cfg.numLayers,
+    hidden: p.cfg.hiddenSize,
+    vocab: p.cfg.vocabSize,
+    source: p.source,
+    data: { file: DATA_FILE, bytes: p.bytes, align: ALIGN },
+    checksum: CHECKSUM,
+    piece: p.piece,
+    codec: p.codec,
+    layer: p.layout.layers.map((r) => r.region),
+    finals: p.layout.finals.region,
+    embed: p.layout.embed.region,
+    head: p.layout.head.region,
+  };
+}
+
+/**
+ * Puts a trunk whose data is complete (and synced) in `trunk.bin.partial` in place. The new
+ * manifest is written (and synced) under its temporary name before anything valid is
+ * replaced: a full disk here leaves the old trunk as it was. Then the old manifest out, the
+ * data in, the new manifest in: never a manifest pointing at data it does not describe.
+ */
+export async function commitTrunk(trunkDir: string, manifest: TrunkManifest): Promise<void> {
+  const manifestPath = `${trunkDir}/${MANIFEST_FILE}`, dataPath = `${trunkDir}/${DATA_FILE}`;
+  const partial = `${dataPath}.partial`, mpartial = `${manifestPath}.partial`;
+  const mbytes = new TextEncoder().encode(JSON.stringify(manifest, null, 1) + "\n");
+  try {
+    await Deno.remove(mpartial).catch(() => {});
+    writeFileDurable(mpartial, mbytes);
+  } catch (e) {
+    await Deno.remove(mpartial).catch(() => {});
+    await Deno.remove(partial).catch(() => {});
+    throw writeFailure(mpartial, mbytes.length, e);
+  }
+  await Deno.remove(manifestPath).catch(() => {});
+  await Deno.rename(partial, dataPath);
+  await Deno.rename(mpartial, manifestPath);
+  // What an interrupted `k3 pull --pack` recorded of its partial data is void now.
+  await Deno.remove(`${trunkDir}/${PARTIAL_RECORD}`).catch(() => {});
+}
+
+/** The closing line of a pack: what was written, how fast, and what the codec saved. */
+export function packedLine(trunkDir: string, m: TrunkManifest, rawBytes: number, seconds: number): string {
+  const layerBytes = m.layer.reduce((a, r) => a + r.size, 0);
+  const layerStored = m.layer.reduce((a, r) => a + r.stored.reduce((x, y) => x + y, 0), 0);
+  return `pack: wrote ${trunkDir}: ${m.layers} layers + embedding, head and final vectors, ${
+    (m.data.bytes / 1e9).toFixed(3)
+  } GB in ${seconds.toFixed(1)} s${seconds > 0 ? ` (${(rawBytes / 1e6 / seconds).toFixed(0)} MB/s)` : ""}` +
+    (m.codec === "split"
+      ? `; layers split-coded: ${(layerStored / 1e9).toFixed(3)} GB stored for ${(layerBytes / 1e9).toFixed(3)} GB (${
+        (layerStored / layerBytes).toFixed(3)
+      })`
+      : "");
+}
+
+/** Where a RegionPacker writes: `len` bytes of `buf` at `offset` of the data file. */
+export interface RegionOutput {
+  /** Writes them all, or rejects. */
+  write(buf: NativeBuffer, len: number, offset: number): Promise<void>;
+}
+
+/** Options of a RegionPacker. */
+export interface RegionPackerOptions {
+  /** Staging buffer bytes (multiple of 4096). */
+  stage: number;
+  /** Bytes per hashed piece. */
+  piece: number;
+  /** How layer pieces are stored. */
+  codec: TrunkCodec;
+  /** Read the shards with O_DIRECT (k3 pack: the page cache is not polluted) or through
+   * the page cache (pull --pack: a shard just written is still there). */
+  directReads: boolean;
+  /** The data file. */
+  out: RegionOutput;
+  /** `n` more bytes were written. */
+  onWritten: (n: number) => void;
+}
+
+/**
+ * Packs regions one at a time in bounded memory: two staging buffers, one conversion
+ * buffer, and for split coding a piece and two coded-piece buffers. One region's last
+ * write may still be in flight when `pack` returns (the next region fills the other
+ * buffer meanwhile); `drain` waits for it.
+ */
+export class RegionPacker {
+  readonly #k: Kernels;
+  readonly #o: RegionPackerOptions;
+  readonly #bufs: NativeBuffer[];
+  readonly #conv: NativeBuffer;
+  readonly #coding?: { piece: NativeBuffer; out: NativeBuffer[]; next: number };
+  readonly #inputs = new Map<string, IoFile>();
+  readonly #reader: RangeReader;
+  readonly #sink: { next: number; write: (buf: NativeBuffer, len: number, off: number) => Promise<void> };
+  #pending: Promise<void> | undefined;
+
+  /** Allocates the buffers (free them with `free`). */
+  constructor(k: Kernels, o: RegionPackerOptions) {
+    this.#k = k;
+    this.#o = o;
+    this.#bufs = [NativeBuffer.alloc(k, o.stage, "pack staging"), NativeBuffer.alloc(k, o.stage, "pack staging")];
+    this.#conv = NativeBuffer.alloc(k, o.stage, "pack conversion");
+    // A coded region's pieces are put together whole, then coded (or copied, when raw is
+    // smaller) into one of two output buffers while the other's write may be in flight.
+    this.#coding = o.codec === "split"
+      ? {
+        piece: NativeBuffer.alloc(k, o.piece, "pack piece"),
+        out: [NativeBuffer.alloc(k, o.piece, "pack coded piece"), NativeBuffer.alloc(k, o.piece, "pack coded piece")],
+        next: 0,
+      }
+      : undefined;
+    this.#reader = new RangeReader(k);
+    this.#sink = {
+      next: 0,
+      write: async (buf, len, off) => {
+        if (this.#pending) await this.#pending;
+        const p = o.out.write(buf, len, off).then(() => o.onWritten(len));
+        // Awaited by the next write or by drain; a failure (a full disk) must not be an
+        // unhandled rejection in between, which would kill the process with a stack trace.
+        p.catch(() => {});
+        this.#pending = p;
+      },
+    };
+  }
+
+  /**
+   * Packs region `r` at `offset` of the data file (`coded`: its pieces split-coded when the
+   * codec is split); fills in its offset, hashes and stored sizes; returns the bytes it takes.
+   */
+  async pack(r: PackRegion, offset: number, coded: boolean): Promise<number> {
+    Object.assign(r.region, { offset, hash: "", pieces: [], stored: [], storedPieces: [] });
+    const input = (f: string, direct: boolean) => {
+      const key = `${direct ? "d" : "b"}:${f}`;
+      let h = this.#inputs.get(key);
+      if (!h) this.#inputs.set(key, h = IoFile.open(f, { direct }));
+      return h;
+    };
+    await packRegion(this.#k, r, this.#bufs, this.#conv, {
+      input,
+      direct: this.#o.directReads,
+      reader: this.#reader,
+      sink: this.#sink,
+      piece: this.#o.piece,
+      coder: coded ? this.#coding : undefined,
+    });
+    return r.region.stored.reduce((a, b) => a + b, 0);
+  }
+
+  /** Waits for the write in flight (rejects when it failed). */
+  async drain(): Promise<void> {
+    const p = this.#pending;
+    this.#pending = undefined;
+    if (p) await p;
+  }
+
+  /** Closes the shards and frees the buffers. */
+  free(): void {
+    for (const f of this.#inputs.values()) f.close();
+    this.#inputs.clear();
+    this.#bufs.forEach((b) => b.free());
+    this.#conv.free();
+    this.#reader.free();
+    this.#coding?.piece.free();
+    this.#coding?.out.forEach((b) => b.free());
   }
 }
 
@@ -339,12 +472,16 @@ async function packRegion(
   r: PackRegion,
   bufs: NativeBuffer[],
   conv: NativeBuffer,
-  input: (f: string, direct: boolean) => IoFile,
-  reader: RangeReader,
-  sink: { next: number; write: (buf: NativeBuffer, len: number, off: number) => Promise<void> },
-  piece: number,
-  coder?: { piece: NativeBuffer; out: NativeBuffer[]; next: number },
+  src: {
+    input: (f: string, direct: boolean) => IoFile;
+    direct: boolean;
+    reader: RangeReader;
+    sink: { next: number; write: (buf: NativeBuffer, len: number, off: number) => Promise<void> };
+    piece: number;
+    coder?: { piece: NativeBuffer; out: NativeBuffer[]; next: number };
+  },
 ): Promise<void> {
+  const { input, reader, sink, piece, coder } = src;
   const stage = bufs[0].bytes;
   const hasher = new Hasher();
   const checker = new RegionChecker(k, r.region.tensors);
@@ -407,11 +544,11 @@ async function packRegion(
   };
   for (const t of r.tensors) {
     await pad(t.entry.offset);
-    const src = t.src;
-    const widen = t.entry.bytes !== src.bytes; // BF16/F16 -> F32
+    const from = t.src;
+    const widen = t.entry.bytes !== from.bytes; // BF16/F16 -> F32
     if (!widen) {
       // Stored as is: stream the bytes through the reader (reads ahead) into staging.
-      for await (const piece of reader.range(input(src.file, true), src.offset, src.bytes)) {
+      for await (const piece of reader.range(input(from.file, src.direct), from.offset, from.bytes)) {
         let at = 0;
         while (at < piece.length) {
           const n = Math.min(piece.length - at, stage - pos);
@@ -425,14 +562,14 @@ async function packRegion(
       continue;
     }
     // Widened (vectors, F16 matrices): pieces read into `conv`, converted into staging.
-    const f = input(src.file, false);
-    const inSize = src.dtype === "F32" ? 4 : 2;
+    const f = input(from.file, false);
+    const inSize = from.dtype === "F32" ? 4 : 2;
     let done = 0; // source bytes consumed
-    while (done < src.bytes) {
+    while (done < from.bytes) {
       const space = stage - pos;
-      const elems = Math.min((src.bytes - done) / inSize, Math.floor(space / 4), Math.floor(conv.bytes / inSize));
-      await f.readExact(conv.ptr, elems * inSize, src.offset + done);
-      if (src.dtype === "BF16") k.k3_bf16_to_f32(conv.ptr, bufs[cur].at(pos), elems);
+      const elems = Math.min((from.bytes - done) / inSize, Math.floor(space / 4), Math.floor(conv.bytes / inSize));
+      await f.readExact(conv.ptr, elems * inSize, from.offset + done);
+      if (from.dtype === "BF16") k.k3_bf16_to_f32(conv.ptr, bufs[cur].at(pos), elems);
       else k.k3_f16_to_f32(conv.ptr, bufs[cur].at(pos), elems);
       pos += elems * 4;
       regionPos += elems * 4;
@@ -452,7 +589,7 @@ async function packRegion(
  * (plain and from the coded form, all cores) and the sequential read of `sample` (a source
  * shard, on the disk the pack reads). Logs the rates, the prediction and the choice.
  */
-async function chooseCodec(k: Kernels, sample: string, log: (s: string) => void): Promise<TrunkCodec> {
+export async function chooseCodec(k: Kernels, sample: string, log: (s: string) => void): Promise<TrunkCodec> {
   const dec = await measureDecodeRate(k, libraryPath());
   const disk = await measureDiskRate(k, sample);
   const v = codecVerdict({ disk, plain: dec.plainProduct, split: dec.splitProduct, ratio: dec.ratio });

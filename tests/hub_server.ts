@@ -3,9 +3,10 @@
  * protocol `k3 pull` uses: `GET /api/models/OWNER/NAME/revision/REV?blobs=true` (the file
  * list with sizes, git blob ids and LFS SHA-256s), `GET /OWNER/NAME/resolve/COMMIT/PATH`
  * (small files answered directly, LFS files redirected to a second server on another
- * port, the "CDN", which honours Range requests). Faults are switched on per test: a
- * token required (401), a rate limit with Retry-After (429), a transfer cut or stalled
- * after N bytes, corrupted content. Every request is recorded.
+ * port, the "CDN", which honours Range requests, open `bytes=N-` and closed `bytes=N-M`).
+ * Faults are switched on per test: a token required (401), a rate limit with Retry-After
+ * (429), a transfer cut or stalled after N bytes, corrupted content, Range headers
+ * ignored. Every request is recorded.
  *
  * @module
  */
@@ -34,12 +35,16 @@ export interface Faults {
   token?: string;
   /** The next this-many file-list requests answer 429 with `Retry-After: 1`. */
   rateLimited?: number;
-  /** The next body of this file stops (connection dropped) after `bytes`. */
+  /** The next body of this file that runs past byte `bytes` stops there (connection dropped). */
   cut?: { path: string; bytes: number };
-  /** The next body of this file sends `bytes` and then nothing until the client goes. */
+  /** The next body of this file that runs past byte `bytes` sends up to it and then nothing
+   * until the client goes. */
   stall?: { path: string; bytes: number; reached?: () => void };
-  /** Bodies of this file have one byte flipped (the next `times` bodies). */
+  /** Bodies of this file that run to its end have one byte flipped (the next `times` of
+   * them; a ranged read of its header is left alone). */
   corrupt?: { path: string; times: number };
+  /** Range headers are ignored: every body is the whole file, with status 200. */
+  noRanges?: boolean;
 }
 
 /** The commit every revision resolves to. */
@@ -84,16 +89,18 @@ export async function repoFromDir(dir: string, extra: Record<string, string> = {
   return files.sort((a, b) => a.path.localeCompare(b.path));
 }
 
-/** A body that sends `bytes` (from `from`), honouring the cut and stall faults. */
-function body(f: RepoFile, from: number, faults: Faults): BodyInit {
-  let data = f.bytes.subarray(from);
-  if (faults.corrupt?.path === f.path && faults.corrupt.times > 0) {
+/** A body that sends bytes [from, to) of the file, honouring the cut and stall faults. */
+function body(f: RepoFile, from: number, to: number, faults: Faults): BodyInit {
+  let data = f.bytes.subarray(from, to);
+  if (faults.corrupt?.path === f.path && faults.corrupt.times > 0 && to === f.bytes.length) {
     faults.corrupt.times--;
     data = data.slice();
     data[Math.floor(data.length / 2)] ^= 0xff;
   }
-  const cut = faults.cut?.path === f.path ? faults.cut : undefined;
-  const stall = faults.stall?.path === f.path ? faults.stall : undefined;
+  const reaches = <T extends { path: string; bytes: number }>(fault?: T) =>
+    fault?.path === f.path && from < fault.bytes && to > fault.bytes ? fault : undefined;
+  const cut = reaches(faults.cut);
+  const stall = reaches(faults.stall);
   if (!cut && !stall) return data as Uint8Array<ArrayBuffer>;
   if (cut) faults.cut = undefined;
   if (stall) faults.stall = undefined;
@@ -129,12 +136,14 @@ export function startHub(files: RepoFile[], repo = "k3test/tiny"): HubServer {
     });
 
   const content = (f: RepoFile, req: Request, headers: Record<string, string>): Response => {
-    const m = req.headers.get("range")?.match(/^bytes=(\d+)-$/);
+    const m = faults.noRanges ? null : req.headers.get("range")?.match(/^bytes=(\d+)-(\d*)$/);
     const from = m ? Number(m[1]) : 0;
     if (from >= f.bytes.length && m) return new Response(null, { status: 416 });
-    const h: Record<string, string> = { ...headers, "content-length": String(f.bytes.length - from) };
-    if (m) h["content-range"] = `bytes ${from}-${f.bytes.length - 1}/${f.bytes.length}`;
-    return new Response(body(f, from, faults), { status: m ? 206 : 200, headers: h });
+    // An open range runs to the end; a closed one (`bytes=0-65535`) to its last byte.
+    const to = m?.[2] ? Math.min(Number(m[2]) + 1, f.bytes.length) : f.bytes.length;
+    const h: Record<string, string> = { ...headers, "content-length": String(to - from) };
+    if (m) h["content-range"] = `bytes ${from}-${to - 1}/${f.bytes.length}`;
+    return new Response(body(f, from, to, faults), { status: m ? 206 : 200, headers: h });
   };
 
   const cdn = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, (req) => {

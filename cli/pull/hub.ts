@@ -211,3 +211,44 @@ export async function listRevision(hub: HubClient, repo: string, revision: strin
   }
   return { commit: body.sha, files };
 }
+
+/**
+ * Bytes [start, start + length) of the file at `url` (a ranged GET; a server that ignores
+ * the Range and sends the whole file is read only as far as needed). Fewer bytes come back
+ * only when the file ends first.
+ */
+export async function fetchBytes(
+  hub: HubClient,
+  url: string,
+  what: string,
+  start: number,
+  length: number,
+): Promise<Uint8Array> {
+  const res = await hubGet(hub, url, what, {
+    "accept-encoding": "identity",
+    range: `bytes=${start}-${start + length - 1}`,
+  });
+  if (res.status === 416) return new Uint8Array(0);
+  let skip = res.status === 206 ? start - Number(res.headers.get("content-range")?.match(/^bytes (\d+)-/)?.[1]) : start;
+  if (!(skip >= 0)) {
+    await res.body?.cancel();
+    throw new K3Error(`pull: ${what}: the server answered a range that does not start at byte ${start}`);
+  }
+  const out = new Uint8Array(length);
+  let have = 0;
+  const reader = res.body!.getReader();
+  try {
+    while (have < length) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      const chunk = value.subarray(Math.min(skip, value.length));
+      skip -= value.length - chunk.length;
+      const n = Math.min(chunk.length, length - have);
+      out.set(chunk.subarray(0, n), have);
+      have += n;
+    }
+  } finally {
+    await reader.cancel().catch(() => {});
+  }
+  return out.subarray(0, have);
+}

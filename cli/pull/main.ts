@@ -1,13 +1,15 @@
 /**
  * `k3 pull REPO DIR`: a model from the Hugging Face Hub (or a mirror, HF_ENDPOINT) into
  * DIR, every file verified against the hub's hash before it counts, resumable after any
- * interruption, several files at once; then, with `--pack TRUNK`, the trunk packed. Run
- * again on the same DIR it verifies what is there and fetches only what is missing or
- * wrong.
+ * interruption, several files at once; with `--pack TRUNK`, the trunk packed as each shard
+ * lands (cli/pull/pack_as_landed.ts). Run again on the same DIR it verifies what is there
+ * (trusting what it verified before and is unchanged since, cli/pull/verified.ts) and
+ * fetches only what is missing or wrong.
  *
  * Its phases: the revision's file list (cli/pull/hub.ts), the files to fetch (`--text-only`
  * drops those only vision needs), free space for them and the trunk, the transfers
- * (cli/pull/transfer.ts) with their progress, the pack.
+ * (cli/pull/transfer.ts) with their progress; with `--pack` the small files first, then the
+ * shards' headers, then the shards, each packed as it lands.
  *
  * @module
  */
@@ -15,25 +17,29 @@
 import { statfsSync } from "node:fs";
 import { EXIT, K3Error, usageError } from "../../engine/errors.ts";
 import { isRegularFile } from "../../engine/native/files.ts";
-import { packTrunk } from "../../pack/pack.ts";
+import type { IncrementalPack } from "../../pack/incremental.ts";
 import { CHECKPOINT_BYTES, TRUNK_BYTES } from "../doctor/facts.ts";
 import { type CommandFlags, commandFlags } from "../flags.ts";
 import { fmtSize, info, transferLine } from "../progress.ts";
 import { checkRepo, type HubClient, type HubFile, hubFromEnv, listRevision } from "./hub.ts";
 import { transferFile, type TransferResult } from "./transfer.ts";
 import { PullProgress } from "./progress.ts";
+import { VerifiedRecord } from "./verified.ts";
+import { isShard, startPack } from "./pack_as_landed.ts";
 
 /** `k3 pull`'s flags and help. */
 export const PULL_FLAGS: CommandFlags = commandFlags({
   name: "pull",
-  head: `usage: k3 pull <repo> <dir> [--revision REV] [--text-only] [--pack TRUNK_DIR] [--jobs N]
+  head: `usage: k3 pull <repo> <dir> [--revision REV] [--text-only] [--pack TRUNK_DIR [--codec C]]
+                  [--jobs N] [--verify]
 
 Downloads the model <repo> (OWNER/NAME on the Hugging Face Hub) into <dir>. Every file is
 checked against the hub's SHA-256 (LFS) or git blob id before it counts; a transfer that
 stops (network, Ctrl-C, a full disk) resumes from its <file>.part on the next run; run on a
-directory that holds the model, it verifies every file and fetches only what is missing or
-wrong. Free space for the files (and, with --pack, the trunk) is checked before the first
-shard. HF_TOKEN=... is sent to the hub as a Bearer token (gated or private models);
+directory that holds the model, it checks every file (those verified before and unchanged
+since by their size and time, all of them with --verify) and fetches only what is missing
+or wrong. With --pack the trunk is packed as each shard lands and verifies. Free space for
+the files (and, with --pack, the trunk) is checked before the first shard. HF_TOKEN=... is sent to the hub as a Bearer token (gated or private models);
 HF_ENDPOINT=URL uses a mirror.`,
   groups: [{
     name: "pull",
@@ -48,8 +54,11 @@ HF_ENDPOINT=URL uses a mirror.`,
       pack: {
         type: "string",
         value: "TRUNK_DIR",
-        help: "after the download, pack the trunk there (as k3 pack <dir> TRUNK_DIR)",
+        help: "pack the trunk there as the shards land (the trunk k3 pack <dir>\n" +
+          "TRUNK_DIR makes; an interrupted pull resumes its pack too)",
       },
+      codec: { type: "string", value: "C", help: "with --pack: auto, raw or split (as k3 pack --codec)" },
+      verify: { type: "boolean", help: "hash every file on disk again, even those recorded as verified" },
       jobs: { type: "string", value: "N", help: "files downloaded at once (default 4, 1-16)" },
     },
   }],
@@ -160,29 +169,42 @@ function readWeightMap(dir: string): Record<string, string> | undefined {
   }
 }
 
-/** Runs the transfers, `jobs` at a time, small files first; stops taking new ones on a failure. */
+/**
+ * Runs the transfers, `jobs` at a time, small files first; stops taking new ones on a
+ * failure. `landed` runs once each file is verified and in place, before its worker takes
+ * the next file.
+ */
 async function transferAll(
-  hub: HubClient,
-  repo: string,
-  commit: string,
+  run: PullRun,
   files: HubFile[],
-  dir: string,
   jobs: number,
-  progress: PullProgress,
+  landed?: (f: HubFile) => Promise<void>,
 ): Promise<Map<TransferResult, number>> {
-  const queue = [...files].sort((a, b) => a.size - b.size || a.path.localeCompare(b.path));
+  const { hub, repo, commit, dir, progress, verified } = run;
+  // Small files first; but shards to pack in name order, the order a checkpoint's layers
+  // are written in, so the trunk's regions complete (and pack) as early as they can.
+  const queue = landed
+    ? [...files].sort((a, b) => a.path.localeCompare(b.path))
+    : [...files].sort((a, b) => a.size - b.size || a.path.localeCompare(b.path));
   const results = new Map<TransferResult, number>();
   let failure: unknown;
   const worker = async () => {
     for (let f = queue.shift(); f && failure === undefined; f = queue.shift()) {
       progress.begin(f.path, f.size);
       try {
-        const r = await transferFile(hub, repo, commit, f, dir, {
-          bytes: (n, fetched) => progress.bytes(f!.path, n, fetched),
-          note: (line) => progress.note(line),
-        });
+        let r: TransferResult = "unchanged";
+        if (verified.unchanged(f)) progress.bytes(f.path, f.size, false);
+        else {
+          r = await transferFile(hub, repo, commit, f, dir, {
+            bytes: (n, fetched) => progress.bytes(f!.path, n, fetched),
+            note: (line) => progress.note(line),
+          });
+          verified.add(f);
+        }
         results.set(r, (results.get(r) ?? 0) + 1);
         progress.end(f.path, r);
+        // Verified and in place: what it holds may be used now (pull --pack packs it).
+        await landed?.(f);
       } catch (e) {
         failure ??= e;
       }
@@ -192,6 +214,19 @@ async function transferAll(
   progress.finish();
   if (failure !== undefined) throw failure;
   return results;
+}
+
+/** What every transfer of one pull shares. */
+interface PullRun {
+  hub: HubClient;
+  repo: string;
+  /** The commit the revision resolved to. */
+  commit: string;
+  /** The model directory. */
+  dir: string;
+  progress: PullProgress;
+  /** The files verified before, and unchanged since, are not hashed again. */
+  verified: VerifiedRecord;
 }
 
 /** Runs `k3 pull`; returns the exit code. */
@@ -208,6 +243,11 @@ export async function main(args: string[]): Promise<number> {
   const jobs = Number(jobsText);
   if (!/^\d+$/.test(jobsText) || jobs < 1 || jobs > 16) throw usageError(`pull: --jobs ${jobsText}: expected 1-16`);
   const trunkDir = flags.str("pack");
+  const codec = flags.str("codec") ?? "auto";
+  if (codec !== "auto" && codec !== "raw" && codec !== "split") {
+    throw usageError(`pull: --codec ${JSON.stringify(codec)}: expected auto, raw or split`);
+  }
+  if (flags.str("codec") !== undefined && trunkDir === undefined) throw usageError("pull: --codec needs --pack");
   const revision = flags.str("revision") ?? "main";
   try {
     if (Deno.statSync(dir).isDirectory === false) throw usageError(`pull: ${dir} exists and is not a directory`);
@@ -223,10 +263,18 @@ export async function main(args: string[]): Promise<number> {
 
   // The index first (it is small): --text-only needs its map before choosing shards.
   const index = listing.files.find((f) => f.path === INDEX);
+  const run: PullRun = {
+    hub,
+    repo,
+    commit: listing.commit,
+    dir,
+    progress,
+    verified: new VerifiedRecord(dir, flags.bool("verify")),
+  };
   let results = new Map<TransferResult, number>();
   if (index) {
     progress.setTotal(index.size);
-    results = await transferAll(hub, repo, listing.commit, [index], dir, 1, progress);
+    results = await transferAll(run, [index], 1);
   }
   const files = selectFiles(listing.files, flags.bool("text-only"), readWeightMap(dir)).filter((f) => f !== index);
   const skipped = listing.files.length - files.length - (index ? 1 : 0);
@@ -234,19 +282,51 @@ export async function main(args: string[]): Promise<number> {
   checkSpace(dir, stillNeeded(files, dir), trunk);
 
   progress.setTotal(files.reduce((a, f) => a + f.size, 0) + (index?.size ?? 0));
-  for (const [r, n] of await transferAll(hub, repo, listing.commit, files, dir, jobs, progress)) {
-    results.set(r, (results.get(r) ?? 0) + n);
+  const add = (more: Map<TransferResult, number>) => {
+    for (const [r, n] of more) results.set(r, (results.get(r) ?? 0) + n);
+  };
+  let pack: IncrementalPack | undefined;
+  try {
+    if (trunkDir === undefined) add(await transferAll(run, files, jobs));
+    else {
+      // The small files first (the pack needs config.json), then each shard's header, then
+      // the shards, each packed into the trunk as it lands.
+      const shards = files.filter(isShard);
+      add(await transferAll(run, files.filter((f) => !isShard(f)), jobs));
+      pack = await startPack(
+        hub,
+        repo,
+        listing.commit,
+        dir,
+        trunkDir,
+        shards,
+        codec,
+        progress,
+        (f) => run.verified.unchanged(f),
+      );
+      const packer = pack;
+      add(await transferAll(run, shards, jobs, (f) => packer.landed(f.path)));
+    }
+  } catch (e) {
+    pack?.close();
+    throw e;
   }
   const count = (r: TransferResult) => results.get(r) ?? 0;
   info(
     `pull: ${dir}: ${files.length + (index ? 1 : 0)} files, ${fmtSize(progress.total)}, every one verified ` +
       `(${count("fetched")} downloaded, ${count("resumed")} resumed, ${count("repaired")} repaired, ${
-        count("present")
+        count("present") + count("unchanged")
       } already there${skipped ? `; ${skipped} vision-only skipped` : ""})`,
   );
   if (progress.fetchedBytes > 0) {
     info(transferLine("pull: transferred", progress.fetchedBytes, progress.fetchedBytes, progress.rate()));
   }
-  if (trunkDir !== undefined) await packTrunk(dir, trunkDir, { codec: "auto" });
+  if (pack) {
+    try {
+      await pack.finish();
+    } finally {
+      pack.close();
+    }
+  }
   return EXIT.ok;
 }

@@ -30,6 +30,10 @@ export class PullProgress {
   done = 0;
   /** Bytes that came over the network in this run. */
   fetchedBytes = 0;
+  /** Bytes of the trunk to pack (0: no --pack). */
+  packTotal = 0;
+  /** Bytes of the trunk packed (or kept from an earlier run). */
+  packDone = 0;
   #firstFetch = 0;
   #active = new Map<string, Active>();
   #drawn = 0;
@@ -77,13 +81,23 @@ export class PullProgress {
     this.#tick();
   }
 
+  /** `n` more bytes of the trunk are packed. */
+  packed(n: number): void {
+    this.packDone += n;
+    this.#tick();
+  }
+
   /** A file is in place and verified. */
   end(path: string, result: TransferResult): void {
     const a = this.#active.get(path);
     this.#active.delete(path);
     if (!a) return;
     const s = (performance.now() - a.start) / 1000;
-    const how = result === "present" ? "already there, verified" : `${result}, verified`;
+    const how = result === "present"
+      ? "already there, verified"
+      : result === "unchanged"
+      ? "already there, unchanged since it was verified"
+      : `${result}, verified`;
     const speed = a.fetched > 0 && s > 0 ? ` in ${fmtDuration(s)}` : "";
     this.#above(() => info(`pull: ${path}: ${how}${speed}`));
   }
@@ -100,6 +114,7 @@ export class PullProgress {
 
   #lines(): string[] {
     const lines = [transferLine("pull", this.done, this.total, this.rate())];
+    if (this.packTotal > 0) lines.push(transferLine("pack", this.packDone, this.packTotal));
     const now = performance.now();
     for (const [path, a] of this.#active) {
       const s = (now - a.start) / 1000;

@@ -24,8 +24,9 @@ export interface TransferEvents {
   note(line: string): void;
 }
 
-/** How a file ended up in place. */
-export type TransferResult = "present" | "fetched" | "resumed" | "repaired";
+/** How a file ended up in place ("unchanged": as it was when an earlier pull verified it,
+ * cli/pull/verified.ts, so not hashed again). */
+export type TransferResult = "present" | "unchanged" | "fetched" | "resumed" | "repaired";
 
 /** The hash the hub publishes for `file`, as a running hasher, and its expected digest. */
 function hasher(file: HubFile): { hash: Hash | undefined; want: string | undefined; name: string } {

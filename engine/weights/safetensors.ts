@@ -221,14 +221,27 @@ export class Checkpoint {
     shards.sort();
     // A shard must be a regular file (a symlink to a directory or a FIFO is refused, never read).
     for (const f of shards) requireRegular(f, "checkpoint shard");
-    const tensors = new Map<string, TensorInfo>();
+    const headers: TensorInfo[][] = [];
     for (let i = 0; i < shards.length; i++) {
-      for (const t of await readShardHeader(shards[i])) {
+      headers.push(await readShardHeader(shards[i]));
+      onShard?.(i + 1, shards.length);
+    }
+    return Checkpoint.fromHeaders(dir, shards, headers);
+  }
+
+  /**
+   * The checkpoint the shards `shards` of `dir` make, from their headers (parsed with
+   * parseShardHeader, one list per shard): `k3 pull --pack` lays out the trunk from the
+   * headers before the shards themselves are downloaded.
+   */
+  static fromHeaders(dir: string, shards: string[], headers: TensorInfo[][]): Checkpoint {
+    const tensors = new Map<string, TensorInfo>();
+    for (const list of headers) {
+      for (const t of list) {
         const prev = tensors.get(t.name);
         if (prev) throw new K3Error(`${t.file}: tensor ${t.name} also in ${prev.file}`);
         tensors.set(t.name, t);
       }
-      onShard?.(i + 1, shards.length);
     }
     return new Checkpoint(dir, shards, tensors);
   }

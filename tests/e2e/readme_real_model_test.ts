@@ -53,6 +53,8 @@ Deno.test("README: pull (interrupted once), doctor, pack, chat and serve on a ch
   }
   const trunk = asRun(lines[0]).match(/--pack (\S+)/)![1];
   assert.ok((await Deno.stat(`${trunk}/manifest.json`)).isFile, "the trunk is packed");
+  // Packed as the shards landed, not after the download.
+  assert.match(pull.stderr, /pack: \d+ trunk regions? packed once model-00001-of-00003\.safetensors landed/);
 
   const doctor = await runCmd("sh", ["-c", asRun(lines[1])], { env, seconds: 300 });
   assert.equal(doctor.code, 0, doctor.stdout + doctor.stderr);

@@ -75,3 +75,21 @@ Deno.test("pull: progress shows bytes, rate and ETA in all and per file, redrawn
   p.finish();
   assert.equal(out, "\x1b[2A\r\x1b[J");
 });
+
+Deno.test("pull: with --pack the progress block shows the trunk packed under the download", () => {
+  let out = "";
+  const p = new PullProgress(true, (t) => void (out += t));
+  p.setTotal(2e9);
+  p.packTotal = 1e9;
+  p.begin("model-00001-of-00002.safetensors", 1e9);
+  p.bytes("model-00001-of-00002.safetensors", 1e9, true);
+  out = "";
+  p.packed(250e6);
+  p.note("pack: 3 trunk regions packed once model-00001-of-00002.safetensors landed; 2 to go");
+  // The redrawn block: the download in all, the pack, then each file in flight.
+  // deno-lint-ignore no-control-regex
+  assert.match(
+    out,
+    /\x1b\[Jpull: 1\.0 GB \/ 2\.0 GB \(50%\), [^\n]*\npack: 250\.0 MB \/ 1\.0 GB \(25%\)\n {2}model-00001/,
+  );
+});
