@@ -38,6 +38,9 @@ export type GNode =
       /** The JSON type of the value (a tool call writes a string raw, any other as JSON). */
       readonly type: "number" | "string";
       readonly start: (sym: number, below: Stack | null, out: Stack[]) => void;
+      /** A string's frame written raw (a tool call's top-level string argument), ended by the
+       * special symbol `until`; undefined: no string can be written. */
+      readonly raw?: (until: number) => Frame | undefined;
     }
   )
   & { readonly tight?: boolean };

@@ -238,9 +238,12 @@ class CallArguments {
         return json("object");
       case "arr":
         return json("array");
-      case "ext":
-        // A bounded number is JSON; a patterned string would be raw, which compileToolParameters refuses.
-        return n.type === "number" ? json("number") : [];
+      case "ext": {
+        // A bounded number is JSON; a patterned string is raw, its pattern walked as it is written.
+        if (n.type === "number") return json("number");
+        const rest = this.lit(TOOL_MARKUP.closeArgument.slice("<|close|>".length));
+        return n.raw?.(this.close) ? [{ type: "string", frames: () => [n.raw!(this.close)!, rest] }] : [];
+      }
       case "lit": {
         const v = JSON.parse(new TextDecoder().decode(Uint8Array.from(n.syms)));
         const text = typeof v === "string" ? v : String.fromCharCode(...n.syms);

@@ -603,7 +603,7 @@ function compileAnew(pattern: string | undefined, format: string | undefined, mi
   return new Dfa(alphabet, table, min, max);
 }
 
-/** The grammar node of a string that `dfa` constrains. */
+/** The grammar node of a string that `dfa` constrains, as a JSON string or written raw. */
 export function patternString(dfa: Dfa): GNode {
   return {
     k: "ext",
@@ -611,6 +611,7 @@ export function patternString(dfa: Dfa): GNode {
     start(sym, below, out) {
       if (sym === QUOTE && dfa.canFinish(0, 0)) emit(push(new PatternStr(dfa, 0, 0, IDLE, 0, 0), below), out);
     },
+    raw: (until) => dfa.canFinish(0, 0) ? new PatternStr(dfa, 0, 0, IDLE, 0, 0, until) : undefined,
   };
 }
 
@@ -642,7 +643,9 @@ function hexValue(b: number): number {
 /**
  * A JSON string body (after its opening quote) whose characters `dfa` walks: state `q`
  * after `n` characters, in the middle of a character (`mode`) with the bits read so far
- * (`bits`) and `left` bytes or hex digits to come.
+ * (`bits`) and `left` bytes or hex digits to come. With `until`, the string is written raw
+ * instead (a tool call's top-level string argument, as RawStr): every byte is text (quotes,
+ * backslashes and newlines too, no escapes) and the special symbol `until` ends it.
  */
 export class PatternStr implements Frame {
   /** See the class comment. */
@@ -653,6 +656,7 @@ export class PatternStr implements Frame {
     readonly mode: number,
     readonly bits: number,
     readonly left: number,
+    readonly until?: number,
   ) {}
 
   /** The code points a partial character can still become. */
@@ -670,27 +674,33 @@ export class PatternStr implements Frame {
     below: Stack | null,
     out: Stack[],
   ) {
-    const next = new PatternStr(this.dfa, this.q, this.n, mode, bits, left);
+    const next = new PatternStr(this.dfa, this.q, this.n, mode, bits, left, this.until);
     const [lo, hi] = next.#span(bits, left, lowest);
     if (this.dfa.anyNext(this.q, lo, Math.min(hi, highest), this.n) >= 0) out.push(push(next, below));
   }
 
   #char(cp: number, below: Stack | null, out: Stack[]) {
     const t = this.dfa.step(this.q, cp, this.n);
-    if (t >= 0) out.push(push(new PatternStr(this.dfa, t, this.n + 1, IDLE, 0, 0), below));
+    if (t >= 0) out.push(push(new PatternStr(this.dfa, t, this.n + 1, IDLE, 0, 0, this.until), below));
   }
 
   /** See {@link Frame.step}. */
   step(sym: number, below: Stack | null, out: Stack[]): void {
+    const raw = this.until !== undefined;
+    if (raw && sym === this.until) {
+      if (this.mode === IDLE && this.dfa.accept[this.q] && this.n >= this.dfa.minLength) out.push(below ?? DONE);
+      return;
+    }
     if (sym >= SPECIAL_BASE) return;
     switch (this.mode) {
       case IDLE:
-        if (sym === QUOTE) {
+        if (raw && sym < 0x80) this.#char(sym, below, out);
+        else if (sym === QUOTE) {
           if (this.dfa.accept[this.q] && this.n >= this.dfa.minLength) out.push(below ?? DONE);
         } else if (sym === BACKSLASH) {
           const anyEscape = Object.values(SIMPLE_ESCAPES).some((cp) => this.dfa.step(this.q, cp, this.n) >= 0) ||
             this.dfa.anyNext(this.q, 0, 0xffff, this.n) >= 0;
-          if (anyEscape) out.push(push(new PatternStr(this.dfa, this.q, this.n, ESCAPE, 0, 0), below));
+          if (anyEscape) out.push(push(new PatternStr(this.dfa, this.q, this.n, ESCAPE, 0, 0, this.until), below));
         } else if (sym >= 0x20 && sym < 0x80) this.#char(sym, below, out);
         else if (sym >= 0xc2 && sym <= 0xdf) this.#partial(UTF8 + 2, sym & 0x1f, 1, 0x80, 0x7ff, below, out);
         else if (sym >= 0xe0 && sym <= 0xef) this.#partial(UTF8 + 3, sym & 0x0f, 2, 0x800, 0xffff, below, out);
@@ -726,6 +736,6 @@ export class PatternStr implements Frame {
     const d = this.dfa;
     return `P${identity(d)},${this.q},${Math.min(this.n, d.minLength)},${
       Math.min(d.maxLength - this.n, d.horizon + 1)
-    },${this.mode},${this.bits},${this.left}`;
+    },${this.mode},${this.bits},${this.left},${this.until ?? ""}`;
   }
 }

@@ -498,25 +498,7 @@ export function compileToolParameters(schema: unknown): GNode {
     const k = ["anyOf", "$ref", "enum", "const"].find((x) => s[x] !== undefined)!;
     throw new SchemaError(`'${k}': a tool's parameters must be a plain object schema`, k);
   }
-  const node = compileSchema({ ...s, type: "object" });
-  // A top-level string argument is written raw (the trained call form), not as a JSON string,
-  // so the pattern and format automata (which read JSON strings) cannot constrain it.
-  const raw = (n: GNode | null, hops = 0): boolean =>
-    n !== null && hops < 64 &&
-    (n.k === "ext"
-      ? n.type === "string"
-      : n.k === "alt"
-      ? n.of.some((x) => raw(x, hops + 1))
-      : n.k === "ref" && raw(n.target, hops + 1));
-  if (node.k === "obj") {
-    const p = node.props.find((p) => raw(p.value));
-    const where = p ? `properties.${p.name}` : raw(node.additional) ? "additionalProperties" : undefined;
-    if (where !== undefined) {
-      throw new SchemaError(
-        `'${where}': 'pattern' and 'format' are enforced inside JSON values; a tool's top-level string argument is written raw and cannot carry them`,
-        where,
-      );
-    }
-  }
-  return node;
+  // A top-level string argument is written raw (the trained call form); a patterned one
+  // walks its pattern as it is written (PatternStr with `until`).
+  return compileSchema({ ...s, type: "object" });
 }
