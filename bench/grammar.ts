@@ -6,13 +6,15 @@
  * following a schema and once as any JSON (`json_object`: free keys), per step of the same
  * document as a forced tool call in the trained form (`tool_call`: argument elements, strings
  * raw), and once following a schema as clients write them (`client`: integer and number
- * bounds, a pattern, the uuid, date-time, email and uri formats), each mode with its own
+ * bounds, a pattern, the uuid, date-time, email and uri formats; `client_tool`: the same as
+ * a forced tool call's arguments, the strings raw), each mode with its own
  * constraint (so its state table and mask cache start cold every round):
  *
  * - greedy, the argmax allowed (the common case: one token checked);
  * - greedy, the three best tokens refused (re-takes of the argmax);
- * - sampled (temperature 1, top-p 0.95), the draw allowed;
- * - sampled, the draw refused (the whole mask and a second draw);
+ * - sampled (temperature 1, top-p 0.95): the whole mask, then one draw among the allowed
+ *   tokens (one draw for every mode: a seed draws the same whatever else is asked);
+ * - sampled, the three most likely tokens refused (the same path; the draw sees them masked);
  * - the whole mask alone (what log probabilities pay every step), with its worst case by
  *   the kind of state it was computed in (entering a string, a key, a number ...).
  *
@@ -178,16 +180,23 @@ const symbols = tokenSymbols(tok, VOCAB);
 const buildSeconds = (performance.now() - tBuild) / 1000;
 const eos = tok.specialId("[EOS]");
 const target = [...tok.encode(JSON.stringify(DOC, null, 2)), eos];
-/** The forced call of a tool whose parameters are SCHEMA, in the trained form (argument
+/** The forced call of get_record with the arguments `doc`, in the trained form (argument
  * elements, strings raw, other values as the encoder writes them), after an empty
  * response channel. */
-const callTarget = (() => {
+function callTarget(doc: unknown): number[] {
   const m = TOOL_MARKUP;
-  const args = argumentElements(pythonJson(DOC))!.map((e) => m.openArgument(e.key, e.type) + e.text + m.closeArgument);
+  const args = argumentElements(pythonJson(doc))!.map((e) => m.openArgument(e.key, e.type) + e.text + m.closeArgument);
   const text = m.closeResponse + m.openTools + m.openCall("get_record", 1) + args.join("") + m.closeCall +
     m.closeTools + m.closeMessage;
   return [...tok.encode(text, { allowSpecial: true }), eos];
-})();
+}
+/** A forced call of get_record whose arguments follow `schema`. */
+const forcedCall = (schema: unknown): GrammarSpec => ({
+  kind: "tools",
+  tools: [{ name: "get_record", args: compileSchema(schema) }],
+  parallel: false,
+  reply: "response",
+});
 /** What clients generate (zod 4, pydantic): integer and number bounds, a pattern, formats. */
 const CLIENT_SCHEMA = {
   type: "object",
@@ -218,19 +227,13 @@ const GRAMMARS: Record<string, { spec: GrammarSpec; target: number[] }> = {
   schema: { spec: { kind: "value", value: compileSchema(SCHEMA) }, target },
   json_object: { spec: { kind: "value", value: compileSchema({}) }, target },
   // tool_choice named, the trained form (the floor token is the same reference).
-  tool_call: {
-    spec: {
-      kind: "tools",
-      tools: [{ name: "get_record", args: compileSchema(SCHEMA) }],
-      parallel: false,
-      reply: "response",
-    },
-    target: callTarget,
-  },
+  tool_call: { spec: forcedCall(SCHEMA), target: callTarget(DOC) },
   client: {
     spec: { kind: "value", value: compileSchema(CLIENT_SCHEMA) },
     target: [...tok.encode(JSON.stringify(CLIENT_DOC, null, 2)), eos],
   },
+  // The same as a forced tool's arguments: the patterned and formatted strings written raw.
+  client_tool: { spec: forcedCall(CLIENT_SCHEMA), target: callTarget(CLIENT_DOC) },
 };
 type GrammarName = keyof typeof GRAMMARS;
 
@@ -293,14 +296,11 @@ function maskRound(): void {
         const sample = sampled ? sampler() : argmax;
         // Time inside the sampler, so the mask's share is the pick's time minus it.
         let inChoose = 0;
-        const refusedDraw = mode === "sampled_refused";
-        let first = true;
+        // A sampled pick takes the whole mask, then draws once among the allowed tokens (one
+        // draw for every mode), so refused tokens above the wanted one never reach the draw.
         const choose = (l: Float32Array) => {
           const c0 = performance.now();
-          // sampled_refused: the first draw is one of the refused tokens, as a model's would be.
-          const t = refusedDraw && first ? refused[0] : sample(l);
-          if (refusedDraw && first) sample(l);
-          first = false;
+          const t = sample(l);
           inChoose += performance.now() - c0;
           return t;
         };
@@ -311,12 +311,12 @@ function maskRound(): void {
         const b = base.slice();
         const kind = mode === "full_mask" ? stateKind(runs[mode].state) : "";
         const t2 = performance.now();
-        const got = runs[mode].pick(b, sample === argmax && !refusedDraw ? argmax : choose);
+        const got = runs[mode].pick(b, sample === argmax ? argmax : choose);
         const t3 = performance.now();
         if (got !== want) throw new Error(`${g} ${mode}: step ${i} picked ${got}, wanted ${want}`);
         chooseSeconds[sampled ? "sampled" : "greedy"].push((t1 - t0) / 1000);
         // Greedy passes argmax itself (the constraint re-takes it lazily): its time is the pick's minus one argmax.
-        const own = sample === argmax && !refusedDraw ? t1 - t0 : inChoose;
+        const own = sample === argmax ? t1 - t0 : inChoose;
         const cost = Math.max(0, t3 - t2 - own) / 1000;
         (costs[`${g} ${mode}`] ??= []).push(cost);
         if (mode === "full_mask") {
@@ -521,7 +521,7 @@ console.log(
   } s`,
 );
 console.log(
-  `${ROUNDS} rounds of up to ${steps} steps of a ${target.length}-token reply (tool_call: ${callTarget.length}); load ${load()}`,
+  `${ROUNDS} rounds of up to ${steps} steps of a ${target.length}-token reply (tool_call: ${GRAMMARS.tool_call.target.length}); load ${load()}`,
 );
 console.log(
   `sampler alone: greedy ${(median(chooseSeconds.greedy) * 1000).toFixed(3)} ms, sampled ${
