@@ -44,7 +44,7 @@ export interface RequestSampling {
 export interface CommonRequest {
   /** The requested model name, when given. */
   model?: string;
-  /** Choices to generate (1..128; more than one only unstreamed). */
+  /** Choices to generate (1..128). */
   n: number;
   /** Tokens to generate at most; undefined: the endpoint's default. */
   maxTokens?: number;
@@ -163,9 +163,6 @@ function common(f: JsonFields): CommonRequest {
   const opts = f.object("stream_options");
   if (opts && !stream) throw bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
   const includeUsage = opts?.boolean("include_usage") ?? false;
-  if (n > 1 && stream) {
-    throw bad("n", `'n' must be 1 when 'stream' is true: streamed replies carry one choice, got ${n}`);
-  }
   const topK = f.int("top_k", -1, 1e9);
   return {
     model,

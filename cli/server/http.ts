@@ -27,7 +27,8 @@ import {
   type ServeTask,
   serveTask,
 } from "./tasks.ts";
-import { ChunkWriter, completionBody, EventStream, mergedChoices } from "./stream.ts";
+import { choicesUsage, ChunkWriter, completionBody, EventStream, mergedChoices, outcomeUsage } from "./stream.ts";
+import { SharedPrefill } from "../../engine/generate/shared_prefill.ts";
 import { ClientGone, DEFAULT_SEND_TIMEOUT_SECONDS, type Http1Limits, Http1Server } from "./http1.ts";
 import { applyTemplateBody, detokenizeBody, tokenizeBody } from "../chat_render.ts";
 import { acceptedHosts, checkHost, checkOrigin, checkSameOrigin, corsHeaders, logSafe } from "./guard.ts";
@@ -437,20 +438,24 @@ class HttpServer implements RunningServer {
       metrics.generated(prompt.length, n, (firstAt - t0) / 1000, (performance.now() - firstAt) / 1000);
     };
     const markFirst = () => (firstAt = performance.now());
-    const run = async (emit: Emit, t = task): Promise<Outcome> => {
-      const o = await runTask(e, t, ac.signal, emit, markFirst, watch);
+    // n choices of each prompt: n sequences of it sharing its prefill, choice i sampled from
+    // seed + i; choice i of prompt j answers at index j * n + i, as OpenAI's.
+    const choices = served.flatMap((s) => {
+      const shared = r.n > 1 ? new SharedPrefill(r.n) : undefined;
+      return Array.from({ length: r.n }, (_, i) => ({ task: choiceTask(s.task, i), shared }));
+    });
+    const tasks = choices.map((c) => c.task);
+    const run = async (emit: Emit, k = 0): Promise<Outcome> => {
+      const o = await runTask(e, choices[k].task, ac.signal, emit, markFirst, watch, choices[k].shared);
       if (r.kind === "chat") o.reasoningTokens = reasoningTokens(o.result.tokens, r.thinking, this.#thinkEnd(e));
       return o;
     };
+    const promptTokens = served.reduce((sum, s) => sum + s.task.promptIds.length, 0);
 
-    if (!r.stream && (r.n > 1 || served.length > 1)) {
-      // n choices of each prompt: n sequences of it, choice i sampled from seed + i (the
-      // state cache, when on, prefills the prompt once for all of them); choice i of
-      // prompt j answers at index j * n + i, as OpenAI's.
-      const tasks = served.flatMap((s) => Array.from({ length: r.n }, (_, i) => choiceTask(s.task, i)));
+    if (!r.stream && choices.length > 1) {
       const outs: Outcome[] = [];
       try {
-        outs.push(...await Promise.all(tasks.map((t) => run(() => {}, t))));
+        outs.push(...await Promise.all(tasks.map((_, k) => run(() => {}, k))));
       } finally {
         if (outs.length === 0) finish(undefined);
         for (const o of outs) finish(o);
@@ -460,7 +465,7 @@ class HttpServer implements RunningServer {
         throw new ApiError(503, "the request was cancelled: the server is shutting down", null, "cancelled");
       }
       const bodies = outs.map((o, k) => completionBody(r, head, o, tasks[k].promptIds.length));
-      return this.#json(200, mergedChoices(bodies, served.reduce((sum, s) => sum + s.task.promptIds.length, 0)));
+      return this.#json(200, mergedChoices(bodies, promptTokens));
     }
     if (!r.stream) {
       let o: Outcome | undefined;
@@ -479,30 +484,39 @@ class HttpServer implements RunningServer {
       return this.#json(200, completionBody(r, head, o, prompt.length));
     }
 
-    // Streaming: headers now, chunks as text becomes safe, [DONE] at the end.
+    // Streaming: headers now, chunks as text becomes safe (the choices' interleaved as they
+    // come, each ending with its finish reason), usage of all of them and [DONE] at the end.
     const events = new EventStream(onGone);
-    const chunks = kind === "responses" && r.kind === "chat"
+    const responses = kind === "responses" && r.kind === "chat"
       ? new ResponseEventWriter((type, data) => events.sendEvent(type, data), r, rhead, itemIds)
-      : new ChunkWriter(events, r, head);
+      : undefined;
+    const writers = responses ? [responses] : tasks.map((_, k) => new ChunkWriter(events, r, head, k));
     (async () => {
-      let o: Outcome | undefined;
+      const outs: Outcome[] = [];
       try {
-        o = await run((events, lp, reply) => chunks.step(reply, events, lp));
-        if (o.result.finishReason === "interrupted") {
+        await Promise.all(tasks.map(async (_, k) => {
+          const o = outs[k] = await run((events, lp, reply) => writers[k].step(reply, events, lp), k);
+          if (o.result.finishReason !== "interrupted" && !responses) (writers[k] as ChunkWriter).finish(o);
+        }));
+        if (outs.some((o) => o.result.finishReason === "interrupted")) {
           if (gone.aborted || ac.signal.reason instanceof ClientGone) note.status = CLIENT_GONE;
-          else {chunks.error(
+          else {writers[0].error(
               new ApiError(503, "the request was cancelled: the server is shutting down", null, "cancelled"),
             );}
+        } else if (responses) {
+          responses.finish(outs[0], prompt.length);
         } else {
-          chunks.finish(o, prompt.length);
+          const usages = outs.map((o, k) => outcomeUsage(o, tasks[k].promptIds.length));
+          (writers[0] as ChunkWriter).usage(choicesUsage(usages, promptTokens));
         }
       } catch (err) {
         const failure = this.#failure(err, req, note);
         note.status = failure.status;
-        chunks.error(failure);
+        writers[0].error(failure);
       } finally {
         if (note.status === CLIENT_GONE) this.#metrics.count(note.endpoint, CLIENT_GONE);
-        finish(o);
+        if (outs.length === 0) finish(undefined);
+        for (const o of outs) if (o) finish(o);
         if (kind === "responses") events.end();
         else events.close();
         note.done();

@@ -12,6 +12,7 @@ import type { TokenLogprob } from "../../engine/generate/logprobs.ts";
 import type { ReplyEvent } from "../../engine/text/xtml.ts";
 import { type ChatRequest, type CompletionRequest } from "../openai.ts";
 import {
+  type ChatChunk,
   chatChunk,
   type ChatCompletion,
   chatCompletion,
@@ -22,6 +23,7 @@ import {
   finishReason,
   type ResponseHead,
   toolCallBody,
+  type Usage,
   usage,
   usageChunk,
 } from "../openai_response.ts";
@@ -41,7 +43,7 @@ export function completionBody(
   o: Outcome,
   promptTokens: number,
 ): ChatCompletion | Completion {
-  const u = usage(promptTokens, o.result.tokens.length, o.reasoningTokens, o.result.cachedTokens);
+  const u = outcomeUsage(o, promptTokens);
   const reply = o.reply;
   const calls = reply.calls.map(toolCallBody);
   const fin = finishReason(o.result.finishReason, calls.length > 0);
@@ -72,20 +74,31 @@ export function mergedChoices(
   promptTokens: number,
 ): ChatCompletion | Completion {
   const [first] = bodies;
-  const completion = bodies.reduce((sum, b) => sum + (b.usage?.completion_tokens ?? 0), 0);
-  const reasoning = bodies.reduce((sum, b) => sum + (b.usage?.completion_tokens_details?.reasoning_tokens ?? 0), 0);
-  const u = first.usage!;
   return {
     ...first,
     choices: bodies.map((b, i) => ({ ...b.choices[0], index: i })),
-    usage: {
-      ...u,
-      prompt_tokens: promptTokens,
-      completion_tokens: completion,
-      total_tokens: promptTokens + completion,
-      ...(u.completion_tokens_details ? { completion_tokens_details: { reasoning_tokens: reasoning } } : {}),
-    },
+    usage: choicesUsage(bodies.map((b) => b.usage!), promptTokens),
   } as ChatCompletion | Completion;
+}
+
+/** The usage of several choices as one: `promptTokens` (each prompt counted once), the
+ * completion and reasoning tokens of all added up, the first's cached tokens. */
+export function choicesUsage(usages: Usage[], promptTokens: number): Usage {
+  const [u] = usages;
+  const completion = usages.reduce((sum, c) => sum + c.completion_tokens, 0);
+  const reasoning = usages.reduce((sum, c) => sum + (c.completion_tokens_details?.reasoning_tokens ?? 0), 0);
+  return {
+    ...u,
+    prompt_tokens: promptTokens,
+    completion_tokens: completion,
+    total_tokens: promptTokens + completion,
+    ...(u.completion_tokens_details ? { completion_tokens_details: { reasoning_tokens: reasoning } } : {}),
+  };
+}
+
+/** The usage of one finished choice (`promptTokens`: its prompt's length). */
+export function outcomeUsage(o: Outcome, promptTokens: number): Usage {
+  return usage(promptTokens, o.result.tokens.length, o.reasoningTokens, o.result.cachedTokens);
 }
 
 /** Bytes of events an EventStream holds for a client that reads slower than they come. */
@@ -170,16 +183,33 @@ export class EventStream {
   }
 }
 
-/** The chunks of one streamed request, in OpenAI's shapes for its endpoint. */
+/**
+ * The chunks of one choice of a streamed request, in OpenAI's shapes for its endpoint; the
+ * choices of a request of several (`n` > 1, several prompts) each have one, their chunks
+ * interleaved on one stream as they come, told apart by `index`.
+ */
 export class ChunkWriter {
   /** Log probabilities of tokens whose text has not been sent yet. */
   #pending: TokenLogprob[] = [];
   /** Text sent so far (a completion's text offsets). */
   #sent = 0;
 
-  /** Chunks of `r` under `head`, sent on `events`. */
-  constructor(readonly events: EventStream, readonly r: ChatRequest | CompletionRequest, readonly head: ResponseHead) {
-    if (r.kind === "chat") events.send(chatChunk(head, { role: "assistant", content: "" }, null, r.includeUsage));
+  /** Chunks of choice `index` of `r` under `head`, sent on `events`. */
+  constructor(
+    readonly events: EventStream,
+    readonly r: ChatRequest | CompletionRequest,
+    readonly head: ResponseHead,
+    readonly index = 0,
+  ) {
+    if (r.kind === "chat") this.#send(chatChunk(head, { role: "assistant", content: "" }, null, r.includeUsage));
+  }
+
+  /** Sends a chunk of this choice. */
+  #send(chunk: ChatChunk | Completion): void {
+    if (this.index !== 0) {
+      chunk.choices = chunk.choices.map((c) => ({ ...c, index: this.index })) as typeof chunk.choices;
+    }
+    this.events.send(chunk);
   }
 
   /** Sends what a step of the reply made safe; a token's log probabilities ride on the
@@ -192,7 +222,7 @@ export class ChunkWriter {
         if (e.type !== "text") continue;
         const lp = r.logprobs ? reply.completionLogprobs(this.#pending.splice(0), this.#sent) : null;
         this.#sent += lp ? lp.tokens.join("").length : 0;
-        this.events.send(completionChunk(this.head, e.text, null, r.includeUsage, lp));
+        this.#send(completionChunk(this.head, e.text, null, r.includeUsage, lp));
         continue;
       }
       let d: ChatDelta;
@@ -204,30 +234,29 @@ export class ChunkWriter {
       const lp = r.logprobs && e.type === "text" && e.channel === "response" && this.#pending.length > 0
         ? reply.chatLogprobs(this.#pending.splice(0))
         : null;
-      this.events.send(chatChunk(this.head, d, null, r.includeUsage, lp));
+      this.#send(chatChunk(this.head, d, null, r.includeUsage, lp));
     }
   }
 
-  /** Sends the end: the finish reason (with log probabilities not yet sent), and usage when asked. */
-  finish(o: Outcome, promptTokens: number): void {
+  /** Sends the choice's end: its finish reason (with log probabilities not yet sent). */
+  finish(o: Outcome): void {
     const r = this.r;
     const fin = finishReason(o.result.finishReason, o.reply.calls.length > 0);
     const rest = this.#pending.splice(0);
     if (r.kind === "chat") {
       const lp = r.logprobs && rest.length > 0 ? o.reply.chatLogprobs(rest) : null;
-      this.events.send(chatChunk(this.head, {}, fin, r.includeUsage, lp));
+      this.#send(chatChunk(this.head, {}, fin, r.includeUsage, lp));
     } else {
       const lp = r.logprobs && rest.length > 0 ? o.reply.completionLogprobs(rest, this.#sent) : null;
-      this.events.send(completionChunk(this.head, "", fin, r.includeUsage, lp));
+      this.#send(completionChunk(this.head, "", fin, r.includeUsage, lp));
     }
+  }
+
+  /** Sends the request's usage (of all its choices), when asked: the last chunk before [DONE]. */
+  usage(u: Usage): void {
+    const r = this.r;
     if (r.includeUsage) {
-      this.events.send(
-        usageChunk(
-          this.head,
-          r.kind === "chat" ? "chat.completion.chunk" : "text_completion",
-          usage(promptTokens, o.result.tokens.length, o.reasoningTokens, o.result.cachedTokens),
-        ),
-      );
+      this.events.send(usageChunk(this.head, r.kind === "chat" ? "chat.completion.chunk" : "text_completion", u));
     }
   }
 

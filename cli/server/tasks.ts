@@ -9,6 +9,7 @@
  */
 
 import { withPenalties } from "../../engine/generate/penalties.ts";
+import type { SharedPrefill } from "../../engine/generate/shared_prefill.ts";
 import type { Scheduler, SequenceResult } from "../../engine/generate/scheduler.ts";
 import { makeSampler } from "../../engine/generate/sampling.ts";
 import type { TokenLogprob } from "../../engine/generate/logprobs.ts";
@@ -149,7 +150,7 @@ export const MAX_PROMPTS = 128;
 
 /**
  * A completions body whose `prompt` lists several prompts (texts, or lists of ids) as one
- * body per prompt, as OpenAI and vLLM serve them (unstreamed); any other body as itself.
+ * body per prompt, as OpenAI and vLLM serve them; any other body as itself.
  */
 export function promptBodies(body: unknown): unknown[] {
   if (typeof body !== "object" || body === null || Array.isArray(body)) return [body];
@@ -161,14 +162,12 @@ export function promptBodies(body: unknown): unknown[] {
   if (list.length > MAX_PROMPTS) {
     throw new ApiError(400, `'prompt' holds ${list.length} prompts, at most ${MAX_PROMPTS}`, "prompt");
   }
-  if (b.stream === true) {
-    throw new ApiError(400, "'prompt' must be one prompt when 'stream' is true", "prompt");
-  }
   return list.map((prompt) => ({ ...b, prompt }));
 }
 
 /** Runs a task as one scheduler sequence; `emit` gets events as they become safe to send,
- * `watch` (the status stream's) its admission, prefill progress and tokens. */
+ * `watch` (the status stream's) its admission, prefill progress and tokens; `shared`: the
+ * choices of its prompt it is one of (the prompt prefilled once for all). */
 export async function runTask(
   e: ServeEngine,
   task: Task,
@@ -176,6 +175,7 @@ export async function runTask(
   emit: Emit,
   onFirstToken: () => void,
   watch?: SequenceWatch,
+  shared?: SharedPrefill,
 ): Promise<Outcome> {
   const ends = task.stopIds;
   const reply = taskReply(e.tokenizer, task);
@@ -192,6 +192,7 @@ export async function runTask(
       task.promptIds,
     ),
     signal,
+    shared,
     onAdmit: watch?.admitted,
     onPrefill: watch?.prefill,
     ...(e.stateCache

@@ -23,6 +23,7 @@ import type { SequenceState } from "../model/state.ts";
 import { argmax } from "./sampling.ts";
 import type { CacheHit, StateCache } from "./state_cache.ts";
 import { DraftCost, type DraftOptions, DraftPolicy, type DraftStats, SequenceDrafter, SuffixPool } from "./draft.ts";
+import type { Prefilled, SharedPrefill } from "./shared_prefill.ts";
 
 /** Why a sequence ended: a stop id or stop string, its token limit, or its abort signal. */
 export type FinishReason = "stop" | "length" | "interrupted";
@@ -71,6 +72,9 @@ export interface SequenceRequest {
    * there (prefilled after the reply from the longest kept prefix, in a free slot);
    * undefined: not kept. */
   historyReply?: (tokens: readonly number[], reason: FinishReason) => number[] | undefined;
+  /** The choices of one prompt this sequence is one of (engine/generate/shared_prefill.ts):
+   * the prompt is prefilled once for all of them. Ignored with `state` or `recompute`. */
+  shared?: SharedPrefill;
 }
 
 /** A per-sequence constraint on the next token (engine/generate/grammar/mask.ts). */
@@ -177,6 +181,8 @@ class Running {
   done = false;
   /** Its speculation, when it drafts. */
   policy?: DraftPolicy;
+  /** It prefills its prompt for the other choices of its SharedPrefill. */
+  leads = false;
 
   constructor(
     readonly req: SequenceRequest,
@@ -280,7 +286,12 @@ export class Scheduler {
         else i++;
         continue;
       }
-      const cached = cache && !req.state && !req.recompute;
+      const role = req.shared && !req.state && !req.recompute ? req.shared.role() : undefined;
+      if (role === "wait") {
+        i++;
+        continue;
+      }
+      const cached = cache && !req.state && !req.recompute && role !== "fork";
       const maxHit = req.maxTokens > 0 ? req.prompt.length - 1 : req.prompt.length;
       if (cached && this.prefixInFlight(req.prompt, cache.peek(req.prompt, maxHit), maxHit)) {
         i++;
@@ -295,7 +306,14 @@ export class Scheduler {
         drafter.append(req.prompt);
         seq.policy = new DraftPolicy(drafter, draft);
       }
+      if (role === "lead") (seq.leads = true, req.shared!.lead());
       this.running.push(seq);
+      if (role === "fork") {
+        req.onAdmit?.();
+        this.fork(seq, req.shared!.prefilled!);
+        req.shared!.started();
+        continue;
+      }
       if (cached) {
         const t0 = performance.now();
         let found: ReturnType<StateCache["find"]>;
@@ -337,6 +355,20 @@ export class Scheduler {
       .filter((p) => Number.isInteger(p) && p > seq.cachedTokens && p <= req.prompt.length)
       .sort((a, b) => a - b);
     if (seq.pending.length === 0) this.finish(seq, "length"); // a state handed back as is
+  }
+
+  /** Starts a choice from the prompt its SharedPrefill's leader prefilled: a copy of the
+   * state, its first token picked from a copy of the prompt's last logits. */
+  private fork(seq: Running, prefilled: Prefilled): void {
+    seq.state.restore(prefilled.state, prefilled.pos);
+    seq.pending = [];
+    seq.prefillDone = prefilled.pos;
+    seq.req.onPrefill?.(prefilled.pos, seq.req.prompt.length);
+    try {
+      this.step(seq, Float32Array.from(prefilled.logits), performance.now());
+    } catch (e) {
+      this.fail(seq, e);
+    }
   }
 
   /** Starts the sequences whose kept state has landed from disk since the last pass. */
@@ -414,6 +446,7 @@ export class Scheduler {
   private finish(seq: Running, reason: FinishReason): void {
     if (seq.done) return;
     seq.done = true;
+    if (seq.leads) seq.req.shared!.leaderGone();
     this.running.splice(this.running.indexOf(seq), 1);
     const now = performance.now();
     const result: SequenceResult = {
@@ -455,6 +488,7 @@ export class Scheduler {
   private fail(seq: Running, e: unknown): void {
     if (seq.done) return;
     seq.done = true;
+    if (seq.leads) seq.req.shared!.leaderGone();
     this.running.splice(this.running.indexOf(seq), 1);
     seq.state.free();
     seq.reject(e);
@@ -582,6 +616,7 @@ export class Scheduler {
           if (seq.pending.length === 0) this.finish(seq, "length"); // prompt only
           return;
         }
+        if (seq.leads) this.publish(seq, logits[i]);
         try {
           if (seg.speculative) this.stepDrafted(seq, seg, logits[i], now);
           else this.step(seq, logits[i], now);
@@ -593,6 +628,17 @@ export class Scheduler {
     // Cleared here, synchronously: a caller resumed by the last finish may submit again
     // before this promise settles, and must start a new loop rather than wait on this one.
     this.loop = undefined;
+  }
+
+  /** The leader of a SharedPrefill has prefilled its prompt: the other choices fork from a
+   * copy of its state and `logits` (copied before its own filter masks them). */
+  private publish(seq: Running, logits: Float32Array): void {
+    const shared = seq.req.shared!;
+    if (shared.awaited) {
+      shared.publish({ state: seq.state.snapshot(), pos: seq.state.pos, logits: Float32Array.from(logits) });
+    }
+    shared.started();
+    seq.leads = false;
   }
 
   /** Keeps `seq`'s state at its next `keepAt` position (where it is now) in the cache. */

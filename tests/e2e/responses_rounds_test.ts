@@ -124,7 +124,7 @@ Deno.test("responses.stream(): three turns by previous_response_id, then output 
   });
 });
 
-Deno.test("AI SDK responses provider: a second turn sends the first's output as item_reference items, resolved", async () => {
+Deno.test("AI SDK default provider (responses): three turns, each sending the earlier output as item_reference items, resolved", async () => {
   const s = new ScriptedScheduler();
   await withLoopbackServer({ scheduler: s, tokenizer: tok, vocabSize: VOCAB }, async (origin) => {
     const bodies: Record<string, unknown>[] = [];
@@ -136,7 +136,8 @@ Deno.test("AI SDK responses provider: a second turn sends the first's output as 
         return fetch(input, init);
       },
     });
-    const model = openai.responses("tiny");
+    // The provider's default model speaks the Responses API, with store on.
+    const model = openai("tiny");
     s.scripts.push(thinkingReply("Think one.", "Answer one."));
     const first = await generateText({ model, prompt: "Question one?" });
     assert.equal(first.text, "Answer one.");
@@ -150,9 +151,28 @@ Deno.test("AI SDK responses provider: a second turn sends the first's output as 
       ],
     });
     assert.equal(second.text, "Answer two.");
-    const input = bodies[1].input as { type?: string }[];
-    assert.ok(input.some((i) => i.type === "item_reference"), JSON.stringify(input));
+    s.scripts.push(thinkingReply("Think three.", "Answer three."));
+    const third = await generateText({
+      model,
+      messages: [
+        { role: "user", content: "Question one?" },
+        ...first.response.messages,
+        { role: "user", content: "Question two?" },
+        ...second.response.messages,
+        { role: "user", content: "Question three?" },
+      ],
+    });
+    assert.equal(third.text, "Answer three.");
+    for (const turn of [1, 2]) {
+      const input = bodies[turn].input as { type?: string }[];
+      assert.equal(input.filter((i) => i.type === "item_reference").length >= turn, true, JSON.stringify(input));
+    }
     const p2 = s.prompts[1];
     for (const want of ["Question one?", "Answer one.", "Question two?"]) assert.ok(p2.includes(want), p2);
+    const p3 = s.prompts[2];
+    const turns = ["Question one?", "Answer one.", "Question two?", "Answer two.", "Question three?"];
+    for (const want of turns) assert.ok(p3.includes(want), p3);
+    const at = turns.map((t) => p3.indexOf(t));
+    assert.deepEqual(at, [...at].sort((a, b) => a - b), "in conversation order");
   });
 });

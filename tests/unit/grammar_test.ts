@@ -549,6 +549,28 @@ Deno.test("whole mask: the table walk and the mask cache equal a per-token check
   );
 });
 
+Deno.test("whole mask: a forced call's arguments (strings raw, patterns and formats walked) equal a per-token check", () => {
+  const args = fc.constantFrom(...PATTERNED).map((p) => ({
+    type: "object",
+    properties: { p, q: { type: "integer", minimum: 0, maximum: 99 } },
+    required: ["p"],
+    additionalProperties: false,
+  }));
+  fc.assert(
+    fc.property(args, fc.integer({ min: 1, max: 2 ** 31 }), (schema, seed) => {
+      const spec: GrammarSpec = {
+        kind: "tools",
+        tools: [{ name: "f", args: compileToolParameters(schema) }],
+        parallel: false,
+        reply: "response",
+      };
+      // The tiny tokenizer spells the call's markup in many tokens: the arguments start ~60 steps in.
+      masksMatchPerToken(symbols, spec, [END_MSG, EOS], seed, 200);
+    }),
+    { numRuns: RUNS },
+  );
+});
+
 Deno.test("whole mask: tokens that close a free key and name another (three quotes or more) are checked exactly", () => {
   // A vocabulary of single bytes plus fragments a free-key object could take in one token:
   // closing a key, a value, and a second key that may repeat the first.
