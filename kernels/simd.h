@@ -317,11 +317,21 @@ K3_INLINE float v16_reduce_bf16(v16 acc) {
 #endif
 }
 
-/* Copy the final n < 16 elements into a zero-padded block of 16. */
+/* The final n < 16 elements as a zero-padded block of 16 (on x86 by a masked load: the
+ * lanes past n are +0 and their memory is not touched, as with the copy). */
 K3_INLINE v16 pad_f32(const float *p, int n) {
+#if K3_ISA_AVX512
+  return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+#elif K3_ISA_AVX2
+  __m256i nn = _mm256_set1_epi32(n);
+  __m256i lo = _mm256_cmpgt_epi32(nn, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i hi = _mm256_cmpgt_epi32(nn, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15));
+  return v16_mk(_mm256_maskload_ps(p, lo), _mm256_maskload_ps(p + 8, hi));
+#else
   float b[16] = {0};
   memcpy(b, p, (size_t)n * sizeof(float));
   return v16_load(b);
+#endif
 }
 K3_INLINE v16 pad_bf16(const uint16_t *p, int n) {
   float b[16] = {0};
@@ -340,7 +350,7 @@ static float dot_f32(const float *a, const float *b, int n) {
 
 /* Four dot_f32(a[e], b[e], n) at once, into out[e]: each its own chain in dot_f32's order,
  * side by side so that one chain's adds do not wait for another's. */
-static void dot4_f32(const float *const *a, const float *const *b, int n, float *out) {
+K3_INLINE void dot4_f32(const float *const *a, const float *const *b, int n, float *out) {
   v16 c0 = v16_zero(), c1 = v16_zero(), c2 = v16_zero(), c3 = v16_zero();
   int i = 0;
   for (; i + 16 <= n; i += 16) {
