@@ -129,6 +129,16 @@ void k3_mla_attend(const float *q, const float *knope, const float *krope, const
                    float *out, float *scores, int32_t npos, int32_t nheads, int32_t kvheads,
                    int32_t dn, int32_t dr, int32_t dv, float scale, int32_t h0, int32_t h1);
 
+/* k3_mla_attend for a tile of nrows consecutive query rows of one sequence, causal: row j
+ * attends over positions 0..npos+j-1 (row 0 as k3_mla_attend with npos). q [nrows][nheads]
+ * [dn + dr]; out [nrows][nheads][dv]; scores: scratch [nrows][nheads][npos + nrows - 1].
+ * The cache is read once for the tile, not once per row; each row's scores, softmax and
+ * output are computed in exactly k3_mla_attend's order (the same bits as row by row). */
+void k3_mla_attend_rows(const float *q, const float *knope, const float *krope, const float *v,
+                        float *out, float *scores, int32_t npos, int32_t nrows, int32_t nheads,
+                        int32_t kvheads, int32_t dn, int32_t dr, int32_t dv, float scale, int32_t h0,
+                        int32_t h1);
+
 /* MLA latent form, query side, heads [h0, h1). kvb is kv_b_proj [nheads*(dn+dv)][dc] of
  * type wtype: per head, dn key rows then dv value rows. q [nheads][dn + dr] as q_b_proj
  * gives it. Writes qlat [nheads][dc + dr]: the head's key rows applied transposed to its

@@ -78,7 +78,7 @@ enum { TILE_TOK = 8 }; /* MXFP4: tokens sharing one decode of the weights */
  * fall in the same L1 sets), and the accumulators are parked in memory between chunks.
  * None of this changes any row's order (contract 1: blocks ascending, one lane chain per
  * i % 16); with bf16 weights the packed x is stored in BF16_LANES order, so a lane may hold
- * another element class than its index, and v16_reduce_lanes puts the classes back before
+ * another element class than its index, and v16_reduce_bf16 puts the classes back before
  * the tree. */
 #if defined(MM_R) /* a build may force the tile height (isa_check runs both heights) */
 #elif K3_ISA_AVX512
@@ -87,9 +87,20 @@ enum { TILE_TOK = 8 }; /* MXFP4: tokens sharing one decode of the weights */
 #define MM_R 1 /* AVX2: 8 ymm accumulators; 4 tokens share one widened weight block */
 #endif
 #define MM_T 4
-enum { MM_R1 = 4 };      /* rows per pass for a single token (memory-bound: 4 streams) */
-enum { MM_KC = 256 };    /* columns per chunk with several tokens: 16 tokens x 1 KB of x */
-enum { MM_TSUPER = 16 }; /* tokens whose accumulators are parked together */
+enum { MM_R1 = 4 }; /* rows per pass for a single token (memory-bound: 4 streams) */
+/* Several tokens (measured with bench/gemm_peak.ts, AVX-512 and AVX2, 4,096 x 7,168 bf16):
+ * the weights stream from memory once per MM_TSUPER tokens, and at 16 that stream (about
+ * 12 GB/s at the product's rate) was what held the product to half the peak; 64 cuts it
+ * to a quarter. x of a chunk for all of them then sits in L2, so each tile of tokens' x
+ * runs against all MM_RB rows of a block while it is in L1. The accumulators (64 KB) and
+ * the staged weights (16 KB) are on the stack. */
+enum { MM_KC = 256 };     /* columns per chunk with several tokens */
+enum { MM_TSUPER = 64 };  /* tokens whose x is packed and accumulators parked together */
+enum { MM_RB = 16 };      /* rows per block */
+/* More tokens than this: each chunk of a row block's weights is decoded once into an f32
+ * buffer (mm_stage) that the tiles of all the tokens read, instead of every tile decoding it
+ * again (measured: no gain at 8 or 16 tokens, where a tile or four share the decode). */
+enum { MM_STAGE_MIN = 16 };
 
 K3_INLINE v16 load_w(const void *w, int wtype, int lanes, size_t i) {
   if (wtype == K3_BF16) return lanes ? v16_load_bf16_lanes((const uint16_t *)w + i) : v16_load_bf16((const uint16_t *)w + i);
@@ -227,10 +238,13 @@ static void xpack_fill(float *xp, const float *x, int tn, int cols, int lanes) {
     for (int t = 0; t < tn; t++) {
       const float *src = x + (size_t)t * cols + (size_t)c * MM_KC;
       float *dst = xp + ((size_t)c * tn + t) * MM_KC;
-      int n = cols - c * MM_KC < MM_KC ? cols - c * MM_KC : MM_KC;
-      for (int b = 0; b < n; b += 16) {
+      int n = cols - c * MM_KC < MM_KC ? cols - c * MM_KC : MM_KC, b = 0;
+      /* whole blocks by quads (BF16_LANES moves whole quads of elements) */
+      for (; b + 16 <= n; b += 16)
+        for (int q = 0; q < 4; q++) memcpy(dst + b + 4 * q, src + b + (lanes ? BF16_LANES[4 * q] : 4 * q), 4 * sizeof(float));
+      if (b < n) {
         float blk[16] = {0};
-        memcpy(blk, src + b, (size_t)(n - b < 16 ? n - b : 16) * sizeof(float));
+        memcpy(blk, src + b, (size_t)(n - b) * sizeof(float));
         for (int j = 0; j < 16; j++) dst[b + j] = lanes ? blk[BF16_LANES[j]] : blk[j];
       }
     }
@@ -292,15 +306,27 @@ static const uint16_t *split_rows(split_window *s, int r, int n) {
   return s->buf + (size_t)(r - s->wr) * (size_t)s->cols;
 }
 
+/* Columns [i0, i1) of one weight row into dst as f32 (dst[j]: column i0 + j), each block the
+ * v16 a tile would load from the row (in `lanes` order, the final partial block zero
+ * padded), so that the tiles of all tokens read it decoded from L1. */
+K3_INLINE void mm_stage(float *dst, const void *row, int wtype, int lanes, int i0, int i1, int cols) {
+  int i = i0;
+  for (; i + 16 <= i1; i += 16) v16_store(dst + (i - i0), load_w(row, wtype, lanes, (size_t)i));
+  if (i < i1) v16_store(dst + (i - i0), pad_w(row, wtype, lanes, (size_t)i, cols - i));
+}
+/* i1 rounded up to whole blocks: staged weights and packed x are both zero padded. */
+K3_INLINE int i1_blocks(int i1) { return (i1 + 15) / 16 * 16; }
+
 /* One instance per weight type so wtype is a constant inside the loops.
  * One token: passes of MM_R1 rows over whole rows (weight streaming at memory speed).
- * Several: blocks of MM_RB rows; for each chunk of columns, every row of the block runs its
- * tiles against that chunk of x for all tokens, which stays in L1 (walking whole rows per row
- * would stream all of x from L2 for every row). */
-enum { MM_RB = 8 };
+ * Several: blocks of MM_RB rows; for each chunk of columns the block's weights are staged
+ * (more than MM_STAGE_MIN tokens), then each tile of tokens runs against every row of the
+ * block (walking whole rows per row would stream all of x from L2 for every row). */
 K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int ntok, int rows,
                         int cols, int r0, int r1, uint64_t *sum, int split) {
   v16 acc[MM_RB][MM_TSUPER];
+  v16 wstage_v[MM_RB * MM_KC / 16]; /* several tokens: a block's weights of one chunk, as f32 */
+  float *wstage = (float *)wstage_v;
   c4 ck[MM_R1];
   int nchunk = (cols + MM_KC - 1) / MM_KC;
   size_t esize = wtype == K3_BF16 ? 2 : 4;
@@ -343,7 +369,7 @@ K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int 
       ts += 1;
       continue;
     }
-    int lanes = wtype == K3_BF16;
+    int lanes = wtype == K3_BF16, staged = tn > MM_STAGE_MIN;
     xpack_fill(xp, x + (size_t)ts * cols, tn, cols, lanes);
     for (int rb = r0; rb < r1; rb += MM_RB) {
       int rbn = r1 - rb < MM_RB ? r1 - rb : MM_RB;
@@ -352,29 +378,38 @@ K3_INLINE void matmul_t(const void *w, int wtype, const float *x, float *y, int 
         for (int t = 0; t < tn; t++) acc[k][t] = v16_zero();
       for (int c = 0; c < nchunk; c++) {
         int i0 = c * MM_KC, i1 = cols - i0 < MM_KC ? cols : i0 + MM_KC;
-        for (int r = rb; r < rb + rbn;) {
-          int nr = rb + rbn - r >= MM_R ? MM_R : 1;
-          const void *wr[MM_R1];
-          for (int k = 0; k < nr; k++) {
-            wr[k] = split ? (const void *)(sb + (size_t)(r + k - rb) * (size_t)cols) : row_ptr(w, wtype, r + k, cols);
-            /* the row's next chunk, a whole block-pass ahead of its use */
-            for (size_t b = 0; c + 1 < nchunk && b < (size_t)MM_KC * esize; b += 64)
-              K3_PREFETCH((const char *)wr[k] + (size_t)i1 * esize + b);
-          }
-          for (int t0 = 0; t0 < tn; t0 += MM_T) {
-            int nt = tn - t0 < MM_T ? tn - t0 : MM_T;
-            const float *xt[MM_T];
-            /* offset so that xt[t] + i addresses column i of this chunk */
-            for (int t = 0; t < nt; t++) xt[t] = xp + ((size_t)c * tn + t0 + t) * MM_KC - i0;
+        const void *wk[MM_RB]; /* the block's rows */
+        for (int k = 0; k < rbn; k++) {
+          wk[k] = split ? (const void *)(sb + (size_t)k * (size_t)cols) : row_ptr(w, wtype, rb + k, cols);
+          /* the row's next chunk, a whole block-pass ahead of its use */
+          for (size_t b = 0; c + 1 < nchunk && b < (size_t)MM_KC * esize; b += 64)
+            K3_PREFETCH((const char *)wk[k] + (size_t)i1 * esize + b);
+          if (staged) mm_stage(wstage + (size_t)k * MM_KC, wk[k], wtype, lanes, i0, i1, cols);
+        }
+        /* each tile of tokens' x (offset so that xt[t] + i addresses column i of this chunk)
+         * against all the block's rows, while it is in L1 */
+        for (int t0 = 0; t0 < tn; t0 += MM_T) {
+          int nt = tn - t0 < MM_T ? tn - t0 : MM_T;
+          const float *xt[MM_T];
+          for (int t = 0; t < nt; t++) xt[t] = xp + ((size_t)c * tn + t0 + t) * MM_KC - i0;
+          for (int r = rb; r < rb + rbn;) {
+            int nr = rb + rbn - r >= MM_R ? MM_R : 1;
+            const void *wr[MM_R1];
             v16(*at)[MM_TSUPER] = (v16(*)[MM_TSUPER]) & acc[r - rb][t0];
-            mm_tile_n(wr, wtype, lanes, xt, nr, nt, i0, i1, cols, at, 1, NULL);
+            if (staged) { /* wr[k] + i addresses column i of this chunk */
+              for (int k = 0; k < nr; k++) wr[k] = wstage + (size_t)(r + k - rb) * MM_KC - i0;
+              mm_tile_n(wr, K3_F32, 0, xt, nr, nt, i0, i1_blocks(i1), cols, at, 1, NULL);
+            } else {
+              for (int k = 0; k < nr; k++) wr[k] = wk[r + k - rb];
+              mm_tile_n(wr, wtype, lanes, xt, nr, nt, i0, i1, cols, at, 1, NULL);
+            }
+            r += nr;
           }
-          r += nr;
         }
       }
       for (int k = 0; k < rbn; k++)
         for (int t = 0; t < tn; t++)
-          y[(size_t)(ts + t) * rows + rb + k] = lanes ? v16_reduce_lanes(acc[k][t], BF16_LANES) : v16_reduce(acc[k][t]);
+          y[(size_t)(ts + t) * rows + rb + k] = lanes ? v16_reduce_bf16(acc[k][t]) : v16_reduce(acc[k][t]);
     }
     ts += tn;
   }

@@ -52,11 +52,13 @@
  * How the ISAs share one algorithm: the kernels below are written once against a 16-lane
  * vector type v16 (one zmm on AVX-512, two ymm on AVX2, four q registers on NEON, a float[16]
  * in the scalar build) or, for MXFP4, an 8-lane m8, whose operations are all lane-wise. The only cross-lane operation,
- * the final tree, is done in scalar code on the stored lanes, shared by every ISA. So the
- * SIMD paths cannot reorder anything; they only change how lanes are computed.
+ * the final tree, is defined in scalar code on the stored lanes (x86 runs the same adds on
+ * register halves, v16_reduce). So the SIMD paths cannot reorder anything; they only change
+ * how lanes are computed.
  *
  * Batching: k3_matmul computes register tiles of rows x tokens (each weight block loaded and
- * widened once for up to 4 tokens) over column chunks whose x stays in L1;
+ * widened once for up to 4 tokens, or, with more than 16 tokens, widened once per chunk of
+ * columns into an f32 buffer all the tokens' tiles read) over column chunks of x;
  * k3_matmul_mxfp4 decodes each group of a row once, in registers, for up to 8 tokens whose
  * permuted x stays in L1 (column chunks of 256). A tile only decides which lanes are
  * computed together: the per-row order above does not depend on the tile, ntok or the row
@@ -267,8 +269,25 @@ K3_INLINE v16 v16_load_bf16(const uint16_t *p) {
 
 /* ---------------------------------------------------------------- shared building blocks */
 
-/* The fixed tree of contract 1, in scalar code shared by all ISAs. */
+/* The fixed tree of contract 1. The scalar code is the definition; on x86 the same adds run
+ * lane-wise on the register halves (a many-row product reduces every output it makes, and
+ * the round trip through memory cost a tenth of its time): h = lanes 0..7 + lanes 8..15,
+ * q = h[0..3] + h[4..7], then q4_reduce, each add the scalar one, so the bits are equal. */
+#if K3_ISA_AVX512 || K3_ISA_AVX2
+/* p[l] = q[l] + q[l + 2] (l < 2), then p[0] + p[1]. */
+K3_INLINE float q4_reduce(__m128 q) {
+  __m128 p = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
+}
+K3_INLINE float h8_reduce(__m256 h) { return q4_reduce(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1))); }
+#endif
 K3_INLINE float v16_reduce(v16 acc) {
+#if K3_ISA_AVX512
+  return h8_reduce(_mm256_add_ps(_mm512_castps512_ps256(acc),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1))));
+#elif K3_ISA_AVX2
+  return h8_reduce(_mm256_add_ps(acc.a, acc.b));
+#else
   float a[16];
   v16_store(a, acc);
   for (int l = 0; l < 8; l++) a[l] = a[l] + a[l + 8];
@@ -276,6 +295,7 @@ K3_INLINE float v16_reduce(v16 acc) {
   a[0] = a[0] + a[2];
   a[1] = a[1] + a[3];
   return a[0] + a[1];
+#endif
 }
 
 #if !defined(K3_BF16_LANES)
@@ -283,19 +303,35 @@ static const int BF16_LANES[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
 K3_INLINE v16 v16_load_bf16_lanes(const uint16_t *p) { return v16_load_bf16(p); }
 #endif
 
-/* The same tree for accumulators whose lane j holds element class lanes[j]. */
-K3_INLINE float v16_reduce_lanes(v16 acc, const int *lanes) {
-  float a[16], e[16];
-  v16_store(a, acc);
-  for (int j = 0; j < 16; j++) e[lanes[j]] = a[j];
-  return v16_reduce(v16_load(e));
+/* The same tree for accumulators whose lane j holds element class BF16_LANES[j]. Only AVX2
+ * has a lane order (see v16_load_bf16_lanes): acc.a holds classes 0..3, 8..11 and acc.b
+ * 4..7, 12..15, so h[0..3] = classes 0..3 + 8..11 and h[4..7] = 4..7 + 12..15 are each
+ * half's two 128-bit lanes summed. Elsewhere the order is the identity. */
+K3_INLINE float v16_reduce_bf16(v16 acc) {
+#if defined(K3_BF16_LANES)
+  __m128 ha = _mm_add_ps(_mm256_castps256_ps128(acc.a), _mm256_extractf128_ps(acc.a, 1));
+  __m128 hb = _mm_add_ps(_mm256_castps256_ps128(acc.b), _mm256_extractf128_ps(acc.b, 1));
+  return q4_reduce(_mm_add_ps(ha, hb));
+#else
+  return v16_reduce(acc);
+#endif
 }
 
-/* Copy the final n < 16 elements into a zero-padded block of 16. */
+/* The final n < 16 elements as a zero-padded block of 16 (on x86 by a masked load: the
+ * lanes past n are +0 and their memory is not touched, as with the copy). */
 K3_INLINE v16 pad_f32(const float *p, int n) {
+#if K3_ISA_AVX512
+  return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+#elif K3_ISA_AVX2
+  __m256i nn = _mm256_set1_epi32(n);
+  __m256i lo = _mm256_cmpgt_epi32(nn, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i hi = _mm256_cmpgt_epi32(nn, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15));
+  return v16_mk(_mm256_maskload_ps(p, lo), _mm256_maskload_ps(p + 8, hi));
+#else
   float b[16] = {0};
   memcpy(b, p, (size_t)n * sizeof(float));
   return v16_load(b);
+#endif
 }
 K3_INLINE v16 pad_bf16(const uint16_t *p, int n) {
   float b[16] = {0};
@@ -310,6 +346,29 @@ static float dot_f32(const float *a, const float *b, int n) {
   for (; i + 16 <= n; i += 16) acc = v16_add(acc, v16_mul(v16_load(a + i), v16_load(b + i)));
   if (i < n) acc = v16_add(acc, v16_mul(pad_f32(a + i, n - i), pad_f32(b + i, n - i)));
   return v16_reduce(acc);
+}
+
+/* Four dot_f32(a[e], b[e], n) at once, into out[e]: each its own chain in dot_f32's order,
+ * side by side so that one chain's adds do not wait for another's. */
+K3_INLINE void dot4_f32(const float *const *a, const float *const *b, int n, float *out) {
+  v16 c0 = v16_zero(), c1 = v16_zero(), c2 = v16_zero(), c3 = v16_zero();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    c0 = v16_add(c0, v16_mul(v16_load(a[0] + i), v16_load(b[0] + i)));
+    c1 = v16_add(c1, v16_mul(v16_load(a[1] + i), v16_load(b[1] + i)));
+    c2 = v16_add(c2, v16_mul(v16_load(a[2] + i), v16_load(b[2] + i)));
+    c3 = v16_add(c3, v16_mul(v16_load(a[3] + i), v16_load(b[3] + i)));
+  }
+  if (i < n) {
+    c0 = v16_add(c0, v16_mul(pad_f32(a[0] + i, n - i), pad_f32(b[0] + i, n - i)));
+    c1 = v16_add(c1, v16_mul(pad_f32(a[1] + i, n - i), pad_f32(b[1] + i, n - i)));
+    c2 = v16_add(c2, v16_mul(pad_f32(a[2] + i, n - i), pad_f32(b[2] + i, n - i)));
+    c3 = v16_add(c3, v16_mul(pad_f32(a[3] + i, n - i), pad_f32(b[3] + i, n - i)));
+  }
+  out[0] = v16_reduce(c0);
+  out[1] = v16_reduce(c1);
+  out[2] = v16_reduce(c2);
+  out[3] = v16_reduce(c3);
 }
 
 /* Lane-wise y = y + a * x (contract 3); the scalar tail does the same per element. */

@@ -439,7 +439,6 @@ export class K3Model {
     const dq = m.nopeDim + dr;
     const R = t1 - t0;
     const { qa, q, c, o, g } = s.wide.mla;
-    const { qlat, olat } = s;
     // q = q_b(RMSNorm(q_a x)).
     this.mm(w.qA, s.xn.ptr, qa.ptr, R);
     k.k3_rmsnorm(qa.ptr, w.qANorm.ptr, qa.ptr, m.qLoraRank, R, cfg.rmsNormEps);
@@ -451,52 +450,68 @@ export class K3Model {
     verifyMatrix(k, kvb); // read by absorb and expand, not by a product that checks it
     // q_a's output is consumed: o [R][H][vDim] takes its place.
     const tAttn = performance.now();
+    // A tile of query rows attends in one call that reads the cache once: its latent
+    // queries and attended latents in the free wide buffers (or the one-row buffers when
+    // those hold less than a row), its scores in s.scores ([H][capacity] floats: n rows at
+    // position p0 need n x (p0 + n) per head, so a long prompt's later tiles have fewer
+    // rows). Each row's bits are those of attending alone.
+    const qlatRow = H * cw, olatRow = H * dc;
+    const wideRows = Math.min(
+      Math.floor(s.wide.mla.qlat.length / qlatRow),
+      Math.floor(s.wide.mla.olat.length / olatRow),
+    );
+    const qlat = wideRows >= 1 ? s.wide.mla.qlat : s.qlat, olat = wideRows >= 1 ? s.wide.mla.olat : s.olat;
+    const scorePositions = s.scores.length / H;
     for (const { sp, from, to } of tileSpans(spans, t0, t1)) {
       const cache = sp.seg.state.mla.get(L)!;
+      const pos = (r: number) => sp.seg.state.pos + (r - sp.r0);
+      // The tile's cache rows first: a row attends over its own and the earlier ones only.
       for (let r = from; r < to; r++) {
-        // t: the row in the tile's buffers; p: its position in the sequence.
-        const t = r - t0, p = sp.seg.state.pos + (r - sp.r0);
-        k.k3_rmsnorm(
-          c.at(t * cw),
-          w.kvANorm.ptr,
-          cache.latent.at(p * dc),
-          dc,
-          1,
-          cfg.rmsNormEps,
-        );
+        const t = r - t0, p = pos(r);
+        k.k3_rmsnorm(c.at(t * cw), w.kvANorm.ptr, cache.latent.at(p * dc), dc, 1, cfg.rmsNormEps);
         cache.krope.f.set(c.f.subarray(t * cw + dc, (t + 1) * cw), p * dr);
+      }
+      for (let r0 = from; r0 < to;) {
+        const p0 = pos(r0);
+        let n = Math.min(to - r0, Math.max(1, wideRows));
+        while (n > 1 && n * (p0 + n) > scorePositions) n--;
         // Absorb, attend over positions 0..p, expand: each with its heads split across the
         // threads.
-        this.compute.heads(
-          {
-            op: HEAD_OP.absorb,
-            ptrs: [kvb.ptr, q.at(t * H * dq), qlat.ptr],
-            ints: [kvb.wtype, H, m.nopeDim, dr, m.vDim, dc],
-            scale: 0,
-          },
-          H,
-          H * m.nopeDim * dc,
-        );
+        for (let j = 0; j < n; j++) {
+          this.compute.heads(
+            {
+              op: HEAD_OP.absorb,
+              ptrs: [kvb.ptr, q.at((r0 - t0 + j) * H * dq), qlat.at(j * qlatRow)],
+              ints: [kvb.wtype, H, m.nopeDim, dr, m.vDim, dc],
+              scale: 0,
+            },
+            H,
+            H * m.nopeDim * dc,
+          );
+        }
         this.compute.heads(
           {
             op: HEAD_OP.attend,
             ptrs: [qlat.ptr, cache.latent.ptr, cache.krope.ptr, cache.latent.ptr, olat.ptr, s.scores.ptr],
-            ints: [p + 1, H, 1, dc, dr, dc],
+            ints: [p0 + 1, n, H, 1, dc, dr, dc],
             scale: 1 / Math.sqrt(dq),
           },
           H,
-          H * (p + 1) * (dc + dr),
+          H * n * (p0 + n) * (dc + dr),
         );
-        this.compute.heads(
-          {
-            op: HEAD_OP.expand,
-            ptrs: [kvb.ptr, olat.ptr, o.at(t * H * m.vDim)],
-            ints: [kvb.wtype, H, m.nopeDim, m.vDim, dc],
-            scale: 0,
-          },
-          H,
-          H * m.vDim * dc,
-        );
+        for (let j = 0; j < n; j++) {
+          this.compute.heads(
+            {
+              op: HEAD_OP.expand,
+              ptrs: [kvb.ptr, olat.at(j * olatRow), o.at((r0 - t0 + j) * H * m.vDim)],
+              ints: [kvb.wtype, H, m.nopeDim, m.vDim, dc],
+              scale: 0,
+            },
+            H,
+            H * m.vDim * dc,
+          );
+        }
+        r0 += n;
       }
     }
     const mlaSeconds = (performance.now() - tAttn) / 1000;

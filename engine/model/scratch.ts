@@ -122,9 +122,10 @@ export interface WideRoles {
    * the gate g takes f's place once the decay is consumed (beta is in `small`). */
   kda: { q: Vec; k: Vec; v: Vec; f: Vec; o: Vec; g: Vec };
   /** MLA: qa (q_a's output), then the attended output o in its place; q; c (kv_a's
-   * output), then the gate g in its place (one row's latent query and attended latent
-   * are Scratch.qlat and Scratch.olat). */
-  mla: { qa: Vec; o: Vec; q: Vec; c: Vec; g: Vec };
+   * output), then the gate g in its place; the latent queries and attended latents of a
+   * tile of query rows, qlat and olat (when they hold less than a row: Scratch.qlat and
+   * Scratch.olat). */
+  mla: { qa: Vec; o: Vec; q: Vec; c: Vec; g: Vec; qlat: Vec; olat: Vec };
   /** LatentMoE: the router's logits, then acc (the experts' weighted sum) in their place
    * (z, the experts' latent input, lives through every expert: Scratch.z). */
   moe: { routerLogits: Vec; acc: Vec };
@@ -137,7 +138,7 @@ export interface WideRoles {
 function wideRoles([w0, w1, w2, w3, w4]: readonly Vec[]): WideRoles {
   return {
     kda: { q: w0, k: w1, v: w2, f: w3, o: w4, g: w3 },
-    mla: { qa: w0, o: w0, q: w1, c: w2, g: w2 },
+    mla: { qa: w0, o: w0, q: w1, c: w2, g: w2, qlat: w3, olat: w4 },
     moe: { routerLogits: w2, acc: w2 },
     glu: { gate: w0, up: w1, out: w4 },
   };
@@ -182,7 +183,7 @@ export class Scratch {
   readonly qlat: Vec;
   /** MLA: one row's attended latent [heads][kvLoraRank]. */
   readonly olat: Vec;
-  /** MLA scores [heads][capacity]. */
+  /** MLA scores [heads][capacity] (a tile of query rows uses them as [rows][heads][positions]). */
   readonly scores: Vec;
   /** Router: the chosen expert ids of one row. */
   readonly ids: Int32Array;

@@ -793,6 +793,54 @@ Deno.test("kernels: batching tokens and splitting rows/heads never change a bit"
   }
 });
 
+Deno.test("kernels: MLA attention over a tile of query rows gives each row's bits alone", () => {
+  const { scalar, others, close } = loadLibs();
+  try {
+    const r = rng(11);
+    for (const [name, k] of [["scalar", scalar] as [string, K], ...others]) {
+      // a partial block in every width (dn 20, dr 8, dv 20), per-head and shared keys/values
+      for (const [nh, kvh, dn, dr, dv, npos, nrows] of [[3, 3, 20, 8, 20, 1, 5], [4, 1, 32, 8, 32, 7, 6]]) {
+        const last = npos + nrows - 1, dq = dn + dr;
+        const q = r.f32(nrows * nh * dq), kn = r.f32(last * kvh * dn), kr = r.f32(last * dr);
+        const v = kvh === 1 && dv === dn ? kn : r.f32(last * kvh * dv);
+        const out = new Float32Array(nrows * nh * dv), sc = new Float32Array(nrows * nh * last);
+        // heads split in two calls, as the pool splits them
+        for (const [h0, h1] of [[0, 1], [1, nh]]) {
+          k.k3_mla_attend_rows(P(q), P(kn), P(kr), P(v), P(out), P(sc), npos, nrows, nh, kvh, dn, dr, dv, 0.3, h0, h1);
+        }
+        for (let j = 0; j < nrows; j++) {
+          const n = npos + j, o1 = new Float32Array(nh * dv), s1 = new Float32Array(nh * n);
+          k.k3_mla_attend(
+            P(q.subarray(j * nh * dq)),
+            P(kn),
+            P(kr),
+            P(v),
+            P(o1),
+            P(s1),
+            n,
+            nh,
+            kvh,
+            dn,
+            dr,
+            dv,
+            0.3,
+            0,
+            nh,
+          );
+          sameBytes(out.subarray(j * nh * dv, (j + 1) * nh * dv), o1, `${name} row ${j} of ${nrows} out`);
+          for (let h = 0; h < nh; h++) {
+            const at = (j * nh + h) * last;
+            sameBytes(sc.subarray(at, at + n), s1.subarray(h * n, (h + 1) * n), `${name} row ${j} head ${h} probs`);
+          }
+        }
+        assert(out.some((x) => x !== 0), "the tile wrote its output");
+      }
+    }
+  } finally {
+    close();
+  }
+});
+
 // ------------------------------------------------------------------ (b) accuracy
 
 Deno.test("kernels: k3_peak_loop counts its multiplies and adds and leaves a finite sum", () => {

@@ -107,7 +107,7 @@ Deno.test("attention heads over 3 threads: the KDA step and MLA attend give the 
         {
           op: HEAD_OP.attend,
           ptrs: [ql.ptr, lat.ptr, kr.ptr, lat.ptr, out.ptr, scores.ptr],
-          ints: [npos, H, 1, dc, dr, dc],
+          ints: [npos, 1, H, 1, dc, dr, dc],
           scale: 0.25,
         },
         H,

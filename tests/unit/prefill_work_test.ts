@@ -2,8 +2,9 @@
  * Prefill work is linear in the prompt except MLA attention over the cache: every kernel
  * call made by the forward pass is counted (calls, and the sum of their integer
  * arguments, which carry every size a kernel works on) for prompts of N, 2N and 3N ids.
- * Linear work has a zero second difference; only k3_mla_attend's positions grow with the
- * square (exactly 1 + 2 + ... + N per MLA layer), and nothing is allocated per chunk.
+ * Linear work has a zero second difference; only MLA attention's positions grow with the
+ * square (exactly 1 + 2 + ... + N per MLA layer, one query row per token, whatever the
+ * tiles of rows k3_mla_attend_rows takes them in), and nothing is allocated per chunk.
  * The prompt limits are enforced at exactly their length: the model's window (run, batch),
  * and what the memory plan holds at the budget (a longer context refused naming it, exit 2).
  */
@@ -18,8 +19,10 @@ import { EXIT, K3Error } from "../../engine/errors.ts";
 import { parseJob } from "../../cli/batch/jobs.ts";
 import { TINY } from "../helpers.ts";
 
-/** Per kernel: calls and the sum of integer arguments. */
-type Work = Map<string, { calls: number; ints: number }>;
+/** Per kernel: calls and the sum of integer arguments; for MLA attention also its query
+ * rows and the positions they attend over (row j of a call sees npos + j). */
+type Work = Map<string, { calls: number; ints: number; rows: number; positions: number }>;
+const ATTEND = "k3_mla_attend_rows";
 
 /** The kernels with every call counted into `work` (when it is set). */
 function counting(k: Kernels): { k: Kernels; start(): Work } {
@@ -30,9 +33,14 @@ function counting(k: Kernels): { k: Kernels; start(): Work } {
       if (typeof f !== "function") return f;
       return (...args: unknown[]) => {
         if (work) {
-          const w = work.get(name) ?? { calls: 0, ints: 0 };
+          const w = work.get(name) ?? { calls: 0, ints: 0, rows: 0, positions: 0 };
           w.calls++;
           for (const a of args) if (typeof a === "number" && Number.isInteger(a)) w.ints += a;
+          if (name === ATTEND) {
+            const [npos, nrows] = [args[6], args[7]] as number[];
+            w.rows += nrows;
+            w.positions += nrows * npos + (nrows * (nrows - 1)) / 2;
+          }
           work.set(name, w);
         }
         return (f as (...a: unknown[]) => unknown)(...args);
@@ -60,25 +68,21 @@ Deno.test("prefill: every kernel's work is linear in the prompt but MLA attentio
     }
     const [a, b, d] = runs;
     const names = new Set([...a.keys(), ...b.keys(), ...d.keys()]);
-    assert.ok(names.has("k3_mla_attend") && names.has("k3_kda_step"), [...names].join(" "));
+    assert.ok(names.has(ATTEND) && names.has("k3_kda_step"), [...names].join(" "));
     for (const name of names) {
       const get = (w: Work) => w.get(name) ?? { calls: 0, ints: 0 };
       assert.notEqual(name, "k3_alloc", "nothing is allocated during prefill");
+      // (MLA attention's calls follow its tiles of rows; its rows are counted below)
+      if (name === ATTEND) continue;
       assert.equal(get(d).calls - 2 * get(b).calls + get(a).calls, 0, `${name}: calls linear in the prompt`);
-      if (name === "k3_mla_attend") continue;
       assert.equal(get(d).ints - 2 * get(b).ints + get(a).ints, 0, `${name}: work per call independent of position`);
     }
-    // MLA attention: one call per token per MLA layer, over positions 1..n.
+    // MLA attention: one query row per token per MLA layer, over positions 1..n.
     const mlaLayers = opened.cfg.layerKinds.filter((x) => x !== "kda").length;
     assert.ok(mlaLayers > 0);
-    const npos = (w: Work) => {
-      // ints = the sum of npos plus the per-call constant arguments (heads, dims, ...).
-      const perCall = (a.get("k3_mla_attend")!.ints - mlaLayers * (N * (N + 1)) / 2) / a.get("k3_mla_attend")!.calls;
-      return w.get("k3_mla_attend")!.ints - perCall * w.get("k3_mla_attend")!.calls;
-    };
-    for (const [w, n] of [[b, 2 * N], [d, 3 * N]] as const) {
-      assert.equal(npos(w), mlaLayers * (n * (n + 1)) / 2, `attention over 1..${n} positions a layer`);
-      assert.equal(w.get("k3_mla_attend")!.calls, mlaLayers * n);
+    for (const [w, n] of [[a, N], [b, 2 * N], [d, 3 * N]] as const) {
+      assert.equal(w.get(ATTEND)!.positions, mlaLayers * (n * (n + 1)) / 2, `attention over 1..${n} positions a layer`);
+      assert.equal(w.get(ATTEND)!.rows, mlaLayers * n);
     }
   } finally {
     await opened.close();
