@@ -3,50 +3,63 @@
  * against layer-major segments (`--chunk auto`: the whole prompt in one pass when the
  * memory holds it), in the same run, at the floor budget and with the trunk pinned.
  *
- * Always on the tiny model (tests/fixtures/tiny, packed to a temporary trunk); on the
- * real-width slices (bench/slice.ts: 32 experts, and 896 experts top-16) only when their
- * cache exists under K3_BENCH_CACHE (this script never writes a slice: they are 6.5-36 GB).
+ * On the tiny model (tests/fixtures/tiny, packed to a temporary trunk) and the real-width
+ * slices (bench/slice.ts: 32 experts, 6.5 GB; and 896 experts top-16, 36.8 GB), or those
+ * `--models` names. A slice missing from the cache folder (K3_BENCH_CACHE, outside the
+ * repository) is written and packed first, with its progress on stderr (a few minutes at
+ * this disk's rate), and reused by later runs.
  *
- *   deno run -A bench/prefill.ts [--lengths 256,1024,4096] [--budgets floor,pinned]
- *       [--skip-old-above 1024] [--threads N] [--json]
+ *   deno run -A bench/prefill.ts [--models tiny,slice-32e,slice-896e] [--lengths 256,1024,4096]
+ *       [--budgets floor,pinned] [--paths old,new] [--skip-old-above 1024] [--threads N] [--json]
  *
- * Per run: the prompt's prefill seconds, the bytes read during it, the segment the plan
- * chose, and the bound: max(bytes read / the measured disk rate, the products' time at the
- * measured rates by the plan's equation: weights/plan_segment.ts predictPrefill). With
- * `--json`: `rows` (every run), `prefill_bytes_over_model` (bytes read by the new path's
- * largest prompt at the floor over the model's trunk + routed experts; 1.0 = every byte
- * once), `prefill_wall_over_bound` (the same run's seconds over its bound),
- * `gemm_of_peak` (the 256-row bf16 product over the kernels' calibrated peak, one thread,
- * bench/gemm_peak.ts; its rates under `gemm`),
- * `prefill_speedup_4096_floor` (old over new prefill seconds, 4,096 ids at the floor;
- * the old path projected from its measured passes when skipped) and `projection`: the
- * released model's time to first token for 4,096 ids at 8, 32, 64 and 128 GB on a 7 GB/s
- * disk with 16 cores, by the plan (`--preset auto`, the segment by `--chunk auto`).
+ * Per run: the prompt's prefill seconds (wall, and `busy`: the CPU seconds of its busiest
+ * thread, what the wall would be with the cores to itself: the machine is shared), the
+ * bytes read during it, the segment the plan chose, where the seconds went (the model's
+ * ledger: reads waited for, bf16 products, expert products, MLA and KDA attention, head,
+ * other), and the bound: max(bytes read / the disk rate measured before the runs, the
+ * products' FLOPs at this machine's rates for their rows, in CPU seconds, on `--threads`
+ * threads: productSeconds). With `--json`: `rows` (every run) and, for the widest model
+ * run (per model under `by_model`): `prefill_bytes_over_model` (bytes read by the new
+ * path's largest prompt at the floor over the model's trunk + routed experts; 1.0 = every
+ * byte once), `prefill_wall_over_bound` (the same run's wall seconds over its bound) and
+ * `prefill_busy_over_bound` (its busy seconds over it), `prefill_speedup_4096_floor` (old
+ * over new prefill seconds, 4,096 ids at the floor, the old path projected from its first
+ * passes above --skip-old-above) and the same in busy seconds; `gemm_of_peak` (the 256-row
+ * bf16 product over the kernels' calibrated peak, one thread, bench/gemm_peak.ts; its rates
+ * under `gemm`) and `projection`: the released model's time to first token for 4,096 ids
+ * at 8, 32, 64 and 128 GB on a 7 GB/s disk with 16 cores, by the plan (`--preset auto`,
+ * the segment by `--chunk auto`).
  *
  * @module
  */
 
+import { cpuUsage } from "node:process";
 import { benchArgs } from "./args.ts";
 import { measureGemmOfPeak } from "./gemm_peak.ts";
-import { BENCH_CACHE, ROUTER_SLICE, type SliceRecipe } from "./slice.ts";
+import { ensureSlice, ensureTrunk, LIMITS_SLICE, ROUTER_SLICE } from "./slice.ts";
 import { openModel } from "../engine/open.ts";
-import { kernels } from "../engine/native/ffi.ts";
+import type { Ledger } from "../engine/model/ledger.ts";
+import { kernels, WTYPE } from "../engine/native/ffi.ts";
+import type { K3Config } from "../engine/model/config.ts";
+import { layerTensors } from "../engine/model/tensors.ts";
 import { measureRates } from "../engine/weights/rate_probe.ts";
 import { DATA_FILE, readManifest } from "../engine/weights/manifest.ts";
 import { loadConfig } from "../engine/model/config.ts";
 import { releasedK3 } from "../engine/model/shapes.ts";
 import { expertBytesOf, expertSlotBytes, routedExperts } from "../engine/weights/plan_experts.ts";
 import { estimatedInput, makePlan } from "../engine/weights/plan.ts";
-import { type ChunkRequest, predictPrefill } from "../engine/weights/plan_segment.ts";
-import { DEFAULT_COMPUTE, type PassRates } from "../engine/weights/throughput.ts";
+import type { ChunkRequest } from "../engine/weights/plan_segment.ts";
+import { DEFAULT_COMPUTE, distinctExperts, type PassRates } from "../engine/weights/throughput.ts";
 import type { MemoryOptions } from "../engine/weights/plan_input.ts";
 import { packTrunk } from "../pack/pack.ts";
 
 const USAGE =
-  "usage: deno run -A bench/prefill.ts [--lengths 256,1024,4096] [--budgets floor,pinned] [--skip-old-above N] [--threads N] [--json]";
+  "usage: deno run -A bench/prefill.ts [--models tiny,slice-32e,slice-896e] [--lengths 256,1024,4096] [--budgets floor,pinned] [--paths old,new] [--skip-old-above N] [--threads N] [--json]";
 const { values } = benchArgs(USAGE, {
+  models: { type: "string", default: "tiny,slice-32e,slice-896e" },
   lengths: { type: "string", default: "256,1024,4096" },
   budgets: { type: "string", default: "floor,pinned" },
+  paths: { type: "string", default: "old,new" },
   "skip-old-above": { type: "string", default: "4096" },
   threads: { type: "string" },
   json: { type: "boolean" },
@@ -54,11 +67,23 @@ const { values } = benchArgs(USAGE, {
 const lengths = values.lengths.split(",").map(Number);
 const budgets = values.budgets.split(",") as ("floor" | "pinned")[];
 const skipOldAbove = Number(values["skip-old-above"]);
+/** The old path (`--chunk 16`) and the new (`--chunk auto`), as `--paths` names them. */
+const chunks = values.paths.split(",").map((p): ChunkRequest => p === "old" ? 16 : "auto");
 const threads = values.threads ? Number(values.threads) : navigator.hardwareConcurrency;
 const log = (s: string) => console.error(`prefill: ${s}`);
 
-/** The slice of 32 experts bench/limits.ts uses. */
-const LIMITS_SLICE: SliceRecipe = { layers: 3, experts: 32, topK: 16, vocab: 32768, fullAttn: [3] };
+/** Passes of the old path measured above --skip-old-above (the rest projected from them). */
+const PROJECTED_PASSES = 4;
+
+/** The real-width slices by name (bench/slice.ts). */
+const SLICES = { "slice-32e": LIMITS_SLICE, "slice-896e": ROUTER_SLICE } as const;
+const modelNames = values.models.split(",");
+for (const name of modelNames) {
+  if (name !== "tiny" && !(name in SLICES)) {
+    console.error(`prefill: unknown model "${name}" (tiny, ${Object.keys(SLICES).join(", ")})\n${USAGE}`);
+    Deno.exit(2);
+  }
+}
 const TINY = new URL("../tests/fixtures/tiny", import.meta.url).pathname;
 
 /** One measured prefill. */
@@ -72,27 +97,67 @@ interface Row {
   read_bytes: number;
   read_over_model: number;
   prefill_seconds: number;
+  /** CPU seconds of the prefill's busiest thread: its wall seconds with the cores to itself
+   * (the machine is shared: `prefill_seconds` includes the neighbours' share). */
+  busy_seconds: number;
+  /** The bytes read at the disk rate measured before the runs. */
+  io_seconds: number;
+  /** The products' FLOPs at this machine's rates for their rows, on `threads` threads
+   * (productSeconds). */
+  compute_seconds: number;
+  /** max(io_seconds, compute_seconds). */
   bound_seconds: number;
   wall_over_bound: number;
+  busy_over_bound: number;
   attention_share: number;
+  /** Where the prefill's seconds went (the model's ledger; `other`: norms, AttnRes, residual
+   * sums and the JavaScript between kernels). */
+  parts: Parts;
+  /** This process's CPU seconds over the prefill's wall seconds times the threads: the share
+   * of the cores it got (on a shared machine, under 1 when the neighbours took some). */
+  cpu_share: number;
   /** Projected from `passes_measured` passes (the old path skipped above --skip-old-above). */
   projected: boolean;
 }
 
-/** The models to run: the tiny one, and each slice whose cache is there. */
+/** Seconds of a prefill by kind of work. */
+interface Parts {
+  read_wait: number;
+  dense: number;
+  experts: number;
+  mla_attention: number;
+  kda_attention: number;
+  head: number;
+  other: number;
+}
+
+/** The ledger's seconds between two readings, by kind, `other` being the rest of `wall`. */
+function partsOf(a: Ledger, b: Ledger, wall: number): Parts {
+  const d = (key: keyof Ledger) => b[key] - a[key];
+  const p = {
+    read_wait: d("trunkReadWait") + d("expertReadWait"),
+    dense: d("denseMatmul"),
+    experts: d("expertCompute"),
+    mla_attention: d("mlaAttention"),
+    kda_attention: d("attention") - d("mlaAttention"),
+    head: d("head"),
+  };
+  return { ...p, other: wall - Object.values(p).reduce((x, y) => x + y, 0) };
+}
+
+/** The models `--models` names, in its order: the tiny one packed to a temporary folder,
+ * each slice from the cache (written and packed first when missing or stale). */
 async function models(): Promise<{ name: string; dir: string; trunk: string; temp?: string }[]> {
   const out: { name: string; dir: string; trunk: string; temp?: string }[] = [];
-  const temp = await Deno.makeTempDir({ prefix: "k3-prefill-" });
-  await packTrunk(TINY, `${temp}/trunk`, { log: null });
-  out.push({ name: "tiny", dir: TINY, trunk: `${temp}/trunk`, temp });
-  for (const [name, r] of [["slice-32e", LIMITS_SLICE], ["slice-896e", ROUTER_SLICE]] as const) {
-    const dir = `${BENCH_CACHE}/slice-${r.layers}l-${r.experts}e`;
-    try {
-      await Deno.stat(`${dir}/slice.json`);
-      await readManifest(`${dir}-trunk`);
-      out.push({ name, dir, trunk: `${dir}-trunk` });
-    } catch {
-      log(`${name}: no cached slice at ${dir} (and its -trunk); skipped (make it with bench/slice.ts)`);
+  for (const name of modelNames) {
+    if (name === "tiny") {
+      const temp = await Deno.makeTempDir({ prefix: "k3-prefill-" });
+      await packTrunk(TINY, `${temp}/trunk`, { log: null });
+      out.push({ name, dir: TINY, trunk: `${temp}/trunk`, temp });
+    } else {
+      const sliceLog = (s: string) => log(`${name}: ${s}`);
+      const dir = await ensureSlice(SLICES[name as keyof typeof SLICES], undefined, sliceLog);
+      out.push({ name, dir, trunk: await ensureTrunk(dir, undefined, sliceLog) });
     }
   }
   return out;
@@ -111,6 +176,84 @@ async function floorOf(dir: string, trunk: string): Promise<MemoryOptions> {
   };
 }
 
+/**
+ * CPU seconds of each of this process's threads (/proc/self/task: the compute pool's
+ * workers are threads of it), by thread id; empty where /proc is not there.
+ */
+function threadCpuSeconds(): Map<string, number> {
+  const out = new Map<string, number>();
+  try {
+    for (const t of Deno.readDirSync("/proc/self/task")) {
+      try {
+        const stat = Deno.readTextFileSync(`/proc/self/task/${t.name}/stat`);
+        // After the command's closing parenthesis: field 3 on; utime and stime are 14 and 15.
+        const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+        out.set(t.name, (Number(f[11]) + Number(f[12])) / CLOCK_TICKS);
+      } catch { /* the thread ended */ }
+    }
+  } catch { /* no /proc */ }
+  return out;
+}
+
+/** Linux's USER_HZ: the unit of /proc's CPU times. */
+const CLOCK_TICKS = 100;
+
+/** The products' rates by kind and rows, FLOP/s of one thread in CPU seconds (measured once). */
+const rateCache = new Map<string, number>();
+
+/**
+ * FLOP/s of one thread's `kind` product over `rows` rows, in CPU seconds (time the
+ * neighbours took does not count), best of three: bf16 over a 4,096 x 7,168 matrix (58.7 MB,
+ * a trunk matrix's width), MXFP4 over eight of an expert's gate matrices back to back (past
+ * the caches, as a pass meets each expert fresh from memory).
+ */
+function productRate(cfg: K3Config, kind: "bf16" | "mxfp4", rows: number): number {
+  const key = `${kind}:${rows}`;
+  const known = rateCache.get(key);
+  if (known) return known;
+  const P = Deno.UnsafePointer.of;
+  const cols = kind === "bf16" ? cfg.hiddenSize : cfg.moe.latent;
+  const out = kind === "bf16" ? 4096 : 8 * cfg.moe.intermediate;
+  const x = Float32Array.from({ length: rows * cols }, (_, i) => Math.sin(i) * 0.5);
+  const y = new Float32Array(rows * out);
+  // bf16 words of magnitude below 1; MXFP4 nibbles any, group scales near 2^-7.
+  const w = new Uint16Array(out * cols).map((_, i) => 0x3c00 | (i * 2654435761 >>> 20) & 0x3ff);
+  const packed = new Uint8Array(out * cols / 2).map((_, i) => i * 2654435761 >>> 24);
+  const scales = new Uint8Array(out * cols / 32).fill(120);
+  let best = 0;
+  for (let round = 0; round < 3; round++) {
+    const t = cpuUsage();
+    if (kind === "bf16") k.k3_matmul(P(w), WTYPE.bf16, P(x), P(y), rows, out, cols, 0, out);
+    else k.k3_matmul_mxfp4(P(packed), P(scales), P(x), P(y), rows, out, cols, 0, out);
+    const u = cpuUsage(t);
+    best = Math.max(best, (2 * out * cols * rows) / Math.max((u.user + u.system) / 1e6, 1e-6));
+  }
+  rateCache.set(key, best);
+  return best;
+}
+
+/**
+ * The seconds of a prefill's products at this machine's rates, on `threads` threads with
+ * the cores to themselves: every trunk matrix over all `n` rows (bf16, in tiles of
+ * min(segment, tileRows) rows) and each row's top-k experts in each MoE layer (MXFP4, each
+ * expert over the rows of a segment that chose it: segment x top-k / the distinct experts
+ * a segment routes to, by a flat router, in tiles of at most tileRows). Attention, norms
+ * and the lm_head are not in it: the bound is the products' and the reads'.
+ */
+function productSeconds(cfg: K3Config, n: number, segment: number, tileRows: number): number {
+  let trunkParams = 0;
+  for (let L = 0; L < cfg.numLayers; L++) {
+    for (const t of layerTensors(cfg, L)) if (t.keep === "matrix") trunkParams += t.shape[0] * t.shape[1];
+  }
+  const { numExperts: E, topK, latent, intermediate } = cfg.moe;
+  const moeLayers = cfg.numLayers - cfg.firstKDense;
+  const rows = Math.min(segment, n);
+  const perExpert = Math.max(1, Math.min(tileRows, Math.round((rows * topK) / distinctExperts(E, topK, rows))));
+  const dense = (2 * trunkParams * n) / productRate(cfg, "bf16", Math.min(rows, tileRows));
+  const experts = (2 * 3 * latent * intermediate * n * topK * moeLayers) / productRate(cfg, "mxfp4", perExpert);
+  return (dense + experts) / threads;
+}
+
 /** One prefill of `n` ids with `chunk` (old: 16; new: auto); `maxPasses` stops early and
  * projects the rest from the passes measured. */
 async function measure(
@@ -126,7 +269,7 @@ async function measure(
   try {
     const { model, plan } = opened;
     const io = () => model.weights.ioStats!();
-    const io0 = io(), att0 = model.ledger.attention;
+    const io0 = io(), ledger0 = { ...model.ledger }, cpu0 = cpuUsage(), threads0 = threadCpuSeconds();
     const prompt = ids(n);
     let passes = 0, seconds = 0;
     const limit = Math.min(maxPasses, plan.prefill.segments);
@@ -142,25 +285,19 @@ async function measure(
       state.free();
     }
     seconds = (performance.now() - t0) / 1000;
+    const cpu = cpuUsage(cpu0);
+    const threads1 = threadCpuSeconds();
+    // The busiest thread's CPU seconds (the main one: its share of the products and all
+    // the serial work): the prefill's wall time on cores of its own.
+    const busy = Math.max(...[...threads1].map(([tid, s]) => s - (threads0.get(tid) ?? 0)));
+    const parts = partsOf(ledger0, model.ledger, seconds);
     const read = io().trunkBytes + io().expertBytes - io0.trunkBytes - io0.expertBytes;
     const scale = plan.prefill.segments / passes;
     const cfg = opened.cfg;
     const modelBytes = plan.trunk.totalBytes + routedExperts(cfg) * expertBytesOf(cfg);
-    const predicted = predictPrefill(
-      {
-        streamedBytes: 0,
-        trunkBytes: plan.trunk.totalBytes,
-        moeLayers: cfg.numLayers - cfg.firstKDense,
-        experts: cfg.moe.numExperts,
-        topK: cfg.moe.topK,
-        expertBytes: expertBytesOf(cfg),
-        expertsResident: true,
-      },
-      n,
-      plan.chunk,
-      rates,
-    );
-    const bound = Math.max((read * scale) / rates.disk, predicted.computeSeconds ?? 0);
+    const ioSeconds = (read * scale) / rates.disk;
+    const computeSeconds = productSeconds(cfg, n, plan.chunk, model.tileRows);
+    const bound = Math.max(ioSeconds, computeSeconds);
     return {
       model: m.name,
       ids: n,
@@ -171,9 +308,15 @@ async function measure(
       read_bytes: read * scale,
       read_over_model: (read * scale) / modelBytes,
       prefill_seconds: seconds * scale,
+      busy_seconds: busy * scale,
+      io_seconds: ioSeconds,
+      compute_seconds: computeSeconds,
       bound_seconds: bound,
       wall_over_bound: (seconds * scale) / bound,
-      attention_share: (model.ledger.attention - att0) / Math.max(seconds, 1e-9),
+      busy_over_bound: (busy * scale) / bound,
+      attention_share: (parts.mla_attention + parts.kda_attention) / Math.max(seconds, 1e-9),
+      parts: Object.fromEntries(Object.entries(parts).map(([k, v]) => [k, v * scale])) as unknown as Parts,
+      cpu_share: (cpu.user + cpu.system) / 1e6 / (seconds * threads),
       projected: scale > 1,
     };
   } finally {
@@ -215,11 +358,18 @@ try {
     log(`${m.name}: disk ${(rates.disk / 1e9).toFixed(2)} GB/s, bf16 ${(rates.dense / 1e9).toFixed(1)} GB/s a row`);
     for (const n of lengths) {
       for (const budget of budgets) {
-        for (const chunk of [16, "auto"] as ChunkRequest[]) {
-          // The old path above --skip-old-above: two passes measured, the rest projected.
-          const max = chunk === 16 && n > skipOldAbove ? 2 : Infinity;
+        for (const chunk of chunks) {
+          // The old path above --skip-old-above: its first passes measured, the rest projected.
+          const max = chunk === 16 && n > skipOldAbove ? PROJECTED_PASSES : Infinity;
           const r = await measure(m, n, budget, chunk, rates, max);
-          log(`${m.name} ${n} ids ${budget} ${r.path}: ${r.prefill_seconds.toFixed(2)} s, ${r.segments} segments`);
+          const parts = Object.entries(r.parts).map(([k, v]) => `${k} ${v.toFixed(1)}`).join(", ");
+          log(
+            `${m.name} ${n} ids ${budget} ${r.path}: ${r.prefill_seconds.toFixed(2)} s${
+              r.projected ? " (projected)" : ""
+            }, ${r.segments} segments, bound ${r.bound_seconds.toFixed(2)} s, cpu ${
+              r.cpu_share.toFixed(2)
+            } of ${threads} cores; ${parts}`,
+          );
           rows.push(r);
         }
       }
@@ -232,24 +382,35 @@ try {
 const gemm = measureGemmOfPeak(k);
 log(`gemm (${gemm.isa}): ${gemm.gemm_gflops[256].toFixed(1)} GFLOP/s at 256 rows, peak ${gemm.peak_gflops.toFixed(1)}`);
 
-const largest = (pred: (r: Row) => boolean) =>
-  rows.filter(pred).sort((a, b) => b.ids - a.ids || (a.model === "tiny" ? 1 : -1))[0];
-const newFloor = largest((r) => r.path === "new" && r.budget === "floor");
-const at4096 = (path: string) =>
-  rows.filter((r) => r.ids === 4096 && r.budget === "floor" && r.path === path).sort((a, b) =>
-    a.model === "tiny" ? 1 : b.model === "tiny" ? -1 : 0
-  )[0];
-const old4096 = at4096("old"), new4096 = at4096("new");
+/** A model's headline figures: its largest new-path prompt at the floor, and the speed-up
+ * at 4,096 ids at the floor (old over new, wall and busy seconds). */
+function headline(model: string) {
+  const mine = rows.filter((r) => r.model === model && r.budget === "floor");
+  const newFloor = mine.filter((r) => r.path === "new").sort((a, b) => b.ids - a.ids)[0];
+  const at4096 = (path: string) => mine.find((r) => r.ids === 4096 && r.path === path);
+  const old4096 = at4096("old"), new4096 = at4096("new");
+  return {
+    measured_on: newFloor ? `${model}, ${newFloor.ids} ids, floor` : null,
+    prefill_bytes_over_model: newFloor?.read_over_model ?? null,
+    prefill_wall_over_bound: newFloor?.wall_over_bound ?? null,
+    prefill_busy_over_bound: newFloor?.busy_over_bound ?? null,
+    prefill_speedup_4096_floor: old4096 && new4096 ? old4096.prefill_seconds / new4096.prefill_seconds : null,
+    prefill_busy_speedup_4096_floor: old4096 && new4096 ? old4096.busy_seconds / new4096.busy_seconds : null,
+    old_4096_projected: old4096?.projected ?? null,
+  };
+}
+
+// The headline is the widest model's (the last of tiny, slice-32e, slice-896e that ran).
+const order = ["tiny", ...Object.keys(SLICES)];
+const widest = ms.map((m) => m.name).sort((a, b) => order.indexOf(b) - order.indexOf(a))[0];
 const projections = [8, 32, 64, 128].map((gb) => ({ new: projection(gb, "auto"), old: projection(gb, 16) }));
 const summary = {
   rows,
-  prefill_bytes_over_model: newFloor ? newFloor.read_over_model : null,
-  prefill_wall_over_bound: newFloor ? newFloor.wall_over_bound : null,
-  measured_on: newFloor ? `${newFloor.model}, ${newFloor.ids} ids, floor` : null,
+  ...headline(widest),
+  by_model: Object.fromEntries(ms.map((m) => [m.name, headline(m.name)])),
+  threads,
   gemm_of_peak: gemm.gemm_of_peak,
   gemm,
-  prefill_speedup_4096_floor: old4096 && new4096 ? old4096.prefill_seconds / new4096.prefill_seconds : null,
-  speedup_measured_on: new4096?.model ?? null,
   projection: {
     model: "released K3, 4,096 ids, --preset auto, 7 GB/s disk, 16 cores (2-core product rates x 8)",
     budgets: projections,
@@ -259,19 +420,23 @@ const summary = {
 if (values.json) console.log(JSON.stringify(summary, null, 2));
 else {
   console.log(
-    "| model | ids | budget | path | segment | segments | read MB | read/model | prefill s | bound s | wall/bound | attention |",
+    "| model | ids | budget | path | segments | read GB | read/model | prefill s | busy s | bound s (io, products) | wall/bound | busy/bound | MLA attention |",
   );
-  console.log("| --- | --: | --- | --- | --: | --: | --: | --: | --: | --: | --: | --: |");
+  console.log("| --- | --: | --- | --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |");
   for (const r of rows) {
     console.log(
-      `| ${r.model} | ${r.ids} | ${r.budget} | ${r.path} | ${r.segment} | ${r.segments} | ${
-        (r.read_bytes / 1e6).toFixed(1)
-      } | ${r.read_over_model.toFixed(2)} | ${r.prefill_seconds.toFixed(2)}${r.projected ? "*" : ""} | ${
-        r.bound_seconds.toFixed(3)
-      } | ${r.wall_over_bound.toFixed(1)} | ${(100 * r.attention_share).toFixed(0)}% |`,
+      `| ${r.model} | ${r.ids} | ${r.budget} | ${r.path} | ${r.segments} x ${r.segment} | ${
+        (r.read_bytes / 1e9).toFixed(1)
+      } | ${r.read_over_model.toFixed(2)} | ${r.prefill_seconds.toFixed(1)}${r.projected ? "*" : ""} | ${
+        r.busy_seconds.toFixed(1)
+      } | ${r.bound_seconds.toFixed(1)} (${r.io_seconds.toFixed(1)}, ${r.compute_seconds.toFixed(1)}) | ${
+        r.wall_over_bound.toFixed(2)
+      } | ${r.busy_over_bound.toFixed(2)} | ${(100 * r.parts.mla_attention / r.prefill_seconds).toFixed(0)}% |`,
     );
   }
-  console.log("(* projected from its first passes)");
+  console.log(
+    `(* projected from its first ${PROJECTED_PASSES} passes: the old path above --skip-old-above ${skipOldAbove} ids; busy: the busiest thread's CPU seconds)`,
+  );
   console.log("\nreleased K3, 4,096 ids, time to first token (7 GB/s disk, 16 cores):");
   console.log("| memory | segment (auto) | read (auto) | TTFT auto | TTFT --chunk 16 |");
   console.log("| --: | --: | --: | --: | --: |");
