@@ -1,7 +1,9 @@
 /**
  * Prefill: the old chunked path (`--chunk 16`: a read of the model every 16 tokens)
  * against layer-major segments (`--chunk auto`: the whole prompt in one pass when the
- * memory holds it), in the same run, at the floor budget and with the trunk pinned.
+ * memory holds it), in the same run, at the floor budget (a ring of the largest trunk layer,
+ * top-k + 1 expert slots) and pinned (`--preset auto`: the trunk pinned, the expert cache
+ * sized from the memory left).
  *
  * On the tiny model (tests/fixtures/tiny, packed to a temporary trunk) and the real-width
  * slices (bench/slice.ts: 32 experts, 6.5 GB; and 896 experts top-16, 36.8 GB), or those
@@ -94,6 +96,9 @@ interface Row {
   path: "old" | "new";
   segment: number;
   segments: number;
+  /** The plan's pinned trunk and expert cache. */
+  trunk_pinned_gb: number;
+  expert_cache_gb: number;
   read_bytes: number;
   read_over_model: number;
   prefill_seconds: number;
@@ -264,7 +269,8 @@ async function measure(
   rates: PassRates,
   maxPasses = Infinity,
 ): Promise<Row> {
-  const memory = budget === "floor" ? await floorOf(m.dir, m.trunk) : { trunkDir: m.trunk };
+  // Pinned: `--preset auto` (the trunk pinned, the expert cache sized from what is left).
+  const memory = budget === "floor" ? await floorOf(m.dir, m.trunk) : { trunkDir: m.trunk, preset: "auto" };
   const opened = await openModel(m.dir, { capacity: n + 1, chunk, prefillTokens: n, memory, threads, rates });
   try {
     const { model, plan } = opened;
@@ -305,6 +311,8 @@ async function measure(
       path: chunk === "auto" ? "new" : "old",
       segment: plan.chunk,
       segments: plan.prefill.segments,
+      trunk_pinned_gb: plan.trunk.pinnedBytes / 1e9,
+      expert_cache_gb: plan.experts.bytes / 1e9,
       read_bytes: read * scale,
       read_over_model: (read * scale) / modelBytes,
       prefill_seconds: seconds * scale,
