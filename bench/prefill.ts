@@ -374,9 +374,11 @@ try {
           log(
             `${m.name} ${n} ids ${budget} ${r.path}: ${r.prefill_seconds.toFixed(2)} s${
               r.projected ? " (projected)" : ""
-            }, ${r.segments} segments, bound ${r.bound_seconds.toFixed(2)} s, cpu ${
-              r.cpu_share.toFixed(2)
-            } of ${threads} cores; ${parts}`,
+            }, busy ${r.busy_seconds.toFixed(2)} s, ${r.segments} x ${r.segment}, read ${
+              (r.read_bytes / 1e9).toFixed(1)
+            } GB (${r.read_over_model.toFixed(2)}x), bound ${r.bound_seconds.toFixed(2)} s (io ${
+              r.io_seconds.toFixed(2)
+            }, products ${r.compute_seconds.toFixed(2)}), cpu ${r.cpu_share.toFixed(2)} of ${threads} cores; ${parts}`,
           );
           rows.push(r);
         }
