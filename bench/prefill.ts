@@ -213,12 +213,12 @@ const rateCache = new Map<string, number>();
  * the caches, as a pass meets each expert fresh from memory).
  */
 function productRate(cfg: K3Config, kind: "bf16" | "mxfp4", rows: number): number {
-  const key = `${kind}:${rows}`;
-  const known = rateCache.get(key);
-  if (known) return known;
   const P = Deno.UnsafePointer.of;
   const cols = kind === "bf16" ? cfg.hiddenSize : cfg.moe.latent;
   const out = kind === "bf16" ? 4096 : 8 * cfg.moe.intermediate;
+  const key = `${kind}:${rows}:${cols}:${out}`;
+  const known = rateCache.get(key);
+  if (known) return known;
   const x = Float32Array.from({ length: rows * cols }, (_, i) => Math.sin(i) * 0.5);
   const y = new Float32Array(rows * out);
   // bf16 words of magnitude below 1; MXFP4 nibbles any, group scales near 2^-7.
@@ -237,26 +237,84 @@ function productRate(cfg: K3Config, kind: "bf16" | "mxfp4", rows: number): numbe
   return best;
 }
 
+/** Multiply-adds of every trunk matrix (bf16) of `cfg`, times 2: a row's FLOPs in them. */
+function trunkFlopsPerRow(cfg: K3Config): number {
+  let params = 0;
+  for (let L = 0; L < cfg.numLayers; L++) {
+    for (const t of layerTensors(cfg, L)) if (t.keep === "matrix") params += t.shape[0] * t.shape[1];
+  }
+  return 2 * params;
+}
+
+/** Rows each routed expert's product runs over in a segment of `rows`: the rows times top-k
+ * over the distinct experts they choose (a flat router), in tiles of at most `tileRows`. */
+function rowsPerExpert(cfg: K3Config, rows: number, tileRows: number): number {
+  const { numExperts: E, topK } = cfg.moe;
+  return Math.max(1, Math.min(tileRows, Math.round((rows * topK) / distinctExperts(E, topK, rows))));
+}
+
 /**
- * The seconds of a prefill's products at this machine's rates, on `threads` threads with
+ * The seconds of a prefill's products at this machine's rates, on `cores` threads with
  * the cores to themselves: every trunk matrix over all `n` rows (bf16, in tiles of
  * min(segment, tileRows) rows) and each row's top-k experts in each MoE layer (MXFP4, each
- * expert over the rows of a segment that chose it: segment x top-k / the distinct experts
- * a segment routes to, by a flat router, in tiles of at most tileRows). Attention, norms
- * and the lm_head are not in it: the bound is the products' and the reads'.
+ * expert over rowsPerExpert rows). Attention, norms and the lm_head are not in it: the
+ * bound is the products' and the reads'.
  */
-function productSeconds(cfg: K3Config, n: number, segment: number, tileRows: number): number {
-  let trunkParams = 0;
-  for (let L = 0; L < cfg.numLayers; L++) {
-    for (const t of layerTensors(cfg, L)) if (t.keep === "matrix") trunkParams += t.shape[0] * t.shape[1];
-  }
-  const { numExperts: E, topK, latent, intermediate } = cfg.moe;
+function productSeconds(cfg: K3Config, n: number, segment: number, tileRows: number, cores = threads): number {
+  const { topK, latent, intermediate } = cfg.moe;
   const moeLayers = cfg.numLayers - cfg.firstKDense;
   const rows = Math.min(segment, n);
-  const perExpert = Math.max(1, Math.min(tileRows, Math.round((rows * topK) / distinctExperts(E, topK, rows))));
-  const dense = (2 * trunkParams * n) / productRate(cfg, "bf16", Math.min(rows, tileRows));
-  const experts = (2 * 3 * latent * intermediate * n * topK * moeLayers) / productRate(cfg, "mxfp4", perExpert);
-  return (dense + experts) / threads;
+  const dense = (trunkFlopsPerRow(cfg) * n) / productRate(cfg, "bf16", Math.min(rows, tileRows));
+  const expertFlops = 2 * 3 * latent * intermediate * n * topK * moeLayers;
+  const experts = expertFlops / productRate(cfg, "mxfp4", rowsPerExpert(cfg, rows, tileRows));
+  return (dense + experts) / cores;
+}
+
+/** FLOP/s of one thread's MLA attention over the latent cache (k3_mla_attend, every head of
+ * one query over 2,048 positions), in CPU seconds, best of three; measured once. */
+function attendRate(cfg: K3Config): number {
+  const key = `attend:${cfg.mla.numHeads}:${cfg.mla.kvLoraRank}:${cfg.mla.ropeDim}`;
+  const known = rateCache.get(key);
+  if (known) return known;
+  const { numHeads: H, kvLoraRank: dc, ropeDim: dr, nopeDim } = cfg.mla;
+  const npos = 2048, P = Deno.UnsafePointer.of;
+  const q = Float32Array.from({ length: H * (dc + dr) }, (_, i) => Math.sin(i) * 0.1);
+  const latent = Float32Array.from({ length: npos * dc }, (_, i) => Math.cos(i) * 0.1);
+  const krope = Float32Array.from({ length: npos * dr }, (_, i) => Math.sin(3 * i) * 0.1);
+  const out = new Float32Array(H * dc), scores = new Float32Array(H * npos);
+  let best = 0;
+  for (let round = 0; round < 3; round++) {
+    const t = cpuUsage();
+    k.k3_mla_attend(
+      P(q),
+      P(latent),
+      P(krope),
+      P(latent),
+      P(out),
+      P(scores),
+      npos,
+      H,
+      1,
+      dc,
+      dr,
+      dc,
+      1 / Math.sqrt(nopeDim + dr),
+      0,
+      H,
+    );
+    const u = cpuUsage(t);
+    best = Math.max(best, (2 * H * (dc + dr + dc) * npos) / Math.max((u.user + u.system) / 1e6, 1e-6));
+  }
+  rateCache.set(key, best);
+  return best;
+}
+
+/** Seconds of MLA attention over the cache for a prompt of `n` ids on `cores` threads:
+ * row p attends over p + 1 positions in each MLA layer (the prefill's one quadratic part). */
+function attendSeconds(cfg: K3Config, n: number, cores: number): number {
+  const { numHeads: H, kvLoraRank: dc, ropeDim: dr } = cfg.mla;
+  const mlaLayers = cfg.layerKinds.filter((kind) => kind === "mla").length;
+  return (2 * H * (dc + dr + dc) * (n * (n + 1) / 2) * mlaLayers) / attendRate(cfg) / cores;
 }
 
 /** One prefill of `n` ids with `chunk` (old: 16; new: auto); `maxPasses` stops early and
@@ -332,12 +390,24 @@ async function measure(
   }
 }
 
-/** The released model's time to first token for 4,096 ids at `gb` GB: 7 GB/s, 16 cores. */
+/** Cores of the projection's machine (the issue's 16-core desktop) and its disk's rate. */
+const PROJECTED_CORES = 16;
+const PROJECTED_DISK = 7e9;
+
+/**
+ * The released model's time to first token for 4,096 ids at `gb` GB on a 7 GB/s disk with
+ * 16 cores: the plan's segments and reads (`--preset auto`, the segment by `chunk`), and
+ * the time two ways. `plan_minutes`: the plan's own prediction (weights/plan_segment.ts
+ * predictPrefill) from DEFAULT_COMPUTE's 2-core rates times 8, its row costs linear in the
+ * rows from one row's product. `minutes`: max(the reads at 7 GB/s, the products' FLOPs at
+ * the many-row rates this machine's cores measure (productSeconds; the tile the plan's
+ * segment gives) plus MLA attention at attendRate, on 16 cores).
+ */
 function projection(gb: number, chunk: ChunkRequest) {
   const cfg = releasedK3();
   // The 2-core rates DEFAULT_COMPUTE holds, times 8 for 16 cores (products scale with cores).
   const rates: PassRates = {
-    disk: 7e9,
+    disk: PROJECTED_DISK,
     ...DEFAULT_COMPUTE,
     dense: 8 * DEFAULT_COMPUTE.dense,
     expert: 8 * DEFAULT_COMPUTE.expert,
@@ -348,14 +418,24 @@ function projection(gb: number, chunk: ChunkRequest) {
     available: gb * 1e9,
     rates,
   });
+  const products = productSeconds(cfg, 4096, plan.chunk, TILE_ROWS, PROJECTED_CORES);
+  const attention = attendSeconds(cfg, 4096, PROJECTED_CORES);
+  const reads = plan.prefill.readBytes / PROJECTED_DISK;
   return {
     gb,
     segment: plan.chunk,
     segments: plan.prefill.segments,
     read_tb: plan.prefill.readBytes / 1e12,
-    minutes: (plan.prefill.seconds ?? NaN) / 60,
+    read_minutes: reads / 60,
+    products_minutes: products / 60,
+    mla_attention_minutes: attention / 60,
+    minutes: Math.max(reads, products + attention) / 60,
+    plan_minutes: (plan.prefill.seconds ?? NaN) / 60,
   };
 }
+
+/** Rows of the wide temporaries' tiles (K3Model's default, min(segment, 64)). */
+const TILE_ROWS = 64;
 
 const k = kernels();
 const rows: Row[] = [];
@@ -422,7 +502,8 @@ const summary = {
   gemm_of_peak: gemm.gemm_of_peak,
   gemm,
   projection: {
-    model: "released K3, 4,096 ids, --preset auto, 7 GB/s disk, 16 cores (2-core product rates x 8)",
+    model:
+      "released K3, 4,096 ids, --preset auto, 7 GB/s disk, 16 cores: minutes from this machine's many-row product and MLA attention rates per core, plan_minutes from the plan's (2-core DEFAULT_COMPUTE x 8)",
     budgets: projections,
   },
 };
@@ -448,13 +529,18 @@ else {
     `(* projected from its first ${PROJECTED_PASSES} passes: the old path above --skip-old-above ${skipOldAbove} ids; busy: the busiest thread's CPU seconds)`,
   );
   console.log("\nreleased K3, 4,096 ids, time to first token (7 GB/s disk, 16 cores):");
-  console.log("| memory | segment (auto) | read (auto) | TTFT auto | TTFT --chunk 16 |");
-  console.log("| --: | --: | --: | --: | --: |");
+  console.log(
+    "| memory | segment (auto) | read (auto) | auto: reads, products + MLA attention | TTFT auto | TTFT --chunk 16 | the plan's prediction (auto, 16) |",
+  );
+  console.log("| --: | --: | --: | --: | --: | --: | --: |");
+  const min = (x: number) => `${x.toFixed(1)} min`;
   for (const p of projections) {
     console.log(
       `| ${p.new.gb} GB | ${p.new.segment} x ${p.new.segments} | ${p.new.read_tb.toFixed(2)} TB | ${
-        p.new.minutes.toFixed(1)
-      } min | ${p.old.minutes.toFixed(0)} min |`,
+        min(p.new.read_minutes)
+      }, ${min(p.new.products_minutes)} + ${min(p.new.mla_attention_minutes)} | ${min(p.new.minutes)} | ${
+        min(p.old.minutes)
+      } | ${p.new.plan_minutes.toFixed(0)}, ${p.old.plan_minutes.toFixed(0)} min |`,
     );
   }
 }
