@@ -3,7 +3,8 @@
  * against layer-major segments (`--chunk auto`: the whole prompt in one pass when the
  * memory holds it), in the same run, at the floor budget (a ring of the largest trunk layer,
  * top-k + 1 expert slots) and pinned (`--preset auto`: the trunk pinned, the expert cache
- * sized from the memory left).
+ * sized from the memory left, or from `--pinned-gb`: several runs side by side must not
+ * each plan for all of it).
  *
  * On the tiny model (tests/fixtures/tiny, packed to a temporary trunk) and the real-width
  * slices (bench/slice.ts: 32 experts, 6.5 GB; and 896 experts top-16, 36.8 GB), or those
@@ -12,7 +13,7 @@
  * this disk's rate), and reused by later runs.
  *
  *   deno run -A bench/prefill.ts [--models tiny,slice-32e,slice-896e] [--lengths 256,1024,4096]
- *       [--budgets floor,pinned] [--paths old,new] [--skip-old-above 1024] [--threads N] [--json]
+ *       [--budgets floor,pinned] [--paths old,new] [--pinned-gb GB] [--skip-old-above 1024] [--threads N] [--json]
  *
  * Per run: the prompt's prefill seconds (wall, and `busy`: the CPU seconds of its busiest
  * thread, what the wall would be with the cores to itself: the machine is shared), the
@@ -56,12 +57,13 @@ import type { MemoryOptions } from "../engine/weights/plan_input.ts";
 import { packTrunk } from "../pack/pack.ts";
 
 const USAGE =
-  "usage: deno run -A bench/prefill.ts [--models tiny,slice-32e,slice-896e] [--lengths 256,1024,4096] [--budgets floor,pinned] [--paths old,new] [--skip-old-above N] [--threads N] [--json]";
+  "usage: deno run -A bench/prefill.ts [--models tiny,slice-32e,slice-896e] [--lengths 256,1024,4096] [--budgets floor,pinned] [--paths old,new] [--pinned-gb GB] [--skip-old-above N] [--threads N] [--json]";
 const { values } = benchArgs(USAGE, {
   models: { type: "string", default: "tiny,slice-32e,slice-896e" },
   lengths: { type: "string", default: "256,1024,4096" },
   budgets: { type: "string", default: "floor,pinned" },
   paths: { type: "string", default: "old,new" },
+  "pinned-gb": { type: "string" },
   "skip-old-above": { type: "string", default: "4096" },
   threads: { type: "string" },
   json: { type: "boolean" },
@@ -69,6 +71,10 @@ const { values } = benchArgs(USAGE, {
 const lengths = values.lengths.split(",").map(Number);
 const budgets = values.budgets.split(",") as ("floor" | "pinned")[];
 const skipOldAbove = Number(values["skip-old-above"]);
+/** The memory the pinned runs plan against (`--pinned-gb`; default: what is available). */
+const pinnedAvailable = values["pinned-gb"]
+  ? { bytes: Number(values["pinned-gb"]) * 1e9, source: "--pinned-gb" }
+  : undefined;
 /** The old path (`--chunk 16`) and the new (`--chunk auto`), as `--paths` names them. */
 const chunks = values.paths.split(",").map((p): ChunkRequest => p === "old" ? 16 : "auto");
 const threads = values.threads ? Number(values.threads) : navigator.hardwareConcurrency;
@@ -329,7 +335,15 @@ async function measure(
 ): Promise<Row> {
   // Pinned: `--preset auto` (the trunk pinned, the expert cache sized from what is left).
   const memory = budget === "floor" ? await floorOf(m.dir, m.trunk) : { trunkDir: m.trunk, preset: "auto" };
-  const opened = await openModel(m.dir, { capacity: n + 1, chunk, prefillTokens: n, memory, threads, rates });
+  const opened = await openModel(m.dir, {
+    capacity: n + 1,
+    chunk,
+    prefillTokens: n,
+    memory,
+    threads,
+    rates,
+    memoryAvailable: budget === "pinned" ? pinnedAvailable : undefined,
+  });
   try {
     const { model, plan } = opened;
     const io = () => model.weights.ioStats!();
