@@ -43,11 +43,10 @@ import { ensureSlice, ensureTrunk, LIMITS_SLICE, ROUTER_SLICE } from "./slice.ts
 import { openModel } from "../engine/open.ts";
 import type { Ledger } from "../engine/model/ledger.ts";
 import { kernels, WTYPE } from "../engine/native/ffi.ts";
-import type { K3Config } from "../engine/model/config.ts";
 import { layerTensors } from "../engine/model/tensors.ts";
 import { measureRates } from "../engine/weights/rate_probe.ts";
 import { DATA_FILE, readManifest } from "../engine/weights/manifest.ts";
-import { loadConfig } from "../engine/model/config.ts";
+import { type K3Config, loadConfig } from "../engine/model/config.ts";
 import { releasedK3 } from "../engine/model/shapes.ts";
 import { expertBytesOf, expertSlotBytes, routedExperts } from "../engine/weights/plan_experts.ts";
 import { estimatedInput, makePlan } from "../engine/weights/plan.ts";
@@ -68,15 +67,26 @@ const { values } = benchArgs(USAGE, {
   threads: { type: "string" },
   json: { type: "boolean" },
 });
-const lengths = values.lengths.split(",").map(Number);
-const budgets = values.budgets.split(",") as ("floor" | "pinned")[];
+/** `--flag`'s comma-separated values, each one `ok` accepts; otherwise one line and exit 2. */
+function listOf<T>(flag: string, text: string, ok: (v: string) => boolean): T[] {
+  const items = text.split(",");
+  const bad = items.find((v) => !ok(v));
+  if (bad !== undefined) {
+    console.error(`prefill: --${flag}: "${bad}" is not one of its values\n${USAGE}`);
+    Deno.exit(2);
+  }
+  return items as T[];
+}
+const lengths = listOf<string>("lengths", values.lengths, (v) => /^[1-9]\d*$/.test(v)).map(Number);
+const budgets = listOf<"floor" | "pinned">("budgets", values.budgets, (v) => v === "floor" || v === "pinned");
 const skipOldAbove = Number(values["skip-old-above"]);
 /** The memory the pinned runs plan against (`--pinned-gb`; default: what is available). */
 const pinnedAvailable = values["pinned-gb"]
   ? { bytes: Number(values["pinned-gb"]) * 1e9, source: "--pinned-gb" }
   : undefined;
 /** The old path (`--chunk 16`) and the new (`--chunk auto`), as `--paths` names them. */
-const chunks = values.paths.split(",").map((p): ChunkRequest => p === "old" ? 16 : "auto");
+const chunks = listOf<string>("paths", values.paths, (v) => v === "old" || v === "new")
+  .map((p): ChunkRequest => p === "old" ? 16 : "auto");
 const threads = values.threads ? Number(values.threads) : navigator.hardwareConcurrency;
 const log = (s: string) => console.error(`prefill: ${s}`);
 
@@ -85,13 +95,7 @@ const PROJECTED_PASSES = 4;
 
 /** The real-width slices by name (bench/slice.ts). */
 const SLICES = { "slice-32e": LIMITS_SLICE, "slice-896e": ROUTER_SLICE } as const;
-const modelNames = values.models.split(",");
-for (const name of modelNames) {
-  if (name !== "tiny" && !(name in SLICES)) {
-    console.error(`prefill: unknown model "${name}" (tiny, ${Object.keys(SLICES).join(", ")})\n${USAGE}`);
-    Deno.exit(2);
-  }
-}
+const modelNames = listOf<string>("models", values.models, (v) => v === "tiny" || v in SLICES);
 const TINY = new URL("../tests/fixtures/tiny", import.meta.url).pathname;
 
 /** One measured prefill. */
@@ -127,7 +131,7 @@ interface Row {
   /** This process's CPU seconds over the prefill's wall seconds times the threads: the share
    * of the cores it got (on a shared machine, under 1 when the neighbours took some). */
   cpu_share: number;
-  /** Projected from `passes_measured` passes (the old path skipped above --skip-old-above). */
+  /** Projected from its first PROJECTED_PASSES passes (the old path above --skip-old-above). */
   projected: boolean;
 }
 
