@@ -40,6 +40,10 @@ export interface SliceRecipe {
 /** The batching bench's slice: dense+KDA, MoE+KDA, MoE+MLA with all 896 experts (~36 GB). */
 export const ROUTER_SLICE: SliceRecipe = { layers: 3, experts: 896, topK: 16, vocab: 32768, fullAttn: [3] };
 
+/** The decode slice of bench/limits.ts and bench/prefill.ts: the same layers with 32 experts
+ * per MoE layer (~6.5 GB). */
+export const LIMITS_SLICE: SliceRecipe = { layers: 3, experts: 32, topK: 16, vocab: 32768, fullAttn: [3] };
+
 const VERSION = 1;
 const POOL_BYTES = 16 << 20;
 
