@@ -212,9 +212,10 @@ export class K3Model {
     // Per row, the AttnRes sources are stored back to back: [snapshots..., partial].
     // Before layer 0 the partial is the embedding and there are no snapshots.
     const srcRow = (t: number, i: number) => s.src.at((t * this.nsrc + i) * D);
-    for (const sp of spans) {
-      for (let j = 0; j < sp.n; j++) await this.weights.embed(sp.seg.ids[j], srcRow(sp.r0 + j, 0));
-    }
+    // In id order: a streamed embedding then reads each of its pieces once a pass, not once a row.
+    const embedOrder = spans.flatMap((sp) => sp.seg.ids.slice(0, sp.n).map((id, j) => ({ id, row: sp.r0 + j })));
+    embedOrder.sort((a, b) => a.id - b.id || a.row - b.row);
+    for (const { id, row } of embedOrder) await this.weights.embed(id, srcRow(row, 0));
     let nblocks = 0;
     let partialEmpty = false;
     const tiles = rowTiles(R, s.tileRows);

@@ -87,6 +87,10 @@ export class StreamedEmbedHead {
   /** Room in front of a piece-aligned chunk for the tail of a row begun in the previous one. */
   private readonly carryRoom: number;
   private pending?: Promise<unknown>;
+  /** The verified embedding bytes [from, to) now in chunk buffer 0 (a trunk only): rows of a
+   * pass taken in id order read each piece once, not once a row. The lm_head's reads reuse
+   * the buffer, so they forget it. */
+  private embedSpan?: { from: number; to: number };
 
   private constructor(
     private readonly k: Kernels,
@@ -201,13 +205,19 @@ export class StreamedEmbedHead {
     if (this.regions) {
       const v = this.regions.embed;
       const at = id * rowBytes;
-      const from = Math.floor(at / v.piece) * v.piece;
-      const to = Math.min(v.region.size, (Math.floor((at + rowBytes - 1) / v.piece) + 1) * v.piece);
-      const p = this.readVerified(v, e, "embed", this.chunks[0].ptr, from, to);
-      this.pending = p;
-      await p;
-      this.pending = undefined;
-      this.stats.trunkBytes += to - from;
+      const held = this.embedSpan;
+      if (!held || at < held.from || at + rowBytes > held.to) {
+        const from = Math.floor(at / v.piece) * v.piece;
+        const to = Math.min(v.region.size, (Math.floor((at + rowBytes - 1) / v.piece) + 1) * v.piece);
+        this.embedSpan = undefined;
+        const p = this.readVerified(v, e, "embed", this.chunks[0].ptr, from, to);
+        this.pending = p;
+        await p;
+        this.pending = undefined;
+        this.embedSpan = { from, to };
+        this.stats.trunkBytes += to - from;
+      }
+      const from = this.embedSpan!.from;
       src = this.chunks[0].at(at - from);
       bytes = this.chunks[0].u8.subarray(at - from, at - from + rowBytes);
     } else {
@@ -287,6 +297,7 @@ export class StreamedEmbedHead {
     ntok: number,
     compute: Compute,
   ): Promise<void> {
+    this.embedSpan = undefined;
     const h = this.head;
     const rowBytes = h.cols * esize(h.dtype);
     const { n, rows, read } = this.headChunks();

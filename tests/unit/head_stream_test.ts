@@ -154,3 +154,49 @@ Deno.test("a product over a row range: split over threads with the serial bits; 
     for (const b of [w, x, y0, y1]) b.free();
   }
 });
+
+Deno.test("a streamed embedding read in id order reads each verified piece once a run of rows, not once a row", async () => {
+  await using d = await tempDir();
+  const trunk = `${d.path}/trunk`;
+  await packTrunk(TINY, trunk, { log: null, pieceBytes: 4096 });
+  const k = kernels();
+  const cfg = await loadConfig(TINY);
+  const ckpt = await Checkpoint.open(TINY);
+  const V = cfg.vocabSize, D = cfg.hiddenSize;
+  const want = NativeBuffer.alloc(k, D * 4, "row (resident)");
+  const got = NativeBuffer.alloc(k, D * 4, "row");
+  const x = NativeBuffer.alloc(k, D * 4, "x");
+  const logits = NativeBuffer.alloc(k, V * 4, "logits");
+  const resident = await openModel(TINY, { capacity: 8, chunk: 4, threads: 1 });
+  const tf = await TrunkFile.open(k, trunk, cfg, await configFingerprint(cfg), await weightSample(k, cfg, ckpt));
+  const stats = noIoStats();
+  const s = StreamedEmbedHead.fromTrunk(k, cfg, tf, stats, 16384);
+  try {
+    const region = (await readManifest(trunk)).embed.size;
+    /** Embeds `ids` in order, each row with the resident model's bits; the trunk bytes read. */
+    const embedAll = async (ids: number[]) => {
+      const before = stats.trunkBytes;
+      for (const id of ids) {
+        resident.model.weights.embed(id, want.ptr);
+        await s.embedRow(id, got.ptr);
+        assert.deepEqual(got.u8, want.u8, `row ${id}`);
+      }
+      return stats.trunkBytes - before;
+    };
+    const ids = Array.from({ length: 300 }, (_, i) => (i * 7919) % V);
+    const sorted = [...ids].sort((a, b) => a - b);
+    // Sorted, a piece is read at most twice (a row straddling two pieces reads both).
+    const inOrder = await embedAll(sorted);
+    assert.ok(inOrder <= 2 * region, `${inOrder} bytes read for a ${region}-byte table`);
+    assert.ok(inOrder < sorted.length * 4096, "fewer bytes than a piece a row");
+    // The lm_head's chunks reuse the buffer: the held piece is forgotten, the rows stay right.
+    await s.matmul(x.ptr, logits.ptr, 1, serialCompute(k));
+    assert.ok((await embedAll([sorted[0]])) > 0, "read again after the lm_head");
+  } finally {
+    await s.close();
+    tf.close();
+    await resident.close();
+    for (const b of [want, got, x, logits]) b.free();
+    ckpt.close();
+  }
+});
