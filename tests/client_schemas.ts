@@ -1,5 +1,5 @@
 /**
- * The zod 4 schema the client tests (tests/e2e/langchain_agents_test.ts and its child,
+ * The schemas the client tests send. The zod 4 schema the client tests (tests/e2e/langchain_agents_test.ts and its child,
  * tests/agents_sdk_child.ts) send as their users write it: `.int()`, `.email()`, `.min()`,
  * `.regex()`, an optional, a nullable, an enum and nested arrays, bounded where the tiny
  * model's random weights would otherwise never end a string or an array.
@@ -29,3 +29,16 @@ export const Contact = z.object({
  * its own zod parse then refuses.
  */
 export const StrictContact = Contact.extend({ nickname: z.string().max(6).nullable() });
+
+/** A forced tool's arguments, bounded so that a call or an object fits in a few dozen tokens
+ * after the reasoning (the reasoning-budget tests send it through every client and `k3 batch`). */
+export const LOOKUP = {
+  type: "object",
+  properties: {
+    word: { type: "string", maxLength: 6 },
+    limit: { type: "integer", minimum: 1, maximum: 9 },
+    kind: { enum: ["noun", "verb"] },
+  },
+  required: ["word", "limit", "kind"],
+  additionalProperties: false,
+} as const;

@@ -13,6 +13,12 @@ export const TINY = `${ROOT}/tests/fixtures/tiny`;
 export const TINY_EN = `${ROOT}/tests/fixtures/tiny-en`;
 export const ORACLE = `${ROOT}/tests/oracle`;
 
+/** Deterministic ids below the tiny model's vocabulary (a linear congruential walk from `seed`). */
+export function ids(n: number, seed: number): number[] {
+  let x = seed >>> 0;
+  return Array.from({ length: n }, () => ((x = (x * 1103515245 + 12345) >>> 0) >>> 8) % 1000 + 10);
+}
+
 /** Output of a finished subprocess. */
 export interface Output {
   code: number;

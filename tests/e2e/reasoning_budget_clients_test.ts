@@ -14,6 +14,7 @@
 
 import assert from "node:assert/strict";
 import { Ajv } from "ajv";
+import { LOOKUP } from "../client_schemas.ts";
 import OpenAI from "openai";
 import { generateObject, generateText, jsonSchema, tool } from "ai";
 import { createOpenAI } from "@ai-sdk/openai";
@@ -22,17 +23,6 @@ import { serveTiny } from "../helpers.ts";
 
 const ajv = new Ajv({ strict: false });
 
-/** Bounded arguments: a call or an object fits in a few dozen tokens after the reasoning. */
-const LOOKUP = {
-  type: "object",
-  properties: {
-    word: { type: "string", maxLength: 6 },
-    limit: { type: "integer", minimum: 1, maximum: 9 },
-    kind: { enum: ["noun", "verb"] },
-  },
-  required: ["word", "limit", "kind"],
-  additionalProperties: false,
-} as const;
 const DESCRIPTION = "Looks a word up in the dictionary.";
 const PROMPT = "Look up the word 'cat' in the dictionary.";
 /** The budget a reply must have spent: the request's or the server's, else half of its max tokens. */

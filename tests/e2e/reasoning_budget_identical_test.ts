@@ -8,21 +8,12 @@
 
 import assert from "node:assert/strict";
 import { Ajv } from "ajv";
+import { LOOKUP } from "../client_schemas.ts";
 import { floorFlags, k3, packedFloor, ROOT, tempDir, TINY_EN } from "../helpers.ts";
 import { probeCpuFlags } from "../../engine/native/libpath.ts";
 
 const ajv = new Ajv({ strict: false });
 
-const LOOKUP = {
-  type: "object",
-  properties: {
-    word: { type: "string", maxLength: 6 },
-    limit: { type: "integer", minimum: 1, maximum: 9 },
-    kind: { enum: ["noun", "verb"] },
-  },
-  required: ["word", "limit", "kind"],
-  additionalProperties: false,
-};
 const TOOLS = [
   { type: "function", function: { name: "lookup", parameters: LOOKUP } },
   {

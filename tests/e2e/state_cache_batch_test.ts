@@ -6,13 +6,7 @@
  */
 
 import assert from "node:assert/strict";
-import { k3, tempDir, TINY } from "../helpers.ts";
-
-/** Deterministic ids below the tiny model's vocabulary. */
-function ids(n: number, seed: number): number[] {
-  let x = seed >>> 0;
-  return Array.from({ length: n }, () => ((x = (x * 1103515245 + 12345) >>> 0) >>> 8) % 1000 + 10);
-}
+import { ids, k3, tempDir, TINY } from "../helpers.ts";
 
 Deno.test("batch lines sharing a 200-token prefix prefill it once, with the cache-off tokens", async () => {
   await using dir = await tempDir();

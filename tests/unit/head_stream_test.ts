@@ -48,14 +48,17 @@ function eachRowOnce(recorded: [number, number][], rows: number): boolean {
   return covered.every((n) => n === 1);
 }
 
+/** The tiny model packed in 4 KiB pieces under `dir` (with 16 KiB chunks its 256 KiB head
+ * streams in 16 chunks), with the kernels, its config and its checkpoint. */
+async function packedTiny(dir: string) {
+  const trunk = `${dir}/trunk`;
+  await packTrunk(TINY, trunk, { log: null, pieceBytes: 4096 });
+  return { trunk, k: kernels(), cfg: await loadConfig(TINY), ckpt: await Checkpoint.open(TINY) };
+}
+
 Deno.test("a streamed source's lm_head goes through the given compute, chunk by chunk, with the resident head's bits", async () => {
   await using d = await tempDir();
-  const trunk = `${d.path}/trunk`;
-  // 4 KiB pieces: with 16 KiB chunks the tiny head (256 KiB) streams in 16 chunks.
-  await packTrunk(TINY, trunk, { log: null, pieceBytes: 4096 });
-  const k = kernels();
-  const cfg = await loadConfig(TINY);
-  const ckpt = await Checkpoint.open(TINY);
+  const { trunk, k, cfg, ckpt } = await packedTiny(d.path);
   const pool = await startCompute(k, 3, 1); // split every product over three threads
   const V = cfg.vocabSize, D = cfg.hiddenSize, ntok = 3;
   const x = NativeBuffer.alloc(k, ntok * D * 4, "x");
@@ -157,11 +160,7 @@ Deno.test("a product over a row range: split over threads with the serial bits; 
 
 Deno.test("a streamed embedding read in id order reads each verified piece once a run of rows, not once a row", async () => {
   await using d = await tempDir();
-  const trunk = `${d.path}/trunk`;
-  await packTrunk(TINY, trunk, { log: null, pieceBytes: 4096 });
-  const k = kernels();
-  const cfg = await loadConfig(TINY);
-  const ckpt = await Checkpoint.open(TINY);
+  const { trunk, k, cfg, ckpt } = await packedTiny(d.path);
   const V = cfg.vocabSize, D = cfg.hiddenSize;
   const want = NativeBuffer.alloc(k, D * 4, "row (resident)");
   const got = NativeBuffer.alloc(k, D * 4, "row");

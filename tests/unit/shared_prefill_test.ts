@@ -10,13 +10,7 @@ import { Scheduler, type SequenceRequest } from "../../engine/generate/scheduler
 import { GREEDY, makeSampler } from "../../engine/generate/sampling.ts";
 import { SharedPrefill } from "../../engine/generate/shared_prefill.ts";
 import { type OpenedModel, openModel } from "../../engine/open.ts";
-import { TINY } from "../helpers.ts";
-
-/** Deterministic ids below the tiny model's vocabulary. */
-function ids(n: number, seed: number): number[] {
-  let x = seed >>> 0;
-  return Array.from({ length: n }, () => ((x = (x * 1103515245 + 12345) >>> 0) >>> 8) % 1000 + 10);
-}
+import { ids, TINY } from "../helpers.ts";
 
 /** Tokens and the raw bits of every row a token was chosen from. */
 interface Run {

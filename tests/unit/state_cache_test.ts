@@ -12,15 +12,9 @@ import { Scheduler, type SequenceRequest } from "../../engine/generate/scheduler
 import { StateCache } from "../../engine/generate/state_cache.ts";
 import { modelFingerprint, readStateFile } from "../../engine/generate/state_file.ts";
 import { type OpenedModel, openModel } from "../../engine/open.ts";
-import { packedFloor, tempDir, TINY } from "../helpers.ts";
+import { ids, packedFloor, tempDir, TINY } from "../helpers.ts";
 
 const CAPACITY = 512;
-
-/** Deterministic ids below the tiny model's vocabulary. */
-function ids(n: number, seed: number): number[] {
-  let x = seed >>> 0;
-  return Array.from({ length: n }, () => ((x = (x * 1103515245 + 12345) >>> 0) >>> 8) % 1000 + 10);
-}
 
 /** Tokens and the raw bits of every row a token was chosen from. */
 interface Run {
