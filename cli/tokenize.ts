@@ -15,6 +15,7 @@ import { readInput } from "../engine/native/files.ts";
 import { type CommandFlags, commandFlags, type Flag } from "./flags.ts";
 import { renderChatBody } from "./chat_render.ts";
 import { ApiError } from "./openai_error.ts";
+import { parseJson } from "../engine/text/json_numbers.ts";
 
 /** `--tok DIR`, as tokenize and detokenize take it. */
 export const TOKENIZER_DIR_FLAG: Flag = {
@@ -113,7 +114,7 @@ export function main(args: string[], out: Output = stdout): Promise<number> {
 function chatIds(tok: Tokenizer, text: string, path: string): number[] {
   let body: unknown;
   try {
-    body = JSON.parse(text);
+    body = parseJson(text);
   } catch (e) {
     throw usageError(`--chat ${path}: not JSON (${(e as Error).message})`);
   }

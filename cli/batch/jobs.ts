@@ -15,6 +15,7 @@ import type { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { DEFAULTS, MAX_TOKENS, resolveSampling, type Task } from "../request.ts";
 import { promptLimitText } from "../run_options.ts";
 import { type OpenAIRequest, parseOpenAILine } from "./openai_lines.ts";
+import { parseJson } from "../../engine/text/json_numbers.ts";
 
 /** One line of a JSONL file: where it lies and whether a newline ends it. */
 export interface JsonlLine {
@@ -173,7 +174,7 @@ export function parseJob(text: string, line: number, opts: JobDefaults): Job {
   const base = opts.sampling ?? DEFAULTS.run.sampling;
   let v: unknown;
   try {
-    v = JSON.parse(text);
+    v = parseJson(text);
   } catch (e) {
     throw new Error(`not JSON: ${(e as Error).message}`);
   }

@@ -44,6 +44,7 @@ import {
 } from "./responses.ts";
 import { isWebPath, webAsset } from "./web.ts";
 import { ResponseStore } from "./response_store.ts";
+import { parseJson } from "../../engine/text/json_numbers.ts";
 
 export type { ServeEngine } from "./tasks.ts";
 
@@ -179,7 +180,7 @@ async function readBody(req: Request, cap: number): Promise<string> {
 async function readJsonBody(req: Request, cap: number): Promise<unknown> {
   const body = await readBody(req, cap);
   try {
-    return JSON.parse(body);
+    return parseJson(body);
   } catch {
     throw new ApiError(400, "the request body is not valid JSON");
   }

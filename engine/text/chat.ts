@@ -23,6 +23,7 @@
 import { usageError } from "../errors.ts";
 import type { Tokenizer } from "./tokenizer.ts";
 import { ReplyReader } from "./xtml.ts";
+import { pythonNumber } from "./json_numbers.ts";
 
 /** Who speaks a message. */
 export type Role = "system" | "user" | "assistant" | "tool";
@@ -176,17 +177,6 @@ function checkEffort(effort: string): void {
   }
 }
 
-/** A JSON value with object keys sorted, recursively (the encoder's `deep_sort_dict`;
- * Python sorts by code point). */
-function sortKeys(v: unknown): unknown {
-  if (Array.isArray(v)) return v.map(sortKeys);
-  if (typeof v === "object" && v !== null) {
-    const keys = Object.keys(v).sort(byCodePoint);
-    return Object.fromEntries(keys.map((k) => [k, sortKeys((v as Record<string, unknown>)[k])]));
-  }
-  return v;
-}
-
 function byCodePoint(a: string, b: string): number {
   const x = [...a], y = [...b];
   for (let i = 0; i < Math.min(x.length, y.length); i++) {
@@ -196,19 +186,31 @@ function byCodePoint(a: string, b: string): number {
   return x.length - y.length;
 }
 
-/** A JSON value with sorted keys, compact (the encoder's `_json_compact(deep_sort(v))`).
- * JavaScript writes numbers its own way (`1.0` as `1`), a known difference from Python. */
+/** A JSON value with sorted keys, compact (the encoder's `_json_compact(deep_sort(v))`),
+ * its numbers as Python writes them (json_numbers.ts). */
 function compactSorted(v: unknown): string {
-  return JSON.stringify(sortKeys(v));
+  return pyJson(v, ",", ":", true);
 }
 
-/** JSON as Python's `json.dumps(v, ensure_ascii=False)` writes it: `, ` and `: ` separators. */
+/** JSON as Python's `json.dumps(v, ensure_ascii=False)` writes it: `, ` and `: ` separators,
+ * numbers as Python writes them. */
 export function pythonJson(v: unknown): string {
-  if (Array.isArray(v)) return "[" + v.map(pythonJson).join(", ") + "]";
-  if (typeof v === "object" && v !== null) {
-    return "{" + Object.entries(v).map(([k, x]) => JSON.stringify(k) + ": " + pythonJson(x)).join(", ") + "}";
-  }
-  return JSON.stringify(v);
+  return pyJson(v, ", ", ": ", false);
+}
+
+/** Python's `json.dumps` of `v` with these separators, keys sorted by code point or not. */
+function pyJson(v: unknown, comma: string, colon: string, sorted: boolean): string {
+  const write = (x: unknown, holder: object, key: string): string => {
+    if (typeof x === "number") return pythonNumber(holder, key, x);
+    if (Array.isArray(x)) return "[" + x.map((y, i) => write(y, x, String(i))).join(comma) + "]";
+    if (typeof x === "object" && x !== null) {
+      const keys = sorted ? Object.keys(x).sort(byCodePoint) : Object.keys(x);
+      const o = x as Record<string, unknown>;
+      return "{" + keys.map((k) => JSON.stringify(k) + colon + write(o[k], o, k)).join(comma) + "}";
+    }
+    return JSON.stringify(x);
+  };
+  return write(v, {}, "");
 }
 
 /** The `type` attribute of an argument value, as the encoder names it (never `integer`). */
