@@ -15,7 +15,8 @@
  * it parses to a float at or above `x` (rounding to nearest is monotone), so the value JSON
  * readers see satisfies the bound. An exclusive bound is the inclusive bound at the next
  * float inward. A `multipleOf` that is not an integer cannot be matched by a float test
- * (`0.07 % 0.01` is not 0), so it is refused.
+ * (`0.07 % 0.01` is not 0), so it is refused; an integer `multipleOf` keeps its values within
+ * +-(2^53 - 1), where every integer is a float64 and a multiple stays one when read.
  *
  * @module
  */

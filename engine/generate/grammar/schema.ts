@@ -336,7 +336,14 @@ class Compiler {
       if (typeof exc === "number") consider(exc, true);
       return best;
     };
-    const lo = bound("minimum", "exclusiveMinimum", true), hi = bound("maximum", "exclusiveMaximum", false);
+    let lo = bound("minimum", "exclusiveMinimum", true), hi = bound("maximum", "exclusiveMaximum", false);
+    if (step > 1n) {
+      // Validators read a JSON number as a float64: past 2^53 a multiple of the step can
+      // round to a value that is not one, so a stepped integer stays within the safe range.
+      const safe = BigInt(Number.MAX_SAFE_INTEGER);
+      lo = lo === null || lo < -safe ? -safe : lo;
+      hi = hi === null || hi > safe ? safe : hi;
+    }
     const range = numberRange(lo, hi, scale, step);
     if (range === null) {
       this.fail(path, `no ${integer ? "integer" : "number"} of at most ${MAX_DIGITS} digits satisfies the bounds`);
