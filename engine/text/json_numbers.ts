@@ -40,10 +40,8 @@ export function parseJson(text: string): unknown {
  */
 export function pythonNumber(holder: object, key: string, value: number): string {
   const literal = literals.get(holder)?.get(key);
-  if (literal !== undefined ? /^-?\d+$/.test(literal) : Number.isSafeInteger(value)) {
-    return literal !== undefined ? BigInt(literal).toString() : String(value);
-  }
-  return pythonFloat(value);
+  if (literal === undefined) return Number.isSafeInteger(value) ? String(value) : pythonFloat(value);
+  return /^-?\d+$/.test(literal) ? BigInt(literal).toString() : pythonFloat(value);
 }
 
 /** Python's `repr(float)`: the shortest digits that round-trip (as JavaScript's), written

@@ -9,15 +9,13 @@
 import assert from "node:assert/strict";
 import { Ajv } from "ajv";
 import { TINY } from "../helpers.ts";
+import { taskTokens } from "../task_tokens.ts";
 import { openModel } from "../../engine/open.ts";
-import { Scheduler } from "../../engine/generate/scheduler.ts";
-import { makeSampler } from "../../engine/generate/sampling.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { readReply } from "../../engine/text/xtml.ts";
 import { offeredTools, parseChatRequest } from "../../cli/openai.ts";
 import { ApiError } from "../../cli/openai_error.ts";
 import { openaiTask } from "../../cli/request.ts";
-import { taskFilter } from "../../cli/structured.ts";
 
 const tok = Tokenizer.load(TINY);
 const ajv = new Ajv({ strict: false });
@@ -80,14 +78,8 @@ Deno.test("forced calls of tools declared mid-conversation: named and required, 
       });
       assert.ok(t.grammar?.kind === "tools", name);
       assert.equal(t.chat!.tools, true, `${name}: the reply reader reads the tools channel`);
-      const r = await new Scheduler(opened.model).submit({
-        prompt: t.promptIds,
-        maxTokens: t.maxTokens,
-        stopIds: t.stopIds,
-        choose: makeSampler(t.sampling),
-        grammar: taskFilter(t, tok, opened.model.cfg.vocabSize, t.stopIds),
-      });
-      const reply = readReply(tok, r.tokens, { thinking: t.chat!.thinking, tools: true });
+      const tokens = await taskTokens(opened.model, tok, t);
+      const reply = readReply(tok, tokens, { thinking: t.chat!.thinking, tools: true });
       assert.ok(reply.ended, `${name}: the call completes within max_tokens`);
       assert.equal(reply.calls.length, 1, name);
       assert.equal(reply.calls[0].name, "lookup", name);

@@ -7,9 +7,8 @@
 
 import assert from "node:assert/strict";
 import { TINY } from "../helpers.ts";
+import { taskTokens } from "../task_tokens.ts";
 import { openModel } from "../../engine/open.ts";
-import { Scheduler } from "../../engine/generate/scheduler.ts";
-import { makeSampler } from "../../engine/generate/sampling.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
 import { readReply } from "../../engine/text/xtml.ts";
 import { DONE } from "../../engine/generate/grammar/automaton.ts";
@@ -17,7 +16,7 @@ import { startState } from "../../engine/generate/grammar/forms.ts";
 import { tokenSymbols } from "../../engine/generate/grammar/mask.ts";
 import { parseChatRequest } from "../../cli/openai.ts";
 import { openaiTask } from "../../cli/request.ts";
-import { chatGrammar, taskFilter } from "../../cli/structured.ts";
+import { chatGrammar } from "../../cli/structured.ts";
 
 const tok = Tokenizer.load(TINY);
 const symbols = tokenSymbols(tok, 1024);
@@ -93,15 +92,9 @@ Deno.test("raw pattern arguments: forced calls on the tiny model, thinking on wi
         seed: 0,
         capacity: 1024,
       });
-      const r = await new Scheduler(opened.model).submit({
-        prompt: t.promptIds,
-        maxTokens: t.maxTokens,
-        stopIds: t.stopIds,
-        choose: makeSampler(t.sampling),
-        grammar: taskFilter(t, tok, opened.model.cfg.vocabSize, t.stopIds),
-      });
-      const reply = readReply(tok, r.tokens, { thinking: true, tools: true });
-      const what = `${JSON.stringify(sampling)}: ${tok.decode(r.tokens)}`;
+      const tokens = await taskTokens(opened.model, tok, t);
+      const reply = readReply(tok, tokens, { thinking: true, tools: true });
+      const what = `${JSON.stringify(sampling)}: ${tok.decode(tokens)}`;
       assert.ok(reply.ended, what);
       const args = JSON.parse(reply.calls[0].arguments);
       assert.match(args.code, /^[A-Z]{2}-\d{3}$/, what);
