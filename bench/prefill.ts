@@ -548,7 +548,7 @@ const summary = {
   },
 };
 
-if (values.json) console.log(JSON.stringify(summary, null, 2));
+if (values.json) console.log(JSON.stringify(summary));
 else {
   console.log(
     "| model | ids | budget | path | segments | read GB | read/model | prefill s | busy s | bound s (io, products) | wall/bound | busy/bound | MLA attention |",
