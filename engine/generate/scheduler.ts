@@ -524,17 +524,34 @@ export class Scheduler {
     let prefillRoom = decoders.length > 0 ? this.stallRows() : Infinity;
     for (const seq of this.running) {
       if (seq.decoding || seq.landing) continue;
-      // A chunk ends where the state is to be kept (chunking never changes a bit).
-      const keep = seq.keepAt.length > 0 ? seq.keepAt[0] - seq.state.pos : Infinity;
+      // The states to keep inside the pass are taken on its way, as many as the state
+      // cache's RAM budget holds (at least one); the pass ends at the next (chunking never
+      // changes a bit).
+      const inPass = this.keepsInPass(seq);
+      const keep = seq.keepAt.length > inPass ? seq.keepAt[inPass] - seq.state.pos : Infinity;
       const n = Math.min(seq.pending.length, this.chunk, this.model.maxT - rows, keep, prefillRoom);
       prefillRoom -= Math.max(0, n);
       if (n <= 0) continue;
+      seq.state.keepDuringPass(seq.keepAt.filter((p) => p <= seq.state.pos + n));
       const ids = seq.pending.splice(0, n);
       const last = seq.pending.length === 0 && seq.req.maxTokens > 0;
       pass.push({ seq, seg: { state: seq.state, ids, logits: last ? "last" : "none" } });
       rows += n;
     }
     return pass;
+  }
+
+  /** How many of `seq`'s next kept states one pass may take on its way: their snapshots
+   * are held until it ends, so as many as fit the state cache's RAM budget, at least one. */
+  private keepsInPass(seq: Running): number {
+    const budget = this.opts.cache?.opts.ramBytes ?? 0;
+    let n = 0, bytes = 0;
+    for (const p of seq.keepAt) {
+      bytes += seq.state.snapshotBytes(p);
+      if (n > 0 && bytes > budget) break;
+      n++;
+    }
+    return n;
   }
 
   /** Prompt rows a pass beside running decodes may carry (SchedulerOptions.maxStallSeconds). */
@@ -610,7 +627,7 @@ export class Scheduler {
         if (!seq.decoding && seq.tokens.length === 0) {
           seq.prefillDone += seg.ids.length;
           seq.req.onPrefill?.(Math.min(seq.prefillDone, seq.req.prompt.length), seq.req.prompt.length);
-          if (seq.keepAt[0] === seq.state.pos) this.keep(seq);
+          this.keep(seq);
         }
         if (seg.logits === "none") {
           if (seq.pending.length === 0) this.finish(seq, "length"); // prompt only
@@ -641,11 +658,13 @@ export class Scheduler {
     seq.leads = false;
   }
 
-  /** Keeps `seq`'s state at its next `keepAt` position (where it is now) in the cache. */
+  /** Puts the states `seq`'s last pass took on its way (its `keepAt` positions) in the cache. */
   private keep(seq: Running): void {
     const t0 = performance.now();
-    const pos = seq.keepAt.shift()!;
-    this.opts.cache!.put(seq.req.prompt.slice(0, pos), seq.state.snapshot());
+    for (const { pos, payload } of seq.state.takeKept()) {
+      seq.keepAt.shift();
+      this.opts.cache!.put(seq.req.prompt.slice(0, pos), payload);
+    }
     this.model.ledger.stateCache += (performance.now() - t0) / 1000;
   }
 

@@ -415,6 +415,8 @@ export class K3Model {
           H,
           4 * H * d * d,
         );
+        // A state kept at this row's end (the state cache's message boundaries) takes this layer's part now.
+        sp.seg.state.keptKda(L, sp.seg.state.pos + j + 1);
       }
     }
     this.spent("attention", tAttn);

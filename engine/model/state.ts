@@ -56,6 +56,10 @@ export class SequenceState {
 
   readonly #latentDim: number;
   readonly #ropeDim: number;
+  /** Each KDA layer's offset in a snapshot (its regions come first, in layer order). */
+  readonly #kdaOffset = new Map<number, number>();
+  /** Snapshots the next pass takes as it goes ({@link keepDuringPass}): position -> payload. */
+  #during = new Map<number, Uint8Array>();
 
   /** Allocates the state for up to `capacity` positions. */
   constructor(k: Kernels, cfg: K3Config, readonly capacity: number) {
@@ -66,6 +70,7 @@ export class SequenceState {
     cfg.layerKinds.forEach((kind, L) => {
       if (kind === "kda") {
         const C = H * d;
+        this.#kdaOffset.set(L, this.kda.size * 4 * (3 * 3 * C + H * d * d));
         this.kda.set(L, {
           convQ: new Vec(k, C * 3),
           convK: new Vec(k, C * 3),
@@ -137,6 +142,50 @@ export class SequenceState {
     let off = 0;
     for (const p of parts) (p.set(bytes.subarray(off, off + p.length)), off += p.length);
     this.pos = pos;
+  }
+
+  /**
+   * Asks the next forward pass to take this state's {@link snapshot} at each of
+   * `positions` (each past {@link pos} and at most where the pass ends) on its way: each
+   * KDA layer's part is copied as that layer's rows reach the position ({@link keptKda}),
+   * the MLA caches' prefixes by {@link takeKept} after the pass. So a prompt that keeps
+   * states at several positions (the state cache's message boundaries) still runs in one
+   * pass, one read of the streamed model, with the bytes a pass ending there would leave.
+   */
+  keepDuringPass(positions: readonly number[]): void {
+    this.#during = new Map(positions.map((p) => [p, new Uint8Array(this.snapshotBytes(p))]));
+  }
+
+  /** The pass has run KDA layer `L` over the rows up to `pos` positions: copies the
+   * layer's state into a snapshot asked for there. */
+  keptKda(L: number, pos: number): void {
+    const payload = this.#during.get(pos);
+    if (!payload) return;
+    const s = this.kda.get(L)!;
+    let off = this.#kdaOffset.get(L)!;
+    for (const v of [s.convQ, s.convK, s.convV, s.S]) {
+      payload.set(v.buf.u8.subarray(0, v.length * 4), off);
+      off += v.length * 4;
+    }
+  }
+
+  /** After the pass: the snapshots {@link keepDuringPass} asked for, completed with the MLA
+   * caches' prefixes (rows a pass writes past a position never change those before it),
+   * in position order; forgets them. */
+  takeKept(): { pos: number; payload: Uint8Array }[] {
+    const kept = [...this.#during].sort(([a], [b]) => a - b).map(([pos, payload]) => {
+      const parts = this.regions(pos), kdaParts = 4 * this.kda.size;
+      let off = parts.slice(0, kdaParts).reduce((n, p) => n + p.length, 0);
+      for (const part of parts.slice(kdaParts)) (payload.set(part, off), off += part.length);
+      return { pos, payload };
+    });
+    this.#during = new Map();
+    return kept;
+  }
+
+  /** Bytes of a {@link snapshot} at `pos` positions. */
+  snapshotBytes(pos: number): number {
+    return this.regions(pos).reduce((n, p) => n + p.length, 0);
   }
 
   /** Frees the state's native buffers. */

@@ -3,7 +3,7 @@
  * copied from; a sequence continued from a kept prefix gives the tokens and logit bits of
  * the same prompt prefilled from scratch, also after its entry was evicted, spilled and
  * read back; a damaged spill file is refused and its prefix recomputed; sequences sharing
- * a prefix prefill it once.
+ * a prefix prefill it once; states kept inside a pass equal those of passes ending there.
  */
 
 import assert from "node:assert/strict";
@@ -306,6 +306,49 @@ Deno.test("sequences sharing a prefix prefill it once, in flight together", asyn
     // The prefix once, each suffix, two decode tokens each.
     assert.equal(prefillRows, 200 + (5 + 6 + 7 + 8) + 4 * 2);
   });
+});
+
+Deno.test("states kept inside one pass have the bytes of passes ending there, and cost no pass of their own", async () => {
+  const opened = await openModel(TINY, { capacity: CAPACITY, chunk: 128, sequences: 2, threads: 1 });
+  try {
+    const { model } = opened;
+    const prompt = ids(120, 40), at = [17, 64, 120];
+    const a = model.newState(), b = model.newState();
+    try {
+      // The plain way: a pass ending at each kept position, the snapshot after it.
+      const want: Uint8Array[] = [];
+      let from = 0;
+      for (const p of at) {
+        await model.pass([{ state: a, ids: prompt.slice(from, p), logits: "none" }]);
+        want.push(a.snapshot());
+        from = p;
+      }
+      b.keepDuringPass(at);
+      await model.pass([{ state: b, ids: prompt, logits: "none" }]);
+      const kept = b.takeKept();
+      assert.deepEqual(kept.map((k) => k.pos), at);
+      kept.forEach((k, i) => {
+        const differ = k.payload.length === want[i].length ? k.payload.findIndex((x, j) => x !== want[i][j]) : 0;
+        assert.equal(differ, -1, `the state kept at ${k.pos} differs at byte ${differ}`);
+      });
+      assert.deepEqual(b.takeKept(), []);
+    } finally {
+      a.free();
+      b.free();
+    }
+    // The scheduler keeps a request's states inside its prefill pass, as many as the
+    // cache's RAM budget holds (at least one: with none, the pass ends at the second).
+    for (const [ramBytes, passes] of [[1e9, 1], [0, 2]]) {
+      const cache = new StateCache(model, { ramBytes });
+      let n = 0;
+      const s = new Scheduler(model, { chunk: 128, cache, onPass: () => void n++ });
+      await generate(s, prompt, 1, { cacheAt: [17, 64] });
+      assert.equal(n, passes, `passes with a ${ramBytes}-byte budget`);
+      if (ramBytes > 0) assert.ok(cache.has(prompt.slice(0, 17)) && cache.has(prompt.slice(0, 64)));
+    }
+  } finally {
+    await opened.close();
+  }
 });
 
 Deno.test("at the floor budget with 2 threads, a continued sequence has the resident cache-off bits", async () => {
