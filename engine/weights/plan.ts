@@ -48,6 +48,7 @@ import {
   largestFitting,
   predictPrefill,
   type PrefillPrediction,
+  weighSegments,
 } from "./plan_segment.ts";
 import {
   type DraftsPlan,
@@ -133,8 +134,8 @@ export function estimatedInput(
 /**
  * Makes the plan; throws K3Error (exit 1) when it cannot be met. Pure: everything it weighs
  * is in `input`. With `chunk: "auto"` the segment is the largest that fits the available
- * memory, up to the whole prompt, decided before the pins and the cache share the rest
- * (plan_segment.ts).
+ * memory, up to the whole prompt, decided before the pins and the cache share the rest,
+ * unless a few more, smaller segments predict a shorter prefill (plan_segment.ts).
  */
 export function makePlan(input: PlanInput): MemoryPlan {
   if (input.chunk !== "auto") return planWithSegment(input, input.chunk, false);
@@ -148,7 +149,14 @@ export function makePlan(input: PlanInput): MemoryPlan {
       throw e;
     }
   };
-  return planWithSegment(input, autoSegment(tokens, fits).rows, true);
+  const fewest = autoSegment(tokens, fits);
+  if (!fits) return planWithSegment(input, fewest.rows, true);
+  // Weighed against the pins fewer rows leave room for, by the predicted prefill (seconds
+  // at the measured rates, else bytes read).
+  const plans = new Map<number, MemoryPlan>();
+  const planOf = (rows: number) => plans.get(rows) ?? plans.set(rows, planWithSegment(input, rows, true)).get(rows)!;
+  const cost = (rows: number) => planOf(rows).prefill.seconds ?? planOf(rows).prefill.readBytes;
+  return planOf(weighSegments(tokens, fewest, cost).rows);
 }
 
 /** The prompt tokens a plan's prefill is sized and predicted for. */

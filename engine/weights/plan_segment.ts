@@ -77,6 +77,29 @@ export function autoSegment(prompt: number, fits: ((rows: number) => boolean) | 
   return segmentRows(p, largestFitting(lo, p, fits) ?? lo);
 }
 
+/** Segment counts past the fewest that fit which `auto` weighs ({@link weighSegments}). */
+export const WEIGHED_SEGMENTS = 8;
+
+/**
+ * The segments `auto` takes for a prompt of `tokens`: of the balanced counts from the
+ * fewest that fit (`fewest`) to {@link WEIGHED_SEGMENTS} more, down to MIN_AUTO_SEGMENT
+ * rows, the one whose `cost` (the plan's predicted prefill with segments of that many
+ * rows) is least; ties keep fewer segments. Fewer rows a segment leave memory to the trunk
+ * pins, which no segment reads; one segment more reads the rest of the streamed model once
+ * more. On the released model the fewest segments win at every budget measured (an extra
+ * read of its experts outweighs any pin), but the rule, not that outcome, is the plan's.
+ */
+export function weighSegments(tokens: number, fewest: Segments, cost: (rows: number) => number): Segments {
+  let best = fewest, bestCost = cost(fewest.rows);
+  for (let n = fewest.segments + 1; n <= fewest.segments + WEIGHED_SEGMENTS; n++) {
+    const rows = Math.ceil(tokens / n);
+    if (rows < MIN_AUTO_SEGMENT) break;
+    const c = cost(rows);
+    if (c < bestCost) (best = { rows, segments: Math.ceil(tokens / rows) }, bestCost = c);
+  }
+  return best;
+}
+
 /** The model's sizes a prefill prediction reads. */
 export interface PrefillShape {
   /** Bytes of the trunk layers read from disk each pass (the unpinned ones; 0: resident). */

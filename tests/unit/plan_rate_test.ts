@@ -21,6 +21,7 @@ import {
 } from "../../engine/weights/throughput.ts";
 import { SPEC_RECORD_ROWS, speculationBytes, SpeculationRecord } from "../../engine/model/state.ts";
 import { loadConfig } from "../../engine/model/config.ts";
+import { weighSegments } from "../../engine/weights/plan_segment.ts";
 import { kernels } from "../../engine/native/ffi.ts";
 import { DEFAULT_MAX_DRAFT } from "../../engine/generate/draft.ts";
 
@@ -400,4 +401,21 @@ Deno.test("throughput and plan: a coded trunk's streamed layers read their store
     less.computeSeconds,
     "no rate: no cost",
   );
+});
+
+Deno.test("plan: auto weighs more, smaller segments against the pins they leave room for", () => {
+  // A predicted prefill that falls with smaller segments down to 3 of 200 rows, then rises.
+  const predicted = new Map([[600, 10], [300, 9], [200, 8], [150, 8.5]]);
+  const one = { rows: 600, segments: 1 };
+  assert.deepEqual(weighSegments(600, one, (rows) => predicted.get(rows) ?? 20), { rows: 200, segments: 3 });
+  // Ties keep the fewest segments; no segment below 16 rows is weighed.
+  assert.deepEqual(weighSegments(600, one, () => 1), one);
+  const weighed: number[] = [];
+  weighSegments(40, { rows: 20, segments: 2 }, (rows) => (weighed.push(rows), 1));
+  assert.deepEqual(weighed, [20]);
+  // The released model at the floor: the fewest segments win (an extra read of the experts
+  // outweighs any pin), 1 of 4,096 at 8 GB.
+  const floor = { trunkDir: "t", trunkGB: 2.5, cacheGB: 0.31, streamEmbed: true };
+  const plan = makePlan({ ...estimatedInput(releasedK3(), floor, 4097, "auto"), prefillTokens: 4096, available: 8e9 });
+  assert.deepEqual([plan.chunk, plan.prefill.segments], [4096, 1]);
 });
