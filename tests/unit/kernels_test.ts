@@ -911,6 +911,52 @@ Deno.test("kernels: MLA attention over a tile of query rows gives each row's bit
 
 // ------------------------------------------------------------------ (b) accuracy
 
+/** FNV-1a (32-bit) of the bytes of `views`, as 8 hex digits. */
+function fnv1a(...views: ArrayBufferView[]): string {
+  let h = 0x811c9dc5;
+  for (const v of views) {
+    for (const b of new Uint8Array(v.buffer, v.byteOffset, v.byteLength)) h = Math.imul(h ^ b, 0x01000193) >>> 0;
+  }
+  return h.toString(16).padStart(8, "0");
+}
+
+Deno.test("kernels: MLA attention over a tile of rows gives the bits of the one-head kernel it replaced", () => {
+  // Digests of the outputs and probabilities recorded from main's k3_mla_attend_rows at
+  // 974587f (four scores of one head at a time, the output added position by position
+  // into memory), the same on its scalar, AVX2, AVX-512 and native builds. The register
+  // tiles only decide which lanes are computed together, so every build must still give them.
+  const want = ["095b34f2", "51418959", "2b1a58a8", "05cdd53e", "605f3a11"];
+  const { scalar, others, close } = loadLibs();
+  try {
+    for (const [name, k] of [["scalar", scalar] as [string, K], ...others]) {
+      const r = rng(33), got: string[] = [];
+      for (
+        const [nh, kvh, dn, dr, dv, npos, nrows, h0, h1] of [
+          [7, 1, 40, 8, 40, 0, 5, 0, 7],
+          [6, 1, 20, 5, 36, 70, 3, 1, 6],
+          [3, 3, 17, 4, 15, 9, 6, 0, 3],
+          [5, 1, 64, 64, 64, 130, 2, 2, 5],
+          [96, 1, 512, 64, 512, 300, 3, 0, 96], // the released widths, keys and values one latent
+        ]
+      ) {
+        const last = npos + nrows - 1, dq = dn + dr;
+        const q = r.f32(nrows * nh * dq, 2), kn = r.f32(last * kvh * dn, 2), kr = r.f32(last * dr, 2);
+        const v = kvh === 1 && dv === dn ? kn : r.f32(last * kvh * dv);
+        const out = new Float32Array(nrows * nh * dv), sc = new Float32Array(nrows * nh * last + 1);
+        k.k3_mla_attend_rows(P(q), P(kn), P(kr), P(v), P(out), P(sc), npos, nrows, nh, kvh, dn, dr, dv, 0.07, h0, h1);
+        const probs: Float32Array[] = [];
+        for (let j = 0; j < nrows; j++) {
+          for (let h = h0; h < h1; h++) probs.push(sc.subarray((j * nh + h) * last, (j * nh + h) * last + npos + j));
+        }
+        got.push(fnv1a(out, ...probs));
+      }
+      assertEquals(got.join(" "), want.join(" "), `${name} (${isa(k)})`);
+    }
+  } finally {
+    close();
+  }
+});
+
 Deno.test("kernels: k3_peak_loop counts its multiplies and adds and leaves a finite sum", () => {
   const { scalar, others, close } = loadLibs();
   try {
