@@ -57,13 +57,13 @@ function bf16Words(n: number): Uint16Array {
 }
 
 /** CPU seconds of this process (user + system) since `from` (a cpuUsage() reading). */
-function cpuSince(from: { user: number; system: number }): number {
+export function cpuSince(from: { user: number; system: number }): number {
   const u = cpuUsage(from);
   return (u.user + u.system) / 1e6;
 }
 
 /** The calibrated peak, FLOP/s, from one call of about `seconds`. */
-function peakOnce(k: Kernels, sink: Float32Array, seconds: number): number {
+export function peakOnce(k: Kernels, sink: Float32Array, seconds: number): number {
   let iters = 1 << 16;
   for (;;) { // grow the call until it lasts long enough to time
     const t = cpuUsage();

@@ -188,10 +188,97 @@ void k3_mla_attend(const float *q, const float *knope, const float *krope, const
   k3_mla_attend_rows(q, knope, krope, v, out, scores, npos, 1, nheads, kvheads, dn, dr, dv, scale, h0, h1);
 }
 
-/* Positions per block of k3_mla_attend_rows: their cache rows (2.3 KB each at the released
- * widths) stay in L2 while every row and head of the tile passes over them, and one (row,
- * head)'s query or output (about 2 KB) in L1 while it passes over the block. */
+/* Tiles of k3_mla_attend_rows. Scores: MLA_QT query heads of one row x MLA_PT positions, each
+ * key block and each query block loaded once per tile (the heads share the keys when
+ * kvheads = 1). Output: MLA_OT heads of one row x MLA_CT column blocks of 16 held in registers
+ * across a block of positions, each value block loaded once for all of them. AVX-512 has 32
+ * registers for 4 x 4 tiles; a v16 is two of AVX2's 16 registers, so 2 x 2 and 4 x 1 there
+ * (and on NEON). At most 4 each (K3_UNROLL4 keeps the tiles in registers); MLA_QT * MLA_PT
+ * a multiple of 4 (v16_reduce4). */
+#if K3_ISA_AVX512
+enum { MLA_QT = 4, MLA_PT = 4, MLA_OT = 4, MLA_CT = 4 };
+#else
+enum { MLA_QT = 2, MLA_PT = 2, MLA_OT = 4, MLA_CT = 1 };
+#endif
+/* Positions per block: their cache rows (2.3 KB each at the released widths) stay in L2 while
+ * every row and head of the tile passes over them. */
 enum { MLA_BLOCK = 64 };
+
+/* Contract 1's dot of each of MLA_QT queries with each of MLA_PT keys over n elements, into
+ * out[a][e], every one its own chain in dot_f32's order: the tile only decides which chains
+ * run side by side. */
+K3_INLINE void dot_tile(const float *const *q, const float *const *k, int n, float out[MLA_QT][MLA_PT]) {
+  v16 acc[MLA_QT][MLA_PT];
+  K3_UNROLL4
+  for (int a = 0; a < MLA_QT; a++) {
+    K3_UNROLL4
+    for (int e = 0; e < MLA_PT; e++) acc[a][e] = v16_zero();
+  }
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    v16 kv[MLA_PT];
+    K3_UNROLL4
+    for (int e = 0; e < MLA_PT; e++) kv[e] = v16_hold(v16_load(k[e] + i));
+    K3_UNROLL4
+    for (int a = 0; a < MLA_QT; a++) {
+      v16 qv = v16_hold(v16_load(q[a] + i));
+      K3_UNROLL4
+      for (int e = 0; e < MLA_PT; e++) acc[a][e] = v16_add(acc[a][e], v16_mul(qv, kv[e]));
+    }
+  }
+  if (i < n) {
+    v16 kv[MLA_PT];
+    K3_UNROLL4
+    for (int e = 0; e < MLA_PT; e++) kv[e] = pad_f32(k[e] + i, n - i);
+    K3_UNROLL4
+    for (int a = 0; a < MLA_QT; a++) {
+      v16 qv = pad_f32(q[a] + i, n - i);
+      K3_UNROLL4
+      for (int e = 0; e < MLA_PT; e++) acc[a][e] = v16_add(acc[a][e], v16_mul(qv, kv[e]));
+    }
+  }
+  /* MLA_QT * MLA_PT is a multiple of 4: the accumulators in fours, in out's order */
+  K3_UNROLL4
+  for (int t = 0; t < MLA_QT * MLA_PT; t += 4) v16_reduce4(&acc[0][0] + t, &out[0][0] + t);
+}
+
+/* o[a][c] = o[a][c] + p[a][s] * v_s[c] for s in [s0, s1) ascending (contract 3), for MLA_OT
+ * outputs and the MLA_CT column blocks of 16 at col[t]; v_s = v + s * stride. */
+K3_INLINE void axpy_tile(float *const *o, const float *const *p, const float *v, size_t stride, const int *col,
+                         int s0, int s1) {
+  v16 acc[MLA_OT][MLA_CT];
+  K3_UNROLL4
+  for (int a = 0; a < MLA_OT; a++) {
+    K3_UNROLL4
+    for (int t = 0; t < MLA_CT; t++) acc[a][t] = v16_load(o[a] + col[t]);
+  }
+  for (int s = s0; s < s1; s++) {
+    const float *vs = v + (size_t)s * stride;
+    v16 vt[MLA_CT];
+    K3_UNROLL4
+    for (int t = 0; t < MLA_CT; t++) vt[t] = v16_hold(v16_load(vs + col[t]));
+    K3_UNROLL4
+    for (int a = 0; a < MLA_OT; a++) {
+      v16 pa = v16_hold(v16_set1(p[a][s]));
+      K3_UNROLL4
+      for (int t = 0; t < MLA_CT; t++) acc[a][t] = v16_add(acc[a][t], v16_mul(pa, vt[t]));
+    }
+  }
+  K3_UNROLL4
+  for (int a = 0; a < MLA_OT; a++) {
+    K3_UNROLL4
+    for (int t = 0; t < MLA_CT; t++) v16_store(o[a] + col[t], acc[a][t]);
+  }
+}
+
+/* The heads [h, h + n) of a tile, n <= max, padded to max by repeating the last: a repeated
+ * head is computed twice into the same place, with the same bits. With kvheads > 1 the heads
+ * do not share keys, so a tile holds one head. */
+static int tile_heads(int h, int h1, int kvheads, int max, int *heads) {
+  int n = kvheads == 1 ? (h1 - h < max ? h1 - h : max) : 1;
+  for (int a = 0; a < max; a++) heads[a] = h + (a < n ? a : n - 1);
+  return n;
+}
 
 void k3_mla_attend_rows(const float *q, const float *knope, const float *krope, const float *v,
                         float *out, float *scores, int32_t npos, int32_t nrows, int32_t nheads,
@@ -201,31 +288,36 @@ void k3_mla_attend_rows(const float *q, const float *knope, const float *krope, 
   size_t per_row = (size_t)nheads * (size_t)last;
   /* Blocks of positions outer, so the cache is read once for the whole tile; every score
    * and every output element still sees positions in ascending order, each row exactly as
-   * it would alone. Four positions' scores at a time go through dot4_f32 (four dot_f32
-   * chains side by side). */
+   * it would alone. */
   for (int b0 = 0; b0 < last; b0 += MLA_BLOCK) {
     int b1 = last - b0 < MLA_BLOCK ? last : b0 + MLA_BLOCK;
     for (int j = 0; j < nrows; j++) {
       int s1 = b1 < npos + j ? b1 : npos + j;
-      for (int h = h0; h < h1; h++) {
-        int kh = kvheads == 1 ? 0 : h;
-        const float *qn = q + ((size_t)j * nheads + h) * dq, *qr = qn + dn;
-        float *sc = scores + j * per_row + (size_t)h * last;
-        int s = b0;
-        for (; s + 4 <= s1; s += 4) {
-          const float *qn4[4] = {qn, qn, qn, qn}, *qr4[4] = {qr, qr, qr, qr}, *kn[4], *kr[4];
-          float a[4], b[4];
-          for (int e = 0; e < 4; e++) {
-            kn[e] = knope + ((size_t)(s + e) * kvheads + kh) * dn;
-            kr[e] = krope + (size_t)(s + e) * dr;
-          }
-          dot4_f32(qn4, kn, dn, a);
-          dot4_f32(qr4, kr, dr, b);
-          for (int e = 0; e < 4; e++) sc[s + e] = (a[e] + b[e]) * scale;
+      for (int h = h0; h < h1;) {
+        int heads[MLA_QT];
+        int nh = tile_heads(h, h1, kvheads, MLA_QT, heads), kh = kvheads == 1 ? 0 : h;
+        const float *qn[MLA_QT], *qr[MLA_QT];
+        for (int a = 0; a < MLA_QT; a++) {
+          qn[a] = q + ((size_t)j * nheads + heads[a]) * dq;
+          qr[a] = qn[a] + dn;
         }
-        for (; s < s1; s++)
-          sc[s] = (dot_f32(qn, knope + ((size_t)s * kvheads + kh) * dn, dn) + dot_f32(qr, krope + (size_t)s * dr, dr)) *
-                  scale;
+        for (int s = b0; s < s1; s += MLA_PT) {
+          const float *kn[MLA_PT], *kr[MLA_PT];
+          int pos[MLA_PT];
+          for (int e = 0; e < MLA_PT; e++) {
+            pos[e] = s + e < s1 ? s + e : s1 - 1; /* positions past s1: the last repeated */
+            kn[e] = knope + ((size_t)pos[e] * kvheads + kh) * dn;
+            kr[e] = krope + (size_t)pos[e] * dr;
+          }
+          float a_n[MLA_QT][MLA_PT], a_r[MLA_QT][MLA_PT];
+          dot_tile(qn, kn, dn, a_n);
+          dot_tile(qr, kr, dr, a_r);
+          for (int a = 0; a < MLA_QT; a++) {
+            float *sc = scores + j * per_row + (size_t)heads[a] * last;
+            for (int e = 0; e < MLA_PT; e++) sc[pos[e]] = (a_n[a][e] + a_r[a][e]) * scale;
+          }
+        }
+        h += nh;
       }
     }
   }
@@ -236,24 +328,40 @@ void k3_mla_attend_rows(const float *q, const float *knope, const float *krope, 
       float m = -INFINITY;
       for (int s = 0; s < n; s++)
         if (sc[s] > m) m = sc[s];
+      for (int s = 0; s < n; s++) sc[s] = expf(sc[s] - m);
       float z = 0.0f;
-      for (int s = 0; s < n; s++) {
-        sc[s] = expf(sc[s] - m);
-        z = z + sc[s];
-      }
-      for (int s = 0; s < n; s++) sc[s] = sc[s] / z;
+      for (int s = 0; s < n; s++) z = z + sc[s];
+      div_gain(sc, NULL, sc, z, n);
       memset(out + ((size_t)j * nheads + h) * dv, 0, (size_t)dv * sizeof(float));
     }
   }
+  int full = dv / 16 * 16; /* columns in whole blocks of 16; the rest element by element */
   for (int b0 = 0; b0 < last; b0 += MLA_BLOCK) {
     int b1 = last - b0 < MLA_BLOCK ? last : b0 + MLA_BLOCK;
     for (int j = 0; j < nrows; j++) {
       int s1 = b1 < npos + j ? b1 : npos + j;
-      for (int h = h0; h < h1; h++) {
-        int kh = kvheads == 1 ? 0 : h;
-        const float *p = scores + j * per_row + (size_t)h * last;
-        float *o = out + ((size_t)j * nheads + h) * dv;
-        for (int s = b0; s < s1; s++) axpy_lanes(o, p[s], v + ((size_t)s * kvheads + kh) * dv, dv);
+      if (s1 <= b0) continue;
+      for (int h = h0; h < h1;) {
+        int heads[MLA_OT];
+        int nh = tile_heads(h, h1, kvheads, MLA_OT, heads), kh = kvheads == 1 ? 0 : h;
+        const float *p[MLA_OT];
+        float *o[MLA_OT];
+        for (int a = 0; a < MLA_OT; a++) {
+          p[a] = scores + j * per_row + (size_t)heads[a] * last;
+          o[a] = out + ((size_t)j * nheads + heads[a]) * dv;
+        }
+        const float *vh = v + (size_t)kh * dv;
+        size_t stride = (size_t)kvheads * dv;
+        for (int c0 = 0; c0 < full; c0 += 16 * MLA_CT) {
+          int col[MLA_CT];
+          for (int t = 0; t < MLA_CT; t++) /* blocks past the last: the last repeated */
+            col[t] = c0 + 16 * t < full ? c0 + 16 * t : full - 16;
+          axpy_tile(o, p, vh, stride, col, b0, s1);
+        }
+        for (int a = 0; a < nh; a++)
+          for (int c = full; c < dv; c++)
+            for (int s = b0; s < s1; s++) o[a][c] = o[a][c] + p[a][s] * vh[(size_t)s * stride + c];
+        h += nh;
       }
     }
   }

@@ -62,7 +62,8 @@
  * k3_matmul_mxfp4 decodes each group of a row once, in registers, for up to 8 tokens whose
  * permuted x stays in L1 (column chunks of 256). A tile only decides which lanes are
  * computed together: the per-row order above does not depend on the tile, ntok or the row
- * range.
+ * range. MLA attention (ops.c) computes tiles of query heads x positions for its scores
+ * and of heads x column blocks for its output the same way.
  *
  * Edge conventions: k3_argmax returns -1 when n <= 0 or every value is NaN; in
  * k3_router_topk a NaN selection score ranks as -inf; k3_rmsnorm accepts w == NULL.
@@ -267,6 +268,24 @@ K3_INLINE v16 v16_load_bf16(const uint16_t *p) {
 }
 #endif
 
+/* v16_hold(load(p)): an operand a register tile loads once and multiplies into several
+ * accumulators stays in its register. Without it GCC folds the load into every multiply
+ * that uses it, and the tile is bound by loads, not arithmetic (the MLA tiles ran at half
+ * their speed). An empty asm: no instruction, no value changed. */
+#if K3_ISA_AVX512 && defined(__GNUC__)
+K3_INLINE v16 v16_hold(v16 a) {
+  __asm__("" : "+v"(a));
+  return a;
+}
+#elif K3_ISA_AVX2 && defined(__GNUC__)
+K3_INLINE v16 v16_hold(v16 a) {
+  __asm__("" : "+x"(a.a), "+x"(a.b));
+  return a;
+}
+#else
+K3_INLINE v16 v16_hold(v16 a) { return a; }
+#endif
+
 /* ---------------------------------------------------------------- shared building blocks */
 
 /* The fixed tree of contract 1. The scalar code is the definition; on x86 the same adds run
@@ -295,6 +314,36 @@ K3_INLINE float v16_reduce(v16 acc) {
   a[0] = a[0] + a[2];
   a[1] = a[1] + a[3];
   return a[0] + a[1];
+#endif
+}
+
+/* out[i] = v16_reduce(acc[i]) for four accumulators, the same adds on four at once: each
+ * step of the tree adds the halves of two accumulators held side by side in one register
+ * (a tile of dots reduces every output it makes; one by one the shuffles cost a third of
+ * the MLA scores' time). */
+K3_INLINE void v16_reduce4(const v16 *acc, float *out) {
+#if K3_ISA_AVX512
+  /* h = lanes 0..7 + 8..15: [h0 | h1] and [h2 | h3], eight lanes each */
+  __m512 h01 = _mm512_add_ps(_mm512_shuffle_f32x4(acc[0], acc[1], 0x44), _mm512_shuffle_f32x4(acc[0], acc[1], 0xEE));
+  __m512 h23 = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2], acc[3], 0x44), _mm512_shuffle_f32x4(acc[2], acc[3], 0xEE));
+  /* q = h[0..3] + h[4..7]: [q0 | q1 | q2 | q3], four lanes each */
+  __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(h01, h23, 0x88), _mm512_shuffle_f32x4(h01, h23, 0xDD));
+  /* p[l] = q[l] + q[l + 2], then p[0] + p[1], in lane 0 of each 128-bit lane */
+  __m512 p = _mm512_add_ps(q, _mm512_shuffle_ps(q, q, _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 d = _mm512_add_ps(p, _mm512_movehdup_ps(p));
+  __m512i lane0 = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(lane0, d)));
+#elif K3_ISA_AVX2
+  for (int i = 0; i < 4; i += 2) {
+    __m256 ha = _mm256_add_ps(acc[i].a, acc[i].b), hb = _mm256_add_ps(acc[i + 1].a, acc[i + 1].b);
+    __m256 q = _mm256_add_ps(_mm256_permute2f128_ps(ha, hb, 0x20), _mm256_permute2f128_ps(ha, hb, 0x31));
+    __m256 p = _mm256_add_ps(q, _mm256_shuffle_ps(q, q, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 d = _mm256_add_ps(p, _mm256_movehdup_ps(p));
+    out[i] = _mm256_cvtss_f32(d);
+    out[i + 1] = _mm_cvtss_f32(_mm256_extractf128_ps(d, 1));
+  }
+#else
+  for (int i = 0; i < 4; i++) out[i] = v16_reduce(acc[i]);
 #endif
 }
 
@@ -346,29 +395,6 @@ static float dot_f32(const float *a, const float *b, int n) {
   for (; i + 16 <= n; i += 16) acc = v16_add(acc, v16_mul(v16_load(a + i), v16_load(b + i)));
   if (i < n) acc = v16_add(acc, v16_mul(pad_f32(a + i, n - i), pad_f32(b + i, n - i)));
   return v16_reduce(acc);
-}
-
-/* Four dot_f32(a[e], b[e], n) at once, into out[e]: each its own chain in dot_f32's order,
- * side by side so that one chain's adds do not wait for another's. */
-K3_INLINE void dot4_f32(const float *const *a, const float *const *b, int n, float *out) {
-  v16 c0 = v16_zero(), c1 = v16_zero(), c2 = v16_zero(), c3 = v16_zero();
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    c0 = v16_add(c0, v16_mul(v16_load(a[0] + i), v16_load(b[0] + i)));
-    c1 = v16_add(c1, v16_mul(v16_load(a[1] + i), v16_load(b[1] + i)));
-    c2 = v16_add(c2, v16_mul(v16_load(a[2] + i), v16_load(b[2] + i)));
-    c3 = v16_add(c3, v16_mul(v16_load(a[3] + i), v16_load(b[3] + i)));
-  }
-  if (i < n) {
-    c0 = v16_add(c0, v16_mul(pad_f32(a[0] + i, n - i), pad_f32(b[0] + i, n - i)));
-    c1 = v16_add(c1, v16_mul(pad_f32(a[1] + i, n - i), pad_f32(b[1] + i, n - i)));
-    c2 = v16_add(c2, v16_mul(pad_f32(a[2] + i, n - i), pad_f32(b[2] + i, n - i)));
-    c3 = v16_add(c3, v16_mul(pad_f32(a[3] + i, n - i), pad_f32(b[3] + i, n - i)));
-  }
-  out[0] = v16_reduce(c0);
-  out[1] = v16_reduce(c1);
-  out[2] = v16_reduce(c2);
-  out[3] = v16_reduce(c3);
 }
 
 /* Lane-wise y = y + a * x (contract 3); the scalar tail does the same per element. */

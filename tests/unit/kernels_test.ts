@@ -535,6 +535,64 @@ function attnCases(seed: number): Case[] {
       });
     }
   }
+  // MLA over a tile of query rows at the tiles' edges (4 x 4 score and output tiles on
+  // AVX-512, 2 x 2 and 4 x 1 elsewhere, blocks of 64 positions): npos 0 (row 0 attends over
+  // nothing), rows and heads not a multiple of a tile, h0 > 0, positions across one and two
+  // blocks, widths with a partial block of 16 (dn, dr, dv) and a partial tile of columns,
+  // per-head keys (kvheads > 1), and the released latent widths (dc 512, dr 64) over 8 heads.
+  for (
+    const [nh, kvh, dn, dr, dv, npos, nrows, h0, h1] of [
+      [7, 1, 40, 8, 40, 0, 5, 0, 7],
+      [6, 1, 20, 5, 36, 70, 3, 1, 6],
+      [3, 3, 17, 4, 15, 9, 6, 0, 3],
+      [5, 1, 64, 64, 64, 130, 2, 2, 5],
+      [8, 1, 512, 64, 512, 61, 6, 0, 8],
+    ]
+  ) {
+    const last = npos + nrows - 1, dq = dn + dr, scale = 1 / Math.sqrt(dq);
+    const q = r.f32(nrows * nh * dq, 2), kn = r.f32(last * kvh * dn, 2), kr = r.f32(last * dr, 2);
+    const v = kvh === 1 && dv === dn ? kn : r.f32(last * kvh * dv);
+    /** Row j's heads [h0, h1) of a [nrows][nh][width] array. */
+    const inRange = (a: Float32Array, width: number) =>
+      Float32Array.from({ length: nrows * (h1 - h0) * width }, (_, i) => {
+        const j = Math.floor(i / ((h1 - h0) * width)), rest = i % ((h1 - h0) * width);
+        return a[(j * nh + h0) * width + rest];
+      });
+    cases.push({
+      name: `mla_attend_rows nh=${nh} kvh=${kvh} dn=${dn} dr=${dr} dv=${dv} npos=${npos} nrows=${nrows} [${h0},${h1})`,
+      run: (k) => {
+        const out = new Float32Array(nrows * nh * dv), sc = new Float32Array(nrows * nh * last + 1);
+        k.k3_mla_attend_rows(P(q), P(kn), P(kr), P(v), P(out), P(sc), npos, nrows, nh, kvh, dn, dr, dv, scale, h0, h1);
+        // row j's probabilities are the first npos + j of its heads' scores
+        const probs = Float32Array.from(sc.subarray(0, nrows * nh * last)).map((x, i) =>
+          i % last < npos + Math.floor(i / (nh * last)) ? x : 0
+        );
+        return [inRange(out, dv), inRange(probs, last)];
+      },
+      ref: () => {
+        const out: number[] = [], probs: number[] = [];
+        for (let j = 0; j < nrows; j++) {
+          for (let h = h0; h < h1; h++) {
+            const kh = kvh === 1 ? 0 : h, n = npos + j, sc: number[] = [];
+            for (let s = 0; s < n; s++) {
+              let a = 0;
+              for (let i = 0; i < dn; i++) a += q[(j * nh + h) * dq + i] * kn[(s * kvh + kh) * dn + i];
+              for (let i = 0; i < dr; i++) a += q[(j * nh + h) * dq + dn + i] * kr[s * dr + i];
+              sc.push(a * Math.fround(scale));
+            }
+            const m = Math.max(...sc), e = sc.map((x) => Math.exp(x - m)), z = e.reduce((a, b) => a + b, 0);
+            probs.push(...e.map((x) => x / z), ...new Array(last - n).fill(0));
+            for (let c = 0; c < dv; c++) {
+              let o = 0;
+              for (let s = 0; s < n; s++) o += (e[s] / z) * v[(s * kvh + kh) * dv + c];
+              out.push(o);
+            }
+          }
+        }
+        return { want: [out, probs], atol: 1e-5, rtol: 1e-4 };
+      },
+    });
+  }
   for (const [nsrc, n] of [[1, 17], [3, 1000], [9, 7168], [5, 15]]) {
     const src = r.f32(nsrc * n, 3), nw = r.f32(n, 2), pw = r.f32(n, 0.05);
     cases.push({
@@ -798,8 +856,18 @@ Deno.test("kernels: MLA attention over a tile of query rows gives each row's bit
   try {
     const r = rng(11);
     for (const [name, k] of [["scalar", scalar] as [string, K], ...others]) {
-      // a partial block in every width (dn 20, dr 8, dv 20), per-head and shared keys/values
-      for (const [nh, kvh, dn, dr, dv, npos, nrows] of [[3, 3, 20, 8, 20, 1, 5], [4, 1, 32, 8, 32, 7, 6]]) {
+      // a partial block in every width (dn 20, dr 8, dv 20), per-head and shared keys/values;
+      // the tiles' edges: npos 0, rows and heads not a multiple of a tile, positions across
+      // the blocks of 64, a partial tile of columns (dv 40, 36)
+      for (
+        const [nh, kvh, dn, dr, dv, npos, nrows] of [
+          [3, 3, 20, 8, 20, 1, 5],
+          [4, 1, 32, 8, 32, 7, 6],
+          [7, 1, 40, 8, 40, 0, 5],
+          [6, 1, 20, 5, 36, 62, 7],
+          [5, 1, 64, 64, 64, 127, 3],
+        ]
+      ) {
         const last = npos + nrows - 1, dq = dn + dr;
         const q = r.f32(nrows * nh * dq), kn = r.f32(last * kvh * dn), kr = r.f32(last * dr);
         const v = kvh === 1 && dv === dn ? kn : r.f32(last * kvh * dv);
@@ -842,6 +910,52 @@ Deno.test("kernels: MLA attention over a tile of query rows gives each row's bit
 });
 
 // ------------------------------------------------------------------ (b) accuracy
+
+/** FNV-1a (32-bit) of the bytes of `views`, as 8 hex digits. */
+function fnv1a(...views: ArrayBufferView[]): string {
+  let h = 0x811c9dc5;
+  for (const v of views) {
+    for (const b of new Uint8Array(v.buffer, v.byteOffset, v.byteLength)) h = Math.imul(h ^ b, 0x01000193) >>> 0;
+  }
+  return h.toString(16).padStart(8, "0");
+}
+
+Deno.test("kernels: MLA attention over a tile of rows gives the bits of the one-head kernel it replaced", () => {
+  // Digests of the outputs and probabilities recorded from main's k3_mla_attend_rows at
+  // 974587f (four scores of one head at a time, the output added position by position
+  // into memory), the same on its scalar, AVX2, AVX-512 and native builds. The register
+  // tiles only decide which lanes are computed together, so every build must still give them.
+  const want = ["095b34f2", "51418959", "2b1a58a8", "05cdd53e", "605f3a11"];
+  const { scalar, others, close } = loadLibs();
+  try {
+    for (const [name, k] of [["scalar", scalar] as [string, K], ...others]) {
+      const r = rng(33), got: string[] = [];
+      for (
+        const [nh, kvh, dn, dr, dv, npos, nrows, h0, h1] of [
+          [7, 1, 40, 8, 40, 0, 5, 0, 7],
+          [6, 1, 20, 5, 36, 70, 3, 1, 6],
+          [3, 3, 17, 4, 15, 9, 6, 0, 3],
+          [5, 1, 64, 64, 64, 130, 2, 2, 5],
+          [96, 1, 512, 64, 512, 300, 3, 0, 96], // the released widths, keys and values one latent
+        ]
+      ) {
+        const last = npos + nrows - 1, dq = dn + dr;
+        const q = r.f32(nrows * nh * dq, 2), kn = r.f32(last * kvh * dn, 2), kr = r.f32(last * dr, 2);
+        const v = kvh === 1 && dv === dn ? kn : r.f32(last * kvh * dv);
+        const out = new Float32Array(nrows * nh * dv), sc = new Float32Array(nrows * nh * last + 1);
+        k.k3_mla_attend_rows(P(q), P(kn), P(kr), P(v), P(out), P(sc), npos, nrows, nh, kvh, dn, dr, dv, 0.07, h0, h1);
+        const probs: Float32Array[] = [];
+        for (let j = 0; j < nrows; j++) {
+          for (let h = h0; h < h1; h++) probs.push(sc.subarray((j * nh + h) * last, (j * nh + h) * last + npos + j));
+        }
+        got.push(fnv1a(out, ...probs));
+      }
+      assertEquals(got.join(" "), want.join(" "), `${name} (${isa(k)})`);
+    }
+  } finally {
+    close();
+  }
+});
 
 Deno.test("kernels: k3_peak_loop counts its multiplies and adds and leaves a finite sum", () => {
   const { scalar, others, close } = loadLibs();
