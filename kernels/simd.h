@@ -719,8 +719,11 @@ K3_INLINE void mx2_decode(mx2c c, const uint8_t *p, mxw2 *w) {
   w->v[3] = _mm512_permutexvar_ps(_mm512_srlv_epi64(b1, c.s1), c.t);
 }
 /* The group as one token's mxw (the low halves). */
-K3_INLINE void mx2_one(const mxw2 *w, mxw *o) {
-  for (int j = 0; j < 4; j++) o->v[j] = _mm512_castps512_ps256(w->v[j]);
+K3_INLINE void mx2_one(const mxw2 *w, mxw *o) { /* (written out: a loop here was a copy through memory) */
+  o->v[0] = _mm512_castps512_ps256(w->v[0]);
+  o->v[1] = _mm512_castps512_ps256(w->v[1]);
+  o->v[2] = _mm512_castps512_ps256(w->v[2]);
+  o->v[3] = _mm512_castps512_ps256(w->v[3]);
 }
 K3_INLINE mx2 mx2_bcast(const float *p) { return _mm512_set1_ps(*p); }
 /* a: the two tokens' accumulators, adjacent in memory (a[0] token t, a[1] token t + 1). */
