@@ -12,8 +12,9 @@
  *   per-token cost of 16 tokens in one call against one token (the prefill's gain); and what
  *   bounds them when they miss: the same kernels on a few rows that stay in L2 (no DRAM
  *   traffic: the compute-bound rate), best of many calls;
- * - the many-row bf16 product (16, 64 and 256 rows) against the kernels' calibrated peak
- *   for its instruction mix (`gemm_of_peak`, bench/gemm_peak.ts).
+ * - the many-row bf16 product (16, 64 and 256 rows) and MXFP4 product (256 rows) against the
+ *   kernels' calibrated peak for its instruction mix (`gemm_of_peak`, `mxfp4_of_peak`,
+ *   bench/gemm_peak.ts).
  *
  *   deno task limits [--json] [--dir DIR] [--dram-gb N] [--disk-gb N] [--skip-disk]
  *
@@ -350,10 +351,12 @@ export const kernelSection: Section = async (ctx) => {
   ];
 };
 
-/** The many-row bf16 product against the kernels' calibrated peak (bench/gemm_peak.ts). */
+/** The many-row bf16 and MXFP4 products against the kernels' calibrated peak (bench/gemm_peak.ts). */
 export const gemmSection: Section = (ctx) => {
   const g = measureGemmOfPeak(ctx.k, { rounds: ctx.opts.reps });
-  ctx.log(`gemm (${g.isa}): bf16 ${g.matrix} at 16, 64, 256 rows against the calibrated peak`);
+  ctx.log(
+    `gemm (${g.isa}): bf16 ${g.matrix} at 16, 64, 256 rows, MXFP4 ${g.mxfp4_matrix} at 256, against the calibrated peak`,
+  );
   return Promise.resolve([
     { key: "peak_gflops", label: "calibrated peak, mul + add, 1 thread", value: g.peak_gflops, unit: "GFLOP/s" },
     ...[16, 64].map((n) => ({
@@ -368,6 +371,12 @@ export const gemmSection: Section = (ctx) => {
       key: "gemm_of_peak",
       label: `bf16 ${g.matrix}, 256 rows, over the peak`,
       value: g.gemm_of_peak,
+      unit: "",
+    },
+    {
+      key: "mxfp4_of_peak",
+      label: `MXFP4 ${g.mxfp4_matrix}, 256 rows, over the peak`,
+      value: g.mxfp4_of_peak,
       unit: "",
     },
   ]);

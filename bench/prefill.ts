@@ -31,7 +31,8 @@
  * over new prefill seconds, 4,096 ids at the floor, the old path projected from its first
  * passes above --skip-old-above) and the same in busy seconds; `gemm_of_peak` (the 256-row
  * bf16 product over the kernels' calibrated peak, one thread, bench/gemm_peak.ts; its rates
- * under `gemm`) and `projection`: the released model's time to first token for 4,096 ids
+ * under `gemm`), `mxfp4_of_peak` (the experts' MXFP4 product at 256 rows over the same peak;
+ * its rates by rows under `gemm.mxfp4_gflops`) and `projection`: the released model's time to first token for 4,096 ids
  * at 8, 32, 64 and 128 GB on a 7 GB/s disk with 16 cores, by the plan (`--preset auto`,
  * the segment by `--chunk auto`).
  *
@@ -509,7 +510,11 @@ try {
 }
 
 const gemm = measureGemmOfPeak(k);
-log(`gemm (${gemm.isa}): ${gemm.gemm_gflops[256].toFixed(1)} GFLOP/s at 256 rows, peak ${gemm.peak_gflops.toFixed(1)}`);
+log(
+  `gemm (${gemm.isa}): ${gemm.gemm_gflops[256].toFixed(1)} GFLOP/s at 256 rows, MXFP4 ${
+    gemm.mxfp4_gflops[256].toFixed(1)
+  }, peak ${gemm.peak_gflops.toFixed(1)}`,
+);
 
 /** A model's headline figures: its largest new-path prompt at the floor, and the speed-up
  * at 4,096 ids at the floor (old over new, wall and busy seconds). */
@@ -540,6 +545,7 @@ const summary = {
   by_model: Object.fromEntries(ms.map((m) => [m.name, headline(m.name)])),
   threads,
   gemm_of_peak: gemm.gemm_of_peak,
+  mxfp4_of_peak: gemm.mxfp4_of_peak,
   gemm,
   projection: {
     model:

@@ -44,8 +44,9 @@ static void same(const void *a, const void *b, size_t bytes, const char *what, i
 
 /* Token counts covering every tile shape: 1 (one token), remainders of 1, 2 and 3 tokens
  * after tiles of 4, more than 16 (weights staged once for all tokens), and more than the
- * 64 tokens whose accumulators are parked together. */
-static const int ntoks[] = {1, 2, 3, 5, 11, 21, 70};
+ * 64 tokens whose accumulators are parked together; MXFP4's tiles of 16 (AVX-512) whole,
+ * with one token alone after them, and with 15 (7 pairs and one alone). */
+static const int ntoks[] = {1, 2, 3, 5, 11, 15, 16, 17, 21, 70};
 #define NTOK_MAX 70
 
 int main(void) {

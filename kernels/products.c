@@ -69,8 +69,6 @@ void k3_matrix_check(const void *w, int32_t rowbytes, int32_t r0, int32_t r1, ui
 
 /* ---------------------------------------------------------------- dense matmul */
 
-enum { TILE_TOK = 8 }; /* MXFP4: tokens sharing one decode of the weights */
-
 /* Dense tiles: MM_R rows x up to MM_T tokens of accumulators held in registers, so each
  * weight block is loaded (and widened) once for all the tile's tokens. With several tokens
  * the columns are walked in chunks of MM_KC, x is first copied chunk-major into a per-thread
@@ -608,40 +606,102 @@ K3_INLINE void mx_pairs(mxpc c, const uint8_t *p, const uint8_t *s, const float 
 #endif
 
 /* Several tokens: one row's groups [g0, g1), each decoded once in registers for the nt
- * tokens of a tile; xt + t * kc + 32 * (g - g0) is token t's permuted x of group g. */
-enum { MX_TT = 8 };      /* tokens per tile (their accumulators stay in registers) */
-enum { MX_KG = 8 };      /* groups per column chunk: 16 tokens x 256 columns of x stay in L1 */
-enum { MX_RB = 8 };      /* rows per block whose accumulators are parked between chunks */
-enum { MX_TSUPER = 16 }; /* tokens per packed x */
-K3_INLINE void mx_tile(mxc c, const uint8_t *p, const uint8_t *s, int g0, int g1, const float *xt, int nt,
+ * tokens of a tile, two tokens per mx2 (simd.h) and an odd one left over in an m8. x of a
+ * chunk (mx_xpack): tokens t, t + 1 of a pair at xt + t * kc, group g's 64 floats
+ * interleaved at 64 * (g - g0); a last token alone at xt + t * kc, its 32 at 32 * (g - g0).
+ * The sizes were measured (bench/gemm_peak.ts and a C harness, 3,072 x 3,584 at 8 to 256
+ * rows, interleaved): on AVX-512, 16 tokens a tile (8 zmm accumulators) and 32 rows a block,
+ * so that a chunk of x (16 KB) serves 32 rows from L1; 32 or 64 tokens of x a chunk (32-64
+ * KB) fell out of L1 and lost a fifth to a half; two rows a tile (x loaded once for both)
+ * was slower. A build may force them (-D) to compare; MX_TT even, MX_TSUPER a multiple. */
+#if !defined(MX_TT)
+#if defined(K3_MX_PAIR)
+#define MX_TT 16 /* tokens per tile: 8 zmm of accumulators */
+#else
+#define MX_TT 8 /* 8 m8 (ymm on AVX2) of accumulators */
+#endif
+#endif
+#ifndef MX_KG
+#define MX_KG 8 /* groups per column chunk */
+#endif
+#ifndef MX_RB
+#define MX_RB 32 /* rows per block, whose accumulators are parked between chunks */
+#endif
+#ifndef MX_TSUPER
+#define MX_TSUPER 16 /* tokens per packed x */
+#endif
+#if MX_TT % 2 || MX_TT > 16 || MX_TSUPER % MX_TT
+#error "MX_TT: even, at most 16; MX_TSUPER: a multiple of it"
+#endif
+K3_INLINE void mx_tile(mx2c c, const uint8_t *p, const uint8_t *s, int g0, int g1, const float *xt, int nt,
                        m8 *acc) {
   enum { kc = 32 * MX_KG };
-  m8 a[MX_TT];
+  int np = nt / 2, odd = nt & 1;
+  mx2 a[MX_TT / 2];
+  m8 a1 = odd ? acc[nt - 1] : m8_zero();
   K3_UNROLL8
-  for (int t = 0; t < nt; t++) a[t] = acc[t];
+  for (int q = 0; q < np; q++) a[q] = mx2_load(acc + 2 * q);
+  mxw2 w, wn;
+  mx2_decode(c, p + 16 * (size_t)g0, &w);
   for (size_t g = (size_t)g0; g < (size_t)g1; g++) {
+    /* the next group decoded first, so its lookups run while this one's products wait (at
+     * the chunk's last group, this one again: the row may end here) */
+    mx2_decode(c, p + 16 * (g + 1 < (size_t)g1 ? g + 1 : g), &wn);
     uint8_t sc = s[g];
     if (sc != 255) {
-      mxw w;
-      m8 sv = m8_bcast(&MX_SCALE[sc].f);
-      mx_decode(c, p + 16 * g, &w);
-      const float *xg = xt + 32 * (g - g0);
+      mx2 sv = mx2_bcast(&MX_SCALE[sc].f);
+      const float *xg = xt + 64 * (g - g0);
       K3_UNROLL8
-      for (int t = 0; t < nt; t++) a[t] = mx_group(a[t], &w, xg + t * kc, sv);
+      for (int q = 0; q < np; q++) a[q] = mx2_group(a[q], &w, xg + 2 * q * kc, sv);
+      if (odd) {
+        mxw w1;
+        mx2_one(&w, &w1);
+        a1 = mx_group(a1, &w1, xt + (nt - 1) * kc + 32 * (g - g0), mx2_lo(sv));
+      }
     }
+    w = wn;
   }
   K3_UNROLL8
-  for (int t = 0; t < nt; t++) acc[t] = a[t];
+  for (int q = 0; q < np; q++) mx2_store(acc + 2 * q, a[q]);
+  if (odd) acc[nt - 1] = a1;
 }
-K3_INLINE void mx_tile_n(mxc c, const uint8_t *p, const uint8_t *s, int g0, int g1, const float *xt, int nt,
+/* mx_tile specialised for its width (nt 1..MX_TT, a constant inside). */
+K3_INLINE void mx_tile_n(mx2c c, const uint8_t *p, const uint8_t *s, int g0, int g1, const float *xt, int nt,
                          m8 *acc) {
-  switch (nt) { /* a constant tile width per instance */
-#define K3_MXT(T)                        \
-  case T:                                \
+  switch (nt) {
+#define K3_MXT(T)                         \
+  case T:                                 \
     mx_tile(c, p, s, g0, g1, xt, T, acc); \
     break;
-    K3_MXT(1) K3_MXT(2) K3_MXT(3) K3_MXT(4) K3_MXT(5) K3_MXT(6) K3_MXT(7) default : mx_tile(c, p, s, g0, g1, xt, MX_TT, acc);
+    K3_MXT(1) K3_MXT(2) K3_MXT(3) K3_MXT(4) K3_MXT(5) K3_MXT(6) K3_MXT(7)
+#if MX_TT > 8
+    K3_MXT(8) K3_MXT(9) K3_MXT(10) K3_MXT(11) K3_MXT(12) K3_MXT(13) K3_MXT(14) K3_MXT(15)
+#endif
+  default:
+    mx_tile(c, p, s, g0, g1, xt, MX_TT, acc);
 #undef K3_MXT
+  }
+}
+
+/* x of tn tokens (one super-tile) for mx_tile, chunk-major: chunk c of token t at
+ * (c * tn + t) * kc, pairs interleaved per group, a last odd token alone (mx_xperm). */
+static void mx_xpack(float *xp, const float *x, int tn, int cols) {
+  enum { kc = 32 * MX_KG };
+  int ng = cols / 32, nchunk = (ng + MX_KG - 1) / MX_KG;
+  for (int c = 0; c < nchunk; c++) {
+    int gn = ng - c * MX_KG < MX_KG ? ng - c * MX_KG : MX_KG;
+    for (int t = 0; t < tn; t += 2) {
+      const float *src = x + (size_t)t * cols + (size_t)c * kc;
+      float *dst = xp + ((size_t)c * tn + t) * kc;
+      if (t + 1 == tn) {
+        mx_xperm(dst, src, gn);
+        continue;
+      }
+      for (int gi = 0; gi < gn; gi++)
+        for (int h = 0; h < 2; h++)
+          for (int i = 0; i < 32; i++)
+            dst[64 * gi + 16 * (i / 8) + 8 * h + i % 8] = src[(size_t)h * cols + 32 * gi + MX_PERM[i]];
+    }
   }
 }
 
@@ -725,17 +785,14 @@ void k3_matmul_mxfp4_checked(const uint8_t *packed, const uint8_t *scales, const
     }
     return;
   }
-  /* Several tokens: x of up to MX_TSUPER tokens permuted chunk-major (chunk c of token t at
-   * (c * tn + t) * kc); for each block of rows and each chunk, every row's groups are decoded
-   * once per tile of MX_TT tokens. */
+  /* Several tokens: x of up to MX_TSUPER tokens permuted chunk-major (mx_xpack); for each
+   * block of rows and each chunk, every row's groups are decoded once per tile of MX_TT
+   * tokens. */
+  mx2c pc2 = mx2_consts();
   m8 acc[MX_RB][MX_TSUPER];
   for (int ts = 0; ts < ntok; ts += MX_TSUPER) {
     int tn = ntok - ts < MX_TSUPER ? ntok - ts : MX_TSUPER;
-    for (int c = 0; c < nchunk; c++)
-      for (int t = 0; t < tn; t++) {
-        int gn = ng - c * MX_KG < MX_KG ? ng - c * MX_KG : MX_KG;
-        mx_xperm(xp + ((size_t)c * tn + t) * kc, x + (size_t)(ts + t) * cols + (size_t)c * kc, gn);
-      }
+    mx_xpack(xp, x + (size_t)ts * cols, tn, cols);
     for (int rb = r0; rb < r1; rb += MX_RB) {
       int rbn = r1 - rb < MX_RB ? r1 - rb : MX_RB;
       for (int k = 0; k < rbn; k++)
@@ -751,7 +808,7 @@ void k3_matmul_mxfp4_checked(const uint8_t *packed, const uint8_t *scales, const
           }
           for (int t0 = 0; t0 < tn; t0 += MX_TT) {
             int nt = tn - t0 < MX_TT ? tn - t0 : MX_TT;
-            mx_tile_n(mc, pr, sr, g0, g1, xp + ((size_t)c * tn + t0) * kc, nt, &acc[k][t0]);
+            mx_tile_n(pc2, pr, sr, g0, g1, xp + ((size_t)c * tn + t0) * kc, nt, &acc[k][t0]);
           }
         }
       }

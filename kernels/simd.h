@@ -59,11 +59,12 @@
  * Batching: k3_matmul computes register tiles of rows x tokens (each weight block loaded and
  * widened once for up to 4 tokens, or, with more than 16 tokens, widened once per chunk of
  * columns into an f32 buffer all the tokens' tiles read) over column chunks of x;
- * k3_matmul_mxfp4 decodes each group of a row once, in registers, for up to 8 tokens whose
- * permuted x stays in L1 (column chunks of 256). A tile only decides which lanes are
- * computed together: the per-row order above does not depend on the tile, ntok or the row
- * range. MLA attention (ops.c) computes tiles of query heads x positions for its scores
- * and of heads x column blocks for its output the same way.
+ * k3_matmul_mxfp4 decodes each group of a row once, in registers, for a tile of tokens
+ * (16 on AVX-512, two tokens' lanes to a zmm, mx2; 8 elsewhere) whose permuted x stays in L1
+ * (column chunks of 256). A tile only decides which lanes are computed together: the
+ * per-row order above does not depend on the tile, ntok or the row range. MLA
+ * attention (ops.c) computes tiles of query heads x positions for its scores and of heads
+ * x column blocks for its output the same way.
  *
  * Edge conventions: k3_argmax returns -1 when n <= 0 or every value is NaN; in
  * k3_router_topk a NaN selection score ranks as -inf; k3_rmsnorm accepts w == NULL.
@@ -698,13 +699,100 @@ typedef struct {
   m8 v[4];
 } mxw;
 K3_INLINE void mx_decode(mxc c, const uint8_t *p, mxw *w) { mx8_decode(c, p, w->v); }
-/* One group's contribution to one row's lanes (contract 2): xg = its x in the lanes' order
- * (MX_XL), sc = its scale. */
-K3_INLINE m8 mx_group(m8 acc, const mxw *w, const float *xg, m8 sc) {
-  m8 a = m8_add(m8_mul(w->v[0], m8_load(xg)), m8_mul(w->v[1], m8_load(xg + 8)));
-  m8 b = m8_add(m8_mul(w->v[2], m8_load(xg + 16)), m8_mul(w->v[3], m8_load(xg + 24)));
+/* One group's contribution to one row's lanes (contract 2): xg + j * xs holds the 8 x of
+ * v[j] in the lanes' order (MX_XL), sc = its scale. */
+K3_INLINE m8 mx_group_at(m8 acc, const mxw *w, const float *xg, int xs, m8 sc) {
+  m8 a = m8_add(m8_mul(w->v[0], m8_load(xg)), m8_mul(w->v[1], m8_load(xg + xs)));
+  m8 b = m8_add(m8_mul(w->v[2], m8_load(xg + 2 * xs)), m8_mul(w->v[3], m8_load(xg + 3 * xs)));
   return m8_add(acc, m8_mul(m8_add(a, b), sc));
 }
+/* The same with one token's x of the group in one run of 32 (xg[8j + p]). */
+K3_INLINE m8 mx_group(m8 acc, const mxw *w, const float *xg, m8 sc) { return mx_group_at(acc, w, xg, 8, sc); }
+
+/* mx2: one row's lanes for two tokens at once (the many-token product), token t's 8 lanes
+ * (as an m8 holds them) then token t + 1's. Their x is interleaved per group: xg[16j + 8h + p]
+ * is token t + h's x of lane p of v[j]. On AVX-512 an mx2 is one zmm and a group is decoded
+ * once into both 256-bit halves of four zmm (mxw2), so one instruction does the work of two
+ * m8 ones; elsewhere it is two m8 and the decode is mx_decode's. Every operation is
+ * lane-wise and the same per lane as mx_group's, so a lane gets the bits of the m8 path:
+ * the pair only decides which lanes are computed together. */
+#if defined(K3_MX_PAIR)
+typedef __m512 mx2;
+typedef struct {
+  __m512 v[4];
+} mxw2;
+typedef struct {
+  __m512i s0, s1; /* mx8_decode's shifts (mxc), in both halves */
+  __m512 t;       /* the 16 doubled E2M1 values */
+} mx2c;
+K3_INLINE mx2c mx2_consts(void) {
+  mx2c c;
+  c.s0 = _mm512_setr_epi64(0, 16, 4, 20, 0, 16, 4, 20);
+  c.s1 = _mm512_setr_epi64(8, 24, 12, 28, 8, 24, 12, 28);
+  c.t = _mm512_loadu_ps(E2M1X2_F32);
+  return c;
+}
+/* mx8_decode in zmm: the same shifts of the same 8-byte broadcasts, one 16-entry lookup
+ * (vpermps reads the low 4 bits of each index, as vpermt2ps over the two ymm halves of the
+ * table does), so each half is mx8_decode's m8. */
+K3_INLINE void mx2_decode(mx2c c, const uint8_t *p, mxw2 *w) {
+  uint64_t q0, q1;
+  memcpy(&q0, p, 8);
+  memcpy(&q1, p + 8, 8);
+  __m512i b0 = _mm512_set1_epi64((long long)q0), b1 = _mm512_set1_epi64((long long)q1);
+  w->v[0] = _mm512_permutexvar_ps(_mm512_srlv_epi64(b0, c.s0), c.t);
+  w->v[1] = _mm512_permutexvar_ps(_mm512_srlv_epi64(b0, c.s1), c.t);
+  w->v[2] = _mm512_permutexvar_ps(_mm512_srlv_epi64(b1, c.s0), c.t);
+  w->v[3] = _mm512_permutexvar_ps(_mm512_srlv_epi64(b1, c.s1), c.t);
+}
+/* The group as one token's mxw (the low halves). */
+K3_INLINE void mx2_one(const mxw2 *w, mxw *o) { /* (written out: a loop here was a copy through memory) */
+  o->v[0] = _mm512_castps512_ps256(w->v[0]);
+  o->v[1] = _mm512_castps512_ps256(w->v[1]);
+  o->v[2] = _mm512_castps512_ps256(w->v[2]);
+  o->v[3] = _mm512_castps512_ps256(w->v[3]);
+}
+K3_INLINE mx2 mx2_bcast(const float *p) { return _mm512_set1_ps(*p); }
+/* a: the two tokens' accumulators, adjacent in memory (a[0] token t, a[1] token t + 1). */
+K3_INLINE mx2 mx2_load(const m8 *a) { return _mm512_loadu_ps((const float *)a); }
+K3_INLINE void mx2_store(m8 *a, mx2 v) { _mm512_storeu_ps((float *)a, v); }
+K3_INLINE m8 mx2_lo(mx2 v) { return _mm512_castps512_ps256(v); }
+K3_INLINE mx2 mx2_group(mx2 acc, const mxw2 *w, const float *xg, mx2 sc) {
+  __m512 a = _mm512_add_ps(_mm512_mul_ps(w->v[0], _mm512_loadu_ps(xg)), _mm512_mul_ps(w->v[1], _mm512_loadu_ps(xg + 16)));
+  __m512 b = _mm512_add_ps(_mm512_mul_ps(w->v[2], _mm512_loadu_ps(xg + 32)), _mm512_mul_ps(w->v[3], _mm512_loadu_ps(xg + 48)));
+  return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_add_ps(a, b), sc));
+}
+#else
+typedef struct {
+  m8 t0, t1;
+} mx2;
+typedef mxw mxw2;
+typedef mxc mx2c;
+K3_INLINE mx2c mx2_consts(void) { return mx_consts(); }
+K3_INLINE void mx2_decode(mx2c c, const uint8_t *p, mxw2 *w) { mx_decode(c, p, w); }
+K3_INLINE void mx2_one(const mxw2 *w, mxw *o) { *o = *w; }
+K3_INLINE mx2 mx2_bcast(const float *p) {
+  mx2 r;
+  r.t0 = r.t1 = m8_bcast(p);
+  return r;
+}
+K3_INLINE mx2 mx2_load(const m8 *a) {
+  mx2 r;
+  r.t0 = a[0];
+  r.t1 = a[1];
+  return r;
+}
+K3_INLINE void mx2_store(m8 *a, mx2 v) {
+  a[0] = v.t0;
+  a[1] = v.t1;
+}
+K3_INLINE m8 mx2_lo(mx2 v) { return v.t0; }
+K3_INLINE mx2 mx2_group(mx2 acc, const mxw2 *w, const float *xg, mx2 sc) {
+  acc.t0 = mx_group_at(acc.t0, w, xg, 16, sc.t0);
+  acc.t1 = mx_group_at(acc.t1, w, xg + 8, 16, sc.t1);
+  return acc;
+}
+#endif
 
 /* The 8-lane tree of contract 2, in scalar code shared by all ISAs. */
 K3_INLINE float m8_reduce(m8 acc) {

@@ -851,6 +851,57 @@ Deno.test("kernels: batching tokens and splitting rows/heads never change a bit"
   }
 });
 
+Deno.test("kernels: the many-token MXFP4 tiles give the scalar build's and each token's one-token bits", () => {
+  const { scalar, others, close } = loadLibs();
+  try {
+    const r = rng(13);
+    // 41 rows: more than one parked block of 32 rows, the last one partial; 288 columns: a
+    // chunk of 8 groups and one of 1 (not a multiple of 256); scales with 255 (skipped) and 0
+    const rows = 41, cols = 288;
+    const packed = r.u8(rows * cols / 2), scales = r.scales(rows * cols / 32);
+    scales[5] = 255; // row 0's final group, in the second chunk
+    // tokens: one pair; 16 tiles (AVX-512) with 1, 15 and 0 left over; 8 tiles elsewhere;
+    // several packed groups of 16 tokens with a token alone at the end
+    const tokens = [2, 3, 8, 9, 15, 16, 17, 31, 33, 47];
+    const x = r.f32(47 * cols);
+    // whole rows, a range starting inside the first block, a range inside the second
+    const ranges: [number, number][] = [[0, rows], [3, rows], [33, 40]];
+    const run = (k: K, ntok: number, r0: number, r1: number) => {
+      const y = new Float32Array(ntok * rows).fill(7), sums = new BigUint64Array(2);
+      k.k3_matmul_mxfp4_checked(P(packed), P(scales), P(x), P(y), ntok, rows, cols, r0, r1, P(sums));
+      return { y, sums };
+    };
+    const want = new Map<string, { y: Float32Array; sums: BigUint64Array }>();
+    for (const ntok of tokens) for (const [r0, r1] of ranges) want.set(`${ntok} ${r0}`, run(scalar, ntok, r0, r1));
+    for (const [name, k] of [["scalar", scalar] as [string, K], ...others]) {
+      for (const ntok of tokens) {
+        for (const [r0, r1] of ranges) {
+          const what = `${name} ntok=${ntok} [${r0},${r1})`;
+          const got = run(k, ntok, r0, r1), ref = want.get(`${ntok} ${r0}`)!;
+          sameBytes(got.y, ref.y, `${what} against scalar`);
+          // the checked product's sums: the matrix checks of its packed and scale rows
+          const checks = new BigUint64Array(2);
+          k.k3_matrix_check(P(packed.subarray(r0 * cols / 2)), cols / 2, r0, r1, P(checks));
+          k.k3_matrix_check(P(scales.subarray(r0 * cols / 32)), cols / 32, r0, r1, P(checks.subarray(1)));
+          assertEquals(got.sums[0], checks[0], `${what} packed rows' check`);
+          assertEquals(got.sums[1], checks[1], `${what} scale rows' check`);
+          // each token alone, through the one-token path
+          const plain = new Float32Array(ntok * rows).fill(7);
+          k.k3_matmul_mxfp4(P(packed), P(scales), P(x), P(plain), ntok, rows, cols, r0, r1);
+          sameBytes(plain, got.y, `${what} unchecked`);
+          for (const t of [0, ntok - 2, ntok - 1]) {
+            const y1 = new Float32Array(rows).fill(7);
+            k.k3_matmul_mxfp4(P(packed), P(scales), P(x.subarray(t * cols)), P(y1), 1, rows, cols, r0, r1);
+            sameBytes(y1, got.y.subarray(t * rows, (t + 1) * rows), `${what} token ${t} alone`);
+          }
+        }
+      }
+    }
+  } finally {
+    close();
+  }
+});
+
 Deno.test("kernels: MLA attention over a tile of query rows gives each row's bits alone", () => {
   const { scalar, others, close } = loadLibs();
   try {
