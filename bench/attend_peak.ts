@@ -19,6 +19,7 @@
 
 import { cpuUsage } from "node:process";
 import { isaName, type Kernels, kernels, openKernels } from "../engine/native/ffi.ts";
+import type { K3Config } from "../engine/model/config.ts";
 import { releasedK3 } from "../engine/model/shapes.ts";
 import { benchArgs } from "./args.ts";
 import { cpuSince, peakOnce } from "./gemm_peak.ts";
@@ -63,13 +64,14 @@ function floats(n: number, seed: number, scale: number): Float32Array {
   return Float32Array.from({ length: n }, (_, i) => Math.sin(seed * 1e4 + i * 12.9898) * scale);
 }
 
-/** Times each tile on `k` (and `baseline`, interleaved) in `rounds` rounds, best of each. */
+/** Times each tile on `k` (and `baseline`, interleaved) in `rounds` rounds, best of each, at
+ * the released model's MLA widths or `mla`'s. */
 export function measureAttend(
   k: Kernels,
-  opts: { rounds?: number; baseline?: Kernels; tiles?: AttendTile[] } = {},
+  opts: { rounds?: number; baseline?: Kernels; tiles?: AttendTile[]; mla?: K3Config["mla"] } = {},
 ): AttendOfPeak {
   const rounds = opts.rounds ?? 5, tiles = opts.tiles ?? PREFILL_TILES;
-  const { numHeads: H, kvLoraRank: dc, ropeDim: dr, nopeDim } = releasedK3().mla;
+  const { numHeads: H, kvLoraRank: dc, ropeDim: dr, nopeDim } = opts.mla ?? releasedK3().mla;
   const P = Deno.UnsafePointer.of, scale = 1 / Math.sqrt(nopeDim + dr);
   const positions = Math.max(...tiles.map((t) => t.p0 + t.rows));
   const latent = floats(positions * dc, 1, 0.1), krope = floats(positions * dr, 2, 0.5);

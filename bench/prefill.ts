@@ -41,6 +41,7 @@
 
 import { cpuUsage } from "node:process";
 import { benchArgs } from "./args.ts";
+import { measureAttend } from "./attend_peak.ts";
 import { measureGemmOfPeak } from "./gemm_peak.ts";
 import { ensureSlice, ensureTrunk, LIMITS_SLICE, ROUTER_SLICE } from "./slice.ts";
 import { openModel } from "../engine/open.ts";
@@ -299,43 +300,14 @@ function mlaAtProductRate(cfg: K3Config, n: number, segment: number, tileRows: n
   return flops / productRate(cfg, "bf16", Math.min(segment, n, tileRows)) / cores;
 }
 
-/** FLOP/s of one thread's MLA attention over the latent cache (k3_mla_attend, every head of
- * one query over 2,048 positions), in CPU seconds, best of three; measured once. */
+/** FLOP/s of one thread's MLA attention over the latent cache (one query row over 2,048
+ * positions, every head, bench/attend_peak.ts), in CPU seconds, best of three; measured once. */
 function attendRate(cfg: K3Config): number {
   const key = `attend:${cfg.mla.numHeads}:${cfg.mla.kvLoraRank}:${cfg.mla.ropeDim}`;
-  const known = rateCache.get(key);
-  if (known) return known;
-  const { numHeads: H, kvLoraRank: dc, ropeDim: dr, nopeDim } = cfg.mla;
-  const npos = 2048, P = Deno.UnsafePointer.of;
-  const q = Float32Array.from({ length: H * (dc + dr) }, (_, i) => Math.sin(i) * 0.1);
-  const latent = Float32Array.from({ length: npos * dc }, (_, i) => Math.cos(i) * 0.1);
-  const krope = Float32Array.from({ length: npos * dr }, (_, i) => Math.sin(3 * i) * 0.1);
-  const out = new Float32Array(H * dc), scores = new Float32Array(H * npos);
-  let best = 0;
-  for (let round = 0; round < 3; round++) {
-    const t = cpuUsage();
-    k.k3_mla_attend(
-      P(q),
-      P(latent),
-      P(krope),
-      P(latent),
-      P(out),
-      P(scores),
-      npos,
-      H,
-      1,
-      dc,
-      dr,
-      dc,
-      1 / Math.sqrt(nopeDim + dr),
-      0,
-      H,
-    );
-    const u = cpuUsage(t);
-    best = Math.max(best, (2 * H * (dc + dr + dc) * npos) / Math.max((u.user + u.system) / 1e6, 1e-6));
-  }
-  rateCache.set(key, best);
-  return best;
+  const rate = rateCache.get(key) ??
+    1e9 * measureAttend(k, { rounds: 3, tiles: [{ p0: 2047, rows: 1 }], mla: cfg.mla }).tiles[0].gflops;
+  rateCache.set(key, rate);
+  return rate;
 }
 
 /** Seconds of MLA attention over the cache for a prompt of `n` ids on `cores` threads:

@@ -12,6 +12,16 @@
 import { symbols } from "../../engine/native/symbols.ts";
 import { libraryBuilds } from "../helpers.ts";
 
+/** k3_mla_attend_rows shapes at its tiles' edges: [heads, kvheads, dn, dr, dv, npos, rows,
+ * h0, h1]: npos 0, rows and heads not a multiple of a tile, h0 > 0, positions across one and
+ * two blocks, partial blocks of 16, per-head keys. */
+const MLA_EDGES = [
+  [7, 1, 40, 8, 40, 0, 5, 0, 7],
+  [6, 1, 20, 5, 36, 70, 3, 1, 6],
+  [3, 3, 17, 4, 15, 9, 6, 0, 3],
+  [5, 1, 64, 64, 64, 130, 2, 2, 5],
+];
+
 type Lib = Deno.DynamicLibrary<typeof symbols>;
 type K = Lib["symbols"];
 
@@ -541,13 +551,7 @@ function attnCases(seed: number): Case[] {
   // blocks, widths with a partial block of 16 (dn, dr, dv) and a partial tile of columns,
   // per-head keys (kvheads > 1), and the released latent widths (dc 512, dr 64) over 8 heads.
   for (
-    const [nh, kvh, dn, dr, dv, npos, nrows, h0, h1] of [
-      [7, 1, 40, 8, 40, 0, 5, 0, 7],
-      [6, 1, 20, 5, 36, 70, 3, 1, 6],
-      [3, 3, 17, 4, 15, 9, 6, 0, 3],
-      [5, 1, 64, 64, 64, 130, 2, 2, 5],
-      [8, 1, 512, 64, 512, 61, 6, 0, 8],
-    ]
+    const [nh, kvh, dn, dr, dv, npos, nrows, h0, h1] of [...MLA_EDGES, [8, 1, 512, 64, 512, 61, 6, 0, 8]]
   ) {
     const last = npos + nrows - 1, dq = dn + dr, scale = 1 / Math.sqrt(dq);
     const q = r.f32(nrows * nh * dq, 2), kn = r.f32(last * kvh * dn, 2), kr = r.f32(last * dr, 2);
@@ -983,10 +987,7 @@ Deno.test("kernels: MLA attention over a tile of rows gives the bits of the one-
       const r = rng(33), got: string[] = [];
       for (
         const [nh, kvh, dn, dr, dv, npos, nrows, h0, h1] of [
-          [7, 1, 40, 8, 40, 0, 5, 0, 7],
-          [6, 1, 20, 5, 36, 70, 3, 1, 6],
-          [3, 3, 17, 4, 15, 9, 6, 0, 3],
-          [5, 1, 64, 64, 64, 130, 2, 2, 5],
+          ...MLA_EDGES,
           [96, 1, 512, 64, 512, 300, 3, 0, 96], // the released widths, keys and values one latent
         ]
       ) {
