@@ -70,7 +70,6 @@ export class SequenceState {
     cfg.layerKinds.forEach((kind, L) => {
       if (kind === "kda") {
         const C = H * d;
-        this.#kdaOffset.set(L, this.kda.size * 4 * (3 * 3 * C + H * d * d));
         this.kda.set(L, {
           convQ: new Vec(k, C * 3),
           convK: new Vec(k, C * 3),
@@ -83,6 +82,13 @@ export class SequenceState {
           krope: new Vec(k, capacity * Math.max(m.ropeDim, 1)),
         });
       }
+    });
+    // Each KDA layer's offset in a snapshot, from the layout regions() defines.
+    const parts = this.regions(0);
+    let off = 0;
+    [...this.kda.keys()].forEach((L, i) => {
+      this.#kdaOffset.set(L, off);
+      for (let j = 0; j < 4; j++) off += parts[4 * i + j].length;
     });
     this.reset();
   }
