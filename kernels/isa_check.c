@@ -198,9 +198,17 @@ int main(void) {
     float *ql1 = calloc((size_t)nh * (dc + dr), 4), *ql2 = calloc((size_t)nh * (dc + dr), 4);
     for (int wt = 0; wt < 2; wt++) {
       const void *w = wt ? (const void *)kvbh : (const void *)kvb;
-      k3_mla_absorb(w, wt, q, ql1, nh, dn, dr, dv, dc, 0, nh);
-      s_k3_mla_absorb(w, wt, q, ql2, nh, dn, dr, dv, dc, 0, nh);
+      k3_mla_absorb(w, wt, q, ql1, 1, nh, dn, dr, dv, dc, 0, nh);
+      s_k3_mla_absorb(w, wt, q, ql2, 1, nh, dn, dr, dv, dc, 0, nh);
       same(ql1, ql2, (size_t)nh * (dc + dr) * 4, "mla absorb", dn, wt);
+      /* Six rows at once (a block of four and a rest of two): each row's bits alone. */
+      float *q6 = fvec((size_t)6 * nh * (dn + dr), 1.5f), *l6 = calloc((size_t)6 * nh * (dc + dr), 4);
+      k3_mla_absorb(w, wt, q6, l6, 6, nh, dn, dr, dv, dc, 0, nh);
+      for (int r = 0; r < 6; r++) {
+        s_k3_mla_absorb(w, wt, q6 + (size_t)r * nh * (dn + dr), ql2, 1, nh, dn, dr, dv, dc, 0, nh);
+        same(l6 + (size_t)r * nh * (dc + dr), ql2, (size_t)nh * (dc + dr) * 4, "mla absorb rows", dn, r);
+      }
+      free(q6), free(l6);
       k3_mla_expand(w, wt, ql1, o1, nh, dn, dv, dc, 0, nh);
       s_k3_mla_expand(w, wt, ql1, o2, nh, dn, dv, dc, 0, nh);
       same(o1, o2, (size_t)nh * dv * 4, "mla expand", dn, wt);

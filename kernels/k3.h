@@ -139,11 +139,13 @@ void k3_mla_attend_rows(const float *q, const float *knope, const float *krope, 
                         int32_t kvheads, int32_t dn, int32_t dr, int32_t dv, float scale, int32_t h0,
                         int32_t h1);
 
-/* MLA latent form, query side, heads [h0, h1). kvb is kv_b_proj [nheads*(dn+dv)][dc] of
- * type wtype: per head, dn key rows then dv value rows. q [nheads][dn + dr] as q_b_proj
- * gives it. Writes qlat [nheads][dc + dr]: the head's key rows applied transposed to its
- * q_nope (qlat[h][j] = sum_i W_k[h][i][j] q_nope[h][i], i ascending), then q_rope copied. */
-void k3_mla_absorb(const void *kvb, int32_t wtype, const float *q, float *qlat, int32_t nheads,
+/* MLA latent form, query side, heads [h0, h1) of nrows query rows. kvb is kv_b_proj
+ * [nheads*(dn+dv)][dc] of type wtype: per head, dn key rows then dv value rows. q
+ * [nrows][nheads][dn + dr] as q_b_proj gives it. Writes qlat [nrows][nheads][dc + dr]: the
+ * head's key rows applied transposed to its q_nope (qlat[h][j] = sum_i W_k[h][i][j]
+ * q_nope[h][i], i ascending from +0), then q_rope copied. A row's bits do not depend on
+ * nrows: the rows only share each weight block's load. */
+void k3_mla_absorb(const void *kvb, int32_t wtype, const float *q, float *qlat, int32_t nrows, int32_t nheads,
                    int32_t dn, int32_t dr, int32_t dv, int32_t dc, int32_t h0, int32_t h1);
 
 /* MLA latent form, output side, heads [h0, h1): out[h] = W_v[h] olat[h], olat [nheads][dc],

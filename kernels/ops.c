@@ -367,25 +367,67 @@ void k3_mla_attend_rows(const float *q, const float *knope, const float *krope, 
   }
 }
 
-void k3_mla_absorb(const void *kvb, int32_t wtype, const float *q, float *qlat, int32_t nheads,
+/* A weight block of one head's key rows, i, columns [j, j + 16). */
+K3_INLINE v16 absorb_w(const void *wk, int32_t wtype, int32_t dc, int i, int j) {
+  return wtype == K3_BF16 ? v16_load_bf16((const uint16_t *)wk + (size_t)i * dc + j)
+                          : v16_load((const float *)wk + (size_t)i * dc + j);
+}
+
+/* Four query rows of one head over the key columns [j, j + 16): each weight block is
+ * widened once and applied to every row (contract 3: y = y + w * q, i ascending, from +0). */
+K3_INLINE void absorb_block4(const void *wk, int32_t wtype, const float *const *qn, float *const *y, int32_t dn,
+                             int32_t dc, int j) {
+  v16 a0 = v16_zero(), a1 = v16_zero(), a2 = v16_zero(), a3 = v16_zero();
+  for (int i = 0; i < dn; i++) {
+    v16 w = absorb_w(wk, wtype, dc, i, j);
+    a0 = v16_add(a0, v16_mul(w, v16_set1(qn[0][i])));
+    a1 = v16_add(a1, v16_mul(w, v16_set1(qn[1][i])));
+    a2 = v16_add(a2, v16_mul(w, v16_set1(qn[2][i])));
+    a3 = v16_add(a3, v16_mul(w, v16_set1(qn[3][i])));
+  }
+  v16_store(y[0] + j, a0), v16_store(y[1] + j, a1), v16_store(y[2] + j, a2), v16_store(y[3] + j, a3);
+}
+
+/* One query row, the same sums. */
+K3_INLINE void absorb_block1(const void *wk, int32_t wtype, const float *qn, float *y, int32_t dn, int32_t dc,
+                             int j) {
+  v16 a = v16_zero();
+  for (int i = 0; i < dn; i++) a = v16_add(a, v16_mul(absorb_w(wk, wtype, dc, i, j), v16_set1(qn[i])));
+  v16_store(y + j, a);
+}
+
+void k3_mla_absorb(const void *kvb, int32_t wtype, const float *q, float *qlat, int32_t nrows, int32_t nheads,
                    int32_t dn, int32_t dr, int32_t dv, int32_t dc, int32_t h0, int32_t h1) {
-  (void)nheads;
+  size_t esize = wtype == K3_BF16 ? 2 : 4;
   for (int h = h0; h < h1; h++) {
-    const float *qn = q + (size_t)h * (dn + dr);
-    float *y = qlat + (size_t)h * (dc + dr);
-    memset(y, 0, (size_t)dc * sizeof(float));
-    /* Contract 3: each y[j] is a sequential sum over the key rows i. */
-    for (int i = 0; i < dn; i++) {
-      size_t row = ((size_t)h * (dn + dv) + (size_t)i) * (size_t)dc;
-      if (wtype == K3_BF16) {
-        const uint16_t *w = (const uint16_t *)kvb + row;
-        for (int j = 0; j < dc; j++) y[j] = y[j] + bf16_f32(w[j]) * qn[i];
-      } else {
-        const float *w = (const float *)kvb + row;
-        for (int j = 0; j < dc; j++) y[j] = y[j] + w[j] * qn[i];
+    const char *wk = (const char *)kvb + (size_t)h * (dn + dv) * dc * esize;
+    for (int r0 = 0; r0 < nrows; r0 += 4) {
+      int nr = nrows - r0 < 4 ? nrows - r0 : 4;
+      const float *qn[4];
+      float *y[4];
+      for (int r = 0; r < nr; r++) {
+        qn[r] = q + ((size_t)(r0 + r) * nheads + h) * (dn + dr);
+        y[r] = qlat + ((size_t)(r0 + r) * nheads + h) * (dc + dr);
       }
+      int j = 0;
+      for (; j + 16 <= dc; j += 16) {
+        if (nr == 4) absorb_block4(wk, wtype, qn, y, dn, dc, j);
+        else
+          for (int r = 0; r < nr; r++) absorb_block1(wk, wtype, qn[r], y[r], dn, dc, j);
+      }
+      /* The last columns one at a time, in the same order. */
+      for (; j < dc; j++)
+        for (int r = 0; r < nr; r++) {
+          float s = 0.0f;
+          for (int i = 0; i < dn; i++) {
+            float w = wtype == K3_BF16 ? bf16_f32(((const uint16_t *)wk)[(size_t)i * dc + j])
+                                       : ((const float *)wk)[(size_t)i * dc + j];
+            s = s + w * qn[r][i];
+          }
+          y[r][j] = s;
+        }
+      for (int r = 0; r < nr; r++) memcpy(y[r] + dc, qn[r] + dn, (size_t)dr * sizeof(float));
     }
-    memcpy(y + dc, qn + dn, (size_t)dr * sizeof(float));
   }
 }
 

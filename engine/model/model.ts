@@ -474,39 +474,50 @@ export class K3Model {
         k.k3_rmsnorm(c.at(t * cw), w.kvANorm.ptr, cache.latent.at(p * dc), dc, 1, cfg.rmsNormEps);
         cache.krope.f.set(c.f.subarray(t * cw + dc, (t + 1) * cw), p * dr);
       }
-      for (let r0 = from; r0 < to;) {
-        const p0 = pos(r0);
-        let n = Math.min(to - r0, Math.max(1, wideRows));
-        while (n > 1 && n * (p0 + n) > scorePositions) n--;
-        // Absorb, attend over positions 0..p, expand: each with its heads split across the
-        // threads.
-        for (let j = 0; j < n; j++) {
-          this.compute.heads(
-            {
-              op: HEAD_OP.absorb,
-              ptrs: [kvb.ptr, q.at((r0 - t0 + j) * H * dq), qlat.at(j * qlatRow)],
-              ints: [kvb.wtype, H, m.nopeDim, dr, m.vDim, dc],
-              scale: 0,
-            },
-            H,
-            H * m.nopeDim * dc,
-          );
-        }
+      // Absorb a wide buffer's rows in one call (each weight block widened once for them
+      // all), attend in tiles whose scores fit, expand row by row; heads split across the
+      // threads in each.
+      const rowsAtOnce = Math.max(1, wideRows);
+      for (let a0 = from; a0 < to; a0 += rowsAtOnce) {
+        const a1 = Math.min(to, a0 + rowsAtOnce);
         this.compute.heads(
           {
-            op: HEAD_OP.attend,
-            ptrs: [qlat.ptr, cache.latent.ptr, cache.krope.ptr, cache.latent.ptr, olat.ptr, s.scores.ptr],
-            ints: [p0 + 1, n, H, 1, dc, dr, dc],
-            scale: 1 / Math.sqrt(dq),
+            op: HEAD_OP.absorb,
+            ptrs: [kvb.ptr, q.at((a0 - t0) * H * dq), qlat.ptr],
+            ints: [kvb.wtype, a1 - a0, H, m.nopeDim, dr, m.vDim, dc],
+            scale: 0,
           },
           H,
-          H * n * (p0 + n) * (dc + dr),
+          (a1 - a0) * H * m.nopeDim * dc,
         );
-        for (let j = 0; j < n; j++) {
+        for (let r0 = a0; r0 < a1;) {
+          const p0 = pos(r0);
+          let n = a1 - r0;
+          while (n > 1 && n * (p0 + n) > scorePositions) n--;
+          this.compute.heads(
+            {
+              op: HEAD_OP.attend,
+              ptrs: [
+                qlat.at((r0 - a0) * qlatRow),
+                cache.latent.ptr,
+                cache.krope.ptr,
+                cache.latent.ptr,
+                olat.at((r0 - a0) * olatRow),
+                s.scores.ptr,
+              ],
+              ints: [p0 + 1, n, H, 1, dc, dr, dc],
+              scale: 1 / Math.sqrt(dq),
+            },
+            H,
+            H * n * (p0 + n) * (dc + dr),
+          );
+          r0 += n;
+        }
+        for (let r = a0; r < a1; r++) {
           this.compute.heads(
             {
               op: HEAD_OP.expand,
-              ptrs: [kvb.ptr, olat.at(j * olatRow), o.at((r0 - t0 + j) * H * m.vDim)],
+              ptrs: [kvb.ptr, olat.at((r - a0) * olatRow), o.at((r - t0) * H * m.vDim)],
               ints: [kvb.wtype, H, m.nopeDim, m.vDim, dc],
               scale: 0,
             },
@@ -514,7 +525,6 @@ export class K3Model {
             H * m.vDim * dc,
           );
         }
-        r0 += n;
       }
     }
     const mlaSeconds = (performance.now() - tAttn) / 1000;

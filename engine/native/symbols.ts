@@ -36,7 +36,7 @@ export const symbols = {
   k3_kda_step: { parameters: [P, P, P, P, P, P, P, I, I, I], result: V },
   k3_mla_attend: { parameters: [P, P, P, P, P, P, I, I, I, I, I, I, F, I, I], result: V },
   k3_mla_attend_rows: { parameters: [P, P, P, P, P, P, I, I, I, I, I, I, I, F, I, I], result: V },
-  k3_mla_absorb: { parameters: [P, I, P, P, I, I, I, I, I, I, I], result: V },
+  k3_mla_absorb: { parameters: [P, I, P, P, I, I, I, I, I, I, I, I], result: V },
   k3_mla_expand: { parameters: [P, I, P, P, I, I, I, I, I, I], result: V },
   k3_router_topk: { parameters: [P, P, I, I, F, P, P], result: I },
   k3_attnres: { parameters: [P, I, I, P, P, F, P], result: V },

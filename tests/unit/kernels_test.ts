@@ -639,24 +639,32 @@ function mlaLatentCases(seed: number): Case[] {
     for (const wtype of [0, 1]) {
       const kvb = wtype === 0 ? r.f32(nh * (dn + dv) * dc, 0.2) : r.bf16(nh * (dn + dv) * dc, 0.2);
       const w = (row: number, col: number) => (wtype ? bf16ToF64(kvb[row * dc + col]) : kvb[row * dc + col]);
-      const q = r.f32(nh * (dn + dr), 2), olat = r.f32(nh * dc);
+      // Six query rows: a kernel block of four and a rest of two.
+      const rows = 6, q = r.f32(rows * nh * (dn + dr), 2), olat = r.f32(nh * dc);
       for (const [h0, h1] of [[0, nh], [1, 2]]) {
         cases.push({
-          name: `mla_absorb ${wtype ? "bf16" : "f32"} nh=${nh} dn=${dn} dc=${dc} [${h0},${h1})`,
+          name: `mla_absorb ${wtype ? "bf16" : "f32"} rows=${rows} nh=${nh} dn=${dn} dc=${dc} [${h0},${h1})`,
           run: (k) => {
-            const qlat = new Float32Array(nh * (dc + dr));
-            k.k3_mla_absorb(P(kvb), wtype, P(q), P(qlat), nh, dn, dr, dv, dc, h0, h1);
-            return [qlat.slice(h0 * (dc + dr), h1 * (dc + dr))];
+            const qlat = new Float32Array(rows * nh * (dc + dr));
+            k.k3_mla_absorb(P(kvb), wtype, P(q), P(qlat), rows, nh, dn, dr, dv, dc, h0, h1);
+            const out: number[] = [];
+            for (let t = 0; t < rows; t++) {
+              out.push(...qlat.slice((t * nh + h0) * (dc + dr), (t * nh + h1) * (dc + dr)));
+            }
+            return [Float32Array.from(out)];
           },
           ref: () => {
             const want: number[] = [];
-            for (let h = h0; h < h1; h++) {
-              for (let j = 0; j < dc; j++) {
-                let s = 0;
-                for (let i = 0; i < dn; i++) s += w(h * (dn + dv) + i, j) * q[h * (dn + dr) + i];
-                want.push(s);
+            for (let t = 0; t < rows; t++) {
+              for (let h = h0; h < h1; h++) {
+                const qh = (t * nh + h) * (dn + dr);
+                for (let j = 0; j < dc; j++) {
+                  let s = 0;
+                  for (let i = 0; i < dn; i++) s += w(h * (dn + dv) + i, j) * q[qh + i];
+                  want.push(s);
+                }
+                for (let j = 0; j < dr; j++) want.push(q[qh + dn + j]);
               }
-              for (let j = 0; j < dr; j++) want.push(q[h * (dn + dr) + dn + j]);
             }
             return { want: [want], atol: 1e-5 * Math.sqrt(dn), rtol: 1e-4 };
           },
