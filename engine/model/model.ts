@@ -30,6 +30,11 @@ import { SequenceState, SPEC_RECORD_ROWS, SpeculationRecord } from "./state.ts";
 import type { WeightSource } from "./weight_source.ts";
 import { ExpertStream, readAheadPays } from "./expert_stream.ts";
 
+/** The pool's split threshold counts weight elements of a product (SPLIT_MIN_ELEMS); one
+ * SiTU element costs about what a product's 64 weight elements do, so a split pays from a
+ * few thousand elements (an expert's tile of rows, not one decode row's). */
+const SITU_WORK = 64;
+
 /** One sequence's part of a forward pass: its state and its next tokens. */
 export interface Segment {
   /** The sequence's state (advanced by the pass). */
@@ -554,13 +559,27 @@ export class K3Model {
       const words = u0 === 0 ? c?.words : undefined;
       this.compute.mxfp4(ex.w1, s.expertIn.ptr, gate.ptr, nt, words?.subarray(0, 2));
       this.compute.mxfp4(ex.w3, s.expertIn.ptr, up.ptr, nt, words?.subarray(2, 4));
-      k.k3_situ_glu(gate.ptr, up.ptr, gate.ptr, nt * I, cfg.situBeta, cfg.situLinearBeta);
+      this.situ(gate.ptr, up.ptr, nt * I);
       this.compute.mxfp4(ex.w2, gate.ptr, out.ptr, nt, words?.subarray(4, 6));
       if (c && u0 === 0) settleExpert(c);
       run.forEach(({ t, slot }, j) =>
         s.expertOut.f.set(out.f.subarray(j * latent, (j + 1) * latent), (t * topK + slot) * latent)
       );
     }
+  }
+
+  /** gate = SiTU(gate, up) over n elements, split across the threads (libm's tanhf and
+   * expf on every element: 30 ns each, the widest part of a pass that is not a product). */
+  private situ(gate: NonNullable<Deno.PointerValue>, up: NonNullable<Deno.PointerValue>, n: number): void {
+    const { cfg } = this;
+    const call = {
+      op: HEAD_OP.situ,
+      ptrs: [gate, up, gate],
+      ints: [],
+      scale: cfg.situBeta,
+      scale2: cfg.situLinearBeta,
+    };
+    this.compute.heads(call, n, SITU_WORK * n);
   }
 
   /** y = W x for R rows, timed as dense work. */
@@ -581,7 +600,7 @@ export class K3Model {
     const { gate, up } = s.wide.glu;
     this.mm(w.gate, x, gate.ptr, T);
     this.mm(w.up, x, up.ptr, T);
-    k.k3_situ_glu(gate.ptr, up.ptr, gate.ptr, T * w.gate.rows, cfg.situBeta, cfg.situLinearBeta);
+    this.situ(gate.ptr, up.ptr, T * w.gate.rows);
     this.mm(w.down, gate.ptr, out, T);
   }
 

@@ -42,7 +42,7 @@ export interface Compute {
 }
 
 /** The attention kernels that split by heads. */
-export const HEAD_OP = { kda: 3, absorb: 4, attend: 5, expand: 6 } as const;
+export const HEAD_OP = { kda: 3, absorb: 4, attend: 5, expand: 6, situ: 7 } as const;
 
 /**
  * One call of a per-head kernel, less its head range: `ptrs` and `ints` in the kernel's
@@ -52,6 +52,8 @@ export const HEAD_OP = { kda: 3, absorb: 4, attend: 5, expand: 6 } as const;
  *   absorb: k3_mla_absorb(kvb, q, qlat | wtype, nrows, H, dn, dr, dv, dc)
  *   attend: k3_mla_attend_rows(q, knope, krope, v, out, scores | npos, nrows, H, kvheads, dn, dr, dv; scale)
  *   expand: k3_mla_expand(kvb, olat, out | wtype, H, dn, dv, dc)
+ *   situ:   k3_situ_glu(g, u, out | ; scale, scale2), its "heads" the elements (each one's
+ *           bits its own, so any split gives the same)
  */
 export interface HeadCall {
   /** Which kernel (HEAD_OP). */
@@ -60,14 +62,16 @@ export interface HeadCall {
   ptrs: Ptr[];
   /** Its integer arguments. */
   ints: number[];
-  /** Attend's score scale (0 for the others). */
+  /** Attend's score scale, SiTU's gate beta (0 for the others). */
   scale: number;
+  /** SiTU's linear beta. */
+  scale2?: number;
 }
 
 /** Runs heads [h0, h1) of `c` on this thread. */
 export function runHeads(
   k: Kernels,
-  c: { op: number; ptrs: Deno.PointerValue[]; ints: number[]; scale: number },
+  c: { op: number; ptrs: Deno.PointerValue[]; ints: number[]; scale: number; scale2?: number },
   h0: number,
   h1: number,
 ): void {
@@ -98,6 +102,10 @@ export function runHeads(
       );
     case HEAD_OP.expand:
       return k.k3_mla_expand(p[0], n[0], p[1], p[2], n[1], n[2], n[3], n[4], h0, h1);
+    case HEAD_OP.situ: {
+      const at = (q: Deno.PointerValue) => Deno.UnsafePointer.offset(q!, 4 * h0);
+      return k.k3_situ_glu(at(p[0]), at(p[1]), at(p[2]), h1 - h0, c.scale, c.scale2 ?? 0);
+    }
     default:
       throw new Error(`internal: head op ${c.op}`);
   }
@@ -156,13 +164,14 @@ export const CTRL = {
    * with h0 and h1 in the last two. */
   args: 3,
   nargs: 12,
-  /** The f32 slot of a head call's scale. */
+  /** The f32 slots of a head call's scale and scale2. */
   scale: 15,
+  scale2: 16,
   /** Byte offset of the BigUint64 pointer slots: a product's w (or packed), scales, x, y,
    * check word; a head call's pointers. */
-  ptrBytes: 64,
+  ptrBytes: 72,
   nptr: 8,
-  bytes: 128,
+  bytes: 136,
 } as const;
 
 /** Operation codes of a job in the control block (and HEAD_OP's). */
@@ -268,6 +277,7 @@ export class WorkerPool implements Compute {
       c[CTRL.args + CTRL.nargs - 2] = bound(i + 1);
       c[CTRL.args + CTRL.nargs - 1] = bound(i + 2);
       s.f32[CTRL.scale] = call.scale;
+      s.f32[CTRL.scale2] = call.scale2 ?? 0;
       call.ptrs.forEach((p, j) => (s.ptrs[j] = BigInt(Deno.UnsafePointer.value(p))));
     }, () => runHeads(this.k, call, 0, bound(1)));
   }

@@ -45,7 +45,12 @@ self.onmessage = (e: MessageEvent<{ sab: SharedArrayBuffer; libPath: string }>) 
       // A head call: its pointers, its integers, the scale; heads [h0, h1) in the last two.
       const ints = Array.from(ctrl.subarray(a, a + CTRL.nargs - 2));
       const all = Array.from({ length: CTRL.nptr }, (_, i) => p(i));
-      runHeads(k, { op, ptrs: all, ints, scale: f32[CTRL.scale] }, ctrl[a + CTRL.nargs - 2], ctrl[a + CTRL.nargs - 1]);
+      runHeads(
+        k,
+        { op, ptrs: all, ints, scale: f32[CTRL.scale], scale2: f32[CTRL.scale2] },
+        ctrl[a + CTRL.nargs - 2],
+        ctrl[a + CTRL.nargs - 1],
+      );
     }
     Atomics.store(ctrl, CTRL.done, seq);
     Atomics.notify(ctrl, CTRL.done);
