@@ -127,6 +127,8 @@ interface Row {
   /** MLA attention's FLOPs at the many-row bf16 product's rate (mlaAtProductRate): the
    * issue's "compute time at the measured product rate" counts all the compute. */
   attention_compute_seconds: number;
+  /** compute_seconds by kind (productParts), beside the pass's ledger in `parts`. */
+  compute_parts: { dense: number; experts: number };
   /** max(io_seconds, compute_seconds + attention_compute_seconds). */
   bound_seconds: number;
   wall_over_bound: number;
@@ -140,6 +142,10 @@ interface Row {
   /** This process's CPU seconds over the prefill's wall seconds times the threads: the share
    * of the cores it got (on a shared machine, under 1 when the neighbours took some). */
   cpu_share: number;
+  /** The kernel's share of it (page faults, reclaim, I/O). */
+  system_share: number;
+  /** What vmCounters changed by during the prefill. */
+  vm: Record<string, number>;
   /** Projected from its first PROJECTED_PASSES passes (the old path above --skip-old-above). */
   projected: boolean;
 }
@@ -219,6 +225,19 @@ function threadCpuSeconds(): Map<string, number> {
   return out;
 }
 
+/** The kernel's memory counters a run can stall on (/proc/vmstat: huge page faults served and
+ * fallen back, compaction stalls, direct reclaim), to explain a run slower than its
+ * neighbours; empty where /proc is not there. */
+function vmCounters(): Record<string, number> {
+  const keep = ["thp_fault_alloc", "thp_fault_fallback", "compact_stall", "allocstall_movable", "allocstall_normal"];
+  try {
+    const lines = Deno.readTextFileSync("/proc/vmstat").split("\n").map((l) => l.split(" "));
+    return Object.fromEntries(lines.filter(([k]) => keep.includes(k)).map(([k, v]) => [k, Number(v)]));
+  } catch {
+    return {};
+  }
+}
+
 /** Linux's USER_HZ: the unit of /proc's CPU times. */
 const CLOCK_TICKS = 100;
 
@@ -280,13 +299,20 @@ function rowsPerExpert(cfg: K3Config, rows: number, tileRows: number): number {
  * (mlaAtProductRate adds attention's FLOPs to the bound).
  */
 function productSeconds(cfg: K3Config, n: number, segment: number, tileRows: number, cores = threads): number {
+  const { dense, experts } = productParts(cfg, n, segment, tileRows, cores);
+  return dense + experts;
+}
+
+/** productSeconds by kind: the trunk's bf16 products and the experts' MXFP4 ones (the
+ * ledger's `dense` and `experts` in the pass, as the kernels alone would take them). */
+function productParts(cfg: K3Config, n: number, segment: number, tileRows: number, cores = threads) {
   const { topK, latent, intermediate } = cfg.moe;
   const moeLayers = cfg.numLayers - cfg.firstKDense;
   const rows = Math.min(segment, n);
   const dense = (trunkFlopsPerRow(cfg) * n) / productRate(cfg, "bf16", Math.min(rows, tileRows));
   const expertFlops = 2 * 3 * latent * intermediate * n * topK * moeLayers;
   const experts = expertFlops / productRate(cfg, "mxfp4", rowsPerExpert(cfg, rows, tileRows));
-  return (dense + experts) / cores;
+  return { dense: dense / cores, experts: experts / cores };
 }
 
 /** MLA attention's FLOPs for a prompt of `n` ids (row p attends over p + 1 positions in each
@@ -343,6 +369,7 @@ async function measure(
     const { model, plan } = opened;
     const io = () => model.weights.ioStats!();
     const io0 = io(), ledger0 = { ...model.ledger }, cpu0 = cpuUsage(), threads0 = threadCpuSeconds();
+    const vm0 = vmCounters();
     const prompt = ids(n);
     let passes = 0, seconds = 0;
     const limit = Math.min(maxPasses, plan.prefill.segments);
@@ -359,6 +386,7 @@ async function measure(
     }
     seconds = (performance.now() - t0) / 1000;
     const cpu = cpuUsage(cpu0);
+    const vm1 = vmCounters();
     const threads1 = threadCpuSeconds();
     // The busiest thread's CPU seconds (the main one: its share of the products and all
     // the serial work): the prefill's wall time on cores of its own.
@@ -388,6 +416,7 @@ async function measure(
       io_seconds: ioSeconds,
       compute_seconds: computeSeconds,
       attention_compute_seconds: attentionCompute,
+      compute_parts: productParts(cfg, n, plan.chunk, model.tileRows),
       bound_seconds: bound,
       wall_over_bound: (seconds * scale) / bound,
       busy_over_bound: (busy * scale) / bound,
@@ -395,6 +424,8 @@ async function measure(
       attention_share: (parts.mla_attention + parts.kda_attention) / Math.max(seconds, 1e-9),
       parts: Object.fromEntries(Object.entries(parts).map(([k, v]) => [k, v * scale])) as unknown as Parts,
       cpu_share: (cpu.user + cpu.system) / 1e6 / (seconds * threads),
+      system_share: cpu.system / 1e6 / (seconds * threads),
+      vm: Object.fromEntries(Object.entries(vm1).map(([k, v]) => [k, v - (vm0[k] ?? 0)])),
       projected: scale > 1,
     };
   } finally {
@@ -470,7 +501,11 @@ try {
               (r.read_bytes / 1e9).toFixed(1)
             } GB (${r.read_over_model.toFixed(2)}x), bound ${r.bound_seconds.toFixed(2)} s (io ${
               r.io_seconds.toFixed(2)
-            }, products ${r.compute_seconds.toFixed(2)}), cpu ${r.cpu_share.toFixed(2)} of ${threads} cores; ${parts}`,
+            }, products ${r.compute_seconds.toFixed(2)}: dense ${r.compute_parts.dense.toFixed(1)}, experts ${
+              r.compute_parts.experts.toFixed(1)
+            }; MLA ${r.attention_compute_seconds.toFixed(1)}), cpu ${
+              r.cpu_share.toFixed(2)
+            } of ${threads} cores (system ${r.system_share.toFixed(2)}); ${parts}; vm ${JSON.stringify(r.vm)}`,
           );
           rows.push(r);
         }

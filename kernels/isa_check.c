@@ -161,6 +161,22 @@ int main(void) {
     s_k3_kda_step(S2, q, k, v, beta, al, o2, d, 0, nh);
     same(S1, S2, (size_t)nh * d * d * 4, "kda S", d, 0);
     same(o1, o2, (size_t)nh * d * 4, "kda o", d, 0);
+    /* Five rows in one call against five scalar steps. */
+    {
+      int nr = 5;
+      float *q5 = fvec((size_t)nr * nh * d, 0.1f), *k5 = fvec((size_t)nr * nh * d, 0.1f);
+      float *v5 = fvec((size_t)nr * nh * d, 1), *b5 = fvec((size_t)nr * nh, 0.5f), *a5 = fvec((size_t)nr * nh * d, 0.5f);
+      float *o5 = calloc((size_t)nr * nh * d, 4);
+      for (int i = 0; i < nr * nh * d; i++) a5[i] = 0.5f + a5[i] * 0.9f;
+      k3_kda_steps(S1, q5, k5, v5, b5, a5, o5, d, nh, nr, 0, nh);
+      for (int t = 0; t < nr; t++) {
+        size_t at = (size_t)t * nh * d;
+        s_k3_kda_step(S2, q5 + at, k5 + at, v5 + at, b5 + (size_t)t * nh, a5 + at, o2, d, 0, nh);
+        same(o5 + at, o2, (size_t)nh * d * 4, "kda steps o", d, t);
+      }
+      same(S1, S2, (size_t)nh * d * d * 4, "kda steps S", d, nr);
+      free(q5), free(k5), free(v5), free(b5), free(a5), free(o5);
+    }
     k3_kda_decay(q, beta, v, o1, nh, d, -5);
     s_k3_kda_decay(q, beta, v, o2, nh, d, -5);
     same(o1, o2, (size_t)nh * d * 4, "kda_decay", d, 0);

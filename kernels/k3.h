@@ -118,6 +118,11 @@ void k3_kda_decay(const float *f, const float *a_log, const float *dt_bias, floa
 void k3_kda_step(float *S, const float *q, const float *k, const float *v, const float *beta,
                  const float *alpha, float *o, int32_t d, int32_t h0, int32_t h1);
 
+/* nrows such steps in order, the same bits as one call of k3_kda_step a row: q, k, v,
+ * alpha and o [nrows][nheads][d], beta [nrows][nheads]. */
+void k3_kda_steps(float *S, const float *q, const float *k, const float *v, const float *beta,
+                  const float *alpha, float *o, int32_t d, int32_t nheads, int32_t nrows, int32_t h0, int32_t h1);
+
 /* Gated MLA (NoPE) attention of one query over positions 0..npos-1, heads [h0, h1).
  * Keys and values have kvheads heads: nheads (one per query head) or 1 (shared by all query
  * heads, as in the latent form, where knope and v may be the same array).

@@ -129,55 +129,62 @@ enum { KDA_COLS = 256 }; /* columns are independent, so they are processed in ch
 
 void k3_kda_step(float *S, const float *q, const float *k, const float *v, const float *beta,
                  const float *alpha, float *o, int32_t d, int32_t h0, int32_t h1) {
+  k3_kda_steps(S, q, k, v, beta, alpha, o, d, h1, 1, h0, h1);
+}
+
+void k3_kda_steps(float *S, const float *q, const float *k, const float *v, const float *beta,
+                  const float *alpha, float *o, int32_t d, int32_t nheads, int32_t nrows, int32_t h0, int32_t h1) {
   float sd = sqrtf((float)d);
-  for (int h = h0; h < h1; h++) {
-    float *Sh = S + (size_t)h * d * d;
-    const float *qh = q + (size_t)h * d, *kh = k + (size_t)h * d, *vh = v + (size_t)h * d;
-    const float *ah = alpha + (size_t)h * d;
-    float *oh = o + (size_t)h * d;
-    float b = beta[h];
-    for (int j0 = 0; j0 < d; j0 += KDA_COLS) {
-      int nc = d - j0 < KDA_COLS ? d - j0 : KDA_COLS;
-      float u[KDA_COLS];
-      /* Pass 1: S = Diag(alpha) S; u = S^T k (rows ascending). */
-      memset(u, 0, sizeof u);
-      for (int i = 0; i < d; i++) {
-        float *row = Sh + (size_t)i * d + j0;
-        float ai = ah[i], ki = kh[i];
-        v16 av = v16_set1(ai), kv = v16_set1(ki);
-        int j = 0;
-        for (; j + 16 <= nc; j += 16) {
-          v16 sv = v16_mul(v16_load(row + j), av);
-          v16_store(row + j, sv);
-          v16_store(u + j, v16_add(v16_load(u + j), v16_mul(kv, sv)));
+  size_t rs = (size_t)nheads * d; /* a row's stride in q, k, v, alpha and o */
+  /* Head by head, a chunk of the head's state columns through every row in order: the
+   * chunk stays in the cache while the rows pass, and each row's bits are one step's. */
+  for (int h = h0; h < h1; h++)
+    for (int j0 = 0; j0 < d; j0 += KDA_COLS)
+      for (int t = 0; t < nrows; t++) {
+        float *Sh = S + (size_t)h * d * d;
+        size_t at = t * rs + (size_t)h * d;
+        const float *qh = q + at, *kh = k + at, *vh = v + at, *ah = alpha + at;
+        float b = beta[(size_t)t * nheads + h];
+        int nc = d - j0 < KDA_COLS ? d - j0 : KDA_COLS;
+        float u[KDA_COLS];
+        /* Pass 1: S = Diag(alpha) S; u = S^T k (rows ascending). */
+        memset(u, 0, sizeof u);
+        for (int i = 0; i < d; i++) {
+          float *row = Sh + (size_t)i * d + j0;
+          float ai = ah[i], ki = kh[i];
+          v16 av = v16_set1(ai), kv = v16_set1(ki);
+          int j = 0;
+          for (; j + 16 <= nc; j += 16) {
+            v16 sv = v16_mul(v16_load(row + j), av);
+            v16_store(row + j, sv);
+            v16_store(u + j, v16_add(v16_load(u + j), v16_mul(kv, sv)));
+          }
+          for (; j < nc; j++) {
+            row[j] = row[j] * ai;
+            u[j] = u[j] + ki * row[j];
+          }
         }
-        for (; j < nc; j++) {
-          row[j] = row[j] * ai;
-          u[j] = u[j] + ki * row[j];
+        /* delta = beta (v - u), kept in u. */
+        for (int j = 0; j < nc; j++) u[j] = b * (vh[j0 + j] - u[j]);
+        /* Pass 2: S += k delta^T; o = S^T (q / sqrt(d)) (rows ascending). */
+        float *oc = o + at + j0;
+        memset(oc, 0, (size_t)nc * sizeof(float));
+        for (int i = 0; i < d; i++) {
+          float *row = Sh + (size_t)i * d + j0;
+          float ki = kh[i], qi = qh[i] / sd;
+          v16 kv = v16_set1(ki), qv = v16_set1(qi);
+          int j = 0;
+          for (; j + 16 <= nc; j += 16) {
+            v16 sv = v16_add(v16_load(row + j), v16_mul(kv, v16_load(u + j)));
+            v16_store(row + j, sv);
+            v16_store(oc + j, v16_add(v16_load(oc + j), v16_mul(qv, sv)));
+          }
+          for (; j < nc; j++) {
+            row[j] = row[j] + ki * u[j];
+            oc[j] = oc[j] + qi * row[j];
+          }
         }
       }
-      /* delta = beta (v - u), kept in u. */
-      for (int j = 0; j < nc; j++) u[j] = b * (vh[j0 + j] - u[j]);
-      /* Pass 2: S += k delta^T; o = S^T (q / sqrt(d)) (rows ascending). */
-      float *oc = oh + j0;
-      memset(oc, 0, (size_t)nc * sizeof(float));
-      for (int i = 0; i < d; i++) {
-        float *row = Sh + (size_t)i * d + j0;
-        float ki = kh[i], qi = qh[i] / sd;
-        v16 kv = v16_set1(ki), qv = v16_set1(qi);
-        int j = 0;
-        for (; j + 16 <= nc; j += 16) {
-          v16 sv = v16_add(v16_load(row + j), v16_mul(kv, v16_load(u + j)));
-          v16_store(row + j, sv);
-          v16_store(oc + j, v16_add(v16_load(oc + j), v16_mul(qv, sv)));
-        }
-        for (; j < nc; j++) {
-          row[j] = row[j] + ki * u[j];
-          oc[j] = oc[j] + qi * row[j];
-        }
-      }
-    }
-  }
 }
 
 /* ---------------------------------------------------------------- MLA attention */

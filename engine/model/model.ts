@@ -385,43 +385,52 @@ export class K3Model {
       }
       const keep = (from: Vec, t: number, to: Vec, j: number, n = C) =>
         to.f.set(from.f.subarray(t * n, (t + 1) * n), j * n);
-      for (let r = from; r < to; r++) {
-        // t: the row in the tile's buffers; j: the row in the segment.
-        const t = r - t0, j = r - sp.r0;
-        const at = (b: Vec) => b.at(t * C);
-        if (rec) {
-          keep(q, t, rec.rawQ, j);
-          keep(kk, t, rec.rawK, j);
-          keep(v, t, rec.rawV, j);
+      // The rows in runs that end where a state is kept (the state cache's message
+      // boundaries): that layer's part, its conv histories and S, is copied there.
+      const end = (r: number) => sp.seg.state.pos + (r - sp.r0);
+      for (let r0 = from; r0 < to;) {
+        let r1 = r0 + 1;
+        while (r1 < to && !sp.seg.state.keepsAt(end(r1))) r1++;
+        for (let r = r0; r < r1; r++) {
+          // t: the row in the tile's buffers; j: the row in the segment.
+          const t = r - t0, j = r - sp.r0;
+          const at = (b: Vec) => b.at(t * C);
+          if (rec) {
+            keep(q, t, rec.rawQ, j);
+            keep(kk, t, rec.rawK, j);
+            keep(v, t, rec.rawV, j);
+          }
+          // Causal short conv + SiLU (in place), then L2 norm of q and k per head.
+          k.k3_short_conv(st.convQ.ptr, w.qConv.ptr, at(q), at(q), C);
+          k.k3_short_conv(st.convK.ptr, w.kConv.ptr, at(kk), at(kk), C);
+          k.k3_short_conv(st.convV.ptr, w.vConv.ptr, at(v), at(v), C);
+          k.k3_l2norm(at(q), d, H, 1e-6);
+          k.k3_l2norm(at(kk), d, H, 1e-6);
+          // The decay alpha overwrites f.
+          k.k3_kda_decay(at(f), w.aLog.ptr, w.dtBias.ptr, at(f), H, d, gateLowerBound);
+          if (rec) {
+            keep(q, t, rec.q, j);
+            keep(kk, t, rec.k, j);
+            keep(v, t, rec.v, j);
+            keep(f, t, rec.alpha, j);
+            keep(beta, t, rec.beta, j, H);
+          }
         }
-        // Causal short conv + SiLU (in place), then L2 norm of q and k per head.
-        k.k3_short_conv(st.convQ.ptr, w.qConv.ptr, at(q), at(q), C);
-        k.k3_short_conv(st.convK.ptr, w.kConv.ptr, at(kk), at(kk), C);
-        k.k3_short_conv(st.convV.ptr, w.vConv.ptr, at(v), at(v), C);
-        k.k3_l2norm(at(q), d, H, 1e-6);
-        k.k3_l2norm(at(kk), d, H, 1e-6);
-        // The decay alpha overwrites f; the delta rule reads o from the updated state.
-        k.k3_kda_decay(at(f), w.aLog.ptr, w.dtBias.ptr, at(f), H, d, gateLowerBound);
-        if (rec) {
-          keep(q, t, rec.q, j);
-          keep(kk, t, rec.k, j);
-          keep(v, t, rec.v, j);
-          keep(f, t, rec.alpha, j);
-          keep(beta, t, rec.beta, j, H);
-        }
-        // The delta rule, its heads split across the threads.
+        // The delta rule over the run's rows in order (each head's state stays in the cache
+        // while they pass), its heads split across the threads; o from the updated state.
+        const t = r0 - t0, n = r1 - r0;
         this.compute.heads(
           {
             op: HEAD_OP.kda,
-            ptrs: [st.S.ptr, at(q), at(kk), at(v), beta.at(t * H), at(f), at(o)],
-            ints: [d],
+            ptrs: [st.S.ptr, q.at(t * C), kk.at(t * C), v.at(t * C), beta.at(t * H), f.at(t * C), o.at(t * C)],
+            ints: [d, H, n],
             scale: 0,
           },
           H,
-          4 * H * d * d,
+          4 * H * d * d * n,
         );
-        // A state kept at this row's end (the state cache's message boundaries) takes this layer's part now.
-        sp.seg.state.keptKda(L, sp.seg.state.pos + j + 1);
+        sp.seg.state.keptKda(L, end(r1));
+        r0 = r1;
       }
     }
     this.spent("attention", tAttn);

@@ -162,6 +162,11 @@ export class SequenceState {
     this.#during = new Map(positions.map((p) => [p, new Uint8Array(this.snapshotBytes(p))]));
   }
 
+  /** Whether the next pass keeps a snapshot at `pos` ({@link keepDuringPass}). */
+  keepsAt(pos: number): boolean {
+    return this.#during.has(pos);
+  }
+
   /** The pass has run KDA layer `L` over the rows up to `pos` positions: copies the
    * layer's state into a snapshot asked for there. */
   keptKda(L: number, pos: number): void {
@@ -245,7 +250,7 @@ export class SpeculationRecord {
   constructor(k: Kernels, private readonly cfg: K3Config, readonly maxRows: number) {
     const { numHeads: H, headDim: d } = cfg.kda;
     const C = H * d;
-    this.o = new Vec(k, C);
+    this.o = new Vec(k, maxRows * C); // the replayed rows' outputs, unused
     cfg.layerKinds.forEach((kind, L) => {
       if (kind !== "kda") return;
       const rows = (n: number) => new Vec(k, maxRows * n);
@@ -278,21 +283,7 @@ export class SpeculationRecord {
       for (const [L, r] of this.kda) {
         const st = state.kda.get(L)!;
         st.S.f.set(r.S.f);
-        for (let j = 0; j < keep; j++) {
-          const at = (b: Vec, n: number) => b.at(j * n);
-          k.k3_kda_step(
-            st.S.ptr,
-            at(r.q, C),
-            at(r.k, C),
-            at(r.v, C),
-            at(r.beta, H),
-            at(r.alpha, C),
-            this.o.ptr,
-            d,
-            0,
-            H,
-          );
-        }
+        k.k3_kda_steps(st.S.ptr, r.q.ptr, r.k.ptr, r.v.ptr, r.beta.ptr, r.alpha.ptr, this.o.ptr, d, H, keep, 0, H);
         // A conv history holds, per channel, the last three inputs oldest first: after
         // `keep` rows, entries keep.. of (the history before, then the rows' inputs).
         const conv = (hist: Vec, before: Vec, raw: Vec) => {

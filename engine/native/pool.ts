@@ -48,7 +48,7 @@ export const HEAD_OP = { kda: 3, absorb: 4, attend: 5, expand: 6, situ: 7 } as c
  * One call of a per-head kernel, less its head range: `ptrs` and `ints` in the kernel's
  * order (the pointers first, then the integers, each group as the kernel takes them),
  * `scale` for attend.
- *   kda:    k3_kda_step(S, q, k, v, beta, alpha, o | d)
+ *   kda:    k3_kda_steps(S, q, k, v, beta, alpha, o | d, H, nrows)
  *   absorb: k3_mla_absorb(kvb, q, qlat | wtype, nrows, H, dn, dr, dv, dc)
  *   attend: k3_mla_attend_rows(q, knope, krope, v, out, scores | npos, nrows, H, kvheads, dn, dr, dv; scale)
  *   expand: k3_mla_expand(kvb, olat, out | wtype, H, dn, dv, dc)
@@ -78,7 +78,7 @@ export function runHeads(
   const p = c.ptrs, n = c.ints;
   switch (c.op) {
     case HEAD_OP.kda:
-      return k.k3_kda_step(p[0], p[1], p[2], p[3], p[4], p[5], p[6], n[0], h0, h1);
+      return k.k3_kda_steps(p[0], p[1], p[2], p[3], p[4], p[5], p[6], n[0], n[1], n[2], h0, h1);
     case HEAD_OP.absorb:
       return k.k3_mla_absorb(p[0], n[0], p[1], p[2], n[1], n[2], n[3], n[4], n[5], n[6], h0, h1);
     case HEAD_OP.attend:

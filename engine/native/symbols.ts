@@ -34,6 +34,7 @@ export const symbols = {
   k3_l2norm: { parameters: [P, I, I, F], result: V },
   k3_kda_decay: { parameters: [P, P, P, P, I, I, F], result: V },
   k3_kda_step: { parameters: [P, P, P, P, P, P, P, I, I, I], result: V },
+  k3_kda_steps: { parameters: [P, P, P, P, P, P, P, I, I, I, I, I], result: V },
   k3_mla_attend: { parameters: [P, P, P, P, P, P, I, I, I, I, I, I, F, I, I], result: V },
   k3_mla_attend_rows: { parameters: [P, P, P, P, P, P, I, I, I, I, I, I, I, F, I, I], result: V },
   k3_mla_absorb: { parameters: [P, I, P, P, I, I, I, I, I, I, I, I], result: V },

@@ -828,6 +828,24 @@ Deno.test("kernels: batching tokens and splitting rows/heads never change a bit"
       const kf = kda([[0, nh]]), ks = kda([[0, 1], [1, 3], [3, 4]]);
       sameBytes(ks[0], kf[0], `${name} kda S split`);
       sameBytes(ks[1], kf[1], `${name} kda o split`);
+      // KDA: three rows in one call, heads split, against a step a row.
+      {
+        const rows = 3, C = nh * d;
+        const rq = new Float32Array(rows * C), rk = new Float32Array(rows * C), rv = r.f32(rows * C);
+        for (let t = 0; t < rows; t++) rq.set(unitRows(r, nh, d), t * C), rk.set(unitRows(r, nh, d), t * C);
+        const rb = r.f32(rows * nh).map(sig), ra = r.f32(rows * C).map((x) => Math.exp(-sig(x)));
+        const one = S.slice(), oneO = new Float32Array(rows * C);
+        for (let t = 0; t < rows; t++) {
+          const at = (b: Float32Array, n = C) => P(b.subarray(t * n));
+          k.k3_kda_step(P(one), at(rq), at(rk), at(rv), at(rb, nh), at(ra), at(oneO), d, 0, nh);
+        }
+        const all = S.slice(), allO = new Float32Array(rows * C);
+        for (const [h0, h1] of [[0, 1], [1, 4]]) {
+          k.k3_kda_steps(P(all), P(rq), P(rk), P(rv), P(rb), P(ra), P(allO), d, nh, rows, h0, h1);
+        }
+        sameBytes(all, one, `${name} kda steps S`);
+        sameBytes(allO, oneO, `${name} kda steps o`);
+      }
       const npos = 9, dn = 128, dr = 64, dv = 128;
       const mq = r.f32(nh * (dn + dr)),
         kn = r.f32(npos * nh * dn),
