@@ -553,7 +553,7 @@ export class K3Model {
   /** One routed expert on the rows that chose it, a tile of them at a time; each output
    * lands at [row][router slot]. */
   private runExpert(ex: Expert, users: { t: number; slot: number }[]): void {
-    const { k, cfg, s } = this;
+    const { cfg, s } = this;
     const { latent, topK, intermediate: I } = cfg.moe;
     const { gate, up, out } = s.wide.glu;
     // An expert fresh from the shards is verified by its first run: its products add up
@@ -605,7 +605,7 @@ export class K3Model {
 
   /** SiTU-GLU MLP over T rows: out = down(SiTU(gate x, up x)) (a dense MLP, or the shared experts). */
   private glu(w: GluWeights, x: NonNullable<Deno.PointerValue>, out: NonNullable<Deno.PointerValue>, T: number): void {
-    const { k, cfg, s } = this;
+    const { s } = this;
     const { gate, up } = s.wide.glu;
     this.mm(w.gate, x, gate.ptr, T);
     this.mm(w.up, x, up.ptr, T);
