@@ -550,24 +550,25 @@ export class K3Model {
     this.mm(w.o, o.ptr, s.a.ptr, R);
   }
 
-  /** One routed expert on the rows that chose it, a tile of them at a time; each output
-   * lands at [row][router slot]. */
+  /** One routed expert on the rows that chose it, a tile of them at a time (the wide
+   * buffers' rows at the expert's widths, Scratch.expertRows); each output lands at
+   * [row][router slot]. */
   private runExpert(ex: Expert, users: { t: number; slot: number }[]): void {
     const { cfg, s } = this;
     const { latent, topK, intermediate: I } = cfg.moe;
-    const { gate, up, out } = s.wide.glu;
+    const { gate, up, in: xin, out } = s.wide.glu;
     // An expert fresh from the shards is verified by its first run: its products add up
     // its tensor checks (over the weights, whatever the rows), compared with the expert
     // table before any output is used.
     const c = ex.check && !ex.check.verified ? ex.check : undefined;
     c?.words.fill(0n);
-    for (let u0 = 0; u0 < users.length; u0 += s.tileRows) {
-      const run = users.slice(u0, u0 + s.tileRows);
+    for (let u0 = 0; u0 < users.length; u0 += s.expertRows) {
+      const run = users.slice(u0, u0 + s.expertRows);
       const nt = run.length;
-      run.forEach(({ t }, j) => s.expertIn.f.set(s.z.f.subarray(t * latent, (t + 1) * latent), j * latent));
+      run.forEach(({ t }, j) => xin.f.set(s.z.f.subarray(t * latent, (t + 1) * latent), j * latent));
       const words = u0 === 0 ? c?.words : undefined;
-      this.compute.mxfp4(ex.w1, s.expertIn.ptr, gate.ptr, nt, words?.subarray(0, 2));
-      this.compute.mxfp4(ex.w3, s.expertIn.ptr, up.ptr, nt, words?.subarray(2, 4));
+      this.compute.mxfp4(ex.w1, xin.ptr, gate.ptr, nt, words?.subarray(0, 2));
+      this.compute.mxfp4(ex.w3, xin.ptr, up.ptr, nt, words?.subarray(2, 4));
       this.situ(gate.ptr, up.ptr, nt * I);
       this.compute.mxfp4(ex.w2, gate.ptr, out.ptr, nt, words?.subarray(4, 6));
       if (c && u0 === 0) settleExpert(c);

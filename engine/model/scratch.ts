@@ -34,6 +34,18 @@ function scratchShape(cfg: K3Config) {
   };
 }
 
+/**
+ * Rows of a routed expert's tile: as many as the wide buffers hold at the expert's widths
+ * (its input and output `latent`, its gate and up `intermediate` wide), at least the
+ * tile's. An expert is narrower than the widest temporary (the dense MLP), so its tile is
+ * several times taller: at the released widths 64 rows of the wide buffers hold 603 of an
+ * expert's, so the ~73 rows a 4,096-id prompt gives each expert run as one tile.
+ */
+export function expertTileRows(cfg: K3Config, tileRows: number): number {
+  const { wide } = scratchShape(cfg);
+  return Math.max(tileRows, Math.floor((tileRows * wide) / Math.max(cfg.moe.intermediate, cfg.moe.latent)));
+}
+
 /** Rows one forward pass holds: a prefill chunk of one sequence beside a decode token of each other. */
 export function passRows(chunk: number, sequences: number): number {
   return chunk + sequences - 1;
@@ -85,7 +97,7 @@ export function scratchFixedBytes(cfg: K3Config, tileRows: number, logitRows: nu
   const m = cfg.mla;
   const H = Math.max(m.numHeads, 1);
   const floats = 2 * Math.max(tileRows, logitRows) * D + tileRows * D + 5 * tileRows * wide + tileRows * small +
-    tileRows * cfg.moe.latent + H * (m.kvLoraRank + m.ropeDim) + H * m.kvLoraRank + H * capacity +
+    H * (m.kvLoraRank + m.ropeDim) + H * m.kvLoraRank + H * capacity +
     logitRows * cfg.vocabSize;
   return 4 * floats + 8 * cfg.moe.topK;
 }
@@ -130,8 +142,9 @@ export interface WideRoles {
    * (z, the experts' latent input, lives through every expert: Scratch.z). */
   moe: { routerLogits: Vec; acc: Vec };
   /** A GLU (dense MLP, shared experts, a routed expert): gate and up, SiTU into gate; a
-   * routed expert's output in `out`. */
-  glu: { gate: Vec; up: Vec; out: Vec };
+   * routed expert's gathered input rows in `in`, its output in `out` (the MoE stage leaves
+   * both free: the router's logits are consumed before the experts run). */
+  glu: { gate: Vec; up: Vec; in: Vec; out: Vec };
 }
 
 /** The five wide buffers w0..w4 under their roles (the table above, as buffers). */
@@ -140,7 +153,7 @@ function wideRoles([w0, w1, w2, w3, w4]: readonly Vec[]): WideRoles {
     kda: { q: w0, k: w1, v: w2, f: w3, o: w4, g: w3 },
     mla: { qa: w0, o: w0, q: w1, c: w2, g: w2, qlat: w3, olat: w4 },
     moe: { routerLogits: w2, acc: w2 },
-    glu: { gate: w0, up: w1, out: w4 },
+    glu: { gate: w0, up: w1, in: w3, out: w4 },
   };
 }
 
@@ -177,8 +190,8 @@ export class Scratch {
   readonly wide: WideRoles;
   /** [tileRows][small]. */
   readonly small: Vec;
-  /** Gathered latent inputs of one expert: [tileRows][latent]. */
-  readonly expertIn: Vec;
+  /** Rows of a routed expert's tile in the wide buffers (expertTileRows). */
+  readonly expertRows: number;
   /** MLA: one row's latent query [heads][kvLoraRank + ropeDim]. */
   readonly qlat: Vec;
   /** MLA: one row's attended latent [heads][kvLoraRank]. */
@@ -217,7 +230,7 @@ export class Scratch {
     this.a = new Vec(k, tileRows * D);
     this.wide = wideRoles(Array.from({ length: 5 }, () => new Vec(k, tileRows * wide)));
     this.small = new Vec(k, tileRows * small);
-    this.expertIn = new Vec(k, tileRows * latent);
+    this.expertRows = expertTileRows(cfg, tileRows);
     this.qlat = new Vec(k, H * (m.kvLoraRank + m.ropeDim));
     this.olat = new Vec(k, H * m.kvLoraRank);
     this.scores = new Vec(k, H * capacity);

@@ -15,7 +15,7 @@
  * @module
  */
 
-import { distinctExperts, type PassRates } from "./throughput.ts";
+import { distinctExperts, type PassRates, rowsCost } from "./throughput.ts";
 
 /** The requested segment: a fixed number of tokens, or `auto` (the plan chooses). */
 export type ChunkRequest = number | "auto";
@@ -140,8 +140,9 @@ export interface PrefillPrediction {
 /**
  * The prediction for `tokens` in segments of `rows`: each segment reads the streamed trunk
  * and, per MoE layer, the distinct experts its rows choose (a flat router:
- * throughput.ts distinctExperts); its products cost one row at the measured rate plus
- * `rowGrowth` of it for each more row (throughput.ts PassRates).
+ * throughput.ts distinctExperts); its products cost one row at the measured rate plus a
+ * share of it for each more row, in tiles (throughput.ts rowsCost: `rowGrowth` at a decode
+ * batch's rows, `tileRowGrowth` at a tile's; a routed expert over the rows that chose it).
  */
 export function predictPrefill(
   shape: PrefillShape,
@@ -156,9 +157,12 @@ export function predictPrefill(
     const distinct = distinctExperts(shape.experts, shape.topK, n);
     readBytes += shape.streamedBytes + (shape.expertsResident ? 0 : shape.moeLayers * distinct * shape.expertBytes);
     if (rates) {
-      const dense = (shape.trunkBytes / rates.dense) * (1 + rates.rowGrowth * (n - 1));
+      const tile = rates.tileRowGrowth;
+      const dense = (shape.trunkBytes / rates.dense) * rowsCost(rates.rowGrowth, tile ?? rates.rowGrowth, n);
       const one = shape.expertBytes / rates.expert;
-      const expert = shape.moeLayers * one * (distinct + rates.expertRowGrowth * (n * shape.topK - distinct));
+      const perExpert = distinct > 0 ? (n * shape.topK) / distinct : 0;
+      const expertCost = rowsCost(rates.expertRowGrowth, tile ?? rates.expertRowGrowth, perExpert);
+      const expert = shape.moeLayers * one * distinct * expertCost;
       computeSeconds += dense + expert;
     }
   }

@@ -11,7 +11,7 @@ import { type Kernels, libraryPath } from "../native/ffi.ts";
 import { nonblocking, symbols } from "../native/symbols.ts";
 import { ALIGN, IoFile } from "../native/io.ts";
 import { NativeBuffer } from "../native/memory.ts";
-import { DEFAULT_COMPUTE, type PassRates } from "./throughput.ts";
+import { DEFAULT_COMPUTE, GROWTH_ROWS, type PassRates, TILE_GROWTH_ROWS } from "./throughput.ts";
 
 /** The bf16 product as a nonblocking call, so that one runs on each thread at once. */
 const probeSymbols = nonblocking(symbols, "k3_matmul");
@@ -22,9 +22,6 @@ let probeLib: Deno.DynamicLibrary<typeof probeSymbols> | undefined;
 const PROBE_ROWS = 4096;
 const PROBE_COLS = 7168;
 
-/** Rows per product of the row-growth probe: a decode pass's batch (8 sequences). */
-const GROWTH_ROWS = 8;
-
 /** What the bf16 probe measures (measureDense). */
 export interface DenseProbe {
   /** Bytes per second of bf16 weights one-row products consume, on all threads at once. */
@@ -32,20 +29,22 @@ export interface DenseProbe {
   /** What each row beyond the first adds to a product over the same weights, as a share of
    * the first row's cost (PassRates.rowGrowth), from GROWTH_ROWS-row products. */
   rowGrowth: number;
+  /** The same from TILE_GROWTH_ROWS-row products (PassRates.tileRowGrowth). */
+  tileRowGrowth: number;
 }
 
 /**
  * The bf16 product on `threads` threads at once (each its own rows of one matrix, as the
- * compute pool splits them): one-row and GROWTH_ROWS-row products alternated, `rounds` of
- * each, medians (not the best: on a shared machine the run gets the typical share of the
+ * compute pool splits them): one-row, GROWTH_ROWS-row and TILE_GROWTH_ROWS-row products
+ * alternated, `rounds` of each, medians (not the best: on a shared machine the run gets the typical share of the
  * cores, not the luckiest).
  */
 export async function measureDense(k: Kernels, threads: number, rounds = 5): Promise<DenseProbe> {
   probeLib ??= Deno.dlopen(libraryPath(), probeSymbols);
   const rows = PROBE_ROWS * threads, bytes = rows * PROBE_COLS * 2;
   const w = NativeBuffer.alloc(k, bytes, "rate probe matrix");
-  const x = NativeBuffer.alloc(k, GROWTH_ROWS * PROBE_COLS * 4, "rate probe x");
-  const y = NativeBuffer.alloc(k, GROWTH_ROWS * rows * 4, "rate probe y");
+  const x = NativeBuffer.alloc(k, TILE_GROWTH_ROWS * PROBE_COLS * 4, "rate probe x");
+  const y = NativeBuffer.alloc(k, TILE_GROWTH_ROWS * rows * 4, "rate probe y");
   try {
     new Uint16Array(w.u8.buffer, w.u8.byteOffset, bytes / 2).fill(0x3c00); // 2^-7: finite, and faults every page in
     x.f32().fill(0.5);
@@ -70,13 +69,15 @@ export async function measureDense(k: Kernels, threads: number, rounds = 5): Pro
       );
       return (performance.now() - t0) / 1000;
     };
-    const one: number[] = [], many: number[] = [];
+    const one: number[] = [], many: number[] = [], tile: number[] = [];
     for (let r = 0; r < rounds; r++) {
       one.push(await product(1));
       many.push(await product(GROWTH_ROWS));
+      tile.push(await product(TILE_GROWTH_ROWS));
     }
-    const t1 = Math.max(median(one), 1e-9), tn = median(many);
-    return { rate: bytes / t1, rowGrowth: Math.max(0, (tn / t1 - 1) / (GROWTH_ROWS - 1)) };
+    const t1 = Math.max(median(one), 1e-9);
+    const growth = (times: number[], n: number) => Math.max(0, (median(times) / t1 - 1) / (n - 1));
+    return { rate: bytes / t1, rowGrowth: growth(many, GROWTH_ROWS), tileRowGrowth: growth(tile, TILE_GROWTH_ROWS) };
   } finally {
     [w, x, y].forEach((b) => b.free());
   }
@@ -139,5 +140,6 @@ export async function measureRates(k: Kernels, path: string, threads: number): P
     expert: dense.rate * DEFAULT_COMPUTE.expert / DEFAULT_COMPUTE.dense,
     rowGrowth: dense.rowGrowth,
     expertRowGrowth: dense.rowGrowth,
+    tileRowGrowth: dense.tileRowGrowth,
   };
 }

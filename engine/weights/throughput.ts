@@ -80,10 +80,20 @@ export interface PassRates {
   rowGrowth: number;
   /** The same for a routed expert's MXFP4 product. */
   expertRowGrowth: number;
+  /** `rowGrowth` at TILE_GROWTH_ROWS rows: a long prompt's products run in tiles of that
+   * many rows, where each more row adds far less than in a decode batch (the products are
+   * compute-bound there, the one-row product memory-bound); absent: `rowGrowth`. Prefill
+   * predictions only (plan_segment.ts predictPrefill); experts' taken as the bf16 one's. */
+  tileRowGrowth?: number;
   /** The bf16 product's rate from the split-coded form, one row (a coded trunk's streamed
    * layers: the products decode them); absent: `dense`. */
   codedDense?: number;
 }
+
+/** PassRates.tileRowGrowth of the machine DEFAULT_COMPUTE describes: the bf16 product over
+ * 64 rows at ~110 GFLOP/s a thread against one row at 8 GB/s of weights a thread
+ * (weights/rate_probe.ts measures it at start-up: 0.08-0.13 on this machine). */
+const TILE_GROWTH_DEFAULT = 0.075;
 
 /**
  * The compute rates of a 2-core AVX-512 machine, as bench/limits.ts and the ledger measure
@@ -94,7 +104,33 @@ export interface PassRates {
  * pass for 256 expert rows of 17.6 MB, where the bf16 products took 1.96 s for 4.9 GB).
  * Start-up measures the bf16 rate (weights/rate_probe.ts) and takes the others as shares.
  */
-export const DEFAULT_COMPUTE = { dense: 16e9, expert: 4.8e9, rowGrowth: 0.5, expertRowGrowth: 1 } as const;
+export const DEFAULT_COMPUTE = {
+  dense: 16e9,
+  expert: 4.8e9,
+  rowGrowth: 0.5,
+  expertRowGrowth: 1,
+  tileRowGrowth: TILE_GROWTH_DEFAULT,
+} as const;
+
+/** Rows of a decode batch's row-growth probe (PassRates.rowGrowth). */
+export const GROWTH_ROWS = 8;
+
+/** Rows of a prefill tile's row-growth probe (PassRates.tileRowGrowth): the model's tile. */
+export const TILE_GROWTH_ROWS = 64;
+
+/**
+ * One product over `rows` rows, in one-row products: 1 + g (rows - 1), g going from `small`
+ * (the row growth at GROWTH_ROWS rows and fewer) to `tile` (at TILE_GROWTH_ROWS and more),
+ * linearly between; more rows than a tile run as tiles.
+ */
+export function rowsCost(small: number, tile: number, rows: number): number {
+  const one = (t: number) => {
+    const at = Math.min(1, Math.max(0, (t - GROWTH_ROWS) / (TILE_GROWTH_ROWS - GROWTH_ROWS)));
+    return 1 + (small + (tile - small) * at) * (t - 1);
+  };
+  const full = Math.floor(rows / TILE_GROWTH_ROWS), rest = rows - full * TILE_GROWTH_ROWS;
+  return full * one(TILE_GROWTH_ROWS) + (rest > 0 ? one(rest) : 0);
+}
 
 /** What checking a streamed layer's weights in its products adds, as a share of one row's
  * product time (trunk_ring.ts: ~13% of the dense product's own time, bench/verify.ts). */

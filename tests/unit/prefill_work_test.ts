@@ -68,7 +68,7 @@ Deno.test("prefill: every kernel's work is linear in the prompt but MLA attentio
     }
     const [a, b, d] = runs;
     const names = new Set([...a.keys(), ...b.keys(), ...d.keys()]);
-    assert.ok(names.has(ATTEND) && names.has("k3_kda_step"), [...names].join(" "));
+    assert.ok(names.has(ATTEND) && names.has("k3_kda_steps"), [...names].join(" "));
     for (const name of names) {
       const get = (w: Work) => w.get(name) ?? { calls: 0, ints: 0 };
       assert.notEqual(name, "k3_alloc", "nothing is allocated during prefill");
