@@ -141,8 +141,9 @@ export interface PrefillPrediction {
  * The prediction for `tokens` in segments of `rows`: each segment reads the streamed trunk
  * and, per MoE layer, the distinct experts its rows choose (a flat router:
  * throughput.ts distinctExperts); its products cost one row at the measured rate plus a
- * share of it for each more row, in tiles (throughput.ts rowsCost: `rowGrowth` at a decode
- * batch's rows, `tileRowGrowth` at a tile's; a routed expert over the rows that chose it).
+ * share of it for each more row (throughput.ts rowsCost: riding on the weights' read at a
+ * decode batch's rows, a tile's share of the arithmetic at many; a routed expert over the
+ * rows that chose it).
  */
 export function predictPrefill(
   shape: PrefillShape,
@@ -158,10 +159,10 @@ export function predictPrefill(
     readBytes += shape.streamedBytes + (shape.expertsResident ? 0 : shape.moeLayers * distinct * shape.expertBytes);
     if (rates) {
       const tile = rates.tileRowGrowth;
-      const dense = (shape.trunkBytes / rates.dense) * rowsCost(rates.rowGrowth, tile ?? rates.rowGrowth, n);
+      const dense = (shape.trunkBytes / rates.dense) * rowsCost(rates.rowGrowth, tile, n);
       const one = shape.expertBytes / rates.expert;
       const perExpert = distinct > 0 ? (n * shape.topK) / distinct : 0;
-      const expertCost = rowsCost(rates.expertRowGrowth, tile ?? rates.expertRowGrowth, perExpert);
+      const expertCost = rowsCost(rates.expertRowGrowth, tile, perExpert);
       const expert = shape.moeLayers * one * distinct * expertCost;
       computeSeconds += dense + expert;
     }

@@ -119,17 +119,19 @@ export const GROWTH_ROWS = 8;
 export const TILE_GROWTH_ROWS = 64;
 
 /**
- * One product over `rows` rows, in one-row products: 1 + g (rows - 1), g going from `small`
- * (the row growth at GROWTH_ROWS rows and fewer) to `tile` (at TILE_GROWTH_ROWS and more),
- * linearly between; more rows than a tile run as tiles.
+ * One product over `rows` rows, in one-row products, from the two row growths measured
+ * (PassRates): up to GROWTH_ROWS rows, 1 + small (rows - 1) (a few rows ride on the
+ * weights' read: the one-row product is bound by memory); from TILE_GROWTH_ROWS rows on,
+ * rows x a row's share of a tile, (1 + (TILE_GROWTH_ROWS - 1) tile) / TILE_GROWTH_ROWS (the
+ * arithmetic bounds it, and tiles re-read the weights under it, so any segment costs the
+ * same per row there); linear between the two. Without a tile growth, 1 + small (rows - 1).
  */
-export function rowsCost(small: number, tile: number, rows: number): number {
-  const one = (t: number) => {
-    const at = Math.min(1, Math.max(0, (t - GROWTH_ROWS) / (TILE_GROWTH_ROWS - GROWTH_ROWS)));
-    return 1 + (small + (tile - small) * at) * (t - 1);
-  };
-  const full = Math.floor(rows / TILE_GROWTH_ROWS), rest = rows - full * TILE_GROWTH_ROWS;
-  return full * one(TILE_GROWTH_ROWS) + (rest > 0 ? one(rest) : 0);
+export function rowsCost(small: number, tile: number | undefined, rows: number): number {
+  if (tile === undefined || rows <= GROWTH_ROWS) return 1 + small * (rows - 1);
+  const few = 1 + small * (GROWTH_ROWS - 1);
+  const many = Math.max(few, 1 + tile * (TILE_GROWTH_ROWS - 1));
+  if (rows >= TILE_GROWTH_ROWS) return (rows * many) / TILE_GROWTH_ROWS;
+  return few + ((many - few) * (rows - GROWTH_ROWS)) / (TILE_GROWTH_ROWS - GROWTH_ROWS);
 }
 
 /** What checking a streamed layer's weights in its products adds, as a share of one row's

@@ -18,6 +18,7 @@ import {
   type PassShape,
   type PassSplit,
   predictPass,
+  rowsCost,
 } from "../../engine/weights/throughput.ts";
 import { SPEC_RECORD_ROWS, speculationBytes, SpeculationRecord } from "../../engine/model/state.ts";
 import { loadConfig } from "../../engine/model/config.ts";
@@ -418,4 +419,41 @@ Deno.test("plan: auto weighs more, smaller segments against the pins they leave 
   const floor = { trunkDir: "t", trunkGB: 2.5, cacheGB: 0.31, streamEmbed: true };
   const plan = makePlan({ ...estimatedInput(releasedK3(), floor, 4097, "auto"), prefillTokens: 4096, available: 8e9 });
   assert.deepEqual([plan.chunk, plan.prefill.segments], [4096, 1]);
+});
+
+Deno.test("plan: a long prompt's rows cost a tile's share of the arithmetic, whatever the segment; one segment where it fits", () => {
+  // rowsCost: the decode batch's growth up to 8 rows, a tile's share per row from 64 on, so
+  // a row never costs more in a taller segment, and two segments of n/2 cost what one of n does.
+  for (const [small, tile] of [[0, 0.09], [0.02, 0.09], [0.17, 0.13], [0.5, 0.075]]) {
+    let perRow = Infinity;
+    for (const rows of [1, 2, 8, 9, 16, 37, 63, 64, 73, 1024, 4096]) {
+      const c = rowsCost(small, tile, rows);
+      assert.ok(c / rows <= perRow + 1e-12, `g ${small}/${tile}: ${rows} rows cost ${c}, more a row than fewer`);
+      perRow = c / rows;
+    }
+    assert.ok(Math.abs(2 * rowsCost(small, tile, 2048) - rowsCost(small, tile, 4096)) < 1e-9);
+    assert.equal(rowsCost(small, undefined, 100), 1 + small * 99, "without a tile growth: linear, as decode's");
+  }
+  // The real-width slice at its floor with row growths a noisy start-up probe measured (the
+  // 8-row one below the 64-row one): a 4,096-id prompt still fits whole and runs as one
+  // segment (an earlier model of the rows split it in two and read the slice twice).
+  const slice = { ...cfg, numLayers: 3, firstKDense: 1, layerKinds: ["kda", "kda", "mla"] } as typeof cfg;
+  const floor = { trunkDir: "t", trunkGB: 2.35, cacheGB: 0.31 };
+  for (const [small, tile] of [[0, 0.09], [0.02, 0.09], [0.17, 0.13]]) {
+    const r: PassRates = {
+      disk: 3.7e9,
+      dense: 20e9,
+      expert: 6e9,
+      rowGrowth: small,
+      expertRowGrowth: small,
+      tileRowGrowth: tile,
+    };
+    const plan = makePlan({
+      ...estimatedInput(slice, floor, 4097, "auto"),
+      prefillTokens: 4096,
+      available: 20e9,
+      rates: r,
+    });
+    assert.deepEqual([plan.chunk, plan.prefill.segments], [4096, 1], `g ${small}/${tile}`);
+  }
 });
