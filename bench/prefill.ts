@@ -337,28 +337,24 @@ function rowsPerExpert(cfg: K3Config, rows: number, tileRows: number): number {
  * expert over rowsPerExpert rows). Attention, norms and the lm_head are not in it
  * (mlaAtProductRate adds attention's FLOPs to the bound).
  */
-function productSeconds(
-  cfg: K3Config,
-  n: number,
-  segment: number,
-  tileRows: number,
-  cores = threads,
-  mode: RateMode = "all",
-): number {
-  const { dense, experts } = productParts(cfg, n, segment, tileRows, cores, mode);
+function productSeconds(cfg: K3Config, c: Prefill): number {
+  const { dense, experts } = productParts(cfg, c);
   return dense + experts;
+}
+
+/** A prefill the bound is taken for: `n` ids in segments of `segment`, tiles of
+ * `tileRows`, on `cores` threads at rates of `mode`. */
+interface Prefill {
+  n: number;
+  segment: number;
+  tileRows: number;
+  cores: number;
+  mode: RateMode;
 }
 
 /** productSeconds by kind: the trunk's bf16 products and the experts' MXFP4 ones (the
  * ledger's `dense` and `experts` in the pass, as the kernels alone would take them). */
-function productParts(
-  cfg: K3Config,
-  n: number,
-  segment: number,
-  tileRows: number,
-  cores = threads,
-  mode: RateMode = "all",
-) {
+function productParts(cfg: K3Config, { n, segment, tileRows, cores, mode }: Prefill) {
   const { topK, latent, intermediate } = cfg.moe;
   const moeLayers = cfg.numLayers - cfg.firstKDense;
   const rows = Math.min(segment, n);
@@ -372,14 +368,7 @@ function productParts(
  * MLA layer: scores over the latent and rope parts, then the latent sum), at the rate of the
  * bf16 product over the segment's row tiles, on `cores` threads: attention counted as
  * compute at the measured product rate, as the bound's definition asks. */
-function mlaAtProductRate(
-  cfg: K3Config,
-  n: number,
-  segment: number,
-  tileRows: number,
-  cores = threads,
-  mode: RateMode = "all",
-): number {
+function mlaAtProductRate(cfg: K3Config, { n, segment, tileRows, cores, mode }: Prefill): number {
   const { numHeads: H, kvLoraRank: dc, ropeDim: dr } = cfg.mla;
   const mlaLayers = cfg.layerKinds.filter((kind) => kind === "mla").length;
   const flops = 2 * H * (dc + dr + dc) * (n * (n + 1) / 2) * mlaLayers;
@@ -457,14 +446,14 @@ async function measure(
     const cfg = opened.cfg;
     const modelBytes = plan.trunk.totalBytes + routedExperts(cfg) * expertBytesOf(cfg);
     const ioSeconds = (read * scale) / rates.disk;
-    const computeSeconds = productSeconds(cfg, n, plan.chunk, model.tileRows);
-    const attentionCompute = mlaAtProductRate(cfg, n, plan.chunk, model.tileRows);
+    const pass: Prefill = { n, segment: plan.chunk, tileRows: model.tileRows, cores: threads, mode: "all" };
+    const computeSeconds = productSeconds(cfg, pass);
+    const attentionCompute = mlaAtProductRate(cfg, pass);
     const bound = Math.max(ioSeconds, computeSeconds + attentionCompute);
     // The same with one core's rates times the cores (RateMode "one").
     const ideal = Math.max(
       ioSeconds,
-      productSeconds(cfg, n, plan.chunk, model.tileRows, threads, "one") +
-        mlaAtProductRate(cfg, n, plan.chunk, model.tileRows, threads, "one"),
+      productSeconds(cfg, { ...pass, mode: "one" }) + mlaAtProductRate(cfg, { ...pass, mode: "one" }),
     );
     return {
       model: m.name,
@@ -482,7 +471,7 @@ async function measure(
       io_seconds: ioSeconds,
       compute_seconds: computeSeconds,
       attention_compute_seconds: attentionCompute,
-      compute_parts: productParts(cfg, n, plan.chunk, model.tileRows),
+      compute_parts: productParts(cfg, pass),
       bound_seconds: bound,
       wall_over_bound: (seconds * scale) / bound,
       busy_over_bound: (busy * scale) / bound,
@@ -529,7 +518,13 @@ function projection(gb: number, chunk: ChunkRequest) {
     available: gb * 1e9,
     rates,
   });
-  const products = productSeconds(cfg, 4096, plan.chunk, TILE_ROWS, PROJECTED_CORES, "one");
+  const products = productSeconds(cfg, {
+    n: 4096,
+    segment: plan.chunk,
+    tileRows: TILE_ROWS,
+    cores: PROJECTED_CORES,
+    mode: "one",
+  });
   const attention = attendSeconds(cfg, 4096, PROJECTED_CORES);
   const reads = plan.prefill.readBytes / PROJECTED_DISK;
   return {
