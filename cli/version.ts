@@ -7,4 +7,4 @@
  */
 
 /** The version of k3. */
-export const VERSION = "0.5.0";
+export const VERSION = "0.5.1";
