@@ -1,5 +1,5 @@
 /**
- * Parallel matrix products and attention heads over Web Workers.
+ * Parallel matrix products, attention heads and SiTU's elements over Web Workers.
  *
  * Each worker dlopens the same kernel library, so native pointers (weights, activations)
  * are valid in every thread and nothing is copied. A job is posted through a
@@ -10,8 +10,9 @@
  * one, tensors.ts) is multiplied by k3_matmul_checked, and an expert fresh from the
  * shards by k3_matmul_mxfp4_checked: each thread adds its rows' checks into its own words,
  * and the words' sums go to the manifest's or the expert table's comparison. The attention
- * kernels (KDA's step, MLA's absorb, attend and expand) split the same way by head ranges:
- * each head's result does not depend on the range (kernels/k3.h).
+ * kernels (KDA's steps, MLA's absorb, attend and expand) split the same way by head ranges:
+ * each head's result does not depend on the range (kernels/k3.h); SiTU-GLU by element
+ * ranges, each element its own.
  *
  * @module
  */

@@ -99,7 +99,7 @@ Deno.test("attention heads over 3 threads: the KDA step and MLA attend give the 
       const out = buf(H * dc, 11), scores = buf(H * npos, 12);
       all.push(S, q, kk, v, beta, alpha, o, ql, lat, kr, out, scores);
       c.heads(
-        { op: HEAD_OP.kda, ptrs: [S.ptr, q.ptr, kk.ptr, v.ptr, beta.ptr, alpha.ptr, o.ptr], ints: [d], scale: 0 },
+        { op: HEAD_OP.kda, ptrs: [S.ptr, q.ptr, kk.ptr, v.ptr, beta.ptr, alpha.ptr, o.ptr], ints: [d, H, 1], scale: 0 },
         H,
         1,
       );
