@@ -51,7 +51,7 @@ import type { Ledger } from "../engine/model/ledger.ts";
 import { kernels, WTYPE } from "../engine/native/ffi.ts";
 import { WorkerPool } from "../engine/native/pool.ts";
 import { layerTensors } from "../engine/model/tensors.ts";
-import { expertTileRows } from "../engine/model/scratch.ts";
+import { DEFAULT_TILE_ROWS, expertTileRows } from "../engine/model/scratch.ts";
 import { measureRates } from "../engine/weights/rate_probe.ts";
 import { DATA_FILE, readManifest } from "../engine/weights/manifest.ts";
 import { type K3Config, loadConfig } from "../engine/model/config.ts";
@@ -521,7 +521,7 @@ function projection(gb: number, chunk: ChunkRequest) {
   const products = productSeconds(cfg, {
     n: 4096,
     segment: plan.chunk,
-    tileRows: TILE_ROWS,
+    tileRows: DEFAULT_TILE_ROWS,
     cores: PROJECTED_CORES,
     mode: "one",
   });
@@ -539,9 +539,6 @@ function projection(gb: number, chunk: ChunkRequest) {
     plan_minutes: (plan.prefill.seconds ?? NaN) / 60,
   };
 }
-
-/** Rows of the wide temporaries' tiles (K3Model's default, min(segment, 64)). */
-const TILE_ROWS = 64;
 
 const k = kernels();
 const rows: Row[] = [];

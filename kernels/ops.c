@@ -129,7 +129,7 @@ enum { KDA_COLS = 256 }; /* columns are independent, so they are processed in ch
 
 void k3_kda_step(float *S, const float *q, const float *k, const float *v, const float *beta,
                  const float *alpha, float *o, int32_t d, int32_t h0, int32_t h1) {
-  k3_kda_steps(S, q, k, v, beta, alpha, o, d, h1, 1, h0, h1);
+  k3_kda_steps(S, q, k, v, beta, alpha, o, d, h1, 1, h0, h1); /* one row: no row stride is used */
 }
 
 void k3_kda_steps(float *S, const float *q, const float *k, const float *v, const float *beta,

@@ -36,8 +36,8 @@ export interface DenseProbe {
 /**
  * The bf16 product on `threads` threads at once (each its own rows of one matrix, as the
  * compute pool splits them): one-row, GROWTH_ROWS-row and TILE_GROWTH_ROWS-row products
- * alternated, `rounds` of each, medians (not the best: on a shared machine the run gets the typical share of the
- * cores, not the luckiest).
+ * alternated, `rounds` of each, medians (not the best: on a shared machine the run gets the
+ * typical share of the cores, not the luckiest).
  */
 export async function measureDense(k: Kernels, threads: number, rounds = 5): Promise<DenseProbe> {
   probeLib ??= Deno.dlopen(libraryPath(), probeSymbols);

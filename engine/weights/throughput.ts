@@ -67,6 +67,8 @@
  * @module
  */
 
+import { DEFAULT_TILE_ROWS } from "../model/scratch.ts";
+
 /** The rates a prediction is made from (bytes per second, and a share). */
 export interface PassRates {
   /** Reads from disk (the trunk ring's and the experts'): measured at start-up. */
@@ -116,7 +118,7 @@ export const DEFAULT_COMPUTE = {
 export const GROWTH_ROWS = 8;
 
 /** Rows of a prefill tile's row-growth probe (PassRates.tileRowGrowth): the model's tile. */
-export const TILE_GROWTH_ROWS = 64;
+export const TILE_GROWTH_ROWS: number = DEFAULT_TILE_ROWS;
 
 /**
  * One product over `rows` rows, in one-row products, from the two row growths measured
