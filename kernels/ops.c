@@ -29,7 +29,69 @@ int32_t k3_cpu_features(void) {
   return 0;
 #endif
 }
-static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* ---------------------------------------------------------------- exp, tanh, sigmoid
+ *
+ * k3's own transcendentals, not libm's: each C library has its own expf and tanhf (glibc,
+ * musl and macOS differ, and glibc has replaced its float functions between versions), so
+ * with libm's a token would depend on the machine's C library; and they run one element
+ * at a time (tanhf + expf: about 30 ns an element here). These are the same IEEE operations on every build, so every ISA and libm
+ * gives the same bits, and loops over them vectorise (K3_SIMD_LOOP: lanes of doubles, no
+ * call). They work in double and round once to float at the end: within an ulp of the true
+ * value for float inputs, where the float64 reference is the judge.
+ *
+ * exp_parts: x = k ln2 + r with |r| <= ln2/2 (k by the round-to-nearest of a shifted add,
+ * ln2 in two parts so r is exact to ~2^-60), q = expm1(r) by its Taylor series to r^11
+ * (remainder below 2^-42 of r), and 2^k from k's bits. x is held to [-708, 709] so 2^k is
+ * a normal double (exp(-708) is 3e-308: zero to a float). NaN passes through as NaN. */
+typedef struct {
+  double scale, q; /* exp(x) = scale * (1 + q) */
+} exp_parts_t;
+
+K3_INLINE exp_parts_t exp_parts(double x) {
+  const double shift = 0x1.8p52, log2e = 0x1.71547652b82fep0;
+  const double ln2hi = 0x1.62e42fefa3800p-1, ln2lo = 0x1.ef35793c76730p-45;
+  x = x < -708.0 ? -708.0 : x; /* two selects, not a nest: both vectorise as blends */
+  x = x > 709.0 ? 709.0 : x;
+  double kd = x * log2e + shift;
+  uint64_t kbits;
+  memcpy(&kbits, &kd, sizeof kbits);
+  kd = kd - shift;
+  double r = (x - kd * ln2hi) - kd * ln2lo;
+  double p = 1.0 / 39916800.0;
+  p = 1.0 / 3628800.0 + r * p;
+  p = 1.0 / 362880.0 + r * p;
+  p = 1.0 / 40320.0 + r * p;
+  p = 1.0 / 5040.0 + r * p;
+  p = 1.0 / 720.0 + r * p;
+  p = 1.0 / 120.0 + r * p;
+  p = 1.0 / 24.0 + r * p;
+  p = 1.0 / 6.0 + r * p;
+  p = 0.5 + r * p;
+  p = 1.0 + r * p;
+  /* kd + shift holds k in its low mantissa bits: (those + 1023) << 52 are 2^k's bits. */
+  uint64_t sbits = (kbits + 1023) << 52;
+  exp_parts_t e;
+  memcpy(&e.scale, &sbits, sizeof sbits);
+  e.q = r * p;
+  return e;
+}
+
+/* exp(x) and exp(x) - 1 (the latter accurate near 0, where tanh and sigmoid need it). */
+K3_INLINE double k3exp(double x) {
+  exp_parts_t e = exp_parts(x);
+  return e.scale + e.scale * e.q;
+}
+K3_INLINE double k3expm1(double x) {
+  exp_parts_t e = exp_parts(x);
+  return (e.scale - 1.0) + e.scale * e.q;
+}
+/* tanh(y) = expm1(2y) / (expm1(2y) + 2); sigmoid(x) = 1 / (2 + expm1(-x)). */
+K3_INLINE double k3tanh(double y) {
+  double e = k3expm1(2.0 * y);
+  return e / (e + 2.0);
+}
+K3_INLINE double k3sigmoid(double x) { return 1.0 / (2.0 + k3expm1(-x)); }
+K3_INLINE float sigm(float x) { return (float)k3sigmoid(x); }
 /* ---------------------------------------------------------------- conversions */
 
 void k3_bf16_to_f32(const uint16_t *src, float *dst, int32_t n) {
@@ -88,15 +150,17 @@ void k3_l2norm(float *x, int32_t d, int32_t nheads, float eps) {
 }
 
 void k3_situ_glu(const float *g, const float *u, float *out, int32_t n, float b1, float b2) {
+  K3_SIMD_LOOP
   for (int i = 0; i < n; i++) {
     float gi = g[i], ui = u[i];
-    float a = (b1 * tanhf(gi / b1)) * sigm(gi);
-    float v = b2 * tanhf(ui / b2);
-    out[i] = a * v;
+    double a = (b1 * k3tanh(gi / (double)b1)) * k3sigmoid(gi);
+    double v = b2 * k3tanh(ui / (double)b2);
+    out[i] = (float)(a * v);
   }
 }
 
 void k3_short_conv(float *state, const float *w, const float *x, float *y, int32_t channels) {
+  K3_SIMD_LOOP
   for (int c = 0; c < channels; c++) {
     float *s = state + 3 * (size_t)c;
     const float *wc = w + 4 * (size_t)c;
@@ -115,10 +179,11 @@ void k3_short_conv(float *state, const float *w, const float *x, float *y, int32
 void k3_kda_decay(const float *f, const float *a_log, const float *dt_bias, float *alpha,
                   int32_t nheads, int32_t d, float lb) {
   for (int h = 0; h < nheads; h++) {
-    float a = expf(a_log[h]);
+    float a = (float)k3exp(a_log[h]);
+    K3_SIMD_LOOP
     for (int i = 0; i < d; i++) {
       size_t j = (size_t)h * d + i;
-      alpha[j] = expf(lb * sigm(a * (f[j] + dt_bias[j])));
+      alpha[j] = (float)k3exp(lb * sigm(a * (f[j] + dt_bias[j])));
     }
   }
 }
@@ -335,7 +400,8 @@ void k3_mla_attend_rows(const float *q, const float *knope, const float *krope, 
       float m = -INFINITY;
       for (int s = 0; s < n; s++)
         if (sc[s] > m) m = sc[s];
-      for (int s = 0; s < n; s++) sc[s] = expf(sc[s] - m);
+      K3_SIMD_LOOP
+      for (int s = 0; s < n; s++) sc[s] = (float)k3exp(sc[s] - m);
       float z = 0.0f;
       for (int s = 0; s < n; s++) z = z + sc[s];
       div_gain(sc, NULL, sc, z, n);
@@ -453,19 +519,31 @@ void k3_mla_expand(const void *kvb, int32_t wtype, const float *olat, float *out
 /* Selection order: larger score first, ties to the lower index; NaN ranks as -inf. */
 K3_INLINE int ranks_before(float ka, int a, float kb, int b) { return ka > kb || (ka == kb && a < b); }
 
+enum { ROUTER_KEYS = 1024 }; /* experts whose keys the router keeps (the model has 896) */
+
+/* An expert's ranking key: sigmoid(logit) + bias, NaN ranking last. */
+static float router_key(const float *logits, const float *bias, int e) {
+  float ke = sigm(logits[e]) + (bias ? bias[e] : 0.0f);
+  return ke != ke ? -INFINITY : ke;
+}
+
 int32_t k3_router_topk(const float *logits, const float *bias, int32_t nexperts, int32_t k,
                        float scale, int32_t *ids, float *weights) {
   if (k > nexperts) k = nexperts;
   if (k < 0) k = 0;
   int prev = -1;
   float kprev = 0.0f;
-  /* Pick j is the best expert ranking strictly after pick j-1: O(k n), no scratch. */
+  /* Each expert's ranking key, computed once (the first ROUTER_KEYS; any beyond are
+   * recomputed, the same bits). */
+  float keys[ROUTER_KEYS];
+#define K3_KEY(e) ((e) < ROUTER_KEYS ? keys[e] : router_key(logits, bias, e))
+  for (int e = 0; e < nexperts && e < ROUTER_KEYS; e++) keys[e] = router_key(logits, bias, e);
+  /* Pick j is the best expert ranking strictly after pick j-1: O(k n). */
   for (int j = 0; j < k; j++) {
     int best = -1;
     float kbest = 0.0f;
     for (int e = 0; e < nexperts; e++) {
-      float ke = sigm(logits[e]) + (bias ? bias[e] : 0.0f);
-      if (ke != ke) ke = -INFINITY;
+      float ke = K3_KEY(e);
       if (prev >= 0 && !ranks_before(kprev, prev, ke, e)) continue;
       if (best < 0 || ranks_before(ke, e, kbest, best)) {
         best = e;
@@ -476,6 +554,7 @@ int32_t k3_router_topk(const float *logits, const float *bias, int32_t nexperts,
     prev = best;
     kprev = kbest;
   }
+#undef K3_KEY
   float sum = 0.0f;
   for (int j = 0; j < k; j++) sum = sum + sigm(logits[ids[j]]);
   for (int j = 0; j < k; j++) weights[j] = sigm(logits[ids[j]]) / (sum + 1e-20f) * scale;
@@ -516,9 +595,9 @@ void k3_attnres(const float *src, int32_t nsrc, int32_t n, const float *norm_w,
     if (s > m) m = s;
   }
   float z = 0.0f;
-  for (int i = 0; i < nsrc; i++) z = z + expf(K3_SCORE(i) - m);
+  for (int i = 0; i < nsrc; i++) z = z + (float)k3exp(K3_SCORE(i) - m);
   memset(out, 0, (size_t)n * sizeof(float));
-  for (int i = 0; i < nsrc; i++) axpy_lanes(out, expf(K3_SCORE(i) - m) / z, src + (size_t)i * n, n);
+  for (int i = 0; i < nsrc; i++) axpy_lanes(out, (float)k3exp(K3_SCORE(i) - m) / z, src + (size_t)i * n, n);
 #undef K3_SCORE
 }
 
@@ -533,10 +612,12 @@ void k3_add(float *y, const float *x, int32_t n) {
 void k3_axpy(float *y, float a, const float *x, int32_t n) { axpy_lanes(y, a, x, n); }
 
 void k3_sigmoid_mul(float *y, const float *g, int32_t n) {
+  K3_SIMD_LOOP
   for (int i = 0; i < n; i++) y[i] = y[i] * sigm(g[i]);
 }
 
 void k3_sigmoid(const float *x, float *y, int32_t n) {
+  K3_SIMD_LOOP
   for (int i = 0; i < n; i++) y[i] = sigm(x[i]);
 }
 

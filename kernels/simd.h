@@ -45,8 +45,9 @@
  * 5. The matrix check (k3.h) is integer arithmetic mod 2^64 per row, summed over rows: it
  *    has no order to keep, and k3_matmul_checked gives the k3_matrix_check bits on every path.
  *
- * Transcendentals (expf, tanhf) come from libm through one scalar code path shared by all
- * ISAs; sqrtf and division are IEEE correctly rounded everywhere. Normalisations divide by
+ * Transcendentals (exp, tanh, sigmoid) are k3's own (ops.c), in double, from IEEE adds,
+ * multiplies and divides alone: no libm, so the same bits on every ISA and C library;
+ * sqrtf and division are IEEE correctly rounded everywhere. Normalisations divide by
  * the root (x / r), they never multiply by a reciprocal.
  *
  * How the ISAs share one algorithm: the kernels below are written once against a 16-lane
@@ -81,6 +82,15 @@
 #define K3_INLINE static inline __attribute__((always_inline))
 #else
 #define K3_INLINE static inline
+#endif
+/* A loop whose iterations are independent (elementwise work over k3's own transcendentals,
+ * ops.c): vectorised across elements even at -O2 (-fopenmp-simd; other compilers may
+ * ignore it). Each element's operations stay the same IEEE operations in the same order,
+ * so vectorising never changes a bit. */
+#if defined(__GNUC__) || defined(__clang__)
+#define K3_SIMD_LOOP _Pragma("omp simd")
+#else
+#define K3_SIMD_LOOP
 #endif
 /* Fully unroll a loop over the (at most 4) rows of a tile so its accumulators live in
  * registers instead of memory. */
