@@ -21,7 +21,8 @@
  * ledger: reads waited for, bf16 products, expert products, MLA and KDA attention, head,
  * other), and the bound: max(bytes read / the disk rate measured before the runs, the
  * products' FLOPs at this machine's rates for their rows, on `--threads` threads at once as
- * the pass splits them (productSeconds, RateMode), plus MLA attention's FLOPs at the bf16
+ * the pass splits them (productSeconds, RateMode; the rates measured right before and right
+ * after the run, their two bounds averaged: computeBound), plus MLA attention's FLOPs at the bf16
  * product's rate: mlaAtProductRate; `wall_over_products_bound` leaves attention out;
  * `wall_over_ideal_bound` takes one thread's rates alone times the threads). With `--json`: `rows`
  * (every run) and, for the widest model
@@ -126,8 +127,11 @@ interface Row {
   /** The bytes read at the disk rate measured before the runs. */
   io_seconds: number;
   /** The products' FLOPs at this machine's rates for their rows, on `threads` threads
-   * (productSeconds). */
+   * (productSeconds), the rates measured right before the prefill and right after it (the
+   * mean of the two: computeBound). */
   compute_seconds: number;
+  /** The compute bound (products and MLA attention) from the rates before and after. */
+  compute_before_after_seconds: number[];
   /** MLA attention's FLOPs at the many-row bf16 product's rate (mlaAtProductRate): the
    * issue's "compute time at the measured product rate" counts all the compute. */
   attention_compute_seconds: number;
@@ -137,8 +141,7 @@ interface Row {
   bound_seconds: number;
   wall_over_bound: number;
   busy_over_bound: number;
-  /** The bound with one core's product rates times the cores (RateMode "one"): what the
-   * cores would give if they did not slow each other. */
+  /** The bound with one core's product rates times the cores (ComputeBound.ideal). */
   ideal_bound_seconds: number;
   wall_over_ideal_bound: number;
   /** The wall over max(io_seconds, compute_seconds): the stricter bound, attention left out. */
@@ -249,7 +252,8 @@ function vmCounters(): Record<string, number> {
 /** Linux's USER_HZ: the unit of /proc's CPU times. */
 const CLOCK_TICKS = 100;
 
-/** The products' rates by kind, rows and threads at once, FLOP/s a thread (measured once). */
+/** The products' rates by kind, rows and threads at once, FLOP/s a thread (measured once
+ * for the projection; computeBound measures them afresh around each run). */
 const rateCache = new Map<string, number>();
 
 /** How a product's rate is measured: `one`, one thread alone in its CPU seconds (a core's
@@ -393,6 +397,30 @@ function attendSeconds(cfg: K3Config, n: number, cores: number): number {
   return (2 * H * (dc + dr + dc) * (n * (n + 1) / 2) * mlaLayers) / attendRate(cfg) / cores;
 }
 
+/** A pass's compute bound at the rates measured now (fresh, not the cache's). */
+interface ComputeBound {
+  /** productSeconds and its parts, at the rates of all threads at once. */
+  products: number;
+  parts: { dense: number; experts: number };
+  /** mlaAtProductRate at those rates. */
+  attention: number;
+  /** The same compute with one core's rates times the cores (RateMode "one"): what the
+   * cores would give if they did not slow each other. */
+  ideal: number;
+}
+
+/** The compute bound of `pass` with every product rate measured afresh. */
+function computeBound(cfg: K3Config, pass: Prefill): ComputeBound {
+  for (const key of [...rateCache.keys()]) if (!key.startsWith("attend:")) rateCache.delete(key);
+  const one = { ...pass, mode: "one" as const };
+  return {
+    products: productSeconds(cfg, pass),
+    parts: productParts(cfg, pass),
+    attention: mlaAtProductRate(cfg, pass),
+    ideal: productSeconds(cfg, one) + mlaAtProductRate(cfg, one),
+  };
+}
+
 /** One prefill of `n` ids with `chunk` (old: 16; new: auto); `maxPasses` stops early and
  * projects the rest from the passes measured. */
 async function measure(
@@ -417,6 +445,12 @@ async function measure(
   try {
     const { model, plan } = opened;
     const io = () => model.weights.ioStats!();
+    const cfg = opened.cfg;
+    const pass: Prefill = { n, segment: plan.chunk, tileRows: model.tileRows, cores: threads, mode: "all" };
+    // The product rates right before the prefill and again right after it: the machine is
+    // shared and its speed drifts over a run of many rows, so the bound takes the rates of
+    // the row's own minutes (the mean of its two computes), not of the run's start.
+    const before = computeBound(cfg, pass);
     const io0 = io(), ledger0 = { ...model.ledger }, cpu0 = cpuUsage(), threads0 = threadCpuSeconds();
     const vm0 = vmCounters();
     const prompt = ids(n);
@@ -443,18 +477,14 @@ async function measure(
     const parts = partsOf(ledger0, model.ledger, seconds);
     const read = io().trunkBytes + io().expertBytes - io0.trunkBytes - io0.expertBytes;
     const scale = plan.prefill.segments / passes;
-    const cfg = opened.cfg;
     const modelBytes = plan.trunk.totalBytes + routedExperts(cfg) * expertBytesOf(cfg);
     const ioSeconds = (read * scale) / rates.disk;
-    const pass: Prefill = { n, segment: plan.chunk, tileRows: model.tileRows, cores: threads, mode: "all" };
-    const computeSeconds = productSeconds(cfg, pass);
-    const attentionCompute = mlaAtProductRate(cfg, pass);
+    const after = computeBound(cfg, pass);
+    const mean = (f: (b: ComputeBound) => number) => (f(before) + f(after)) / 2;
+    const computeSeconds = mean((b) => b.products);
+    const attentionCompute = mean((b) => b.attention);
     const bound = Math.max(ioSeconds, computeSeconds + attentionCompute);
-    // The same with one core's rates times the cores (RateMode "one").
-    const ideal = Math.max(
-      ioSeconds,
-      productSeconds(cfg, { ...pass, mode: "one" }) + mlaAtProductRate(cfg, { ...pass, mode: "one" }),
-    );
+    const ideal = Math.max(ioSeconds, mean((b) => b.ideal));
     return {
       model: m.name,
       ids: n,
@@ -471,7 +501,8 @@ async function measure(
       io_seconds: ioSeconds,
       compute_seconds: computeSeconds,
       attention_compute_seconds: attentionCompute,
-      compute_parts: productParts(cfg, pass),
+      compute_parts: { dense: mean((b) => b.parts.dense), experts: mean((b) => b.parts.experts) },
+      compute_before_after_seconds: [before, after].map((b) => b.products + b.attention),
       bound_seconds: bound,
       wall_over_bound: (seconds * scale) / bound,
       busy_over_bound: (busy * scale) / bound,

@@ -578,8 +578,8 @@ export class K3Model {
     }
   }
 
-  /** gate = SiTU(gate, up) over n elements, split across the threads (libm's tanhf and
-   * expf on every element: 30 ns each, the widest part of a pass that is not a product). */
+  /** gate = SiTU(gate, up) over n elements, split across the threads (two tanh and a sigmoid
+   * an element, about 5 ns: the widest part of a pass that is not a product). */
   private situ(gate: NonNullable<Deno.PointerValue>, up: NonNullable<Deno.PointerValue>, n: number): void {
     const { cfg } = this;
     const call = {

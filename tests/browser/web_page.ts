@@ -85,6 +85,13 @@ async function browser(
   };
 }
 
+/** Resolves once `done()` holds (checked every 20 ms); fails naming `what` after 10 s. */
+async function until(done: () => boolean, what: string): Promise<void> {
+  for (const t0 = Date.now(); !done(); await new Promise((r) => setTimeout(r, 20))) {
+    if (Date.now() - t0 > 10_000) throw new Error(`timed out waiting for ${what}`);
+  }
+}
+
 /** Reads the status stream with `key` into `passes` until `stop()` (which resolves once
  * the stream is closed). */
 async function followStatus(url: string, key: string, passes: Pass[]): Promise<{ stop: () => Promise<void> }> {
@@ -307,14 +314,19 @@ Deno.test({
       const partial = s.prefill.filter(([v, max]) => v > 0 && v < max && max === promptTokens);
       assert.ok(new Set(partial.map(([v]) => v)).size >= 2, `prefill progress shown: ${JSON.stringify(s.prefill)}`);
       await page.waitForFunction(() => document.querySelectorAll("#pass-bars g.pass").length > 0);
-      const mine = passes.slice(passesBefore).filter((p) => p.tokens.length > 0 || p.prefill.length > 0);
-      const id = mine.find((p) => p.tokens.length > 0)!.tokens[0].id;
-      const prefillDone = new Set(mine.flatMap((p) => p.prefill.filter((q) => q.id === id).map((q) => q.done)));
+      // The page and this test read the status stream separately, and ours may lag the
+      // page's: wait for the passes the page has already drawn.
+      const since = () => passes.slice(passesBefore);
+      await until(() => since().some((p) => p.tokens.length > 0), "a pass with a token on the status stream");
+      const id = since().find((p) => p.tokens.length > 0)!.tokens[0].id;
+      const prefillDone = new Set(since().flatMap((p) => p.prefill.filter((q) => q.id === id).map((q) => q.done)));
       for (const [v] of partial) assert.ok(prefillDone.has(v), `prefill ${v} is one the status stream sent`);
       await page.waitForFunction(
         (id) => document.querySelectorAll(`#pass-bars g.pass[data-tokens*="${id}#5"]`).length === 1,
         id,
       );
+      const ofId = () => since().filter((p) => p.tokens.some((t) => t.id === id));
+      await until(() => ofId().length >= 5, "the request's 5 token passes on the status stream");
       const bars = await page.locator("#pass-bars g.pass").evaluateAll(
         (gs, id) =>
           gs.filter((g) => (g as SVGGElement).dataset.tokens!.includes(id as string)).map((g) => ({
@@ -322,7 +334,7 @@ Deno.test({
           })),
         id,
       );
-      const tokenPasses = mine.filter((p) => p.tokens.some((t) => t.id === id));
+      const tokenPasses = ofId();
       assert.equal(bars.length, 5, "one bar per generated token");
       assert.equal(tokenPasses.length, 5);
       for (const [i, bar] of bars.entries()) {
