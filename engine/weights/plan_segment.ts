@@ -84,7 +84,7 @@ export const WEIGHED_SEGMENTS = 8;
  * The segments `auto` takes for a prompt of `tokens`: of the balanced counts from the
  * fewest that fit (`fewest`) to {@link WEIGHED_SEGMENTS} more, down to MIN_AUTO_SEGMENT
  * rows, the one whose `cost` (the plan's predicted prefill with segments of that many
- * rows) is least; ties keep fewer segments. Fewer rows a segment leave memory to the trunk
+ * rows) is least; ties (within SEGMENT_GAIN) keep fewer segments. Fewer rows a segment leave memory to the trunk
  * pins, which no segment reads; one segment more reads the rest of the streamed model once
  * more. On the released model the fewest segments win at every budget measured (an extra
  * read of its experts outweighs any pin), but the rule, not that outcome, is the plan's.
@@ -95,10 +95,18 @@ export function weighSegments(tokens: number, fewest: Segments, cost: (rows: num
     const rows = Math.ceil(tokens / n);
     if (rows < MIN_AUTO_SEGMENT) break;
     const c = cost(rows);
-    if (c < bestCost) (best = { rows, segments: Math.ceil(tokens / rows) }, bestCost = c);
+    if (c < bestCost * (1 - SEGMENT_GAIN)) (best = { rows, segments: Math.ceil(tokens / rows) }, bestCost = c);
   }
   return best;
 }
+
+/**
+ * The share of the predicted prefill a segment more must save to be taken. The costs are
+ * sums of many floating-point terms, so a tie (the products hiding the reads of any
+ * segment count, where the rows cost the same in any segment) differs in its last bits, and
+ * a tie must keep the fewest segments: each more is a read of the streamed model.
+ */
+export const SEGMENT_GAIN = 0.01;
 
 /** The model's sizes a prefill prediction reads. */
 export interface PrefillShape {

@@ -437,23 +437,30 @@ Deno.test("plan: a long prompt's rows cost a tile's share of the arithmetic, wha
   // The real-width slice at its floor with row growths a noisy start-up probe measured (the
   // 8-row one below the 64-row one): a 4,096-id prompt still fits whole and runs as one
   // segment (an earlier model of the rows split it in two and read the slice twice).
+  // The same for the 32-expert slice, whose products hide the reads of any segment count:
+  // the predicted seconds of 1 and of 9 segments then differ only in their sums' last bits,
+  // and that must not split the prompt (it read that slice 9 times in one bench run).
   const slice = { ...cfg, numLayers: 3, firstKDense: 1, layerKinds: ["kda", "kda", "mla"] } as typeof cfg;
+  const slice32 = { ...slice, moe: { ...slice.moe, numExperts: 32 } };
   const floor = { trunkDir: "t", trunkGB: 2.35, cacheGB: 0.31 };
-  for (const [small, tile] of [[0, 0.09], [0.02, 0.09], [0.17, 0.13]]) {
-    const r: PassRates = {
-      disk: 3.7e9,
-      dense: 20e9,
-      expert: 6e9,
-      rowGrowth: small,
-      expertRowGrowth: small,
-      tileRowGrowth: tile,
-    };
-    const plan = makePlan({
-      ...estimatedInput(slice, floor, 4097, "auto"),
-      prefillTokens: 4096,
-      available: 20e9,
-      rates: r,
-    });
-    assert.deepEqual([plan.chunk, plan.prefill.segments], [4096, 1], `g ${small}/${tile}`);
+  for (const [model, disk] of [[slice, 3.7e9], [slice32, 1.37e9]] as const) {
+    for (const [small, tile] of [[0, 0.09], [0.02, 0.09], [0.17, 0.13], [0.05, 0.075]]) {
+      const r: PassRates = {
+        disk,
+        dense: 20e9,
+        expert: 6e9,
+        rowGrowth: small,
+        expertRowGrowth: small,
+        tileRowGrowth: tile,
+      };
+      const plan = makePlan({
+        ...estimatedInput(model, floor, 4097, "auto"),
+        prefillTokens: 4096,
+        available: 20e9,
+        rates: r,
+      });
+      const what = `${model.moe.numExperts} experts, g ${small}/${tile}`;
+      assert.deepEqual([plan.chunk, plan.prefill.segments], [4096, 1], what);
+    }
   }
 });
