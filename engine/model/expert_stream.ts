@@ -7,8 +7,8 @@
  * projection, the shared experts) and `run` computes each expert the moment it lands, hits
  * first, releasing its slot right after, and claims the next ones into the room that frees:
  * a union larger than the cache flows through it with every free slot reading, instead of in
- * waves. Each expert's output has its own place ([row][router slot]) and the rows sum them in
- * router order afterwards, so the order experts land in never changes a bit.
+ * waves. Each expert's output has its own place (noted per row and router slot) and the rows
+ * sum them in router order afterwards, so the order experts land in never changes a bit.
  *
  * @module
  */

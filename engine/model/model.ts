@@ -551,12 +551,13 @@ export class K3Model {
   }
 
   /** One routed expert on the rows that chose it, a tile of them at a time (the wide
-   * buffers' rows at the expert's widths, Scratch.expertRows); each output lands at
-   * [row][router slot]. */
-  private runExpert(ex: Expert, users: { t: number; slot: number }[]): void {
+   * buffers' rows at the expert's widths, Scratch.expertRows); its outputs are written
+   * straight into Scratch.expertOut from row `filled` on, each (row, router slot) noting
+   * where in expertAt. Returns the rows of expertOut filled after it. */
+  private runExpert(ex: Expert, users: { t: number; slot: number }[], filled: number): number {
     const { cfg, s } = this;
     const { latent, topK, intermediate: I } = cfg.moe;
-    const { gate, up, in: xin, out } = s.wide.glu;
+    const { gate, up, in: xin } = s.wide.glu;
     // An expert fresh from the shards is verified by its first run: its products add up
     // its tensor checks (over the weights, whatever the rows), compared with the expert
     // table before any output is used.
@@ -570,12 +571,12 @@ export class K3Model {
       this.compute.mxfp4(ex.w1, xin.ptr, gate.ptr, nt, words?.subarray(0, 2));
       this.compute.mxfp4(ex.w3, xin.ptr, up.ptr, nt, words?.subarray(2, 4));
       this.situ(gate.ptr, up.ptr, nt * I);
-      this.compute.mxfp4(ex.w2, gate.ptr, out.ptr, nt, words?.subarray(4, 6));
+      this.compute.mxfp4(ex.w2, gate.ptr, s.expertOut.at(filled * latent), nt, words?.subarray(4, 6));
       if (c && u0 === 0) settleExpert(c);
-      run.forEach(({ t, slot }, j) =>
-        s.expertOut.f.set(out.f.subarray(j * latent, (j + 1) * latent), (t * topK + slot) * latent)
-      );
+      run.forEach(({ t, slot }, j) => (s.expertAt[t * topK + slot] = filled + j));
+      filled += nt;
     }
+    return filled;
   }
 
   /** gate = SiTU(gate, up) over n elements, split across the threads (two tanh and a sigmoid
@@ -723,10 +724,11 @@ export class K3Model {
       this.mm(w.latentDown, s.xn.ptr, s.z.ptr, R);
       if (w.shared) this.glu(w.shared, s.xn.ptr, s.x.ptr, R);
     }
+    let filled = 0;
     await stream.run(
       (E, ex) => {
         const tExpert = performance.now();
-        this.runExpert(ex, users.get(E)!);
+        filled = this.runExpert(ex, users.get(E)!, filled);
         this.spent("expertCompute", tExpert);
       },
       (t0) => this.spent("expertReadWait", t0),
@@ -740,7 +742,12 @@ export class K3Model {
         const t = t0 + i;
         acc.f.subarray(i * latent, (i + 1) * latent).fill(0);
         for (let j = 0; j < topK; j++) {
-          k.k3_axpy(acc.at(i * latent), s.routeWts[t * topK + j], s.expertOut.at((t * topK + j) * latent), latent);
+          k.k3_axpy(
+            acc.at(i * latent),
+            s.routeWts[t * topK + j],
+            s.expertOut.at(s.expertAt[t * topK + j] * latent),
+            latent,
+          );
         }
       }
       k.k3_rmsnorm(acc.ptr, w.latentNorm.ptr, acc.ptr, latent, n, cfg.rmsNormEps);

@@ -82,12 +82,12 @@ export function scratchRows(r: ScratchRows): Required<ScratchRows> {
 
 /**
  * Bytes a segment row holds for the whole pass: its AttnRes sources (the residual stream),
- * its experts' latent input, its experts' outputs by router slot, and its routing.
+ * its experts' latent input, its experts' outputs (and where each landed), and its routing.
  */
 export function segmentRowBytes(cfg: K3Config): number {
   const { D, nsrc } = scratchShape(cfg);
   const { latent, topK } = cfg.moe;
-  return 4 * (nsrc * D + latent + topK * latent) + 8 * topK;
+  return 4 * (nsrc * D + latent + topK * latent) + 12 * topK;
 }
 
 /** Bytes of the scratch that do not grow with the segment: the tiles, one MLA row, the
@@ -142,9 +142,10 @@ export interface WideRoles {
    * (z, the experts' latent input, lives through every expert: Scratch.z). */
   moe: { routerLogits: Vec; acc: Vec };
   /** A GLU (dense MLP, shared experts, a routed expert): gate and up, SiTU into gate; a
-   * routed expert's gathered input rows in `in`, its output in `out` (the MoE stage leaves
-   * both free: the router's logits are consumed before the experts run). */
-  glu: { gate: Vec; up: Vec; in: Vec; out: Vec };
+   * routed expert's gathered input rows in `in` (the MoE stage leaves it free: the
+   * router's logits are consumed before the experts run; the expert's output goes straight
+   * to Scratch.expertOut). */
+  glu: { gate: Vec; up: Vec; in: Vec };
 }
 
 /** The five wide buffers w0..w4 under their roles (the table above, as buffers). */
@@ -153,7 +154,7 @@ function wideRoles([w0, w1, w2, w3, w4]: readonly Vec[]): WideRoles {
     kda: { q: w0, k: w1, v: w2, f: w3, o: w4, g: w3 },
     mla: { qa: w0, o: w0, q: w1, c: w2, g: w2, qlat: w3, olat: w4 },
     moe: { routerLogits: w2, acc: w2 },
-    glu: { gate: w0, up: w1, in: w3, out: w4 },
+    glu: { gate: w0, up: w1, in: w3 },
   };
 }
 
@@ -174,8 +175,11 @@ export class Scratch {
   readonly src: Vec;
   /** The experts' latent input: [rows][latent]. */
   readonly z: Vec;
-  /** Per row, per chosen slot: [rows][topK][latent]. */
+  /** The routed experts' outputs, [rows * topK][latent], in the order the experts ran (each
+   * expert's rows together, as its product wrote them). */
   readonly expertOut: Vec;
+  /** Per row, per router slot: which row of expertOut holds that expert's output. */
+  readonly expertAt: Int32Array;
   /** Per row, the router's chosen expert ids: [rows][topK]. */
   readonly routeIds: Int32Array;
   /** Per row, the chosen experts' weights: [rows][topK]. */
@@ -222,6 +226,7 @@ export class Scratch {
     this.src = new Vec(k, rows * nsrc * D, "attnres sources");
     this.z = new Vec(k, rows * latent);
     this.expertOut = new Vec(k, rows * topK * latent);
+    this.expertAt = new Int32Array(rows * topK);
     this.routeIds = new Int32Array(rows * topK);
     this.routeWts = new Float32Array(rows * topK);
     const xRows = Math.max(tileRows, logitRows);

@@ -207,8 +207,8 @@ Deno.test("layer-major: a state restored after 300 ids prefills the other 300 in
 
 Deno.test("plan: a segment row's bytes, balanced segments, and auto sizes the released model's 4,096 ids at the floor", () => {
   // The residual stream and 9 AttnRes sources, the experts' latent input and 16 outputs,
-  // the routing: 4 x (9 x 7168 + 3584 + 16 x 3584) + 8 x 16.
-  assert.equal(segmentRowBytes(releasedK3()), 501_888);
+  // the routing and where each output landed: 4 x (9 x 7168 + 3584 + 16 x 3584) + 12 x 16.
+  assert.equal(segmentRowBytes(releasedK3()), 501_952);
   assert.deepEqual(segmentRows(600, 250), { rows: 200, segments: 3 });
   assert.deepEqual(segmentRows(600, 600), { rows: 600, segments: 1 });
   assert.deepEqual(autoSegment(600, (rows) => rows <= 250), { rows: 200, segments: 3 });

@@ -1115,7 +1115,9 @@ Deno.test("kernels: k3's own exp, tanh and sigmoid are within an ulp of float64 
       const u = new Float32Array(n).fill(25 * Math.atanh(0.5)), o = new Float32Array(n);
       k.k3_situ_glu(P(xs), P(u), P(o), n, 4, 25);
       xs.forEach((g, i) => {
-        const want = g === Infinity ? 4 * 25 * Math.tanh(u[i] / 25) : 4 * Math.tanh(g / 4) * sig(g) * 25 * Math.tanh(u[i] / 25);
+        const want = g === Infinity
+          ? 4 * 25 * Math.tanh(u[i] / 25)
+          : 4 * Math.tanh(g / 4) * sig(g) * 25 * Math.tanh(u[i] / 25);
         near(o[i], g === -Infinity ? -0 : want, `${name} situ_glu gate`, g);
       });
       // ... and the gate held at 1 while u sweeps: tanh at every scale.
