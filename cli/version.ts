@@ -7,4 +7,4 @@
  */
 
 /** The version of k3. */
-export const VERSION = "0.5.1";
+export const VERSION = "0.6.0";
