@@ -84,10 +84,11 @@ export const WEIGHED_SEGMENTS = 8;
  * The segments `auto` takes for a prompt of `tokens`: of the balanced counts from the
  * fewest that fit (`fewest`) to {@link WEIGHED_SEGMENTS} more, down to MIN_AUTO_SEGMENT
  * rows, the one whose `cost` (the plan's predicted prefill with segments of that many
- * rows) is least; ties (within SEGMENT_GAIN) keep fewer segments. Fewer rows a segment leave memory to the trunk
- * pins, which no segment reads; one segment more reads the rest of the streamed model once
- * more. On the released model the fewest segments win at every budget measured (an extra
- * read of its experts outweighs any pin), but the rule, not that outcome, is the plan's.
+ * rows) is least; ties (within SEGMENT_GAIN) keep fewer segments. Fewer rows a segment
+ * leave memory to the trunk pins, which no segment reads; one segment more reads the rest of
+ * the streamed model once more. On the released model the fewest segments win at every
+ * budget measured (an extra read of its experts outweighs any pin), but the rule, not that
+ * outcome, is the plan's.
  */
 export function weighSegments(tokens: number, fewest: Segments, cost: (rows: number) => number): Segments {
   let best = fewest, bestCost = cost(fewest.rows);
