@@ -252,8 +252,8 @@ function vmCounters(): Record<string, number> {
 /** Linux's USER_HZ: the unit of /proc's CPU times. */
 const CLOCK_TICKS = 100;
 
-/** The products' rates by kind, rows and threads at once, FLOP/s a thread (measured once
- * for the projection; computeBound measures them afresh around each run). */
+/** The rates measured so far, by kind, rows and threads at once, FLOP/s a thread
+ * (computeBound measures them afresh around each run; the projection takes the last). */
 const rateCache = new Map<string, number>();
 
 /** How a product's rate is measured: `one`, one thread alone in its CPU seconds (a core's
@@ -409,13 +409,14 @@ interface ComputeBound {
   ideal: number;
 }
 
-/** The compute bound of `pass` with every product rate measured afresh. */
+/** The compute bound of `pass` with every rate measured afresh. */
 function computeBound(cfg: K3Config, pass: Prefill): ComputeBound {
-  for (const key of [...rateCache.keys()]) if (!key.startsWith("attend:")) rateCache.delete(key);
+  rateCache.clear();
   const one = { ...pass, mode: "one" as const };
+  const parts = productParts(cfg, pass);
   return {
-    products: productSeconds(cfg, pass),
-    parts: productParts(cfg, pass),
+    products: parts.dense + parts.experts,
+    parts,
     attention: mlaAtProductRate(cfg, pass),
     ideal: productSeconds(cfg, one) + mlaAtProductRate(cfg, one),
   };

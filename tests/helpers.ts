@@ -95,6 +95,16 @@ export async function python(script: string, args: string[]): Promise<string> {
   return out.stdout;
 }
 
+/** Resolves once `done()` holds, checking every 20 ms; fails naming `what` after `seconds`.
+ * For what nothing announces when it happens (a metric, a counter, another reader's stream). */
+export async function until(what: string, done: () => boolean | Promise<boolean>, seconds = 30): Promise<void> {
+  const give = Date.now() + seconds * 1000;
+  while (!(await done())) {
+    if (Date.now() > give) throw new Error(`never happened: ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
 /** A fresh temporary directory, removed by the returned disposer. */
 export async function tempDir(prefix = "k3-test-"): Promise<{ path: string; [Symbol.asyncDispose](): Promise<void> }> {
   const path = await Deno.makeTempDir({ prefix });

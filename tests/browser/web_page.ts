@@ -16,7 +16,7 @@
 
 import assert from "node:assert/strict";
 import { type BrowserContext, chromium, type Page } from "playwright-core";
-import { CHROMIUM, K3Process, ROOT, TINY } from "../helpers.ts";
+import { CHROMIUM, K3Process, ROOT, TINY, until } from "../helpers.ts";
 const KEY = "web-test-key-0123456789";
 const READY = /k3: ready: (http:\/\/127\.0\.0\.1:\d+)\/v1/;
 /** The log line of a chat request its client left (499) and the server interrupted. */
@@ -83,13 +83,6 @@ async function browser(
       await Deno.remove(dir, { recursive: true });
     },
   };
-}
-
-/** Resolves once `done()` holds (checked every 20 ms); fails naming `what` after 10 s. */
-async function until(done: () => boolean, what: string): Promise<void> {
-  for (const t0 = Date.now(); !done(); await new Promise((r) => setTimeout(r, 20))) {
-    if (Date.now() - t0 > 10_000) throw new Error(`timed out waiting for ${what}`);
-  }
 }
 
 /** Reads the status stream with `key` into `passes` until `stop()` (which resolves once
@@ -317,7 +310,7 @@ Deno.test({
       // The page and this test read the status stream separately, and ours may lag the
       // page's: wait for the passes the page has already drawn.
       const since = () => passes.slice(passesBefore);
-      await until(() => since().some((p) => p.tokens.length > 0), "a pass with a token on the status stream");
+      await until("a pass with a token on the status stream", () => since().some((p) => p.tokens.length > 0), 10);
       const id = since().find((p) => p.tokens.length > 0)!.tokens[0].id;
       const prefillDone = new Set(since().flatMap((p) => p.prefill.filter((q) => q.id === id).map((q) => q.done)));
       for (const [v] of partial) assert.ok(prefillDone.has(v), `prefill ${v} is one the status stream sent`);
@@ -326,7 +319,7 @@ Deno.test({
         id,
       );
       const ofId = () => since().filter((p) => p.tokens.some((t) => t.id === id));
-      await until(() => ofId().length >= 5, "the request's 5 token passes on the status stream");
+      await until("the request's 5 token passes on the status stream", () => ofId().length >= 5, 10);
       const bars = await page.locator("#pass-bars g.pass").evaluateAll(
         (gs, id) =>
           gs.filter((g) => (g as SVGGElement).dataset.tokens!.includes(id as string)).map((g) => ({

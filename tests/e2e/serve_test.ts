@@ -16,7 +16,7 @@ import OpenAI from "openai";
 import { chatPrompt } from "../../engine/text/chat.ts";
 import { readReply } from "../../engine/text/xtml.ts";
 import { Tokenizer } from "../../engine/text/tokenizer.ts";
-import { k3, K3Process, tempDir, TINY } from "../helpers.ts";
+import { k3, K3Process, tempDir, TINY, until } from "../helpers.ts";
 
 const KEY = "test-key-0123456789";
 const PARALLEL = 8;
@@ -115,16 +115,6 @@ async function withServer(fn: (s: Serving) => Promise<void>): Promise<void> {
     } catch { /* it has exited already */ }
     await server.exit();
   }
-}
-
-/** Polls until `f` holds: only where the server says nothing when it happens (an unstreamed
- * request being admitted shows on /metrics alone). */
-async function until(what: string, f: () => Promise<boolean>): Promise<void> {
-  for (let i = 0; i < 400; i++) {
-    if (await f()) return;
-    await new Promise((r) => setTimeout(r, 25));
-  }
-  throw new Error(`never happened: ${what}`);
 }
 
 /** `k3 run` on these prompt ids: the generated ids, the answer's stop ids kept. */
@@ -429,7 +419,8 @@ Deno.test({
         body: JSON.stringify({ prompt: [9, 9, 9], max_tokens: CONTEXT - 10, ignore_eos: true }),
         signal: ac.signal,
       });
-      await until("the unstreamed request runs", async () => (await metric("k3_sequences_in_flight")) === 1);
+      // Polled: an unstreamed request being admitted shows on /metrics alone.
+      await until("the unstreamed request runs", async () => (await metric("k3_sequences_in_flight")) === 1, 10);
       ac.abort();
       await assert.rejects(pending);
       await server.interrupted(PARALLEL + 1);

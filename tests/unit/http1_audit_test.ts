@@ -12,6 +12,7 @@ import { type Http1Handler, type Http1Limits, Http1Server } from "../../cli/serv
 import { acceptedHosts, checkHost } from "../../cli/server/guard.ts";
 import { EventStream, OutputOverflow, PENDING_OUTPUT_LIMIT } from "../../cli/server/stream.ts";
 import { Metrics } from "../../cli/server/metrics.ts";
+import { until } from "../helpers.ts";
 
 const enc = new TextEncoder();
 const dec = new TextDecoder();
@@ -46,15 +47,6 @@ async function readAll(conn: Deno.Conn): Promise<string> {
     }
   } catch { /* a reset ends it too */ }
   return out;
-}
-
-/** Resolves when `done()` holds, checking every 20 ms; fails after `seconds`. */
-async function until(what: string, done: () => boolean, seconds = 30): Promise<void> {
-  const give = Date.now() + seconds * 1000;
-  while (!done()) {
-    if (Date.now() > give) throw new Error(`never: ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
 }
 
 /** Resolves when `signal` aborts; fails after `seconds`. */
